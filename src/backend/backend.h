@@ -1,0 +1,53 @@
+// A backend: an ops table paired with its opaque context, plus what the trainer needs to know about it.
+#ifndef KILN_BACKEND_BACKEND_H
+#define KILN_BACKEND_BACKEND_H
+
+#include "model/ops.h"
+#include "util/error.h"
+
+struct kiln_backend_opts {
+    int device_index;        // GPU ordinal (CUDA)
+    int deterministic;       // bitwise-repeatable results (CUDA: no atomics in reductions)
+    int threads;             // CPU threads, 0 = OpenMP default
+};
+
+struct kiln_backend {
+    const char *name;               // "cpu", "cuda"
+    const struct kiln_ops *ops;
+    void *ctx;
+    enum kiln_dtype act_dtype;      // activations and compute weights
+    enum kiln_dtype grad_dtype;     // parameter gradients
+    int weights_alias_master;       // 1: compute weights ARE the f32 master params (CPU)
+    char device_name[128];          // "CPU (2 threads)", "NVIDIA H100 80GB HBM3"
+    double peak_flops;              // dense peak for MFU, 0 when unknown
+    size_t mem_total_bytes;         // device memory (0 on the CPU: not planned against)
+    size_t mem_free_bytes;
+    void (*close)(struct kiln_backend *b);
+};
+
+// Opens the backend by name ("cpu", "cuda", or "auto": cuda when a GPU is present, else cpu).
+int kiln_backend_open(const char *name, const struct kiln_backend_opts *opts, struct kiln_backend *out,
+                      struct kiln_error *err);
+void kiln_backend_close(struct kiln_backend *b);
+
+// Compiled-in backends, e.g. "cpu cuda", and a description of the devices visible now (for `kiln info`).
+const char *kiln_backends_compiled(void);
+void kiln_backends_describe(FILE *f);
+
+// Per-backend entry points used by registry.c.
+int kiln_cpu_backend_open(const struct kiln_backend_opts *opts, struct kiln_backend *out, struct kiln_error *err);
+#ifdef __cplusplus
+extern "C" {
+#endif
+int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, struct kiln_backend *out,
+                           struct kiln_error *err);
+int kiln_cuda_device_count(void);
+void kiln_cuda_describe(FILE *f);
+#ifdef __cplusplus
+}
+#endif
+
+// Peak dense bf16 FLOP/s by GPU name (PERF.md): H100/H200 989e12, A100 312e12; 0 when unknown.
+double kiln_peak_flops_for(const char *device_name);
+
+#endif

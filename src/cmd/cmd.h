@@ -1,0 +1,16 @@
+// Subcommands. Each takes the arguments after its name and returns the process exit status
+// (0 ok, 1 runtime error, 2 usage error). Only cmd/ prints errors and decides exit codes.
+#ifndef KILN_CMD_CMD_H
+#define KILN_CMD_CMD_H
+
+int kiln_cmd_main(int argc, char **argv);
+
+int cmd_train(int argc, char **argv);
+int cmd_sample(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_help(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_encode(int argc, char **argv);
+int cmd_decode(int argc, char **argv);
+
+#endif

@@ -1,0 +1,234 @@
+// The ops table: every numerical operation the model needs, as function pointers a backend fills in.
+//
+// src/model/ is written once against this table (DESIGN.md principle 1). A backend pairs the table with an
+// opaque context. The CPU backend (fp32, OpenMP) is the reference; the CUDA backend (bf16 mixed precision) is
+// the product. Fused GPU kernels are ops too: the CPU backend implements them in their plain form.
+//
+// Conventions
+// - Pointers are backend memory (host memory on the CPU, device memory on CUDA).
+// - "act" tensors (activations, compute weights, activation gradients) have the backend's act_dtype
+//   (CPU: f32, CUDA: bf16). "grad" tensors (parameter gradients) have grad_dtype. Tensors documented as
+//   float are always f32 (master weights, optimizer state, LayerNorm statistics, log-sum-exp, losses).
+// - Token ids and targets are int32.
+// - Shapes use B (batch), T (time), C (channels), NH (query heads), NKV (key/value heads), HS (head size),
+//   V (real vocab), Vp (vocab padded to a multiple of 128), N (rows = B*T, or any row count).
+// - Parameter-gradient outputs always ACCUMULATE (+=): gradients are zeroed once per optimizer step, which
+//   makes gradient accumulation free. Activation-gradient outputs overwrite unless a flag says otherwise.
+// - Ops do not fail. Backend faults (a CUDA error) are internal errors and abort with file:line. Only alloc
+//   can fail, by returning NULL, so that the caller can report the memory plan.
+#ifndef KILN_MODEL_OPS_H
+#define KILN_MODEL_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum kiln_dtype { KILN_F32 = 0, KILN_BF16 = 1, KILN_I32 = 2 };
+size_t kiln_dtype_bytes(enum kiln_dtype dt);
+const char *kiln_dtype_name(enum kiln_dtype dt);
+
+enum kiln_act { KILN_ACT_NONE = 0, KILN_ACT_GELU = 1 }; // GELU is the tanh approximation, as GPT-2
+enum kiln_pos { KILN_POS_LEARNED = 0, KILN_POS_ROPE = 1, KILN_POS_ALIBI = 2, KILN_POS_NONE = 3 };
+
+// ---- argument structs (more than ~6 arguments -> a struct, STYLE.md) ------------------------------
+
+struct kiln_embed_args {
+    void *out;          // act (B*T, C)
+    const int32_t *tokens;       // (B*T) backend memory
+    const int32_t *tokens_host;  // (B*T) the same ids in host memory (lets a backend bucket them), may be NULL
+    const void *wte;    // act (Vp, C)
+    const void *wpe;    // act (maxT, C), NULL when positions are not learned
+    int B, T, C;
+};
+
+struct kiln_embed_back_args {
+    void *dwte;         // grad (Vp, C), +=
+    void *dwpe;         // grad (maxT, C), +=, NULL when positions are not learned
+    const void *dout;   // act (B*T, C)
+    const int32_t *tokens;
+    const int32_t *tokens_host;
+    int B, T, C;
+};
+
+// Optionally fused residual add: when res_in is set, x = inp + res_in is written to res_out (act (N, C))
+// and normalized; otherwise x = inp. rms != 0 selects RMSNorm (no mean, no bias).
+struct kiln_norm_args {
+    void *out;          // act (N, C)
+    float *mean;        // (N) saved for backward; NULL for RMSNorm
+    float *rstd;        // (N) saved for backward
+    void *res_out;      // act (N, C) or NULL
+    const void *inp;    // act (N, C)
+    const void *res_in; // act (N, C) or NULL
+    const void *weight; // act (C)
+    const void *bias;   // act (C) or NULL
+    int N, C;
+    int rms;
+    float eps;
+};
+
+struct kiln_norm_back_args {
+    void *dinp;         // act (N, C), += (it is the residual stream's gradient)
+    void *dweight;      // grad (C), +=
+    void *dbias;        // grad (C), +=, or NULL
+    const void *dout;   // act (N, C)
+    const void *inp;    // act (N, C): the normalized input x (res_out of the forward when fused)
+    const void *weight; // act (C)
+    const float *mean;  // (N), NULL for RMSNorm
+    const float *rstd;  // (N)
+    int N, C;
+    int rms;
+};
+
+// out = act(inp @ weight^T + bias). With act == GELU, pre receives inp @ weight^T + bias.
+struct kiln_matmul_args {
+    void *out;          // act (N, OC)
+    void *pre;          // act (N, OC) pre-activation, required when act != NONE, else NULL
+    const void *inp;    // act (N, IC)
+    const void *weight; // act (OC, IC), row-major, as PyTorch's nn.Linear
+    const void *bias;   // act (OC) or NULL
+    int N, IC, OC;
+    enum kiln_act act;
+    int accumulate;     // out += instead of out = (only with act == NONE)
+};
+
+// Given dout = dL/d(out) of a matmul with act == NONE:
+//   dinp (=, or += when dinp_accumulate) dout @ weight, times gelu'(dinp_gelu_pre) elementwise when set
+//   (this is the backward of the GELU of the *previous* matmul, fused here as cuBLASLt's DGELU epilogue);
+//   dweight += dout^T @ inp;  dbias += sum over rows of dout.
+struct kiln_matmul_back_args {
+    void *dinp;               // act (N, IC), or NULL to skip
+    void *dweight;            // grad (OC, IC), +=
+    void *dbias;              // grad (OC), +=, or NULL
+    const void *dout;         // act (N, OC)
+    const void *inp;          // act (N, IC)
+    const void *weight;       // act (OC, IC)
+    const void *dinp_gelu_pre;// act (N, IC) or NULL
+    int N, IC, OC;
+    int dinp_accumulate;
+};
+
+// Causal multi-head attention with grouped K/V heads, FlashAttention-style: no (T, T) matrix is kept;
+// the per-row log-sum-exp of the scaled scores is saved for the backward pass.
+// qkv rows hold [q (NH*HS) | k (NKV*HS) | v (NKV*HS)]; query head h reads kv head h / (NH/NKV).
+// RoPE (rotating pairs (i, i + HS/2) of q and k, as GPT-NeoX/Llama) and ALiBi (slopes 2^(-8(h+1)/NH) for a
+// power-of-two NH, with the standard interpolation otherwise) are applied inside the op.
+struct kiln_attn_args {
+    void *out;          // act (B, T, NH*HS)
+    float *lse;         // (B, NH, T)
+    const void *qkv;    // act (B, T, (NH + 2*NKV)*HS)
+    int B, T, NH, NKV, HS;
+    enum kiln_pos pos;  // ROPE and ALIBI act here; LEARNED and NONE do nothing
+    float rope_theta;
+};
+
+struct kiln_attn_back_args {
+    void *dqkv;         // act (B, T, (NH + 2*NKV)*HS), overwritten
+    const void *dout;   // act (B, T, NH*HS)
+    const void *qkv;    // act, as forward
+    const void *out;    // act, the forward output
+    const float *lse;   // (B, NH, T)
+    int B, T, NH, NKV, HS;
+    enum kiln_pos pos;
+    float rope_theta;
+};
+
+// One decoding step with a KV cache: the new token of each sequence sits at position pos. Its k and v
+// (after RoPE) are written into the caches at pos, then q attends to positions 0..pos.
+struct kiln_attn_decode_args {
+    void *out;          // act (B, NH*HS)
+    void *kcache;       // act (B, maxT, NKV*HS)
+    void *vcache;       // act (B, maxT, NKV*HS)
+    const void *qkv;    // act (B, (NH + 2*NKV)*HS)
+    int B, maxT, pos, NH, NKV, HS;
+    enum kiln_pos pos_kind;
+    float rope_theta;
+};
+
+// out = silu(gate) * up, where inp rows are [gate (H) | up (H)].
+struct kiln_swiglu_args {
+    void *out;          // act (N, H)
+    const void *inp;    // act (N, 2H)
+    int N, H;
+};
+struct kiln_swiglu_back_args {
+    void *dinp;         // act (N, 2H), overwritten
+    const void *dout;   // act (N, H)
+    const void *inp;    // act (N, 2H)
+    int N, H;
+};
+
+// Cross-entropy over the real vocab V of padded logits (N, Vp): padded columns never receive probability.
+// losses[i] = logsumexp(logits[i, :V]) - logits[i, target[i]] (+ z_loss * logsumexp^2).
+// A target < 0 is ignored: its loss and its dlogits row are 0.
+// With dloss != 0 the logits are overwritten in place by dL/dlogits, where L = dloss * sum_i losses[i];
+// the padded columns get 0.
+struct kiln_xent_args {
+    void *logits;           // act (N, Vp): in: logits; out: dlogits when dloss != 0
+    float *losses;          // (N) out
+    const int32_t *targets; // (N)
+    int N, V, Vp;
+    float dloss;
+    float z_loss;
+};
+
+// One contiguous run of parameters with one weight-decay setting (2-D weights decay; biases, norms don't).
+struct kiln_param_span {
+    size_t offset, count;
+    int decay;
+};
+
+// AdamW over spans of one flat parameter buffer (a multi-tensor update: one call for all tensors).
+// g = grads * grad_scale (grad_scale folds in clipping and 1/accumulation); the bias-corrected update
+// with decoupled weight decay is PyTorch's AdamW. When weights is not NULL (mixed precision), the updated
+// master weights are also written there in act dtype, rounded stochastically when stochastic_rounding is set
+// (the seed makes that deterministic).
+struct kiln_adamw_args {
+    float *params;          // (P) master weights
+    void *weights;          // act (P) compute copy, or NULL when it aliases params
+    const void *grads;      // grad (P)
+    float *m, *v;           // (P)
+    const struct kiln_param_span *spans; // host memory
+    int n_spans;
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_scale;
+    int step;               // 1-based, for bias correction
+    int stochastic_rounding;
+    uint64_t seed;
+};
+
+struct kiln_ops {
+    // ---- memory ----
+    void *(*alloc)(void *ctx, size_t bytes);    // zero-filled; NULL when out of memory
+    void (*free)(void *ctx, void *p);
+    void (*zero)(void *ctx, void *p, size_t bytes);
+    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);      // backend -> backend
+    void (*upload)(void *ctx, void *dst, const void *host_src, size_t bytes);
+    void (*download)(void *ctx, void *host_dst, const void *src, size_t bytes);
+    // host f32 <-> backend tensor of dtype dt (converting), n elements
+    void (*upload_f32)(void *ctx, void *dst, enum kiln_dtype dt, const float *host_src, size_t n);
+    void (*download_f32)(void *ctx, float *host_dst, const void *src, enum kiln_dtype dt, size_t n);
+    void (*synchronize)(void *ctx);
+
+    // ---- model ----
+    void (*embed_forward)(void *ctx, const struct kiln_embed_args *a);
+    void (*embed_backward)(void *ctx, const struct kiln_embed_back_args *a);
+    void (*norm_forward)(void *ctx, const struct kiln_norm_args *a);
+    void (*norm_backward)(void *ctx, const struct kiln_norm_back_args *a);
+    void (*matmul_forward)(void *ctx, const struct kiln_matmul_args *a);
+    void (*matmul_backward)(void *ctx, const struct kiln_matmul_back_args *a);
+    void (*attention_forward)(void *ctx, const struct kiln_attn_args *a);
+    void (*attention_backward)(void *ctx, const struct kiln_attn_back_args *a);
+    void (*attention_decode)(void *ctx, const struct kiln_attn_decode_args *a);
+    void (*swiglu_forward)(void *ctx, const struct kiln_swiglu_args *a);
+    void (*swiglu_backward)(void *ctx, const struct kiln_swiglu_back_args *a);
+    // out[i] = a[i] + b[i] (act, n elements); out may alias a or b
+    void (*add)(void *ctx, void *out, const void *a, const void *b, size_t n);
+    void (*cross_entropy)(void *ctx, const struct kiln_xent_args *a);
+
+    // ---- optimizer ----
+    // Sum of squares of grads (n elements of grad dtype), in fp32/fp64 accumulation; synchronizes.
+    // Returns NaN or Inf if any element is non-finite.
+    double (*sum_squares)(void *ctx, const void *grads, size_t n);
+    void (*adamw)(void *ctx, const struct kiln_adamw_args *a);
+};
+
+#endif
