@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One GPU call (see docs/benchmarks.md): build, run the GPU tests, time kiln at the PyTorch baseline's shapes.
+#   bash bench/run_gpu.sh [build|test|kiln|torch|all]...     (default: all)
+# Logs go to $OUT (the device tool's folder) or /tmp/kiln-bench; the short table is printed last.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kiln-bench}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+stages=${*:-all}
+has() { [[ " $stages " == *" $1 "* || " $stages " == *" all "* ]]; }
+if [ -d .debs ] && ! dpkg -s libcmocka-dev >/dev/null 2>&1; then
+  eval "$(bash scripts/gpu-deps.sh .debs /tmp/kiln-deps)"
+fi
+BUILD=${BUILD:-build-gpu}
+if has build; then
+  t0=$(date +%s)
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=${CUDA_ARCH:-90} >"$OUT/build.log" 2>&1 &&
+    cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  echo "build: ok in $(( $(date +%s) - t0 )) s"
+fi
+if has test; then
+  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT/gpu_tests.log" 2>&1
+  echo "gpu tests: exit $?"; grep -E "PASS|FAIL|rel err|tests passed|Failed|skipped" "$OUT/gpu_tests.log" | tail -60
+fi
+median_ms() { # median step time of metrics.jsonl, skipping the first 10 steps
+  python3 - "$1" <<'PY'
+import json, sys, statistics
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ms = [r["ms"] for r in rows[10:]] or [r["ms"] for r in rows]
+r = rows[-1]
+print(f'{statistics.median(ms):.2f} {r.get("mfu", 0):.4f} {r.get("peak_mem_bytes", 0)/2**30:.2f} {r["loss"]:.4f}')
+PY
+}
+SHAPES=("124m gpt2-124m 32 --layers=12" "350m gpt2-350m 16 --layers=24" "1.5b gpt2-1.5b 8 --layers=48"
+        "1.3b gpt2-124m 8 --layers=24 --dim=2048 --heads=16")
+if has kiln; then
+  echo "| shape | kiln ms/step | kiln tok/s | mfu | plan GiB | loss |" >"$OUT/kiln_table.md"
+  for s in "${SHAPES[@]}"; do
+    set -- $s
+    name=$1 preset=$2 B=$3
+    shift 3
+    timeout 240 "$BUILD/kiln" train --preset="$preset" "$@" --data=random --batch="$B" --seq=1024 --max-steps=30 \
+      --warmup=10 --device=cuda --eval-every=0 --quiet --out="$OUT/run_$name" >"$OUT/kiln_$name.log" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ]; then echo "| $name | failed (exit $rc): $(tail -1 "$OUT/kiln_$name.log") |" >>"$OUT/kiln_table.md"; continue; fi
+    read -r ms mfu mem loss < <(median_ms "$OUT/run_$name/metrics.jsonl")
+    tok=$(python3 -c "print(round($B*1024/($ms/1e3)))")
+    echo "| $name B=$B | $ms | $tok | $mfu | $mem | $loss |" >>"$OUT/kiln_table.md"
+    rm -f "$OUT/run_$name/model.safetensors"
+  done
+fi
+if has torch; then
+  echo "| shape | torch ms/step | torch tok/s | mfu | peak GiB |" >"$OUT/torch_table.md"
+  for s in "124m 12 768 12 32" "350m 24 1024 16 16" "1.5b 48 1600 25 8" "1.3b 24 2048 16 8"; do
+    set -- $s
+    PYTHONUNBUFFERED=1 timeout 300 python3 .peer/bench/torch_gpt.py --layers "$2" --dim "$3" --heads "$4" --batch "$5" \
+      >"$OUT/torch_$1.log" 2>&1
+    python3 - "$OUT/torch_$1.log" "$1" "$5" >>"$OUT/torch_table.md" <<'PY'
+import json, sys
+try:
+    r = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
+    print(f'| {sys.argv[2]} B={sys.argv[3]} | {r["ms_per_step"]} | {r["tok_per_s"]} | {r["mfu_989"]} | {r["peak_mem_GiB"]} |')
+except Exception as e:
+    print(f"| {sys.argv[2]} | failed: {e} |")
+PY
+  done
+fi
+for f in "$OUT"/kiln_table.md "$OUT"/torch_table.md; do [ -f "$f" ] && cat "$f"; done

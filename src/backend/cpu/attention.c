@@ -1,0 +1,289 @@
+// CPU backend: causal multi-head attention with grouped K/V heads, RoPE and ALiBi.
+//
+// The reference implementation: one score row (length t + 1) at a time per (b, h, t), never a (T, T) matrix.
+// Forward saves lse = logsumexp of the scaled (and ALiBi-biased) scores; backward recomputes the
+// probabilities from it, FlashAttention-style:
+//   pass 1, one (b, h, t) per task:  dq_t = scale * sum_s p_ts (dout_t . v_s - D_t) k_s,  D_t = dout_t .
+//   out_t pass 2, one (b, kvh, s) per task: dk_s, dv_s summed over the query heads of the group and t >= s in
+//   order,
+// so every gradient element has exactly one owner and a fixed summation order (no atomics).
+// RoPE is applied to a copy of q and k; gradients are computed in the rotated frame and rotated back.
+#include "backend/cpu/cpu_internal.h"
+#include "util/error.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- positions ----------------------------------------------------------------------------------------
+
+// ALiBi slopes. For a power of two NH: 2^(-8 (h + 1) / NH). Otherwise (the ALiBi paper's reference code): the
+// slopes of the closest power of two n < NH, then every other slope of the 2n construction for the rest.
+float kiln_cpu_alibi_slope(int h, int NH) {
+    int n = 1;
+    while (n * 2 <= NH)
+        n *= 2;
+    if (h < n)
+        return (float)exp2(-8.0 * (h + 1) / n);
+    int j = 2 * (h - n); // index into the 2n construction, even entries only
+    return (float)exp2(-8.0 * (j + 1) / (2 * n));
+}
+
+// cos/sin of the RoPE angles at position t: angle_i = t * theta^(-2i / HS), i < HS/2. Computed in double and
+// in one place, so forward and decode rotate bitwise alike.
+static void rope_angles(int t, int HS, float theta, float *cos_out, float *sin_out) {
+    for (int i = 0; i < HS / 2; i++) {
+        double angle = t * pow((double)theta, -2.0 * i / HS);
+        cos_out[i] = (float)cos(angle);
+        sin_out[i] = (float)sin(angle);
+    }
+}
+
+// Rotates the pairs (x[i], x[i + HS/2]) by the angles (inverse: by minus the angles, the transpose, which
+// maps a gradient in the rotated frame back to the input frame).
+static void rope_apply(float *x, int HS, const float *c, const float *s, int inverse) {
+    int half = HS / 2;
+    for (int i = 0; i < half; i++) {
+        float x1 = x[i], x2 = x[i + half];
+        float sn = inverse ? -s[i] : s[i];
+        x[i] = x1 * c[i] - x2 * sn;
+        x[i + half] = x2 * c[i] + x1 * sn;
+    }
+}
+
+// (T, HS/2) tables of cos and sin.
+static float *rope_table(int T, int HS, float theta, float **sin_out) {
+    float *c = malloc((size_t)T * (HS / 2) * sizeof(float) + 1);
+    float *s = malloc((size_t)T * (HS / 2) * sizeof(float) + 1);
+    KILN_ASSERT(c && s);
+    for (int t = 0; t < T; t++)
+        rope_angles(t, HS, theta, c + (size_t)t * (HS / 2), s + (size_t)t * (HS / 2));
+    *sin_out = s;
+    return c;
+}
+
+// A copy of qkv (B, T, (NH + 2 NKV) HS) with q and k rotated, or the input itself when there is no RoPE.
+static const float *rotated_qkv(void *ctx, const float *qkv, int B, int T, int NH, int NKV, int HS,
+                                enum kiln_pos pos, float theta, float **owned) {
+    *owned = NULL;
+    if (pos != KILN_POS_ROPE)
+        return qkv;
+    KILN_ASSERT(HS % 2 == 0);
+    int W = (NH + 2 * NKV) * HS;
+    float *r = malloc((size_t)B * T * W * sizeof(float));
+    KILN_ASSERT(r);
+    memcpy(r, qkv, (size_t)B * T * W * sizeof(float));
+    float *sn;
+    float *cs = rope_table(T, HS, theta, &sn);
+#pragma omp parallel for num_threads(kiln_cpu_threads(ctx))                                                  \
+    schedule(static) if (KILN_CPU_PAR((double)B * T * W))
+    for (int bt = 0; bt < B * T; bt++) {
+        int t = bt % T;
+        for (int h = 0; h < NH + NKV; h++)
+            rope_apply(r + (size_t)bt * W + h * HS, HS, cs + (size_t)t * (HS / 2), sn + (size_t)t * (HS / 2),
+                       0);
+    }
+    free(cs);
+    free(sn);
+    *owned = r;
+    return r;
+}
+
+// ---- one query row ------------------------------------------------------------------------------------
+
+static inline float dot(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+// Scores of query q (at position t) against keys 0..t: scores[s] = scale * q.k_s + slope * (s - t).
+static void score_row(const float *q, const float *k, size_t kstride, int t, int HS, float scale, float slope,
+                      float *scores) {
+    for (int s = 0; s <= t; s++)
+        scores[s] = scale * dot(q, k + (size_t)s * kstride, HS) + slope * (float)(s - t);
+}
+
+// out = softmax(scores) @ v over keys 0..t; returns the log-sum-exp of the scores.
+static float attend_row(const float *q, const float *k, const float *v, size_t kvstride, int t, int HS,
+                        float scale, float slope, float *scores, float *out) {
+    score_row(q, k, kvstride, t, HS, scale, slope, scores);
+    float maxv = -INFINITY;
+    for (int s = 0; s <= t; s++)
+        maxv = scores[s] > maxv ? scores[s] : maxv;
+    double sum = 0;
+    for (int s = 0; s <= t; s++) {
+        scores[s] = expf(scores[s] - maxv);
+        sum += scores[s];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < HS; i++)
+        out[i] = 0.0f;
+    for (int s = 0; s <= t; s++) {
+        float p = scores[s] * inv;
+        const float *vs = v + (size_t)s * kvstride;
+        for (int i = 0; i < HS; i++)
+            out[i] += p * vs[i];
+    }
+    return maxv + (float)log(sum);
+}
+
+// ---- ops -------------------------------------------------------------------------------------------
+
+void kiln_cpu_attention_forward(void *ctx, const struct kiln_attn_args *a) {
+    int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, HS = a->HS;
+    KILN_ASSERT(NKV > 0 && NH % NKV == 0);
+    int W = (NH + 2 * NKV) * HS, group = NH / NKV;
+    float scale = 1.0f / sqrtf((float)HS);
+    float *owned;
+    const float *qkv = rotated_qkv(ctx, a->qkv, B, T, NH, NKV, HS, a->pos, a->rope_theta, &owned);
+    float *out = a->out;
+#pragma omp parallel num_threads(kiln_cpu_threads(ctx)) if (KILN_CPU_PAR((double)B * NH * T * T * HS))
+    {
+        float *scores = malloc((size_t)T * sizeof(float));
+        KILN_ASSERT(scores);
+#pragma omp for schedule(dynamic, 4)
+        for (int task = 0; task < B * NH * T; task++) {
+            int t = T - 1 - task % T, h = (task / T) % NH, b = task / (T * NH); // long rows first
+            int kvh = h / group;
+            const float *base = qkv + (size_t)b * T * W;
+            float slope = a->pos == KILN_POS_ALIBI ? kiln_cpu_alibi_slope(h, NH) : 0.0f;
+            a->lse[((size_t)b * NH + h) * T + t] = attend_row(
+                base + (size_t)t * W + h * HS, base + (NH + kvh) * HS, base + (NH + NKV + kvh) * HS, W, t, HS,
+                scale, slope, scores, out + ((size_t)b * T + t) * NH * HS + h * HS);
+        }
+        free(scores);
+    }
+    free(owned);
+}
+
+void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a) {
+    int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, HS = a->HS, nt = kiln_cpu_threads(ctx);
+    KILN_ASSERT(NKV > 0 && NH % NKV == 0);
+    int W = (NH + 2 * NKV) * HS, group = NH / NKV, C = NH * HS;
+    float scale = 1.0f / sqrtf((float)HS);
+    float *owned;
+    const float *qkv = rotated_qkv(ctx, a->qkv, B, T, NH, NKV, HS, a->pos, a->rope_theta, &owned);
+    const float *dout = a->dout, *out = a->out, *lse = a->lse;
+    float *dqkv = a->dqkv;
+    float *D = malloc((size_t)B * NH * T * sizeof(float) + 1); // (B, NH, T) dout . out
+    KILN_ASSERT(D);
+#pragma omp parallel num_threads(nt) if (KILN_CPU_PAR((double)B * NH * T * T * HS))
+    {
+        float *scores = malloc((size_t)T * sizeof(float));
+        KILN_ASSERT(scores);
+        // pass 1: D and dq
+#pragma omp for schedule(dynamic, 4)
+        for (int task = 0; task < B * NH * T; task++) {
+            int t = T - 1 - task % T, h = (task / T) % NH, b = task / (T * NH);
+            int kvh = h / group;
+            const float *base = qkv + (size_t)b * T * W;
+            const float *k = base + (NH + kvh) * HS, *v = base + (NH + NKV + kvh) * HS;
+            const float *dy = dout + ((size_t)b * T + t) * C + h * HS;
+            float Dt = dot(dy, out + ((size_t)b * T + t) * C + h * HS, HS);
+            float row_lse = lse[((size_t)b * NH + h) * T + t];
+            D[((size_t)b * NH + h) * T + t] = Dt;
+            float slope = a->pos == KILN_POS_ALIBI ? kiln_cpu_alibi_slope(h, NH) : 0.0f;
+            score_row(base + (size_t)t * W + h * HS, k, W, t, HS, scale, slope, scores);
+            float *dq = dqkv + ((size_t)b * T + t) * W + h * HS;
+            for (int i = 0; i < HS; i++)
+                dq[i] = 0.0f;
+            for (int s = 0; s <= t; s++) {
+                float p = expf(scores[s] - row_lse);
+                float ds = p * (dot(dy, v + (size_t)s * W, HS) - Dt) * scale;
+                const float *ks = k + (size_t)s * W;
+                for (int i = 0; i < HS; i++)
+                    dq[i] += ds * ks[i];
+            }
+        }
+        // pass 2: dk, dv, one (b, kvh, s) per task, summing over the group's heads and t >= s in order
+#pragma omp for schedule(dynamic, 4)
+        for (int task = 0; task < B * NKV * T; task++) {
+            int s = task % T, kvh = (task / T) % NKV, b = task / (T * NKV);
+            const float *base = qkv + (size_t)b * T * W;
+            const float *ks = base + (size_t)s * W + (NH + kvh) * HS;
+            const float *vs = base + (size_t)s * W + (NH + NKV + kvh) * HS;
+            float *dk = dqkv + ((size_t)b * T + s) * W + (NH + kvh) * HS;
+            float *dv = dqkv + ((size_t)b * T + s) * W + (NH + NKV + kvh) * HS;
+            for (int i = 0; i < HS; i++)
+                dk[i] = dv[i] = 0.0f;
+            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                float slope = a->pos == KILN_POS_ALIBI ? kiln_cpu_alibi_slope(h, NH) : 0.0f;
+                for (int t = s; t < T; t++) {
+                    const float *q = base + (size_t)t * W + h * HS;
+                    const float *dy = dout + ((size_t)b * T + t) * C + h * HS;
+                    float score = scale * dot(q, ks, HS) + slope * (float)(s - t);
+                    float p = expf(score - lse[((size_t)b * NH + h) * T + t]);
+                    float ds = p * (dot(dy, vs, HS) - D[((size_t)b * NH + h) * T + t]) * scale;
+                    for (int i = 0; i < HS; i++) {
+                        dk[i] += ds * q[i];
+                        dv[i] += p * dy[i];
+                    }
+                }
+            }
+        }
+        free(scores);
+    }
+    free(D);
+    free(owned);
+    if (a->pos == KILN_POS_ROPE) { // back from the rotated frame
+        float *sn;
+        float *cs = rope_table(T, HS, a->rope_theta, &sn);
+#pragma omp parallel for num_threads(nt) schedule(static) if (KILN_CPU_PAR((double)B * T * W))
+        for (int bt = 0; bt < B * T; bt++) {
+            int t = bt % T;
+            for (int h = 0; h < NH + NKV; h++)
+                rope_apply(dqkv + (size_t)bt * W + h * HS, HS, cs + (size_t)t * (HS / 2),
+                           sn + (size_t)t * (HS / 2), 1);
+        }
+        free(cs);
+        free(sn);
+    }
+}
+
+void kiln_cpu_attention_decode(void *ctx, const struct kiln_attn_decode_args *a) {
+    int B = a->B, NH = a->NH, NKV = a->NKV, HS = a->HS, pos = a->pos, maxT = a->maxT;
+    KILN_ASSERT(NKV > 0 && NH % NKV == 0 && pos >= 0 && pos < maxT);
+    int W = (NH + 2 * NKV) * HS, KW = NKV * HS, group = NH / NKV;
+    int rope = a->pos_kind == KILN_POS_ROPE;
+    float scale = 1.0f / sqrtf((float)HS);
+    float *cs = malloc((size_t)(HS / 2 + 1) * sizeof(float)),
+          *sn = malloc((size_t)(HS / 2 + 1) * sizeof(float));
+    KILN_ASSERT(cs && sn);
+    if (rope) {
+        KILN_ASSERT(HS % 2 == 0);
+        rope_angles(pos, HS, a->rope_theta, cs, sn);
+    }
+    const float *qkv = a->qkv;
+    float *kcache = a->kcache, *vcache = a->vcache, *out = a->out;
+    for (int b = 0; b < B; b++) { // k, v of the new token into the caches
+        float *kc = kcache + ((size_t)b * maxT + pos) * KW, *vc = vcache + ((size_t)b * maxT + pos) * KW;
+        memcpy(kc, qkv + (size_t)b * W + NH * HS, KW * sizeof(float));
+        memcpy(vc, qkv + (size_t)b * W + (NH + NKV) * HS, KW * sizeof(float));
+        if (rope)
+            for (int h = 0; h < NKV; h++)
+                rope_apply(kc + h * HS, HS, cs, sn, 0);
+    }
+#pragma omp parallel num_threads(kiln_cpu_threads(ctx)) if (KILN_CPU_PAR((double)B * NH * (pos + 1) * HS))
+    {
+        float *scores = malloc((size_t)(pos + 1) * sizeof(float));
+        float *q = malloc((size_t)HS * sizeof(float));
+        KILN_ASSERT(scores && q);
+#pragma omp for schedule(static)
+        for (int task = 0; task < B * NH; task++) {
+            int h = task % NH, b = task / NH, kvh = h / group;
+            memcpy(q, qkv + (size_t)b * W + h * HS, HS * sizeof(float));
+            if (rope)
+                rope_apply(q, HS, cs, sn, 0);
+            float slope = a->pos_kind == KILN_POS_ALIBI ? kiln_cpu_alibi_slope(h, NH) : 0.0f;
+            attend_row(q, kcache + (size_t)b * maxT * KW + kvh * HS,
+                       vcache + (size_t)b * maxT * KW + kvh * HS, KW, pos, HS, scale, slope, scores,
+                       out + (size_t)b * NH * HS + h * HS);
+        }
+        free(scores);
+        free(q);
+    }
+    free(cs);
+    free(sn);
+}

@@ -1,0 +1,81 @@
+// CPU backend: the ops table and kiln_cpu_backend_open.
+#include "backend/backend.h"
+#include "backend/cpu/cpu_internal.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static const struct kiln_ops cpu_ops = {
+    .alloc = kiln_cpu_alloc,
+    .free = kiln_cpu_free,
+    .zero = kiln_cpu_zero,
+    .copy = kiln_cpu_copy,
+    .upload = kiln_cpu_upload,
+    .download = kiln_cpu_download,
+    .upload_f32 = kiln_cpu_upload_f32,
+    .download_f32 = kiln_cpu_download_f32,
+    .synchronize = kiln_cpu_synchronize,
+    .embed_forward = kiln_cpu_embed_forward,
+    .embed_backward = kiln_cpu_embed_backward,
+    .norm_forward = kiln_cpu_norm_forward,
+    .norm_backward = kiln_cpu_norm_backward,
+    .matmul_forward = kiln_cpu_matmul_forward,
+    .matmul_backward = kiln_cpu_matmul_backward,
+    .attention_forward = kiln_cpu_attention_forward,
+    .attention_backward = kiln_cpu_attention_backward,
+    .attention_decode = kiln_cpu_attention_decode,
+    .swiglu_forward = kiln_cpu_swiglu_forward,
+    .swiglu_backward = kiln_cpu_swiglu_backward,
+    .add = kiln_cpu_add,
+    .cross_entropy = kiln_cpu_cross_entropy,
+    .sum_squares = kiln_cpu_sum_squares,
+    .adamw = kiln_cpu_adamw,
+};
+
+static void cpu_close(struct kiln_backend *b) {
+    struct kiln_cpu_ctx *c = b->ctx;
+    if (!c)
+        return;
+    free(c->apack);
+    free(c->bpack);
+    free(c);
+    b->ctx = NULL;
+}
+
+int kiln_cpu_backend_open(const struct kiln_backend_opts *opts, struct kiln_backend *out,
+                          struct kiln_error *err) {
+    int threads = opts && opts->threads > 0 ? opts->threads : omp_get_max_threads();
+    if (opts && opts->threads < 0)
+        return kiln_errorf(err, KILN_ERR_USAGE, "threads %d (--threads): must be >= 0; 0 uses all cores",
+                           opts->threads);
+    if (opts && opts->threads > 0)
+        omp_set_num_threads(threads);
+    struct kiln_cpu_ctx *c = calloc(1, sizeof(*c));
+    if (c) {
+        c->threads = threads;
+        c->apack = kiln_cpu_alloc(NULL, (size_t)KILN_CPU_MB * KILN_CPU_KC * sizeof(float));
+        c->bpack = kiln_cpu_alloc(NULL, (size_t)KILN_CPU_KC * KILN_CPU_NC * sizeof(float));
+    }
+    if (!c || !c->apack || !c->bpack) {
+        if (c) {
+            free(c->apack);
+            free(c->bpack);
+        }
+        free(c);
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "cpu backend (open): out of host memory; free some memory");
+    }
+    out->name = "cpu";
+    out->ops = &cpu_ops;
+    out->ctx = c;
+    out->act_dtype = KILN_F32;
+    out->grad_dtype = KILN_F32;
+    out->weights_alias_master = 1;
+    snprintf(out->device_name, sizeof(out->device_name), "CPU (%d thread%s)", threads,
+             threads == 1 ? "" : "s");
+    out->peak_flops = 0;
+    out->mem_total_bytes = 0;
+    out->mem_free_bytes = 0;
+    out->close = cpu_close;
+    return 0;
+}

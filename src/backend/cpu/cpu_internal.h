@@ -1,0 +1,83 @@
+// The CPU backend's private interface: its context and the op functions each file defines.
+// The CPU backend is the numerical reference (DESIGN.md principle 2): fp32, OpenMP, and deterministic
+// independently of the thread count: every output element is computed by exactly one thread, and every
+// reduction runs in a fixed order (no atomics, no scheduling-dependent reductions).
+#ifndef KILN_BACKEND_CPU_INTERNAL_H
+#define KILN_BACKEND_CPU_INTERNAL_H
+
+#include "model/ops.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+// GEMM blocking (see matmul.c). Fixed constants: the blocking decides the summation order, so it must not
+// depend on the thread count.
+#define KILN_CPU_MR 6    // micro-tile rows
+#define KILN_CPU_NR 16   // micro-tile columns (two AVX2 vectors)
+#define KILN_CPU_KC 256  // depth of one packed panel
+#define KILN_CPU_MB 768  // rows of A packed at once (multiple of MR)
+#define KILN_CPU_NC 2048 // columns of B packed at once (multiple of NR)
+
+struct kiln_cpu_ctx {
+    int threads;  // OpenMP threads used by every parallel region
+    float *apack; // (KILN_CPU_MB * KILN_CPU_KC) packed A block
+    float *bpack; // (KILN_CPU_KC * KILN_CPU_NC) packed B panel
+};
+
+static inline int kiln_cpu_threads(void *ctx) {
+    return ((struct kiln_cpu_ctx *)ctx)->threads;
+}
+
+// Parallel regions only pay off above some work (and spinning threads hurt a loaded machine): regions use
+// `if (KILN_CPU_PAR(work))` with work ~ the number of element operations. The result is the same either way.
+#define KILN_CPU_PAR(work) ((double)(work) >= 65536.0)
+
+// C (M, N) = or += A (M, K) @ B (K, N), where A(i, k) = ta ? A[k*lda + i] : A[i*lda + k] and
+// B(k, j) = tb ? B[j*ldb + k] : B[k*ldb + j]. Row-major C with leading dimension ldc.
+struct kiln_cpu_gemm {
+    int M, N, K;
+    const float *A;
+    int lda, ta;
+    const float *B;
+    int ldb, tb;
+    float *C;
+    int ldc;
+    int accumulate;
+};
+void kiln_cpu_gemm(struct kiln_cpu_ctx *ctx, const struct kiln_cpu_gemm *g);
+
+// 64-byte aligned, zero-filled host memory; NULL on failure.
+void *kiln_cpu_alloc(void *ctx, size_t bytes);
+void kiln_cpu_free(void *ctx, void *p);
+void kiln_cpu_zero(void *ctx, void *p, size_t bytes);
+void kiln_cpu_copy(void *ctx, void *dst, const void *src, size_t bytes);
+void kiln_cpu_upload(void *ctx, void *dst, const void *host_src, size_t bytes);
+void kiln_cpu_download(void *ctx, void *host_dst, const void *src, size_t bytes);
+void kiln_cpu_upload_f32(void *ctx, void *dst, enum kiln_dtype dt, const float *host_src, size_t n);
+void kiln_cpu_download_f32(void *ctx, float *host_dst, const void *src, enum kiln_dtype dt, size_t n);
+void kiln_cpu_synchronize(void *ctx);
+
+void kiln_cpu_embed_forward(void *ctx, const struct kiln_embed_args *a);
+void kiln_cpu_embed_backward(void *ctx, const struct kiln_embed_back_args *a);
+void kiln_cpu_norm_forward(void *ctx, const struct kiln_norm_args *a);
+void kiln_cpu_norm_backward(void *ctx, const struct kiln_norm_back_args *a);
+void kiln_cpu_matmul_forward(void *ctx, const struct kiln_matmul_args *a);
+void kiln_cpu_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a);
+void kiln_cpu_attention_forward(void *ctx, const struct kiln_attn_args *a);
+void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a);
+void kiln_cpu_attention_decode(void *ctx, const struct kiln_attn_decode_args *a);
+void kiln_cpu_swiglu_forward(void *ctx, const struct kiln_swiglu_args *a);
+void kiln_cpu_swiglu_backward(void *ctx, const struct kiln_swiglu_back_args *a);
+void kiln_cpu_add(void *ctx, void *out, const void *a, const void *b, size_t n);
+void kiln_cpu_cross_entropy(void *ctx, const struct kiln_xent_args *a);
+double kiln_cpu_sum_squares(void *ctx, const void *grads, size_t n);
+void kiln_cpu_adamw(void *ctx, const struct kiln_adamw_args *a);
+
+// ALiBi slope of query head h of NH (the ALiBi paper's construction), exposed for the tests.
+float kiln_cpu_alibi_slope(int h, int NH);
+
+// f32 <-> bf16 (round to nearest even; NaN stays NaN).
+uint16_t kiln_f32_to_bf16(float x);
+float kiln_bf16_to_f32(uint16_t h);
+
+#endif

@@ -1,0 +1,48 @@
+// CPU backend: token (+ learned position) embedding.
+#include "backend/cpu/cpu_internal.h"
+
+#include <stddef.h>
+
+// out[b, t, :] = wte[tokens[b, t], :] (+ wpe[t, :])
+void kiln_cpu_embed_forward(void *ctx, const struct kiln_embed_args *a) {
+    int BT = a->B * a->T, T = a->T, C = a->C;
+    const float *wte = a->wte, *wpe = a->wpe;
+    float *out = a->out;
+#pragma omp parallel for num_threads(kiln_cpu_threads(ctx)) schedule(static) if (KILN_CPU_PAR((double)BT * C))
+    for (int n = 0; n < BT; n++) {
+        const float *e = wte + (size_t)a->tokens[n] * C;
+        float *o = out + (size_t)n * C;
+        if (wpe) {
+            const float *p = wpe + (size_t)(n % T) * C;
+            for (int i = 0; i < C; i++)
+                o[i] = e[i] + p[i];
+        } else {
+            for (int i = 0; i < C; i++)
+                o[i] = e[i];
+        }
+    }
+}
+
+// dwte[tokens[n], :] += dout[n, :];  dwpe[t, :] += sum over b of dout[b, t, :].
+// Deterministic without atomics: each thread owns a block of columns and walks all rows in order.
+void kiln_cpu_embed_backward(void *ctx, const struct kiln_embed_back_args *a) {
+    int BT = a->B * a->T, T = a->T, C = a->C;
+    const float *dout = a->dout;
+    float *dwte = a->dwte, *dwpe = a->dwpe;
+    int n_blocks = (C + 63) / 64;
+#pragma omp parallel for num_threads(kiln_cpu_threads(ctx)) schedule(static) if (KILN_CPU_PAR((double)BT * C))
+    for (int bk = 0; bk < n_blocks; bk++) {
+        int c0 = bk * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
+        for (int n = 0; n < BT; n++) {
+            const float *d = dout + (size_t)n * C;
+            float *e = dwte + (size_t)a->tokens[n] * C;
+            for (int i = c0; i < c1; i++)
+                e[i] += d[i];
+            if (dwpe) {
+                float *p = dwpe + (size_t)(n % T) * C;
+                for (int i = c0; i < c1; i++)
+                    p[i] += d[i];
+            }
+        }
+    }
+}

@@ -1,0 +1,123 @@
+// CPU backend: memory ops, dtype helpers and f32 <-> bf16 conversion.
+// Backend memory is host memory, so most of these are memcpy/memset.
+#include "backend/cpu/cpu_internal.h"
+#include "util/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+size_t kiln_dtype_bytes(enum kiln_dtype dt) {
+    switch (dt) {
+    case KILN_F32:
+        return 4;
+    case KILN_BF16:
+        return 2;
+    case KILN_I32:
+        return 4;
+    }
+    return 0;
+}
+
+const char *kiln_dtype_name(enum kiln_dtype dt) {
+    switch (dt) {
+    case KILN_F32:
+        return "f32";
+    case KILN_BF16:
+        return "bf16";
+    case KILN_I32:
+        return "i32";
+    }
+    return "unknown";
+}
+
+uint16_t kiln_f32_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) // NaN: keep it a (quiet) NaN, whatever the rounding would do
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u); // round to nearest, ties to even
+    return (uint16_t)(u >> 16);
+}
+
+float kiln_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+void *kiln_cpu_alloc(void *ctx, size_t bytes) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    if (rounded < bytes) // overflow
+        return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
+        return NULL;
+    memset(p, 0, rounded ? rounded : 64);
+    return p;
+}
+
+void kiln_cpu_free(void *ctx, void *p) {
+    free(p);
+}
+
+void kiln_cpu_zero(void *ctx, void *p, size_t bytes) {
+    memset(p, 0, bytes);
+}
+
+void kiln_cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    if (dst != src)
+        memmove(dst, src, bytes);
+}
+
+void kiln_cpu_upload(void *ctx, void *dst, const void *host_src, size_t bytes) {
+    kiln_cpu_copy(ctx, dst, host_src, bytes);
+}
+
+void kiln_cpu_download(void *ctx, void *host_dst, const void *src, size_t bytes) {
+    kiln_cpu_copy(ctx, host_dst, src, bytes);
+}
+
+void kiln_cpu_upload_f32(void *ctx, void *dst, enum kiln_dtype dt, const float *host_src, size_t n) {
+    switch (dt) {
+    case KILN_F32:
+        kiln_cpu_copy(ctx, dst, host_src, n * sizeof(float));
+        return;
+    case KILN_BF16: {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = kiln_f32_to_bf16(host_src[i]);
+        return;
+    }
+    case KILN_I32: {
+        int32_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = (int32_t)host_src[i];
+        return;
+    }
+    }
+    KILN_ASSERT(0 && "upload_f32: unknown dtype");
+}
+
+void kiln_cpu_download_f32(void *ctx, float *host_dst, const void *src, enum kiln_dtype dt, size_t n) {
+    switch (dt) {
+    case KILN_F32:
+        kiln_cpu_copy(ctx, host_dst, src, n * sizeof(float));
+        return;
+    case KILN_BF16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++)
+            host_dst[i] = kiln_bf16_to_f32(s[i]);
+        return;
+    }
+    case KILN_I32: {
+        const int32_t *s = src;
+        for (size_t i = 0; i < n; i++)
+            host_dst[i] = (float)s[i];
+        return;
+    }
+    }
+    KILN_ASSERT(0 && "download_f32: unknown dtype");
+}
+
+void kiln_cpu_synchronize(void *ctx) {}

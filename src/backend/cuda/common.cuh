@@ -1,0 +1,185 @@
+// Shared pieces of the CUDA backend: the context, check macros, bf16 helpers, scratch buffers, and the
+// extern "C" launchers each op file provides (backend.cu puts them in the ops table).
+//
+// Precision (issue 4): activations and compute weights are bf16; everything accumulates in fp32; parameter
+// gradients, master weights and AdamW state are fp32.
+#ifndef KILN_BACKEND_CUDA_COMMON_CUH
+#define KILN_BACKEND_CUDA_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+// kiln's headers are C: their functions have C linkage.
+extern "C" {
+#include "backend/backend.h"
+#include "model/ops.h"
+#include "util/error.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+// ---- checks: every CUDA / cuBLAS call goes through one of these (ops do not fail: a fault aborts) --------
+static inline void kiln_cuda_check_at(cudaError_t e, const char *file, int line, const char *expr) {
+    if (e != cudaSuccess) {
+        fprintf(stderr,
+                "kiln: internal error at %s:%d: CUDA %s: %s (in %s); hint: rerun with CUDA_LAUNCH_BLOCKING=1 "
+                "or compute-sanitizer to find the failing kernel\n",
+                file, line, cudaGetErrorName(e), cudaGetErrorString(e), expr);
+        abort();
+    }
+}
+static inline void kiln_cublas_check_at(cublasStatus_t s, const char *file, int line, const char *expr) {
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr,
+                "kiln: internal error at %s:%d: cuBLAS %s (in %s); hint: check shapes and alignment\n", file,
+                line, cublasLtGetStatusString(s), expr);
+        abort();
+    }
+}
+#define CUDA_CHECK(x) kiln_cuda_check_at((x), __FILE__, __LINE__, #x)
+#define CUBLAS_CHECK(x) kiln_cublas_check_at((x), __FILE__, __LINE__, #x)
+#define CUDA_CHECK_LAUNCH() kiln_cuda_check_at(cudaGetLastError(), __FILE__, __LINE__, "kernel launch")
+
+// ---- context -----------------------------------------------------------------------------------------
+enum cuda_scratch_slot {
+    SCR_COLSUM = 0, // column-sum partials (norm backward, bias grads): (chunks, 2*C) f32
+    SCR_BIASGRAD,   // cuBLASLt BGRADB output before it is added to dbias: (OC) f32
+    SCR_GEMM,       // bf16 temporary for unfused matmul epilogues: (N, OC)
+    SCR_ATTN_D,     // attention backward rowsum(dO * O): (B, NH, T) f32
+    SCR_EMBED,      // embedding backward buckets (int32)
+    SCR_SUMSQ,      // sum_squares partials (double)
+    SCR_COUNT
+};
+
+struct cuda_ctx {
+    int device;
+    int deterministic;
+    cudaStream_t stream;
+    cudaDeviceProp prop;
+    cublasLtHandle_t lt;
+    void *workspace; // cuBLASLt workspace
+    size_t workspace_bytes;
+    void *scratch[SCR_COUNT];
+    size_t scratch_bytes[SCR_COUNT];
+    // RoPE cos/sin table (T, HS/2) x {cos, sin}, f32, built in double precision; rebuilt when (T, HS, theta)
+    // outgrows it.
+    float *rope_tab;
+    int rope_T, rope_HS;
+    float rope_theta;
+    // AdamW: spans cached on the device as a block map (one entry per block of work), rebuilt only when the
+    // span list changes.
+    struct kiln_param_span *adam_spans_host;
+    int adam_n_spans;
+    int2 *adam_blocks; // (n_blocks) {span index, element offset within the span}
+    int adam_n_blocks;
+    struct kiln_param_span *adam_spans_dev;
+    // host staging for dtype conversion
+    void *host_stage;
+    size_t host_stage_bytes;
+};
+
+static inline struct cuda_ctx *cuda_ctx_of(void *ctx) {
+    return (struct cuda_ctx *)ctx;
+}
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// scratch (backend.cu): a device buffer of at least `bytes`, grown on demand (contents not preserved)
+void *kiln_cuda_scratch(struct cuda_ctx *c, int slot, size_t bytes);
+// RoPE table for positions [0, T) at head size HS (attention.cu): cos (T, HS/2) returned, sin (T, HS/2) in
+// *sin
+const float *kiln_cuda_rope_table(struct cuda_ctx *c, int T, int HS, float theta, const float **sin);
+
+// launchers, one family per file
+void kiln_cuda_embed_forward(void *ctx, const struct kiln_embed_args *a);
+void kiln_cuda_embed_backward(void *ctx, const struct kiln_embed_back_args *a);
+void kiln_cuda_norm_forward(void *ctx, const struct kiln_norm_args *a);
+void kiln_cuda_norm_backward(void *ctx, const struct kiln_norm_back_args *a);
+void kiln_cuda_matmul_forward(void *ctx, const struct kiln_matmul_args *a);
+void kiln_cuda_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a);
+void kiln_cuda_attention_forward(void *ctx, const struct kiln_attn_args *a);
+void kiln_cuda_attention_backward(void *ctx, const struct kiln_attn_back_args *a);
+void kiln_cuda_attention_decode(void *ctx, const struct kiln_attn_decode_args *a);
+void kiln_cuda_swiglu_forward(void *ctx, const struct kiln_swiglu_args *a);
+void kiln_cuda_swiglu_backward(void *ctx, const struct kiln_swiglu_back_args *a);
+void kiln_cuda_add(void *ctx, void *out, const void *a, const void *b, size_t n);
+void kiln_cuda_cross_entropy(void *ctx, const struct kiln_xent_args *a);
+double kiln_cuda_sum_squares(void *ctx, const void *grads, size_t n);
+void kiln_cuda_adamw(void *ctx, const struct kiln_adamw_args *a);
+// column sums (norm.cu): out[c] += sum_r x[r, c] for bf16 x (N, C), deterministic (fixed-order partials)
+void kiln_cuda_colsum_bf16_acc(struct cuda_ctx *c, float *out, const bf16 *x, int N, int C);
+void kiln_cuda_add_f32(struct cuda_ctx *c, float *out, const float *x, int n); // out += x
+#ifdef __cplusplus
+}
+#endif
+
+// ---- device helpers ---------------------------------------------------------------------------------
+#define KILN_CEIL_DIV(a, b) (((a) + (b)-1) / (b))
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Block-wide sum, every thread gets the result. `sh` holds >= 32 floats. Fixed order: deterministic.
+static __device__ __forceinline__ float block_sum(float v, float *sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads(); // sh may still be read from a previous call
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+static __device__ __forceinline__ float block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+static __device__ __forceinline__ float bf2f(bf16 x) {
+    return __bfloat162float(x);
+}
+static __device__ __forceinline__ bf16 f2bf(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// 16-byte vector of 8 bf16
+union bf16x8 {
+    uint4 u;
+    bf16 h[8];
+};
+static __device__ __forceinline__ int is_aligned16(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
+
+// GELU, tanh approximation (GPT-2)
+#define KILN_GELU_K 0.7978845608028654f // sqrt(2/pi)
+static __device__ __forceinline__ float gelu_tanh(float x) {
+    float u = KILN_GELU_K * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+static __device__ __forceinline__ float gelu_tanh_grad(float x) {
+    float u = KILN_GELU_K * (x + 0.044715f * x * x * x);
+    float t = tanhf(u);
+    float du = KILN_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+#endif

@@ -1,0 +1,282 @@
+// Matmuls through cuBLASLt with fused epilogues (bias, GELU with the pre-activation saved as aux, DGELU,
+// BGRADB), in bf16 with fp32 accumulation. Parameter gradients (dweight, dbias) are f32 and accumulate.
+//
+// Layout: kiln's row-major X (N, IC) is, for column-major cuBLAS, X^T (IC, N) with ld = IC. So
+//   forward   out^T (OC, N)  = W^T^T (OC, IC) . X^T (IC, N):  A = W (IC x OC, ld IC) op T, B = X^T op N
+//   dinp      dinp^T (IC, N) = W^T (IC, OC) . dout^T (OC, N): A = W op N,   B = dout^T op N
+//   dweight   dW^T (IC, OC) += X^T (IC, N) . dout (N, OC):    A = X^T op N, B = dout^T (OC x N) op T
+// The bias is a vector over D's rows (m); BGRADB reduces op(B) over k, i.e. dbias = sum over rows of dout.
+//
+// FLOPs: forward 2*N*IC*OC; backward 4*N*IC*OC (dinp + dweight). Bytes (bf16): 2*(N*IC + IC*OC + N*OC) per
+// GEMM, plus 4*IC*OC twice for the f32 dweight read-modify-write. At N=32k, IC=768, OC=3072 the forward is
+// 155 GFLOP against 250 MB: compute bound (AI ~600 FLOP/byte), so the floor is the tensor-core peak.
+//
+// When cuBLASLt has no algorithm for a fused epilogue (odd leading dimensions, unsupported type mix), the op
+// falls back to a plain GEMM plus small kernels below, so every shape works.
+#include <string.h>
+
+#include "backend/cuda/common.cuh"
+
+struct lt_gemm {
+    cublasOperation_t transa, transb;
+    int m, n, k;
+    const void *A;
+    int lda;
+    const void *B;
+    int ldb;
+    const void *C; // may equal D
+    void *D;
+    int ldd;
+    cudaDataType_t dtype; // C and D
+    float beta;
+    cublasLtEpilogue_t epi;
+    const void *bias;          // or bias-gradient output for BGRADB
+    cudaDataType_t bias_dtype; // of bias
+    void *aux;                 // GELU aux (pre-activation), bf16, m x n with ld = aux_ld
+    int aux_ld;
+};
+
+static uint64_t ptr_align(const void *p) {
+    uintptr_t u = (uintptr_t)p;
+    uint64_t a = 256;
+    while (a > 1 && (u % a) != 0)
+        a >>= 1;
+    return a;
+}
+
+// Runs one cuBLASLt matmul; returns 0, or -1 when no algorithm supports this combination (then nothing ran).
+static int lt_matmul(struct cuda_ctx *c, const struct lt_gemm *g) {
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    int ret = -1;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &g->transa, sizeof(g->transa)));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &g->transb, sizeof(g->transb)));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi, sizeof(g->epi)));
+    if (g->bias) {
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                                    sizeof(g->bias)));
+        int32_t bt = (int32_t)g->bias_dtype;
+        CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+    }
+    if (g->aux) {
+        int64_t aux_ld = g->aux_ld;
+        int32_t at = (int32_t)CUDA_R_16BF;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
+                                                    sizeof(g->aux)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                                    sizeof(aux_ld)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at,
+                                                    sizeof(at)));
+    }
+    int a_rows = g->transa == CUBLAS_OP_N ? g->m : g->k, a_cols = g->transa == CUBLAS_OP_N ? g->k : g->m;
+    int b_rows = g->transb == CUBLAS_OP_N ? g->k : g->n, b_cols = g->transb == CUBLAS_OP_N ? g->n : g->k;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, a_rows, a_cols, g->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, b_rows, b_cols, g->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, g->dtype, g->m, g->n, g->ldd));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, g->dtype, g->m, g->n, g->ldd));
+
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = c->workspace_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                      sizeof(ws)));
+    // Pointers carved out of big buffers need not be 256-byte aligned: tell the heuristic what they are.
+    uint32_t al[4] = {(uint32_t)ptr_align(g->A), (uint32_t)ptr_align(g->B), (uint32_t)ptr_align(g->C),
+                      (uint32_t)ptr_align(g->D)};
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4));
+
+    cublasLtMatmulHeuristicResult_t heur;
+    int nres = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, ld, pref, 1, &heur, &nres);
+    if (st == CUBLAS_STATUS_SUCCESS && nres > 0) {
+        float alpha = 1.0f, beta = g->beta;
+        st = cublasLtMatmul(c->lt, desc, &alpha, g->A, la, g->B, lb, &beta, g->C, lc, g->D, ld, &heur.algo,
+                            c->workspace, c->workspace_bytes, c->stream);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            ret = 0;
+        else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+            CUBLAS_CHECK(st);
+    } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
+               st != CUBLAS_STATUS_INVALID_VALUE) {
+        CUBLAS_CHECK(st);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    return ret;
+}
+
+// The plain GEMM must always work; if even it has no algorithm the shapes are broken.
+static void lt_matmul_plain(struct cuda_ctx *c, struct lt_gemm g) {
+    g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    g.bias = NULL;
+    g.aux = NULL;
+    if (lt_matmul(c, &g) != 0) {
+        fprintf(stderr, "kiln: internal error at %s:%d: cuBLASLt has no algorithm for m=%d n=%d k=%d\n",
+                __FILE__, __LINE__, g.m, g.n, g.k);
+        abort();
+    }
+}
+
+// ---- fallback epilogues -----------------------------------------------------------------------------------
+
+// x = y (+ bias[col]); pre = x when pre != NULL; y = gelu(x) when gelu, else x. (N, OC) row-major, in place.
+static __global__ void bias_act_kernel(bf16 *y, bf16 *pre, const bf16 *bias, int N, int OC, int gelu) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * OC)
+        return;
+    float x = bf2f(y[i]);
+    if (bias)
+        x += bf2f(bias[i % OC]);
+    if (pre) {
+        bf16 xb = f2bf(x);
+        pre[i] = xb;
+        x = bf2f(xb);
+    }
+    y[i] = f2bf(gelu ? gelu_tanh(x) : x);
+}
+
+// y *= gelu'(pre), elementwise
+static __global__ void dgelu_kernel(bf16 *y, const bf16 *pre, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = f2bf(bf2f(y[i]) * gelu_tanh_grad(bf2f(pre[i])));
+}
+
+// ---- ops -----------------------------------------------------------------------------------------------
+
+extern "C" void kiln_cuda_matmul_forward(void *ctx, const struct kiln_matmul_args *a) {
+    struct cuda_ctx *c = cuda_ctx_of(ctx);
+    if (a->N == 0 || a->OC == 0)
+        return;
+    KILN_ASSERT(a->act == KILN_ACT_NONE || (a->pre && !a->accumulate));
+    struct lt_gemm g;
+    memset(&g, 0, sizeof(g));
+    g.transa = CUBLAS_OP_T;
+    g.transb = CUBLAS_OP_N;
+    g.m = a->OC;
+    g.n = a->N;
+    g.k = a->IC;
+    g.A = a->weight;
+    g.lda = a->IC;
+    g.B = a->inp;
+    g.ldb = a->IC;
+    g.C = a->out;
+    g.D = a->out;
+    g.ldd = a->OC;
+    g.dtype = CUDA_R_16BF;
+    g.beta = a->accumulate ? 1.0f : 0.0f;
+    g.bias = a->bias;
+    g.bias_dtype = CUDA_R_16BF;
+    if (a->act == KILN_ACT_GELU) {
+        g.epi = a->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        g.aux = a->pre;
+        g.aux_ld = a->OC;
+    } else {
+        g.epi = a->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    }
+    if (lt_matmul(c, &g) == 0)
+        return;
+    // fallback: plain GEMM (with beta for accumulate), then bias / GELU in one pass
+    lt_matmul_plain(c, g);
+    if (a->bias || a->act == KILN_ACT_GELU) {
+        size_t n = (size_t)a->N * a->OC;
+        bias_act_kernel<<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(
+            (bf16 *)a->out, (bf16 *)a->pre, (const bf16 *)a->bias, a->N, a->OC, a->act == KILN_ACT_GELU);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+extern "C" void kiln_cuda_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a) {
+    struct cuda_ctx *c = cuda_ctx_of(ctx);
+    if (a->N == 0)
+        return;
+    size_t n_inp = (size_t)a->N * a->IC;
+    // ---- dinp = dout @ W (. gelu'(pre)) ----
+    if (a->dinp) {
+        // with accumulate and gelu both set, dinp += (dout @ W) . gelu'(pre): computed into a temporary
+        int tmp = a->dinp_accumulate && a->dinp_gelu_pre;
+        bf16 *dst = tmp ? (bf16 *)kiln_cuda_scratch(c, SCR_GEMM, n_inp * sizeof(bf16)) : (bf16 *)a->dinp;
+        struct lt_gemm g;
+        memset(&g, 0, sizeof(g));
+        g.transa = CUBLAS_OP_N;
+        g.transb = CUBLAS_OP_N;
+        g.m = a->IC;
+        g.n = a->N;
+        g.k = a->OC;
+        g.A = a->weight;
+        g.lda = a->IC;
+        g.B = a->dout;
+        g.ldb = a->OC;
+        g.C = dst;
+        g.D = dst;
+        g.ldd = a->IC;
+        g.dtype = CUDA_R_16BF;
+        g.beta = (a->dinp_accumulate && !tmp) ? 1.0f : 0.0f;
+        g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+        if (a->dinp_gelu_pre) {
+            g.epi = CUBLASLT_EPILOGUE_DGELU;
+            g.aux = (void *)a->dinp_gelu_pre;
+            g.aux_ld = a->IC;
+        }
+        if (lt_matmul(c, &g) != 0) {
+            lt_matmul_plain(c, g);
+            if (a->dinp_gelu_pre) {
+                dgelu_kernel<<<(unsigned)KILN_CEIL_DIV(n_inp, 256), 256, 0, c->stream>>>(
+                    dst, (const bf16 *)a->dinp_gelu_pre, n_inp);
+                CUDA_CHECK_LAUNCH();
+            }
+        }
+        if (tmp)
+            kiln_cuda_add(ctx, a->dinp, a->dinp, dst, n_inp);
+    }
+    // ---- dweight += inp^T-ish GEMM (f32), with dbias from the BGRADB epilogue ----
+    struct lt_gemm g;
+    memset(&g, 0, sizeof(g));
+    g.transa = CUBLAS_OP_N;
+    g.transb = CUBLAS_OP_T;
+    g.m = a->IC;
+    g.n = a->OC;
+    g.k = a->N;
+    g.A = a->inp;
+    g.lda = a->IC;
+    g.B = a->dout;
+    g.ldb = a->OC;
+    g.C = a->dweight;
+    g.D = a->dweight;
+    g.ldd = a->IC;
+    g.dtype = CUDA_R_32F;
+    g.beta = 1.0f;
+    g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    float *bgrad = NULL;
+    if (a->dbias) {
+        // BGRADB overwrites its output: write to scratch, then accumulate into dbias
+        bgrad = (float *)kiln_cuda_scratch(c, SCR_BIASGRAD, (size_t)a->OC * sizeof(float));
+        g.epi = CUBLASLT_EPILOGUE_BGRADB;
+        g.bias = bgrad;
+        g.bias_dtype = CUDA_R_32F;
+    }
+    if (lt_matmul(c, &g) == 0) {
+        if (a->dbias)
+            kiln_cuda_add_f32(c, (float *)a->dbias, bgrad, a->OC);
+        return;
+    }
+    lt_matmul_plain(c, g);
+    if (a->dbias)
+        kiln_cuda_colsum_bf16_acc(c, (float *)a->dbias, (const bf16 *)a->dout, a->N, a->OC);
+}

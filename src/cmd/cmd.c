@@ -1,0 +1,67 @@
+// The subcommand table and `kiln help`.
+#include "cmd/cmd.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "model/config.h"
+
+struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+};
+
+static const struct command COMMANDS[] = {
+    {"train", cmd_train, "train a model (default: shakespeare-char on the embedded Tiny Shakespeare)"},
+    {"sample", cmd_sample, "generate text from a trained run (--run=DIR)"},
+    {"info", cmd_info, "show a preset's resolved config, parameters, FLOPs and memory; backends and GPUs"},
+    {"tokenize", cmd_tokenize, "tokenize text corpora into token shards"},
+    {"encode", cmd_encode, "JSONL {\"text\":...} lines -> {\"ids\":[...]} lines"},
+    {"decode", cmd_decode, "JSONL {\"ids\":[...]} lines -> {\"text\":...} lines"},
+    {"help", cmd_help, "this help, or the options of a command (kiln help train)"},
+};
+#define N_COMMANDS (sizeof(COMMANDS) / sizeof(COMMANDS[0]))
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kiln <command> [--option=value ...]\n\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-10s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+    fprintf(f, "\nkiln help <command> lists a command's options.\n");
+}
+
+int cmd_help(int argc, char **argv) {
+    if (argc == 0) {
+        usage(stdout);
+        return 0;
+    }
+    const char *c = argv[0];
+    if (!strcmp(c, "train") || !strcmp(c, "info")) {
+        printf("kiln %s [--preset=NAME] [--config=FILE] [--option=value ...]\n\n", c);
+        kiln_config_print_help(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(c, COMMANDS[i].name)) {
+            char *h[] = {"--help"};
+            return COMMANDS[i].run(1, h);
+        }
+    fprintf(stderr, "error: unknown command '%s' (kiln help): see kiln help for the commands\n", c);
+    return 2;
+}
+
+int kiln_cmd_main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *name = argv[1];
+    if (!strcmp(name, "--help") || !strcmp(name, "-h"))
+        return cmd_help(0, NULL);
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(name, COMMANDS[i].name))
+            return COMMANDS[i].run(argc - 2, argv + 2);
+    fprintf(stderr, "error: unknown command '%s': commands are train, sample, info, tokenize, encode, decode, help\n",
+            name);
+    return 2;
+}

@@ -1,0 +1,452 @@
+// Checkpoint storage: atomic save (temp dir + fsync + rename), verification by sha256, discovery of the
+// newest good checkpoint, and pruning. The trainer decides what goes in; this file decides how it lands.
+#include "io/checkpoint.h"
+
+#include "io/fsutil.h"
+#include "util/sha256.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+// "step_" followed by at least 8 digits and nothing else; the step, or -1.
+static int64_t parse_step_name(const char *name) {
+    if (strncmp(name, "step_", 5) != 0)
+        return -1;
+    const char *d = name + 5;
+    size_t nd = strlen(d);
+    if (nd < 8 || nd > 18)
+        return -1;
+    int64_t v = 0;
+    for (size_t i = 0; i < nd; i++) {
+        if (d[i] < '0' || d[i] > '9')
+            return -1;
+        v = v * 10 + (d[i] - '0');
+    }
+    return v;
+}
+
+static const char *base_name(const char *path) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') // tolerate a trailing slash
+        n--;
+    const char *s = path + n;
+    while (s > path && s[-1] != '/')
+        s--;
+    return s;
+}
+
+// The step of a checkpoint directory path (tolerates a trailing slash), or -1 if it is not named step_N.
+static int64_t dir_step(const char *path) {
+    char name[256];
+    const char *b = base_name(path);
+    size_t n = strcspn(b, "/");
+    if (n >= sizeof(name))
+        return -1;
+    memcpy(name, b, n);
+    name[n] = '\0';
+    return parse_step_name(name);
+}
+
+static int file_name_ok(const char *name) {
+    return name && name[0] && name[0] != '.' && !strchr(name, '/') && strlen(name) < 200 &&
+           strcmp(name, "state.json") != 0 && strcmp(name, "latest") != 0;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+// ---- listing ----------------------------------------------------------------------------------
+
+struct step_entry {
+    int64_t step;
+    char *path;
+};
+static int step_entry_desc(const void *a, const void *b) {
+    int64_t x = ((const struct step_entry *)a)->step, y = ((const struct step_entry *)b)->step;
+    return x < y ? 1 : (x > y ? -1 : 0);
+}
+
+int kiln_ckpt_list(const char *run_dir, char ***paths, int64_t **steps, struct kiln_error *err) {
+    *paths = NULL;
+    if (steps)
+        *steps = NULL;
+    char dir[1024], p[1300];
+    if (kiln_path_join(dir, sizeof(dir), run_dir, "ckpt", err))
+        return -1;
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT)
+            return 0;
+        kiln_errorf(err, KILN_ERR_RUNTIME, "cannot list checkpoints (%s): %s", dir, strerror(errno));
+        return -1;
+    }
+    int n = 0, cap = 16;
+    struct step_entry *e = kiln_xmalloc(sizeof(*e) * (size_t)cap);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int64_t s = parse_step_name(de->d_name);
+        if (s < 0)
+            continue;
+        snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+        if (!kiln_is_dir(p))
+            continue;
+        if (n == cap) {
+            cap *= 2;
+            struct step_entry *ne = realloc(e, sizeof(*e) * (size_t)cap);
+            KILN_ASSERT(ne != NULL);
+            e = ne;
+        }
+        e[n++] = (struct step_entry){s, kiln_xstrdup(p)};
+    }
+    closedir(d);
+    qsort(e, (size_t)n, sizeof(*e), step_entry_desc);
+    *paths = kiln_xmalloc(sizeof(char *) * (size_t)(n ? n : 1));
+    if (steps)
+        *steps = kiln_xmalloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    for (int i = 0; i < n; i++) {
+        (*paths)[i] = e[i].path;
+        if (steps)
+            (*steps)[i] = e[i].step;
+    }
+    free(e);
+    return n;
+}
+
+static void free_list(char **paths, int64_t *steps, int n) {
+    for (int i = 0; i < n; i++)
+        free(paths[i]);
+    free(paths);
+    free(steps);
+}
+
+// ---- verify and load --------------------------------------------------------------------------
+
+// Verifies ckpt_dir; when out is non-NULL also leaves state, model and optim open in it.
+static int ckpt_check(const char *ckpt_dir, struct kiln_ckpt *out, struct kiln_error *err) {
+    char p[1200];
+    const char *bad = "corrupt checkpoint";
+    if (kiln_path_join(p, sizeof(p), ckpt_dir, "state.json", err))
+        return err ? err->code : KILN_ERR_USAGE;
+    char *text;
+    size_t len;
+    struct stat st;
+    if (stat(p, &st) != 0)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "%s (%s): %s; the checkpoint was not written completely",
+                           bad, p, strerror(errno));
+    if (kiln_read_file(p, &text, &len, err))
+        return err ? err->code : KILN_ERR_RUNTIME;
+    cJSON *state = cJSON_ParseWithLength(text, len);
+    free(text);
+    int rc = 0;
+    int64_t want_step = dir_step(ckpt_dir);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(state, "format");
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(state, "step");
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(state, "files");
+    if (!cJSON_IsObject(state)) {
+        rc = kiln_errorf(err, KILN_ERR_RUNTIME, "%s (%s): not a JSON object", bad, p);
+    } else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, KILN_CKPT_FORMAT) != 0) {
+        rc = kiln_errorf(err, KILN_ERR_RUNTIME, "%s (%s): \"format\" is %s, expected \"%s\"", bad, p,
+                         cJSON_IsString(fmt) ? fmt->valuestring : "missing", KILN_CKPT_FORMAT);
+    } else if (!cJSON_IsNumber(step) || step->valuedouble < 0 ||
+               (want_step >= 0 && step->valuedouble != (double)want_step)) {
+        rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                         "%s (%s): \"step\" is missing or does not match the directory name", bad, p);
+    } else if (!cJSON_IsObject(files)) {
+        rc = kiln_errorf(err, KILN_ERR_RUNTIME, "%s (%s): \"files\" is missing", bad, p);
+    } else if (out && !cJSON_GetObjectItemCaseSensitive(files, "model.safetensors")) {
+        rc = kiln_errorf(err, KILN_ERR_RUNTIME, "%s (%s): lists no model.safetensors", bad, p);
+    }
+    for (const cJSON *f = files ? files->child : NULL; f && !rc; f = f->next) {
+        char fp[1200], hex[65];
+        if (!file_name_ok(f->string) || !cJSON_IsString(f) || strlen(f->valuestring) != 64) {
+            rc = kiln_errorf(err, KILN_ERR_RUNTIME, "%s (%s): bad entry \"%s\" in \"files\"", bad, p,
+                             f->string);
+            break;
+        }
+        if ((rc = kiln_path_join(fp, sizeof(fp), ckpt_dir, f->string, err)))
+            break;
+        if (stat(fp, &st) != 0) {
+            rc = kiln_errorf(err, KILN_ERR_RUNTIME, "%s (%s): %s; the file is listed in state.json", bad, fp,
+                             strerror(errno));
+            break;
+        }
+        if ((rc = kiln_sha256_file(fp, hex, err)))
+            break;
+        if (strcmp(hex, f->valuestring) != 0) {
+            rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                             "%s (%s): sha256 is %.16s..., state.json says %.16s...; the file was changed or "
+                             "truncated after it was written",
+                             bad, fp, hex, f->valuestring);
+            break;
+        }
+        if (!ends_with(f->string, ".safetensors"))
+            continue;
+        struct kiln_safetensors *st_file;
+        if ((rc = kiln_safetensors_open(&st_file, fp, err)))
+            break;
+        if (out && strcmp(f->string, "model.safetensors") == 0)
+            out->model = st_file;
+        else if (out && strcmp(f->string, "optim.safetensors") == 0)
+            out->optim = st_file;
+        else
+            kiln_safetensors_close(st_file);
+    }
+    if (!rc && out) {
+        out->state = state;
+        snprintf(out->path, sizeof(out->path), "%s", ckpt_dir);
+    } else {
+        cJSON_Delete(state);
+    }
+    return rc;
+}
+
+int kiln_ckpt_verify(const char *ckpt_dir, struct kiln_error *err) {
+    return ckpt_check(ckpt_dir, NULL, err);
+}
+
+void kiln_ckpt_close(struct kiln_ckpt *c) {
+    cJSON_Delete(c->state);
+    kiln_safetensors_close(c->model);
+    kiln_safetensors_close(c->optim);
+    c->state = NULL;
+    c->model = c->optim = NULL;
+}
+
+int kiln_ckpt_load(const char *ckpt_dir, struct kiln_ckpt *out, struct kiln_error *err) {
+    memset(out, 0, sizeof(*out));
+    if (strlen(ckpt_dir) >= sizeof(out->path))
+        return kiln_errorf(err, KILN_ERR_USAGE, "checkpoint path too long (%s)", ckpt_dir);
+    int rc = ckpt_check(ckpt_dir, out, err);
+    if (rc)
+        kiln_ckpt_close(out);
+    return rc;
+}
+
+// The loop shared by find_latest and load_latest: newest first, skipping (and reporting) corrupt ones.
+static int ckpt_newest_good(const char *run_dir, char *path_out, size_t cap, struct kiln_ckpt *out,
+                            void (*on_skip)(void *user, const char *path, const char *why), void *user,
+                            struct kiln_error *err) {
+    char **paths;
+    int64_t *steps;
+    int n = kiln_ckpt_list(run_dir, &paths, &steps, err);
+    if (n < 0)
+        return err ? err->code : KILN_ERR_RUNTIME;
+    if (n == 0) {
+        free_list(paths, steps, n);
+        return KILN_CKPT_NONE;
+    }
+    struct kiln_error why, first_why = {0};
+    int rc = -2; // not decided yet
+    for (int i = 0; i < n && rc == -2; i++) {
+        int bad = out ? kiln_ckpt_load(paths[i], out, &why) : kiln_ckpt_verify(paths[i], &why);
+        if (!bad) {
+            if (path_out && strlen(paths[i]) >= cap) {
+                if (out)
+                    kiln_ckpt_close(out);
+                rc = kiln_errorf(err, KILN_ERR_USAGE, "checkpoint path too long (%s): more than %zu bytes",
+                                 paths[i], cap - 1);
+            } else {
+                if (path_out)
+                    snprintf(path_out, cap, "%s", paths[i]);
+                rc = 0;
+            }
+            break;
+        }
+        if (i == 0)
+            first_why = why;
+        if (on_skip)
+            on_skip(user, paths[i], why.msg);
+    }
+    if (rc == -2)
+        rc = kiln_errorf(
+            err, KILN_ERR_RUNTIME,
+            "no usable checkpoint (%s/ckpt): all %d checkpoints are corrupt, the newest because: %s; "
+            "repair or move them away, or start without resuming",
+            run_dir, n, first_why.msg);
+    free_list(paths, steps, n);
+    return rc;
+}
+
+int kiln_ckpt_find_latest(const char *run_dir, char *path_out, size_t cap,
+                          void (*on_skip)(void *user, const char *path, const char *why), void *user,
+                          struct kiln_error *err) {
+    return ckpt_newest_good(run_dir, path_out, cap, NULL, on_skip, user, err);
+}
+
+int kiln_ckpt_load_latest(const char *run_dir, struct kiln_ckpt *out,
+                          void (*on_skip)(void *user, const char *path, const char *why), void *user,
+                          struct kiln_error *err) {
+    memset(out, 0, sizeof(*out));
+    return ckpt_newest_good(run_dir, NULL, 0, out, on_skip, user, err);
+}
+
+// ---- save -------------------------------------------------------------------------------------
+
+// Removes what killed writers left in RUN/ckpt: .tmp-* directories and latest.tmp-* files.
+static int remove_stale(const char *ckpt_dir, struct kiln_error *err) {
+    DIR *d = opendir(ckpt_dir);
+    if (!d)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot list checkpoints (%s): %s", ckpt_dir,
+                           strerror(errno));
+    struct dirent *de;
+    int rc = 0;
+    while (!rc && (de = readdir(d))) {
+        if (strncmp(de->d_name, ".tmp-", 5) != 0 && strncmp(de->d_name, "latest.tmp-", 11) != 0)
+            continue;
+        char p[1300];
+        snprintf(p, sizeof(p), "%s/%s", ckpt_dir, de->d_name);
+        rc = kiln_remove_tree(p, err);
+    }
+    closedir(d);
+    return rc;
+}
+
+// Moves a directory out of the way under a .tmp- name (so a crash mid-removal leaves nothing that looks
+// like a checkpoint), then removes it.
+static int remove_dir_safely(const char *ckpt_dir, const char *path, struct kiln_error *err) {
+    char aside[1200];
+    snprintf(aside, sizeof(aside), "%s/.tmp-del-%ld-%016llx", ckpt_dir, (long)getpid(),
+             (unsigned long long)kiln_nonce());
+    if (rename(path, aside) != 0)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot remove checkpoint (%s): %s", path, strerror(errno));
+    if (kiln_fsync_dir(ckpt_dir, err))
+        return err ? err->code : KILN_ERR_RUNTIME;
+    return kiln_remove_tree(aside, err);
+}
+
+// Puts the complete directory tmp in place as final. An existing final is swapped out atomically
+// (renameat2 RENAME_EXCHANGE) where the file system can; otherwise it is moved aside first, which leaves a
+// short window where step_N is absent (older checkpoints still exist).
+static int install_dir(const char *ckpt_dir, const char *tmp, const char *final, struct kiln_error *err) {
+    if (rename(tmp, final) == 0)
+        return 0;
+    if (errno != EEXIST && errno != ENOTEMPTY)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot rename checkpoint (%s -> %s): %s", tmp, final,
+                           strerror(errno));
+#ifdef RENAME_EXCHANGE
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0)
+        return kiln_remove_tree(tmp, err); // tmp now holds the old checkpoint
+#endif
+    char aside[1200];
+    snprintf(aside, sizeof(aside), "%s/.tmp-old-%ld-%016llx", ckpt_dir, (long)getpid(),
+             (unsigned long long)kiln_nonce());
+    if (rename(final, aside) != 0 || rename(tmp, final) != 0)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot replace checkpoint (%s): %s", final,
+                           strerror(errno));
+    return kiln_remove_tree(aside, err);
+}
+
+static int prune(const char *run_dir, const char *ckpt_dir, int64_t saved_step,
+                 const struct kiln_ckpt_policy *policy, struct kiln_error *err) {
+    if (!policy || policy->keep_last <= 0)
+        return 0;
+    char **paths;
+    int64_t *steps;
+    int n = kiln_ckpt_list(run_dir, &paths, &steps, err);
+    if (n < 0)
+        return err ? err->code : KILN_ERR_RUNTIME;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        int keep = i == 0 || i < policy->keep_last || steps[i] == saved_step ||
+                   (policy->keep_every > 0 && steps[i] % policy->keep_every == 0);
+        if (!keep)
+            rc = remove_dir_safely(ckpt_dir, paths[i], err);
+    }
+    free_list(paths, steps, n);
+    return rc;
+}
+
+int kiln_ckpt_save(const char *run_dir, int64_t step, const struct kiln_ckpt_file *files, int n_files,
+                   const cJSON *state_json, const struct kiln_ckpt_policy *policy, struct kiln_error *err) {
+    char ckpt_dir[1024], name[64], tmp[1200], final[1200], p[1400];
+    if (step < 0)
+        return kiln_errorf(err, KILN_ERR_USAGE, "cannot save checkpoint (%s): negative step %lld", run_dir,
+                           (long long)step);
+    if (state_json && !cJSON_IsObject(state_json))
+        return kiln_errorf(err, KILN_ERR_USAGE, "cannot save checkpoint (%s): state is not a JSON object",
+                           run_dir);
+    for (int i = 0; i < n_files; i++) {
+        if (!file_name_ok(files[i].name))
+            return kiln_errorf(err, KILN_ERR_USAGE, "cannot save checkpoint (%s): bad file name \"%s\"",
+                               run_dir, files[i].name ? files[i].name : "(null)");
+        for (int j = 0; j < i; j++)
+            if (strcmp(files[i].name, files[j].name) == 0)
+                return kiln_errorf(err, KILN_ERR_USAGE,
+                                   "cannot save checkpoint (%s): file \"%s\" given twice", run_dir,
+                                   files[i].name);
+    }
+    const cJSON *given_step = state_json ? cJSON_GetObjectItemCaseSensitive(state_json, "step") : NULL;
+    if (given_step && (!cJSON_IsNumber(given_step) || given_step->valuedouble != (double)step))
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "cannot save checkpoint (%s): state \"step\" differs from %lld", run_dir,
+                           (long long)step);
+
+    int rc = kiln_path_join(ckpt_dir, sizeof(ckpt_dir), run_dir, "ckpt", err);
+    if (!rc)
+        rc = kiln_mkdir_p(ckpt_dir, err);
+    if (!rc) // makes a newly created ckpt/ itself durable
+        rc = kiln_fsync_dir(run_dir, err);
+    if (!rc)
+        rc = remove_stale(ckpt_dir, err);
+    if (rc)
+        return rc;
+    snprintf(name, sizeof(name), "step_%08lld", (long long)step);
+    snprintf(tmp, sizeof(tmp), "%s/.tmp-%s-%ld-%016llx", ckpt_dir, name, (long)getpid(),
+             (unsigned long long)kiln_nonce());
+    snprintf(final, sizeof(final), "%s/%s", ckpt_dir, name);
+    if (mkdir(tmp, 0777) != 0)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot create directory (%s): %s", tmp, strerror(errno));
+
+    cJSON *state = state_json ? cJSON_Duplicate(state_json, 1) : cJSON_CreateObject();
+    cJSON *hashes = cJSON_CreateObject();
+    KILN_ASSERT(state && hashes);
+    for (int i = 0; i < n_files && !rc; i++) {
+        char hex[65];
+        snprintf(p, sizeof(p), "%s/%s", tmp, files[i].name);
+        rc = kiln_safetensors_write_sha(p, files[i].tensors, files[i].n, NULL, hex, err);
+        if (!rc)
+            cJSON_AddItemToObject(hashes, files[i].name, cJSON_CreateString(hex));
+    }
+    if (!rc) {
+        cJSON_DeleteItemFromObjectCaseSensitive(state, "format");
+        cJSON_DeleteItemFromObjectCaseSensitive(state, "files");
+        cJSON_DeleteItemFromObjectCaseSensitive(state, "step");
+        cJSON_AddStringToObject(state, "format", KILN_CKPT_FORMAT);
+        cJSON_AddNumberToObject(state, "step", (double)step);
+        cJSON_AddItemToObject(state, "files", hashes);
+        hashes = NULL;
+        char *text = cJSON_Print(state);
+        KILN_ASSERT(text != NULL);
+        snprintf(p, sizeof(p), "%s/state.json", tmp);
+        size_t len = strlen(text);
+        text[len] = '\n'; // replaces the NUL; we write len + 1 bytes
+        rc = kiln_write_file_atomic(p, text, len + 1, err);
+        free(text);
+    }
+    cJSON_Delete(hashes);
+    cJSON_Delete(state);
+    if (!rc)
+        rc = kiln_fsync_dir(tmp, err);
+    if (!rc)
+        rc = install_dir(ckpt_dir, tmp, final, err);
+    if (!rc)
+        rc = kiln_fsync_dir(ckpt_dir, err);
+    if (rc) {
+        kiln_remove_tree(tmp, NULL);
+        return rc;
+    }
+    char latest_text[80];
+    int len = snprintf(latest_text, sizeof(latest_text), "%s\n", name);
+    snprintf(p, sizeof(p), "%s/latest", ckpt_dir);
+    rc = kiln_write_file_atomic(p, latest_text, (size_t)len, err);
+    if (!rc)
+        rc = prune(run_dir, ckpt_dir, step, policy, err);
+    return rc;
+}

@@ -1,0 +1,76 @@
+// Checkpoints that survive crashes (docs/formats.md, "Checkpoints").
+//
+// Layout: RUN/ckpt/step_NNNNNNNN/ (8+ digits) holding the caller's safetensors files (model.safetensors,
+// optim.safetensors) and state.json; RUN/ckpt/latest names the newest checkpoint ("step_NNNNNNNN\n").
+// A checkpoint directory only ever appears under its final name complete and fsynced: it is assembled in
+// RUN/ckpt/.tmp-step_N-<pid>-<nonce> and renamed. state.json carries "format": "kiln-ckpt-1", "step", and
+// "files": {name: sha256hex}; readers check every hash. One writer per run directory.
+#ifndef KILN_IO_CHECKPOINT_H
+#define KILN_IO_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "io/safetensors.h"
+#include "util/error.h"
+
+#define KILN_CKPT_FORMAT "kiln-ckpt-1"
+
+struct kiln_ckpt_file {
+    const char *name; // "model.safetensors": a plain file name, no '/', not "state.json"
+    const struct kiln_st_tensor *tensors;
+    int n;
+};
+
+struct kiln_ckpt_policy {
+    int keep_last;  // keep the newest K checkpoints; 0 = keep all
+    int keep_every; // also keep every checkpoint with step % M == 0 forever; 0 = off
+};
+
+// Writes RUN/ckpt/step_N with the files and state.json, then points `latest` at it and prunes by the
+// policy (never the checkpoint just written, never the newest). state_json is the caller's object (step,
+// loader state, ...); it is not modified: the writer writes a copy with "format", "step" and "files" added.
+// A "step" already in it must equal step. An existing step_N is replaced only once the new one is complete.
+// Stale temp directories of killed writers are removed first. policy may be NULL (keep all).
+int kiln_ckpt_save(const char *run_dir, int64_t step, const struct kiln_ckpt_file *files, int n_files,
+                   const cJSON *state_json, const struct kiln_ckpt_policy *policy, struct kiln_error *err);
+
+// Checks one checkpoint directory: state.json parses, has the format tag (and a step matching the
+// directory name), every listed file exists with the right sha256, and every .safetensors file opens.
+// Returns 0 if good, else fills err with why, naming the file.
+int kiln_ckpt_verify(const char *ckpt_dir, struct kiln_error *err);
+
+// Complete checkpoint directories of a run, newest (highest step) first, found by scanning RUN/ckpt (the
+// `latest` file is only a hint for people and tools). *paths is malloc'd (free each and the array).
+// Returns the count (0 when RUN/ckpt does not exist) or -1 with err filled.
+int kiln_ckpt_list(const char *run_dir, char ***paths, int64_t **steps, struct kiln_error *err);
+
+// Returned by find_latest/load_latest when the run has no checkpoint at all (not an error). It is negative so
+// that it cannot be confused with KILN_ERR_RUNTIME (1) or KILN_ERR_USAGE (2).
+#define KILN_CKPT_NONE (-1)
+
+// The newest checkpoint that verifies. Each corrupt one skipped on the way is reported via on_skip (may be
+// NULL) with the reason. Returns 0 and the path in path_out; KILN_CKPT_NONE when the run has no checkpoint
+// at all; an error code (> 0) when checkpoints exist but none verifies (refusing to silently start over and
+// later prune them), or on I/O errors.
+int kiln_ckpt_find_latest(const char *run_dir, char *path_out, size_t cap,
+                          void (*on_skip)(void *user, const char *path, const char *why), void *user,
+                          struct kiln_error *err);
+
+struct kiln_ckpt {
+    cJSON *state;                   // state.json (owned)
+    struct kiln_safetensors *model; // model.safetensors (required)
+    struct kiln_safetensors *optim; // optim.safetensors, NULL when the checkpoint has none
+    char path[1024];
+};
+// Verifies (hashes every file once) and opens a checkpoint directory.
+int kiln_ckpt_load(const char *ckpt_dir, struct kiln_ckpt *out, struct kiln_error *err);
+// find_latest + load in one pass (each file hashed once): 0 = loaded, KILN_CKPT_NONE, or an error (> 0).
+int kiln_ckpt_load_latest(const char *run_dir, struct kiln_ckpt *out,
+                          void (*on_skip)(void *user, const char *path, const char *why), void *user,
+                          struct kiln_error *err);
+void kiln_ckpt_close(struct kiln_ckpt *c); // safe on a zeroed or already closed struct
+
+#endif

@@ -1,0 +1,623 @@
+// Options, presets, validation and cost accounting. See config.h.
+#include "model/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// the option table
+
+enum opt_type { OPT_INT, OPT_LONG, OPT_FLOAT, OPT_DOUBLE, OPT_U64, OPT_STR, OPT_ENUM, OPT_BOOL };
+
+struct opt {
+    const char *name;
+    enum opt_type type;
+    size_t offset;
+    size_t size;        // OPT_STR: capacity
+    double min, max;    // numeric range (inclusive)
+    const char *choices; // OPT_ENUM: space-separated names, index = value
+    const char *help;
+};
+
+#define OFF(field) offsetof(struct kiln_config, field), sizeof(((struct kiln_config *)0)->field)
+#define M(field) OFF(model.field)
+
+static const struct opt OPTS[] = {
+    // model
+    {"layers", OPT_INT, M(n_layer), 1, 1024, NULL, "number of transformer blocks (L)"},
+    {"heads", OPT_INT, M(n_head), 1, 1024, NULL, "attention heads (NH)"},
+    {"kv-heads", OPT_INT, M(n_kv_head), 0, 1024, NULL, "key/value heads for GQA/MQA (0 = heads)"},
+    {"dim", OPT_INT, M(n_embd), 8, 65536, NULL, "model width (C)"},
+    {"block-size", OPT_INT, M(block_size), 1, 1 << 22, NULL, "maximum sequence length the model supports"},
+    {"vocab-multiple", OPT_INT, M(vocab_multiple), 1, 4096, NULL, "pad the vocab to a multiple of this"},
+    {"pos", OPT_ENUM, M(pos), 0, 0, "learned rope alibi none", "position encoding"},
+    {"rope-theta", OPT_FLOAT, M(rope_theta), 1, 1e9, NULL, "RoPE base"},
+    {"norm", OPT_ENUM, M(norm_rms), 0, 0, "layernorm rmsnorm", "normalization"},
+    {"norm-bias", OPT_BOOL, M(norm_bias), 0, 1, NULL, "LayerNorm has a bias"},
+    {"norm-eps", OPT_FLOAT, M(norm_eps), 1e-12, 1, NULL, "normalization epsilon"},
+    {"bias", OPT_BOOL, M(bias), 0, 1, NULL, "linear layers have biases"},
+    {"mlp", OPT_ENUM, M(mlp_swiglu), 0, 0, "gelu swiglu", "MLP type"},
+    {"mlp-hidden", OPT_INT, M(mlp_hidden), 0, 1 << 20, NULL, "MLP hidden size (0 = 4C, or 8C/3 for SwiGLU)"},
+    {"block", OPT_ENUM, M(parallel_block), 0, 0, "sequential parallel", "block layout"},
+    {"tie-embeddings", OPT_BOOL, M(tie_embeddings), 0, 1, NULL, "LM head shares the token embedding"},
+    // data
+    {"data", OPT_STR, OFF(data), 0, 0, NULL, "training shards (glob); empty = embedded Tiny Shakespeare; random = random tokens"},
+    {"val-data", OPT_STR, OFF(val_data), 0, 0, NULL, "validation shards (glob)"},
+    {"tokenizer", OPT_ENUM, OFF(tokenizer), 0, 0, "char gpt2", "tokenizer"},
+    {"val-fraction", OPT_FLOAT, OFF(val_fraction), 0.001, 0.5, NULL, "held-out tail of a single text source"},
+    // batch
+    {"batch", OPT_INT, OFF(batch_size), 1, 1 << 20, NULL, "sequences per micro-step (B)"},
+    {"seq", OPT_INT, OFF(seq_len), 1, 1 << 22, NULL, "sequence length (T)"},
+    {"total-batch", OPT_LONG, OFF(total_batch_tokens), 0, 1e12, NULL,
+     "tokens per optimizer step, a multiple of B*T (0 = B*T)"},
+    // optimization
+    {"max-steps", OPT_INT, OFF(max_steps), 1, 1e9, NULL, "optimizer steps"},
+    {"lr", OPT_FLOAT, OFF(lr), 0, 10, NULL, "peak learning rate"},
+    {"final-lr-frac", OPT_FLOAT, OFF(final_lr_frac), 0, 1, NULL, "final learning rate as a fraction of lr"},
+    {"warmup", OPT_INT, OFF(warmup_steps), 0, 1e9, NULL, "linear warmup steps"},
+    {"schedule", OPT_ENUM, OFF(schedule), 0, 0, "cosine linear constant wsd", "decay after warmup"},
+    {"wsd-decay", OPT_FLOAT, OFF(wsd_decay_frac), 0, 1, NULL, "WSD: fraction of steps spent decaying"},
+    {"beta1", OPT_FLOAT, OFF(beta1), 0, 0.999999, NULL, "AdamW beta1"},
+    {"beta2", OPT_FLOAT, OFF(beta2), 0, 0.999999, NULL, "AdamW beta2"},
+    {"eps", OPT_FLOAT, OFF(eps), 1e-30, 1, NULL, "AdamW epsilon"},
+    {"weight-decay", OPT_FLOAT, OFF(weight_decay), 0, 10, NULL, "AdamW weight decay (2-D weights only)"},
+    {"grad-clip", OPT_FLOAT, OFF(grad_clip), 0, 1e9, NULL, "clip gradients to this global norm (0 = off)"},
+    {"z-loss", OPT_FLOAT, OFF(z_loss), 0, 1, NULL, "z-loss coefficient on the logits' log-sum-exp"},
+    // evaluation, logging
+    {"eval-every", OPT_INT, OFF(eval_every), 0, 1e9, NULL, "validation loss every N steps (0 = only at the end)"},
+    {"eval-steps", OPT_INT, OFF(eval_steps), 1, 1e9, NULL, "batches per validation pass"},
+    {"log-every", OPT_INT, OFF(log_every), 1, 1e9, NULL, "write a metrics line every N steps"},
+    {"sample-every", OPT_INT, OFF(sample_every), 0, 1e9, NULL, "print a short sample every N steps (0 = never)"},
+    {"quiet", OPT_BOOL, OFF(quiet), 0, 1, NULL, "no progress line"},
+    // run
+    {"seed", OPT_U64, OFF(seed), 0, 0, NULL, "random seed (init, data order)"},
+    {"device", OPT_ENUM, OFF(device), 0, 0, "auto cpu cuda", "compute backend"},
+    {"threads", OPT_INT, OFF(threads), 0, 4096, NULL, "CPU threads (0 = all cores)"},
+    {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, NULL, "bitwise-repeatable GPU kernels"},
+    {"recompute", OPT_ENUM, OFF(recompute), 0, 0, "none mlp block", "activation recompute"},
+    {"peak-flops", OPT_DOUBLE, OFF(peak_flops), 0, 1e18, NULL, "peak FLOP/s for MFU (0 = from the GPU table)"},
+    {"out", OPT_STR, OFF(out), 0, 0, NULL, "run directory for config, metrics and the model"},
+};
+#define N_OPTS (sizeof(OPTS) / sizeof(OPTS[0]))
+
+// ----------------------------------------------------------------------------
+// presets
+
+struct preset {
+    const char *name;
+    const char *desc;
+    const char *settings; // "name=value" pairs separated by spaces, applied over the defaults
+};
+
+static const struct preset PRESETS[] = {
+    {"shakespeare-char", "character-level GPT for the embedded Tiny Shakespeare (CPU-sized)",
+     "layers=4 heads=4 dim=128 block-size=128 seq=128 batch=16 tokenizer=char lr=3e-3 warmup=50 "
+     "max-steps=1200 final-lr-frac=0.1 weight-decay=0.1 beta2=0.99 eval-every=200 eval-steps=20 "
+     "vocab-multiple=128 sample-every=0"},
+    {"gpt2-124m", "GPT-2 small (d12)", "layers=12 heads=12 dim=768 block-size=1024 seq=1024 tokenizer=gpt2 "
+                                       "batch=4 lr=6e-4 warmup=700 max-steps=20000"},
+    {"gpt2-350m", "GPT-2 medium (d24)", "layers=24 heads=16 dim=1024 block-size=1024 seq=1024 tokenizer=gpt2 "
+                                        "batch=4 lr=3e-4 warmup=700 max-steps=20000"},
+    {"gpt2-774m", "GPT-2 large (d36)", "layers=36 heads=20 dim=1280 block-size=1024 seq=1024 tokenizer=gpt2 "
+                                       "batch=4 lr=2.5e-4 warmup=700 max-steps=20000"},
+    {"gpt2-1.5b", "GPT-2 XL (d48)", "layers=48 heads=25 dim=1600 block-size=1024 seq=1024 tokenizer=gpt2 "
+                                    "batch=4 lr=2e-4 warmup=700 max-steps=20000"},
+};
+#define N_PRESETS (sizeof(PRESETS) / sizeof(PRESETS[0]))
+
+const char *kiln_config_preset_names(void) {
+    static char buf[512];
+    if (!buf[0])
+        for (size_t i = 0; i < N_PRESETS; i++) {
+            if (i)
+                strcat(buf, " ");
+            strcat(buf, PRESETS[i].name);
+        }
+    return buf;
+}
+
+static void config_defaults(struct kiln_config *c) {
+    memset(c, 0, sizeof(*c));
+    struct kiln_model_config *m = &c->model;
+    m->n_layer = 12;
+    m->n_head = 12;
+    m->n_embd = 768;
+    m->block_size = 1024;
+    m->vocab_size = 0;
+    m->vocab_multiple = 128;
+    m->pos = KILN_POS_LEARNED;
+    m->rope_theta = 10000.0f;
+    m->norm_bias = 1;
+    m->norm_eps = 1e-5f;
+    m->bias = 1;
+    m->tie_embeddings = 1;
+    strcpy(c->tokenizer, "char");
+    c->val_fraction = 0.1f;
+    c->batch_size = 4;
+    c->seq_len = 1024;
+    c->max_steps = 1000;
+    c->lr = 6e-4f;
+    c->final_lr_frac = 0.1f;
+    c->warmup_steps = 100;
+    c->schedule = KILN_SCHED_COSINE;
+    c->wsd_decay_frac = 0.2f;
+    c->beta1 = 0.9f;
+    c->beta2 = 0.95f;
+    c->eps = 1e-8f;
+    c->weight_decay = 0.1f;
+    c->grad_clip = 1.0f;
+    c->eval_every = 250;
+    c->eval_steps = 20;
+    c->log_every = 1;
+    c->seed = 1337;
+    strcpy(c->device, "auto");
+}
+
+static int apply_settings(struct kiln_config *c, const char *settings, const char *where,
+                          struct kiln_error *err) {
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s", settings);
+    for (char *save = NULL, *tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(tok, '=');
+        KILN_ASSERT(eq);
+        *eq = 0;
+        int rc = kiln_config_set(c, tok, eq + 1, where, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int kiln_config_init(struct kiln_config *cfg, const char *preset, struct kiln_error *err) {
+    config_defaults(cfg);
+    if (!preset)
+        preset = "shakespeare-char";
+    for (size_t i = 0; i < N_PRESETS; i++) {
+        if (strcmp(PRESETS[i].name, preset) == 0) {
+            snprintf(cfg->preset, sizeof(cfg->preset), "%s", preset);
+            return apply_settings(cfg, PRESETS[i].settings, "preset", err);
+        }
+    }
+    return kiln_errorf(err, KILN_ERR_USAGE, "unknown preset '%s' (--preset): allowed values are %s", preset,
+                       kiln_config_preset_names());
+}
+
+// ----------------------------------------------------------------------------
+// setting one option
+
+static const struct opt *find_opt(const char *name) {
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (strcmp(OPTS[i].name, name) == 0)
+            return &OPTS[i];
+    return NULL;
+}
+
+// Closest option name by edit distance, for "did you mean".
+static const char *suggest(const char *name) {
+    const char *best = NULL;
+    int best_d = 4;
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const char *o = OPTS[i].name;
+        int n = (int)strlen(name), k = (int)strlen(o);
+        if (n > 64 || k > 64)
+            continue;
+        int d[65][65];
+        for (int a = 0; a <= n; a++)
+            d[a][0] = a;
+        for (int b = 0; b <= k; b++)
+            d[0][b] = b;
+        for (int a = 1; a <= n; a++)
+            for (int b = 1; b <= k; b++) {
+                int x = d[a - 1][b] + 1, y = d[a][b - 1] + 1, z = d[a - 1][b - 1] + (name[a - 1] != o[b - 1]);
+                d[a][b] = x < y ? (x < z ? x : z) : (y < z ? y : z);
+            }
+        if (d[n][k] < best_d) {
+            best_d = d[n][k];
+            best = o;
+        }
+    }
+    return best;
+}
+
+static int enum_index(const char *choices, const char *value) {
+    int idx = 0;
+    const char *p = choices;
+    size_t n = strlen(value);
+    while (*p) {
+        const char *end = strchr(p, ' ');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, value, n) == 0)
+            return idx;
+        idx++;
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    return -1;
+}
+
+static int range_error(const struct opt *o, const char *value, const char *where, struct kiln_error *err) {
+    return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): allowed range is %g to %g", value, o->name,
+                       where, o->min, o->max);
+}
+
+int kiln_config_set(struct kiln_config *cfg, const char *name, const char *value, const char *where,
+                    struct kiln_error *err) {
+    if (strcmp(name, "preset") == 0)
+        return kiln_errorf(err, KILN_ERR_USAGE, "preset (%s): a preset must come first; use --preset=NAME", where);
+    const struct opt *o = find_opt(name);
+    if (!o) {
+        const char *s = suggest(name);
+        if (s)
+            return kiln_errorf(err, KILN_ERR_USAGE, "unknown option '%s' (%s): did you mean '%s'? see kiln help train",
+                               name, where, s);
+        return kiln_errorf(err, KILN_ERR_USAGE, "unknown option '%s' (%s): see kiln help train for the options",
+                           name, where);
+    }
+    char *p = (char *)cfg + o->offset;
+    char *end = NULL;
+    errno = 0;
+    switch (o->type) {
+    case OPT_INT:
+    case OPT_LONG: {
+        // integers, also written in scientific notation (1e6) as long as they are whole
+        double d = strtod(value, &end);
+        if (end == value || *end || errno || d != floor(d))
+            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): expected an integer", value,
+                               o->name, where);
+        if (d < o->min || d > o->max)
+            return range_error(o, value, where, err);
+        if (o->type == OPT_INT)
+            *(int *)p = (int)d;
+        else
+            *(long *)p = (long)d;
+        return 0;
+    }
+    case OPT_FLOAT:
+    case OPT_DOUBLE: {
+        double d = strtod(value, &end);
+        if (end == value || *end || errno || !isfinite(d))
+            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): expected a number", value,
+                               o->name, where);
+        if (d < o->min || d > o->max)
+            return range_error(o, value, where, err);
+        if (o->type == OPT_FLOAT)
+            *(float *)p = (float)d;
+        else
+            *(double *)p = d;
+        return 0;
+    }
+    case OPT_U64: {
+        if (!*value || *value == '-')
+            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): expected a non-negative integer",
+                               value, o->name, where);
+        unsigned long long u = strtoull(value, &end, 10);
+        if (end == value || *end || errno)
+            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): expected a non-negative integer",
+                               value, o->name, where);
+        *(uint64_t *)p = (uint64_t)u;
+        return 0;
+    }
+    case OPT_STR:
+        if (strlen(value) >= o->size)
+            return kiln_errorf(err, KILN_ERR_USAGE, "value for %s (%s) is too long: at most %zu characters", o->name,
+                               where, o->size - 1);
+        snprintf(p, o->size, "%s", value);
+        return 0;
+    case OPT_BOOL:
+        if (!strcmp(value, "1") || !strcmp(value, "true") || !strcmp(value, "yes") || !strcmp(value, "on"))
+            *(int *)p = 1;
+        else if (!strcmp(value, "0") || !strcmp(value, "false") || !strcmp(value, "no") || !strcmp(value, "off"))
+            *(int *)p = 0;
+        else
+            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): allowed values are 0, 1", value,
+                               o->name, where);
+        return 0;
+    case OPT_ENUM: {
+        int idx = enum_index(o->choices, value);
+        if (idx < 0) {
+            char choices[256];
+            snprintf(choices, sizeof(choices), "%s", o->choices);
+            for (char *c = choices; *c; c++)
+                if (*c == ' ')
+                    *c = ',';
+            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): allowed values are %s", value,
+                               o->name, where, choices);
+        }
+        if (o->size == sizeof(int)) // an enum field; char arrays hold string-valued enums
+            *(int *)p = idx;
+        else
+            snprintf(p, o->size, "%s", value); // string-valued enums (tokenizer, device)
+        return 0;
+    }
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// flags and config files
+
+// Config files: `name = value` lines; '#' or ';' starts a comment line; [section] headers are ignored.
+// Calls fn(user, name, value, lineno) for each setting; stops at the first non-zero return.
+typedef int (*config_line_fn)(void *user, const char *name, const char *value, int lineno);
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s))
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = 0;
+    return s;
+}
+
+static int read_config_lines(const char *path, config_line_fn fn, void *user, struct kiln_error *err) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return kiln_errorf(err, KILN_ERR_USAGE, "cannot open config file '%s' (--config): %s", path, strerror(errno));
+    char line[4096];
+    int lineno = 0, rc = 0;
+    while (!rc && fgets(line, sizeof(line), f)) {
+        lineno++;
+        if (!strchr(line, '\n') && !feof(f)) {
+            rc = kiln_errorf(err, KILN_ERR_USAGE, "line too long in config file (%s:%d): at most %zu characters", path,
+                             lineno, sizeof(line) - 2);
+            break;
+        }
+        char *s = trim(line);
+        if (!*s || *s == '#' || *s == ';' || *s == '[')
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            rc = kiln_errorf(err, KILN_ERR_USAGE, "syntax error in config file (%s:%d): expected 'name = value'", path,
+                             lineno);
+            break;
+        }
+        *eq = 0;
+        char *name = trim(s), *value = trim(eq + 1);
+        if (!*name) {
+            rc = kiln_errorf(err, KILN_ERR_USAGE, "syntax error in config file (%s:%d): missing the option name", path,
+                             lineno);
+            break;
+        }
+        rc = fn(user, name, value, lineno);
+    }
+    fclose(f);
+    return rc;
+}
+
+struct file_ctx {
+    struct kiln_config *cfg;
+    const char *path;
+    struct kiln_error *err;
+};
+
+static int set_from_file(void *user, const char *name, const char *value, int lineno) {
+    struct file_ctx *c = user;
+    if (strcmp(name, "preset") == 0)
+        return 0; // applied first, before the file's other settings
+    char where[1200];
+    snprintf(where, sizeof(where), "%s:%d", c->path, lineno);
+    return kiln_config_set(c->cfg, name, value, where, c->err);
+}
+
+static int find_preset(void *user, const char *name, const char *value, int lineno) {
+    (void)lineno;
+    if (strcmp(name, "preset") == 0)
+        snprintf((char *)user, 64, "%s", value);
+    return 0;
+}
+
+static const char *flag_value(int argc, char **argv, int *i, const char *flag) {
+    // --flag=value or --flag value
+    size_t n = strlen(flag);
+    if (strncmp(argv[*i], flag, n) == 0 && argv[*i][n] == '=')
+        return argv[*i] + n + 1;
+    if (strcmp(argv[*i], flag) == 0 && *i + 1 < argc) {
+        (*i)++;
+        return argv[*i];
+    }
+    return NULL;
+}
+
+int kiln_config_parse(struct kiln_config *cfg, int argc, char **argv, struct kiln_error *err) {
+    // pass 1: the preset (flag wins over the config file) and the config file
+    const char *preset = NULL, *config_path = NULL;
+    char file_preset[64] = "";
+    for (int i = 0; i < argc; i++) {
+        const char *v;
+        if ((v = flag_value(argc, argv, &i, "--preset")))
+            preset = v;
+        else if ((v = flag_value(argc, argv, &i, "--config")))
+            config_path = v;
+        else if (!strcmp(argv[i], "--preset") || !strcmp(argv[i], "--config"))
+            return kiln_errorf(err, KILN_ERR_USAGE, "%s needs a value (%s=...)", argv[i], argv[i]);
+    }
+    int rc;
+    if (config_path && !preset) {
+        if ((rc = read_config_lines(config_path, find_preset, file_preset, err)))
+            return rc;
+        if (file_preset[0])
+            preset = file_preset;
+    }
+    if ((rc = kiln_config_init(cfg, preset, err)))
+        return rc;
+    struct file_ctx fc = {cfg, config_path, err};
+    if (config_path && (rc = read_config_lines(config_path, set_from_file, &fc, err)))
+        return rc;
+    // pass 2: flags
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (flag_value(argc, argv, &i, "--preset") || flag_value(argc, argv, &i, "--config"))
+            continue;
+        if (strncmp(a, "--", 2) != 0)
+            return kiln_errorf(err, KILN_ERR_USAGE, "unexpected argument '%s': options are written --name=value", a);
+        const char *eq = strchr(a, '=');
+        char name[128];
+        const char *value;
+        if (eq) {
+            size_t n = (size_t)(eq - a - 2);
+            if (n >= sizeof(name))
+                n = sizeof(name) - 1;
+            memcpy(name, a + 2, n);
+            name[n] = 0;
+            value = eq + 1;
+        } else {
+            // a bare --flag is allowed for booleans only
+            snprintf(name, sizeof(name), "%s", a + 2);
+            const struct opt *o = find_opt(name);
+            if (o && o->type == OPT_BOOL)
+                value = "1";
+            else if (o)
+                return kiln_errorf(err, KILN_ERR_USAGE, "option --%s needs a value: write --%s=VALUE", name, name);
+            else
+                value = "";
+        }
+        char where[160];
+        snprintf(where, sizeof(where), "--%s", name);
+        if ((rc = kiln_config_set(cfg, name, value, where, err)))
+            return rc;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// validation and derived quantities
+
+int kiln_model_kv_heads(const struct kiln_model_config *m) {
+    return m->n_kv_head ? m->n_kv_head : m->n_head;
+}
+
+int kiln_model_head_size(const struct kiln_model_config *m) {
+    return m->n_embd / m->n_head;
+}
+
+int kiln_model_padded_vocab(const struct kiln_model_config *m) {
+    int k = m->vocab_multiple > 0 ? m->vocab_multiple : 1;
+    return (m->vocab_size + k - 1) / k * k;
+}
+
+int kiln_model_mlp_hidden(const struct kiln_model_config *m) {
+    if (m->mlp_hidden)
+        return m->mlp_hidden;
+    if (m->mlp_swiglu) {
+        int h = (8 * m->n_embd + 2) / 3;
+        return (h + 255) / 256 * 256;
+    }
+    return 4 * m->n_embd;
+}
+
+int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
+    const struct kiln_model_config *m = &c->model;
+    if (m->n_embd % m->n_head)
+        return kiln_errorf(err, KILN_ERR_USAGE, "dim %d is not divisible by heads %d (--dim, --heads): choose heads "
+                           "that divide dim", m->n_embd, m->n_head);
+    int kv = kiln_model_kv_heads(m);
+    if (kv > m->n_head || m->n_head % kv)
+        return kiln_errorf(err, KILN_ERR_USAGE, "kv-heads %d must divide heads %d (--kv-heads)", kv, m->n_head);
+    int hs = kiln_model_head_size(m);
+    if (m->pos == KILN_POS_ROPE && hs % 2)
+        return kiln_errorf(err, KILN_ERR_USAGE, "RoPE needs an even head size, got %d (--pos=rope, --dim/--heads)",
+                           hs);
+    if (c->seq_len > m->block_size)
+        return kiln_errorf(err, KILN_ERR_USAGE, "seq %d is longer than block-size %d (--seq): raise --block-size or "
+                           "lower --seq", c->seq_len, m->block_size);
+    long bt = (long)c->batch_size * c->seq_len;
+    if (c->total_batch_tokens && c->total_batch_tokens % bt)
+        return kiln_errorf(err, KILN_ERR_USAGE, "total-batch %ld is not a multiple of batch*seq = %ld (--total-batch)",
+                           c->total_batch_tokens, bt);
+    if (c->warmup_steps > c->max_steps)
+        return kiln_errorf(err, KILN_ERR_USAGE, "warmup %d is longer than max-steps %d (--warmup)", c->warmup_steps,
+                           c->max_steps);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// output
+
+static void opt_format(const struct opt *o, const struct kiln_config *cfg, char *buf, size_t cap) {
+    const char *p = (const char *)cfg + o->offset;
+    switch (o->type) {
+    case OPT_INT:
+        snprintf(buf, cap, "%d", *(const int *)p);
+        break;
+    case OPT_BOOL:
+        snprintf(buf, cap, "%d", *(const int *)p);
+        break;
+    case OPT_LONG:
+        snprintf(buf, cap, "%ld", *(const long *)p);
+        break;
+    case OPT_FLOAT:
+        snprintf(buf, cap, "%.9g", (double)*(const float *)p);
+        break;
+    case OPT_DOUBLE:
+        snprintf(buf, cap, "%.17g", *(const double *)p);
+        break;
+    case OPT_U64:
+        snprintf(buf, cap, "%llu", (unsigned long long)*(const uint64_t *)p);
+        break;
+    case OPT_STR:
+        snprintf(buf, cap, "%s", p);
+        break;
+    case OPT_ENUM:
+        if (o->size != sizeof(int)) {
+            snprintf(buf, cap, "%s", p);
+        } else {
+            int idx = *(const int *)p, k = 0;
+            const char *s = o->choices;
+            while (k < idx && (s = strchr(s, ' ')))
+                s++, k++;
+            size_t len = s ? strcspn(s, " ") : 0;
+            snprintf(buf, cap, "%.*s", (int)len, s ? s : "");
+        }
+        break;
+    }
+}
+
+void kiln_config_write(const struct kiln_config *cfg, FILE *f) {
+    fprintf(f, "# kiln config (fully resolved); reuse with: kiln train --config=THIS_FILE\n");
+    fprintf(f, "preset = %s\n", cfg->preset);
+    for (size_t i = 0; i < N_OPTS; i++) {
+        char buf[1100];
+        opt_format(&OPTS[i], cfg, buf, sizeof(buf));
+        fprintf(f, "%s = %s\n", OPTS[i].name, buf);
+    }
+}
+
+uint64_t kiln_model_config_hash(const struct kiln_model_config *m) {
+    // hash the printed shape fields, so padding bytes and field order don't matter
+    char buf[512];
+    snprintf(buf, sizeof(buf), "L%d H%d KV%d C%d B%d V%d VM%d P%d RT%.9g N%d NB%d NE%.9g BI%d S%d MH%d PB%d T%d",
+             m->n_layer, m->n_head, kiln_model_kv_heads(m), m->n_embd, m->block_size, m->vocab_size,
+             m->vocab_multiple, (int)m->pos, (double)m->rope_theta, m->norm_rms, m->norm_bias, (double)m->norm_eps,
+             m->bias, m->mlp_swiglu, kiln_model_mlp_hidden(m), m->parallel_block, m->tie_embeddings);
+    uint64_t h = 1469598103934665603ULL;
+    for (const char *p = buf; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+    return h;
+}
+
+void kiln_config_print_help(FILE *f) {
+    fprintf(f, "options (--name=value on the command line, name = value in a --config file):\n");
+    fprintf(f, "  %-16s %s\n", "preset", "model and training preset; one of:");
+    for (size_t i = 0; i < N_PRESETS; i++)
+        fprintf(f, "  %-16s   %-18s %s\n", "", PRESETS[i].name, PRESETS[i].desc);
+    fprintf(f, "  %-16s %s\n", "config", "a file of name = value lines");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &OPTS[i];
+        char extra[300] = "";
+        if (o->type == OPT_ENUM)
+            snprintf(extra, sizeof(extra), " [%s]", o->choices);
+        else if (o->type == OPT_BOOL)
+            snprintf(extra, sizeof(extra), " [0 1]");
+        fprintf(f, "  %-16s %s%s\n", o->name, o->help, extra);
+    }
+}
+
+double kiln_model_flops_per_token(const struct kiln_model_config *m, size_t n_params, int T, int causal) {
+    double attn = (causal ? 6.0 : 12.0) * m->n_layer * m->n_head * kiln_model_head_size(m) * (double)T;
+    return 6.0 * (double)n_params + attn;
+}

@@ -1,0 +1,117 @@
+// Configuration: model shape, training hyperparameters, presets, validation, and the accounting that
+// `kiln info` prints (parameters, FLOPs per token, memory).
+//
+// Every option has one name, used as `--name=value` on the command line and as `name = value` in a config
+// file. The option table in config.c is the single source of truth for names, types, ranges and help.
+#ifndef KILN_MODEL_CONFIG_H
+#define KILN_MODEL_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/ops.h"
+#include "util/error.h"
+
+enum kiln_schedule { KILN_SCHED_COSINE = 0, KILN_SCHED_LINEAR, KILN_SCHED_CONSTANT, KILN_SCHED_WSD };
+enum kiln_recompute { KILN_RECOMPUTE_NONE = 0, KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_BLOCK };
+
+struct kiln_model_config {
+    int n_layer;        // L
+    int n_head;         // NH
+    int n_kv_head;      // NKV (GQA/MQA); 0 = n_head
+    int n_embd;         // C
+    int block_size;     // maximum sequence length (learned position table size)
+    int vocab_size;     // V, real vocabulary (set from the tokenizer)
+    int vocab_multiple; // Vp = V rounded up to this
+    enum kiln_pos pos;
+    float rope_theta;
+    int norm_rms;       // 0 LayerNorm, 1 RMSNorm
+    int norm_bias;      // LayerNorm has a bias
+    float norm_eps;
+    int bias;           // linear layers have biases
+    int mlp_swiglu;     // 0 GELU MLP, 1 SwiGLU
+    int mlp_hidden;     // hidden size; 0 = 4C for GELU, 8C/3 rounded up to 256 for SwiGLU
+    int parallel_block; // PaLM-style x + attn(ln(x)) + mlp(ln(x))
+    int tie_embeddings;
+};
+
+struct kiln_config {
+    char preset[64];
+    struct kiln_model_config model;
+
+    // data
+    char data[1024];      // shard glob, or "" for the embedded Tiny Shakespeare
+    char val_data[1024];
+    char tokenizer[16];   // "char" or "gpt2"
+    float val_fraction;   // for a single text source: the tail fraction held out (0.1)
+
+    // batch
+    int batch_size;       // B, sequences per micro-step
+    int seq_len;          // T
+    long total_batch_tokens; // tokens per optimizer step; 0 = B*T (no accumulation)
+
+    // optimization
+    int max_steps;
+    float lr;
+    float final_lr_frac;  // the schedule decays to lr * final_lr_frac
+    int warmup_steps;
+    enum kiln_schedule schedule;
+    float wsd_decay_frac; // WSD: fraction of steps spent decaying at the end
+    float beta1, beta2, eps, weight_decay;
+    float grad_clip;      // 0 = off
+    float z_loss;
+
+    // evaluation and logging
+    int eval_every;
+    int eval_steps;
+    int log_every;
+    int sample_every;     // print a short sample every N steps (0 = never)
+    int quiet;
+
+    // run
+    uint64_t seed;
+    char device[16];      // cpu, cuda, auto
+    int threads;          // CPU threads (0 = all)
+    int deterministic;
+    enum kiln_recompute recompute;
+    double peak_flops;    // override for MFU; 0 = from the device table
+    char out[1024];       // run directory ("" = none)
+};
+
+// Fills cfg with the defaults and the named preset ("shakespeare-char" when NULL).
+int kiln_config_init(struct kiln_config *cfg, const char *preset, struct kiln_error *err);
+
+// Parses `--name=value` flags and `--config FILE` / `--config=FILE` (a file of `name = value` lines,
+// '#' comments, optional [sections] ignored). Order: preset, then the config file, then flags, whatever order
+// they were written in. Positional arguments are an error. Returns 0, or fills err (exit code 2).
+int kiln_config_parse(struct kiln_config *cfg, int argc, char **argv, struct kiln_error *err);
+
+// Sets one option by name; `where` names the source for messages ("--lr", "cfg.ini:12").
+int kiln_config_set(struct kiln_config *cfg, const char *name, const char *value, const char *where,
+                    struct kiln_error *err);
+
+// Checks cross-field constraints (heads divide dims, T <= block size, ...). Call after the vocab is known.
+int kiln_config_validate(const struct kiln_config *cfg, struct kiln_error *err);
+
+// Writes every option as `name = value` (the format --config reads back).
+void kiln_config_write(const struct kiln_config *cfg, FILE *f);
+// 64-bit FNV-1a hash of the options that define the model shape (for refusing mismatched resumes).
+uint64_t kiln_model_config_hash(const struct kiln_model_config *m);
+
+// Prints the option table with help text (for `kiln help train`).
+void kiln_config_print_help(FILE *f);
+// Names of the presets, space-separated.
+const char *kiln_config_preset_names(void);
+
+// ---- derived quantities ----
+int kiln_model_padded_vocab(const struct kiln_model_config *m);
+int kiln_model_kv_heads(const struct kiln_model_config *m);
+int kiln_model_head_size(const struct kiln_model_config *m);
+int kiln_model_mlp_hidden(const struct kiln_model_config *m);
+
+// FLOPs per token for MFU (PERF.md): 6N + 12*L*H*Q*T (causal = 0) or 6N + 6*L*H*Q*T (causal = 1),
+// where N counts every parameter once (tied embeddings once).
+double kiln_model_flops_per_token(const struct kiln_model_config *m, size_t n_params, int T, int causal);
+
+#endif

@@ -1,0 +1,693 @@
+// The GPT forward and backward passes, written once against the ops table (DESIGN.md principle 1).
+//
+// A sequential block (GPT-2):           a parallel block (PaLM, GPT-J):
+//   h = x + attn(norm1(x))                x' = x + attn(norm1(x)) + mlp(norm1(x))
+//   x' = h + mlp(norm2(h))
+//
+// Residual adds are fused into the next normalization: the norm that ends layer l computes
+// x[l+1] = residual + branch and normalizes it as layer l+1's norm1 (or as the final norm). So layer l owns
+// the tail op that produces ln1[l+1]; backward mirrors this.
+#include "model/gpt.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "util/error.h"
+
+// ----------------------------------------------------------------------------
+// activation buffers: one slot per layer, or one (or two) shared slots when recomputed
+
+struct buf {
+    void *p;
+    size_t elems; // per slot
+    int slots;
+    size_t elem_bytes;
+};
+
+static void *buf_at(const struct buf *b, int l) {
+    return (char *)b->p + (size_t)(l % b->slots) * b->elems * b->elem_bytes;
+}
+
+static size_t buf_bytes(const struct buf *b) {
+    return b->elems * (size_t)b->slots * b->elem_bytes;
+}
+
+struct acts {
+    struct buf x;      // act (L+1) x (N, C): residual stream entering each layer; x[L] enters the final norm
+    struct buf ln1;    // act (L+1) x (N, C): norm1 outputs; ln1[L] is the final norm's output
+    struct buf mean1;  // f32 (L+1) x (N)
+    struct buf rstd1;  // f32 (L+1) x (N)
+    struct buf qkv;    // act L x (N, QKV)
+    struct buf atty;   // act L x (N, NH*HS)
+    struct buf lse;    // f32 L x (B, NH, T)
+    struct buf mid;    // act L x (N, C): h = x + attn(...) (sequential blocks)
+    struct buf ln2;    // act L x (N, C)
+    struct buf mean2;  // f32 L x (N)
+    struct buf rstd2;  // f32 L x (N)
+    struct buf fc_pre; // act L x (N, FCO): pre-GELU, or the [gate | up] input of SwiGLU
+    struct buf fc_act; // act L x (N, H): the MLP's hidden activation
+    // scratch, one slot each
+    struct buf ao;     // act (N, C): attention branch output (parallel: both branches)
+    struct buf mo;     // act (N, C): MLP branch output
+    struct buf dres;   // act (N, C): gradient of the residual stream
+    struct buf dln;    // act (N, C): gradient of a norm output (also dlnf from the classifier)
+    struct buf dqkv;   // act (N, QKV)
+    struct buf datty;  // act (N, NH*HS)
+    struct buf dfc;    // act (N, max(FCO, H))
+    struct buf dhid;   // act (N, H): SwiGLU only, gradient of the hidden activation
+    struct buf logits; // act (rows, Vp): one chunk of the classifier
+    struct buf losses; // f32 (N)
+    struct buf tokens; // i32 (N)
+    struct buf targets;// i32 (N)
+};
+#define N_ACT_BUFS (sizeof(struct acts) / sizeof(struct buf))
+
+struct decode {
+    int B, maxT;
+    struct buf k, v;          // act L x (B, maxT, NKV*HS)
+    struct buf x, ln, qkv, atty, ao, fc_pre, fc_act, logits; // act, B rows
+    struct buf mean, rstd, tokens;
+    float *logits_host;       // (B, Vp)
+};
+
+struct kiln_gpt {
+    struct kiln_model_config cfg;
+    struct kiln_gpt_opts opts;
+    struct kiln_backend *be;
+    const struct kiln_ops *ops;
+    void *ctx;
+    struct kiln_param_table pt;
+    struct kiln_mem_plan plan;
+
+    float *params;  // f32 (P) master weights
+    void *weights;  // act (P) compute copy (== params on the CPU)
+    void *grads;    // grad (P)
+    float *m, *v;   // f32 (P) AdamW moments
+
+    struct acts a;
+    int classifier_rows; // rows per classifier chunk
+    int32_t *tokens_host; // (N) last inputs, for the embedding backward
+    float *losses_host;
+    int has_grad_forward; // the last forward ran the classifier backward
+
+    struct kiln_param_span *spans;
+    int n_spans;
+
+    struct decode dec;
+};
+
+// derived sizes
+struct dims {
+    int B, T, N, C, L, NH, NKV, HS, QKV, AO, H, FCO, Vp, V;
+};
+
+static struct dims dims_of(const struct kiln_model_config *m, int B, int T) {
+    struct dims d;
+    d.B = B;
+    d.T = T;
+    d.N = B * T;
+    d.C = m->n_embd;
+    d.L = m->n_layer;
+    d.NH = m->n_head;
+    d.NKV = kiln_model_kv_heads(m);
+    d.HS = kiln_model_head_size(m);
+    d.QKV = (d.NH + 2 * d.NKV) * d.HS;
+    d.AO = d.NH * d.HS;
+    d.H = kiln_model_mlp_hidden(m);
+    d.FCO = m->mlp_swiglu ? 2 * d.H : d.H;
+    d.Vp = kiln_model_padded_vocab(m);
+    d.V = m->vocab_size;
+    return d;
+}
+
+static int classifier_rows_for(const struct dims *d, size_t act_bytes) {
+    // Chunk the LM head so its logits never exceed ~256 MiB: the full (N, Vp) matrix is the largest
+    // activation of a small model (PyTorch keeps it whole, in f32).
+    size_t row_bytes = (size_t)d->Vp * act_bytes;
+    size_t rows = ((size_t)256 << 20) / row_bytes;
+    if (rows < 64)
+        rows = 64;
+    if (rows > (size_t)d->N)
+        rows = (size_t)d->N;
+    return (int)rows;
+}
+
+// Lays out the activation buffers (sizes only). Shared by the plan and the allocation so they cannot drift.
+static void acts_layout(struct acts *a, const struct dims *d, enum kiln_recompute rc, int training, size_t ab,
+                        int classifier_rows) {
+    memset(a, 0, sizeof(*a));
+    int L = d->L;
+    int per_layer = rc == KILN_RECOMPUTE_BLOCK ? 1 : L;
+    int mlp_slots = rc == KILN_RECOMPUTE_NONE ? L : 1;
+    if (!training)
+        per_layer = mlp_slots = 1;
+    size_t N = (size_t)d->N, f = sizeof(float), i = sizeof(int32_t);
+#define SET(b, n, s, eb) (a->b = (struct buf){NULL, (n), (s), (eb)})
+    SET(x, N * d->C, training ? L + 1 : 2, ab);
+    SET(ln1, N * d->C, (rc == KILN_RECOMPUTE_BLOCK || !training) ? 2 : L + 1, ab);
+    SET(mean1, N, L + 1, f);
+    SET(rstd1, N, L + 1, f);
+    SET(qkv, N * d->QKV, per_layer, ab);
+    SET(atty, N * d->AO, per_layer, ab);
+    SET(lse, N * d->NH, per_layer, f);
+    SET(mid, N * d->C, per_layer, ab);
+    SET(ln2, N * d->C, per_layer, ab);
+    SET(mean2, N, per_layer, f);
+    SET(rstd2, N, per_layer, f);
+    SET(fc_pre, N * d->FCO, mlp_slots, ab);
+    SET(fc_act, N * d->H, mlp_slots, ab);
+    SET(ao, N * d->C, 1, ab);
+    SET(mo, N * d->C, 1, ab);
+    SET(dln, N * d->C, 1, ab);
+    SET(logits, (size_t)classifier_rows * d->Vp, 1, ab);
+    SET(losses, N, 1, f);
+    SET(tokens, N, 1, i);
+    SET(targets, N, 1, i);
+    if (training) {
+        SET(dres, N * d->C, 1, ab);
+        SET(dqkv, N * d->QKV, 1, ab);
+        SET(datty, N * d->AO, 1, ab);
+        SET(dfc, N * (d->FCO > d->H ? d->FCO : d->H), 1, ab);
+        if (d->FCO != d->H)
+            SET(dhid, N * d->H, 1, ab);
+    }
+#undef SET
+}
+
+void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
+                   enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan) {
+    struct kiln_param_table pt;
+    kiln_params_build(&pt, m);
+    struct dims d = dims_of(m, o->B, o->T);
+    size_t ab = kiln_dtype_bytes(act);
+    struct acts a;
+    acts_layout(&a, &d, o->recompute, o->training, ab, classifier_rows_for(&d, ab));
+    memset(plan, 0, sizeof(*plan));
+    plan->params_bytes = pt.total * sizeof(float);
+    plan->weights_bytes = weights_alias_master ? 0 : pt.total * ab;
+    if (o->training) {
+        plan->grads_bytes = pt.total * kiln_dtype_bytes(grad);
+        plan->optim_bytes = 2 * pt.total * sizeof(float);
+    }
+    struct buf *bufs = (struct buf *)&a;
+    for (size_t i = 0; i < N_ACT_BUFS; i++)
+        plan->acts_bytes += buf_bytes(&bufs[i]);
+    plan->total_bytes =
+        plan->params_bytes + plan->weights_bytes + plan->grads_bytes + plan->optim_bytes + plan->acts_bytes;
+    kiln_params_free(&pt);
+}
+
+// ----------------------------------------------------------------------------
+// creation
+
+static void *act_at(const struct kiln_gpt *g, const void *base, size_t elems) {
+    return (char *)base + elems * kiln_dtype_bytes(g->be->act_dtype);
+}
+
+// the compute copy of parameter i (act dtype), or NULL for an absent tensor (index -1)
+static const void *W(const struct kiln_gpt *g, int i) {
+    return i < 0 ? NULL : act_at(g, g->weights, g->pt.p[i].offset);
+}
+
+// the gradient of parameter i (grad dtype), or NULL
+static void *G(const struct kiln_gpt *g, int i) {
+    return i < 0 ? NULL : (char *)g->grads + g->pt.p[i].offset * kiln_dtype_bytes(g->be->grad_dtype);
+}
+
+static int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_error *err) {
+    if (!bytes) {
+        *p = NULL;
+        return 0;
+    }
+    *p = g->ops->alloc(g->ctx, bytes);
+    if (*p)
+        return 0;
+    const struct kiln_mem_plan *pl = &g->plan;
+    return kiln_errorf(err, KILN_ERR_RUNTIME,
+                       "out of memory on %s (%s) allocating %.2f GiB: the plan needs %.2f GiB (params %.2f, "
+                       "weights %.2f, grads %.2f, optimizer %.2f, activations %.2f); lower --batch or --seq, or use "
+                       "--recompute=block",
+                       g->be->name, g->be->device_name, bytes / 1073741824.0, pl->total_bytes / 1073741824.0,
+                       pl->params_bytes / 1073741824.0, pl->weights_bytes / 1073741824.0,
+                       pl->grads_bytes / 1073741824.0, pl->optim_bytes / 1073741824.0, pl->acts_bytes / 1073741824.0);
+}
+
+static void build_spans(struct kiln_gpt *g) {
+    // one span per tensor; adjacent tensors with the same decay setting merge, padding excluded
+    g->spans = kiln_xcalloc((size_t)g->pt.n, sizeof(*g->spans));
+    g->n_spans = 0;
+    for (int i = 0; i < g->pt.n; i++) {
+        const struct kiln_param *p = &g->pt.p[i];
+        g->spans[g->n_spans++] = (struct kiln_param_span){p->offset, p->count, p->decay};
+    }
+}
+
+int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, struct kiln_backend *be,
+                    const struct kiln_gpt_opts *o, struct kiln_error *err) {
+    struct kiln_gpt *g = kiln_xcalloc(1, sizeof(*g));
+    g->cfg = *m;
+    g->opts = *o;
+    g->be = be;
+    g->ops = be->ops;
+    g->ctx = be->ctx;
+    kiln_params_build(&g->pt, m);
+    kiln_gpt_plan(m, o, be->act_dtype, be->grad_dtype, be->weights_alias_master, &g->plan);
+    struct dims d = dims_of(m, o->B, o->T);
+    size_t ab = kiln_dtype_bytes(be->act_dtype);
+    g->classifier_rows = classifier_rows_for(&d, ab);
+    acts_layout(&g->a, &d, o->recompute, o->training, ab, g->classifier_rows);
+    *out = g;
+
+    int rc = gpt_alloc(g, (void **)&g->params, g->plan.params_bytes, err);
+    if (!rc && !be->weights_alias_master)
+        rc = gpt_alloc(g, &g->weights, g->plan.weights_bytes, err);
+    else
+        g->weights = g->params;
+    if (!rc && o->training) {
+        rc = gpt_alloc(g, &g->grads, g->plan.grads_bytes, err);
+        if (!rc)
+            rc = gpt_alloc(g, (void **)&g->m, g->plan.optim_bytes / 2, err);
+        if (!rc)
+            rc = gpt_alloc(g, (void **)&g->v, g->plan.optim_bytes / 2, err);
+    }
+    struct buf *bufs = (struct buf *)&g->a;
+    for (size_t i = 0; i < N_ACT_BUFS && !rc; i++)
+        rc = gpt_alloc(g, &bufs[i].p, buf_bytes(&bufs[i]), err);
+    if (rc) {
+        kiln_gpt_free(g);
+        *out = NULL;
+        return rc;
+    }
+    g->tokens_host = kiln_xcalloc((size_t)d.N, sizeof(int32_t));
+    g->losses_host = kiln_xcalloc((size_t)d.N, sizeof(float));
+    build_spans(g);
+    return 0;
+}
+
+static void free_buf(struct kiln_gpt *g, struct buf *b) {
+    if (b->p)
+        g->ops->free(g->ctx, b->p);
+    b->p = NULL;
+}
+
+void kiln_gpt_free(struct kiln_gpt *g) {
+    if (!g)
+        return;
+    struct buf *bufs = (struct buf *)&g->a;
+    for (size_t i = 0; i < N_ACT_BUFS; i++)
+        free_buf(g, &bufs[i]);
+    struct buf *dec[] = {&g->dec.k,  &g->dec.v,      &g->dec.x,      &g->dec.ln,     &g->dec.qkv,  &g->dec.atty,
+                         &g->dec.ao, &g->dec.fc_pre, &g->dec.fc_act, &g->dec.logits, &g->dec.mean, &g->dec.rstd,
+                         &g->dec.tokens};
+    for (size_t i = 0; i < sizeof(dec) / sizeof(dec[0]); i++)
+        free_buf(g, dec[i]);
+    free(g->dec.logits_host);
+    if (g->weights && g->weights != g->params)
+        g->ops->free(g->ctx, g->weights);
+    void *owned[] = {g->params, g->grads, g->m, g->v};
+    for (int i = 0; i < 4; i++)
+        if (owned[i])
+            g->ops->free(g->ctx, owned[i]);
+    kiln_params_free(&g->pt);
+    free(g->tokens_host);
+    free(g->losses_host);
+    free(g->spans);
+    free(g);
+}
+
+const struct kiln_param_table *kiln_gpt_params(const struct kiln_gpt *g) {
+    return &g->pt;
+}
+
+const struct kiln_mem_plan *kiln_gpt_mem_plan(const struct kiln_gpt *g) {
+    return &g->plan;
+}
+
+// ----------------------------------------------------------------------------
+// parameters
+
+void kiln_gpt_set_params(struct kiln_gpt *g, const float *host) {
+    g->ops->upload(g->ctx, g->params, host, g->pt.total * sizeof(float));
+    if (g->weights != g->params)
+        g->ops->upload_f32(g->ctx, g->weights, g->be->act_dtype, host, g->pt.total);
+}
+
+void kiln_gpt_get_params(struct kiln_gpt *g, float *host) {
+    g->ops->download(g->ctx, host, g->params, g->pt.total * sizeof(float));
+}
+
+void kiln_gpt_get_grads(struct kiln_gpt *g, float *host) {
+    g->ops->download_f32(g->ctx, host, g->grads, g->be->grad_dtype, g->pt.total);
+}
+
+void kiln_gpt_get_optim(struct kiln_gpt *g, float *m_host, float *v_host) {
+    g->ops->download(g->ctx, m_host, g->m, g->pt.total * sizeof(float));
+    g->ops->download(g->ctx, v_host, g->v, g->pt.total * sizeof(float));
+}
+
+void kiln_gpt_set_optim(struct kiln_gpt *g, const float *m_host, const float *v_host) {
+    g->ops->upload(g->ctx, g->m, m_host, g->pt.total * sizeof(float));
+    g->ops->upload(g->ctx, g->v, v_host, g->pt.total * sizeof(float));
+}
+
+void kiln_gpt_init_params(struct kiln_gpt *g, uint64_t seed) {
+    float *host = kiln_xmalloc(g->pt.total * sizeof(float));
+    kiln_params_init(&g->pt, &g->cfg, host, seed);
+    kiln_gpt_set_params(g, host);
+    free(host);
+}
+
+void kiln_gpt_zero_grad(struct kiln_gpt *g) {
+    g->ops->zero(g->ctx, g->grads, g->plan.grads_bytes);
+}
+
+// ----------------------------------------------------------------------------
+// forward
+
+static void norm_fwd(struct kiln_gpt *g, void *out, float *mean, float *rstd, void *res_out, const void *inp,
+                     const void *res_in, int wi, int bi, int N) {
+    struct kiln_norm_args a = {
+        .out = out, .mean = g->cfg.norm_rms ? NULL : mean, .rstd = rstd, .res_out = res_out, .inp = inp,
+        .res_in = res_in, .weight = W(g, wi), .bias = W(g, bi), .N = N, .C = g->cfg.n_embd,
+        .rms = g->cfg.norm_rms, .eps = g->cfg.norm_eps};
+    g->ops->norm_forward(g->ctx, &a);
+}
+
+static void matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp, int wi, int bi, int N, int IC,
+                       int OC, enum kiln_act act, int accumulate) {
+    struct kiln_matmul_args a = {.out = out, .pre = pre, .inp = inp, .weight = W(g, wi), .bias = W(g, bi),
+                                 .N = N, .IC = IC, .OC = OC, .act = act, .accumulate = accumulate};
+    g->ops->matmul_forward(g->ctx, &a);
+}
+
+// the MLP of layer l on input `inp` (N, C): fc_pre, fc_act, and (accumulated into) out
+static void mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre, void *fc_act,
+                    void *out, int accumulate, int N) {
+    const int *ix = g->pt.layer[l];
+    if (g->cfg.mlp_swiglu) {
+        // self.c_proj(F.silu(gate) * up), where [gate | up] = self.c_fc(x)
+        matmul_fwd(g, fc_pre, NULL, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->FCO, KILN_ACT_NONE, 0);
+        struct kiln_swiglu_args s = {.out = fc_act, .inp = fc_pre, .N = N, .H = d->H};
+        g->ops->swiglu_forward(g->ctx, &s);
+    } else {
+        // self.c_proj(gelu(self.c_fc(x)))
+        matmul_fwd(g, fc_act, fc_pre, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->H, KILN_ACT_GELU, 0);
+    }
+    matmul_fwd(g, out, NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], N, d->H, d->C, KILN_ACT_NONE, accumulate);
+}
+
+static void attn_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
+    struct acts *a = &g->a;
+    const int *ix = g->pt.layer[l];
+    // qkv = self.c_attn(ln1); y = softmax(q k^T / sqrt(HS) + mask) v; ao = self.c_proj(y)
+    matmul_fwd(g, buf_at(&a->qkv, l), NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, d->QKV,
+               KILN_ACT_NONE, 0);
+    struct kiln_attn_args at = {.out = buf_at(&a->atty, l), .lse = buf_at(&a->lse, l), .qkv = buf_at(&a->qkv, l),
+                                .B = d->B, .T = d->T, .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
+                                .rope_theta = g->cfg.rope_theta};
+    g->ops->attention_forward(g->ctx, &at);
+    matmul_fwd(g, a->ao.p, NULL, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO, d->C,
+               KILN_ACT_NONE, 0);
+}
+
+// Layer l, from ln1[l] (already computed) up to the branch outputs. With tail set, it also produces x[l+1] and
+// its normalization ln1[l+1] (the next layer's norm1, or the final norm after the last layer).
+static void layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int tail) {
+    struct acts *a = &g->a;
+    const int *ix = g->pt.layer[l];
+    attn_fwd(g, d, l);
+    const void *resid; // what the tail adds the branch output to
+    if (g->cfg.parallel_block) {
+        // x' = x + attn(ln1) + mlp(ln1): the MLP output accumulates onto the attention output
+        mlp_fwd(g, d, l, buf_at(&a->ln1, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->ao.p, 1, d->N);
+        resid = buf_at(&a->x, l);
+    } else {
+        // h = x + attn(ln1(x)), normalized as ln2
+        norm_fwd(g, buf_at(&a->ln2, l), buf_at(&a->mean2, l), buf_at(&a->rstd2, l), buf_at(&a->mid, l),
+                 buf_at(&a->x, l), a->ao.p, ix[KILN_LN2_W], ix[KILN_LN2_B], d->N);
+        mlp_fwd(g, d, l, buf_at(&a->ln2, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0, d->N);
+        resid = buf_at(&a->mid, l);
+    }
+    if (!tail)
+        return;
+    const void *branch = g->cfg.parallel_block ? a->ao.p : a->mo.p;
+    int last = l == d->L - 1;
+    int wi = last ? g->pt.lnf_w : g->pt.layer[l + 1][KILN_LN1_W];
+    int bi = last ? g->pt.lnf_b : g->pt.layer[l + 1][KILN_LN1_B];
+    norm_fwd(g, buf_at(&a->ln1, l + 1), buf_at(&a->mean1, l + 1), buf_at(&a->rstd1, l + 1), buf_at(&a->x, l + 1),
+             resid, branch, wi, bi, d->N);
+}
+
+static int head_index(const struct kiln_gpt *g) {
+    return g->cfg.tie_embeddings ? g->pt.wte : g->pt.lm_head;
+}
+
+// logits = lnf @ wte^T chunk by chunk; cross-entropy; with dloss, dlogits -> dlnf and dW_head.
+static void classifier(struct kiln_gpt *g, const struct dims *d, float dloss, float z_loss) {
+    struct acts *a = &g->a;
+    int head = head_index(g);
+    const void *lnf = buf_at(&a->ln1, d->L);
+    for (int r0 = 0; r0 < d->N; r0 += g->classifier_rows) {
+        int rows = d->N - r0 < g->classifier_rows ? d->N - r0 : g->classifier_rows;
+        const void *x = act_at(g, lnf, (size_t)r0 * d->C);
+        matmul_fwd(g, a->logits.p, NULL, x, head, -1, rows, d->C, d->Vp, KILN_ACT_NONE, 0);
+        struct kiln_xent_args xa = {.logits = a->logits.p, .losses = (float *)a->losses.p + r0,
+                                    .targets = (const int32_t *)a->targets.p + r0, .N = rows, .V = d->V,
+                                    .Vp = d->Vp, .dloss = dloss, .z_loss = z_loss};
+        g->ops->cross_entropy(g->ctx, &xa);
+        if (dloss != 0.0f) {
+            struct kiln_matmul_back_args mb = {.dinp = act_at(g, a->dln.p, (size_t)r0 * d->C), .dweight = G(g, head),
+                                               .dout = a->logits.p, .inp = x, .weight = W(g, head), .N = rows,
+                                               .IC = d->C, .OC = d->Vp};
+            g->ops->matmul_backward(g->ctx, &mb);
+        }
+    }
+}
+
+double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
+                        float z_loss) {
+    KILN_ASSERT(g->opts.training || dloss == 0.0f);
+    struct dims d = dims_of(&g->cfg, g->opts.B, g->opts.T);
+    struct acts *a = &g->a;
+    size_t tok_bytes = (size_t)d.N * sizeof(int32_t);
+    memcpy(g->tokens_host, inputs, tok_bytes);
+    g->ops->upload(g->ctx, a->tokens.p, inputs, tok_bytes);
+    g->ops->upload(g->ctx, a->targets.p, targets, tok_bytes);
+
+    // x = wte[idx] + wpe[t]
+    struct kiln_embed_args e = {.out = buf_at(&a->x, 0), .tokens = a->tokens.p, .tokens_host = g->tokens_host,
+                                .wte = W(g, g->pt.wte), .wpe = W(g, g->pt.wpe), .B = d.B, .T = d.T, .C = d.C};
+    g->ops->embed_forward(g->ctx, &e);
+    norm_fwd(g, buf_at(&a->ln1, 0), buf_at(&a->mean1, 0), buf_at(&a->rstd1, 0), NULL, buf_at(&a->x, 0), NULL,
+             g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.N);
+    for (int l = 0; l < d.L; l++)
+        layer_forward(g, &d, l, 1);
+    classifier(g, &d, dloss, z_loss);
+    g->has_grad_forward = dloss != 0.0f;
+
+    g->ops->download(g->ctx, g->losses_host, a->losses.p, (size_t)d.N * sizeof(float));
+    double sum = 0;
+    long count = 0;
+    for (int i = 0; i < d.N; i++)
+        if (targets[i] >= 0) {
+            sum += g->losses_host[i];
+            count++;
+        }
+    return count ? sum / (double)count : 0.0;
+}
+
+// ----------------------------------------------------------------------------
+// backward: the mirror of forward
+
+static void norm_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const void *inp, const float *mean,
+                     const float *rstd, int wi, int bi, int N) {
+    struct kiln_norm_back_args a = {
+        .dinp = dinp, .dweight = G(g, wi), .dbias = G(g, bi), .dout = dout, .inp = inp, .weight = W(g, wi),
+        .mean = g->cfg.norm_rms ? NULL : mean, .rstd = rstd, .N = N, .C = g->cfg.n_embd, .rms = g->cfg.norm_rms};
+    g->ops->norm_backward(g->ctx, &a);
+}
+
+static void matmul_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const void *inp, int wi, int bi, int N,
+                       int IC, int OC, const void *gelu_pre, int dinp_accumulate) {
+    struct kiln_matmul_back_args a = {.dinp = dinp, .dweight = G(g, wi), .dbias = G(g, bi), .dout = dout,
+                                      .inp = inp, .weight = W(g, wi), .dinp_gelu_pre = gelu_pre, .N = N, .IC = IC,
+                                      .OC = OC, .dinp_accumulate = dinp_accumulate};
+    g->ops->matmul_backward(g->ctx, &a);
+}
+
+// Backward of the MLP of layer l, given dout = dL/d(mlp output); writes dL/d(mlp input) into dinp.
+static void mlp_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, const void *dout, void *dinp,
+                    int dinp_accumulate) {
+    struct acts *a = &g->a;
+    const int *ix = g->pt.layer[l];
+    const void *fc_pre = buf_at(&a->fc_pre, l), *fc_act = buf_at(&a->fc_act, l);
+    if (g->cfg.mlp_swiglu) {
+        matmul_bwd(g, a->dhid.p, dout, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], d->N, d->H, d->C, NULL, 0);
+        struct kiln_swiglu_back_args s = {.dinp = a->dfc.p, .dout = a->dhid.p, .inp = fc_pre, .N = d->N, .H = d->H};
+        g->ops->swiglu_backward(g->ctx, &s);
+    } else {
+        // dfc = (dout @ W_proj) * gelu'(fc_pre), fused into the projection's backward
+        matmul_bwd(g, a->dfc.p, dout, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], d->N, d->H, d->C, fc_pre, 0);
+    }
+    matmul_bwd(g, dinp, a->dfc.p, inp, ix[KILN_FC_W], ix[KILN_FC_B], d->N, d->C, d->FCO, NULL, dinp_accumulate);
+}
+
+// Backward of the attention of layer l, given dout = dL/d(attention branch output); writes dL/d(ln1) to dinp.
+static void attn_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, void *dinp,
+                     int dinp_accumulate) {
+    struct acts *a = &g->a;
+    const int *ix = g->pt.layer[l];
+    matmul_bwd(g, a->datty.p, dout, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO, d->C, NULL,
+               0);
+    struct kiln_attn_back_args ab = {.dqkv = a->dqkv.p, .dout = a->datty.p, .qkv = buf_at(&a->qkv, l),
+                                     .out = buf_at(&a->atty, l), .lse = buf_at(&a->lse, l), .B = d->B, .T = d->T,
+                                     .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
+                                     .rope_theta = g->cfg.rope_theta};
+    g->ops->attention_backward(g->ctx, &ab);
+    matmul_bwd(g, dinp, a->dqkv.p, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, d->QKV, NULL,
+               dinp_accumulate);
+}
+
+// Re-runs what backward needs but recompute did not keep.
+static void recompute_layer(struct kiln_gpt *g, const struct dims *d, int l) {
+    struct acts *a = &g->a;
+    if (g->opts.recompute == KILN_RECOMPUTE_BLOCK) {
+        norm_fwd(g, buf_at(&a->ln1, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), NULL, buf_at(&a->x, l), NULL,
+                 g->pt.layer[l][KILN_LN1_W], g->pt.layer[l][KILN_LN1_B], d->N);
+        layer_forward(g, d, l, 0);
+    } else if (g->opts.recompute == KILN_RECOMPUTE_MLP) {
+        const void *inp = g->cfg.parallel_block ? buf_at(&a->ln1, l) : buf_at(&a->ln2, l);
+        mlp_fwd(g, d, l, inp, buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0, d->N);
+    }
+}
+
+void kiln_gpt_backward(struct kiln_gpt *g) {
+    KILN_ASSERT(g->has_grad_forward);
+    struct dims d = dims_of(&g->cfg, g->opts.B, g->opts.T);
+    struct acts *a = &g->a;
+    void *dres = a->dres.p; // dL/dx, the residual stream's gradient, flowing down the layers
+
+    // final norm: dres = dL/dx[L]
+    g->ops->zero(g->ctx, dres, (size_t)d.N * d.C * kiln_dtype_bytes(g->be->act_dtype));
+    norm_bwd(g, dres, a->dln.p, buf_at(&a->x, d.L), buf_at(&a->mean1, d.L), buf_at(&a->rstd1, d.L), g->pt.lnf_w,
+             g->pt.lnf_b, d.N);
+
+    for (int l = d.L - 1; l >= 0; l--) {
+        const int *ix = g->pt.layer[l];
+        recompute_layer(g, &d, l);
+        if (g->cfg.parallel_block) {
+            // both branches read ln1 and write dL/dln1 into dln; the residual passes dres straight through
+            mlp_bwd(g, &d, l, buf_at(&a->ln1, l), dres, a->dln.p, 0);
+            attn_bwd(g, &d, l, dres, a->dln.p, 1);
+        } else {
+            // x' = h + mlp(ln2(h)): dres is dL/dx' = dL/d(mlp out); then dres += ln2 backward -> dL/dh
+            mlp_bwd(g, &d, l, buf_at(&a->ln2, l), dres, a->dln.p, 0);
+            norm_bwd(g, dres, a->dln.p, buf_at(&a->mid, l), buf_at(&a->mean2, l), buf_at(&a->rstd2, l),
+                     ix[KILN_LN2_W], ix[KILN_LN2_B], d.N);
+            // h = x + attn(ln1(x))
+            attn_bwd(g, &d, l, dres, a->dln.p, 0);
+        }
+        norm_bwd(g, dres, a->dln.p, buf_at(&a->x, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), ix[KILN_LN1_W],
+                 ix[KILN_LN1_B], d.N);
+    }
+    struct kiln_embed_back_args eb = {.dwte = G(g, g->pt.wte), .dwpe = G(g, g->pt.wpe), .dout = dres,
+                                      .tokens = a->tokens.p, .tokens_host = g->tokens_host, .B = d.B, .T = d.T,
+                                      .C = d.C};
+    g->ops->embed_backward(g->ctx, &eb);
+    g->has_grad_forward = 0;
+}
+
+// ----------------------------------------------------------------------------
+// optimizer
+
+double kiln_gpt_grad_norm(struct kiln_gpt *g) {
+    return sqrt(g->ops->sum_squares(g->ctx, g->grads, g->pt.total));
+}
+
+void kiln_gpt_adamw(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm) {
+    float scale = h->grad_scale;
+    double norm = grad_norm * h->grad_scale;
+    if (h->grad_clip > 0 && norm > h->grad_clip)
+        scale *= (float)(h->grad_clip / norm);
+    struct kiln_adamw_args a = {.params = g->params, .weights = g->weights == g->params ? NULL : g->weights,
+                                .grads = g->grads, .m = g->m, .v = g->v, .spans = g->spans, .n_spans = g->n_spans,
+                                .lr = h->lr, .beta1 = h->beta1, .beta2 = h->beta2, .eps = h->eps,
+                                .weight_decay = h->weight_decay, .grad_scale = scale, .step = h->step,
+                                .stochastic_rounding = 0, .seed = (uint64_t)h->step};
+    g->ops->adamw(g->ctx, &a);
+}
+
+// ----------------------------------------------------------------------------
+// KV-cache decoding
+
+int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error *err) {
+    struct dims d = dims_of(&g->cfg, B, 1);
+    struct decode *dc = &g->dec;
+    size_t ab = kiln_dtype_bytes(g->be->act_dtype), kv = (size_t)B * maxT * d.NKV * d.HS;
+    dc->B = B;
+    dc->maxT = maxT;
+#define SET(b, n, s, eb) (dc->b = (struct buf){NULL, (n), (s), (eb)})
+    SET(k, kv, d.L, ab);
+    SET(v, kv, d.L, ab);
+    SET(x, (size_t)B * d.C, 1, ab);
+    SET(ln, (size_t)B * d.C, 1, ab);
+    SET(qkv, (size_t)B * d.QKV, 1, ab);
+    SET(atty, (size_t)B * d.AO, 1, ab);
+    SET(ao, (size_t)B * d.C, 1, ab);
+    SET(fc_pre, (size_t)B * d.FCO, 1, ab);
+    SET(fc_act, (size_t)B * d.H, 1, ab);
+    SET(logits, (size_t)B * d.Vp, 1, ab);
+    SET(mean, (size_t)B, 1, sizeof(float));
+    SET(rstd, (size_t)B, 1, sizeof(float));
+    SET(tokens, (size_t)B, 1, sizeof(int32_t));
+#undef SET
+    struct buf *bufs[] = {&dc->k,  &dc->v,      &dc->x,      &dc->ln,     &dc->qkv,  &dc->atty, &dc->ao,
+                          &dc->fc_pre, &dc->fc_act, &dc->logits, &dc->mean, &dc->rstd, &dc->tokens};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
+        free_buf(g, bufs[i]);
+        int rc = gpt_alloc(g, &bufs[i]->p, buf_bytes(bufs[i]), err);
+        if (rc)
+            return rc;
+    }
+    free(dc->logits_host);
+    dc->logits_host = kiln_xmalloc((size_t)B * d.Vp * sizeof(float));
+    return 0;
+}
+
+void kiln_gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, float *logits) {
+    struct decode *dc = &g->dec;
+    KILN_ASSERT(dc->x.p && pos >= 0 && pos < dc->maxT);
+    struct dims d = dims_of(&g->cfg, dc->B, 1);
+    int B = dc->B;
+    g->ops->upload(g->ctx, dc->tokens.p, tokens, (size_t)B * sizeof(int32_t));
+    // x = wte[tok] + wpe[pos]: the embedding op with T = 1 and the position table shifted to pos
+    const void *wpe = g->pt.wpe >= 0 ? act_at(g, W(g, g->pt.wpe), (size_t)pos * d.C) : NULL;
+    struct kiln_embed_args e = {.out = dc->x.p, .tokens = dc->tokens.p, .tokens_host = tokens,
+                                .wte = W(g, g->pt.wte), .wpe = wpe, .B = B, .T = 1, .C = d.C};
+    g->ops->embed_forward(g->ctx, &e);
+    for (int l = 0; l < d.L; l++) {
+        const int *ix = g->pt.layer[l];
+        norm_fwd(g, dc->ln.p, dc->mean.p, dc->rstd.p, NULL, dc->x.p, NULL, ix[KILN_LN1_W], ix[KILN_LN1_B], B);
+        matmul_fwd(g, dc->qkv.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, d.QKV, KILN_ACT_NONE, 0);
+        struct kiln_attn_decode_args at = {.out = dc->atty.p, .kcache = buf_at(&dc->k, l),
+                                           .vcache = buf_at(&dc->v, l), .qkv = dc->qkv.p, .B = B,
+                                           .maxT = dc->maxT, .pos = pos, .NH = d.NH, .NKV = d.NKV, .HS = d.HS,
+                                           .pos_kind = g->cfg.pos, .rope_theta = g->cfg.rope_theta};
+        g->ops->attention_decode(g->ctx, &at);
+        matmul_fwd(g, dc->ao.p, NULL, dc->atty.p, ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], B, d.AO, d.C, KILN_ACT_NONE,
+                   0);
+        if (g->cfg.parallel_block) {
+            mlp_fwd(g, &d, l, dc->ln.p, dc->fc_pre.p, dc->fc_act.p, dc->ao.p, 1, B);
+        } else {
+            g->ops->add(g->ctx, dc->x.p, dc->x.p, dc->ao.p, (size_t)B * d.C);
+            norm_fwd(g, dc->ln.p, dc->mean.p, dc->rstd.p, NULL, dc->x.p, NULL, ix[KILN_LN2_W], ix[KILN_LN2_B], B);
+            mlp_fwd(g, &d, l, dc->ln.p, dc->fc_pre.p, dc->fc_act.p, dc->ao.p, 0, B);
+        }
+        g->ops->add(g->ctx, dc->x.p, dc->x.p, dc->ao.p, (size_t)B * d.C);
+    }
+    norm_fwd(g, dc->ln.p, dc->mean.p, dc->rstd.p, NULL, dc->x.p, NULL, g->pt.lnf_w, g->pt.lnf_b, B);
+    matmul_fwd(g, dc->logits.p, NULL, dc->ln.p, head_index(g), -1, B, d.C, d.Vp, KILN_ACT_NONE, 0);
+    g->ops->download_f32(g->ctx, dc->logits_host, dc->logits.p, g->be->act_dtype, (size_t)B * d.Vp);
+    for (int b = 0; b < B; b++)
+        memcpy(logits + (size_t)b * d.V, dc->logits_host + (size_t)b * d.Vp, (size_t)d.V * sizeof(float));
+}

@@ -1,0 +1,56 @@
+// The parameter table: every parameter tensor's name, shape and offset in one flat buffer.
+//
+// Parameters, gradients and optimizer state each live in one big buffer carved by this table (DESIGN.md
+// principle 3). Tensors are grouped by layer (embeddings, layer 0, layer 1, ..., final norm, head), so a
+// sharded run can gather one layer at a time. Names are Hugging Face GPT-2 names; the layout of every weight
+// is PyTorch nn.Linear's (out_features, in_features). Offsets are aligned to 64 elements so that every tensor
+// starts on a 256-byte boundary whatever the dtype; the padding between tensors is never read or updated.
+#ifndef KILN_MODEL_PARAMS_H
+#define KILN_MODEL_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+
+// The tensors of one block. Absent ones (no bias, RMSNorm, ...) have index -1.
+enum kiln_layer_tensor {
+    KILN_LN1_W, KILN_LN1_B,
+    KILN_QKV_W, KILN_QKV_B,       // (NH + 2*NKV)*HS rows: [q | k | v]
+    KILN_ATTNO_W, KILN_ATTNO_B,   // (C, NH*HS)
+    KILN_LN2_W, KILN_LN2_B,       // absent in parallel blocks (one norm feeds both branches)
+    KILN_FC_W, KILN_FC_B,         // (H, C), or (2H, C) as [gate | up] for SwiGLU
+    KILN_MLPO_W, KILN_MLPO_B,     // (C, H)
+    KILN_LAYER_TENSORS
+};
+
+struct kiln_param {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    size_t offset;  // elements from the start of the buffer
+    size_t count;   // elements
+    int layer;      // -1 for embeddings and head
+    int decay;      // 2-D weights get weight decay
+};
+
+struct kiln_param_table {
+    struct kiln_param *p;
+    int n;
+    size_t total;          // buffer length in elements, including alignment padding
+    size_t n_params;       // real parameter count
+    int wte, wpe, lnf_w, lnf_b, lm_head;  // indices, -1 when absent
+    int (*layer)[KILN_LAYER_TENSORS];     // [L][tensor] -> index or -1
+    size_t *layer_begin;   // [L + 1] element offset where layer l's tensors start; [L] = end of the last
+};
+
+void kiln_params_build(struct kiln_param_table *t, const struct kiln_model_config *m);
+void kiln_params_free(struct kiln_param_table *t);
+int kiln_params_find(const struct kiln_param_table *t, const char *name); // index or -1
+
+// Fills params (t->total floats) with GPT-2's init: N(0, 0.02) weights, residual output projections scaled by
+// 1/sqrt(2L), zero biases, unit norm weights, zero padding. Deterministic in seed.
+void kiln_params_init(const struct kiln_param_table *t, const struct kiln_model_config *m, float *params,
+                      uint64_t seed);
+
+#endif

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The command line as a user meets it: bad flags and config files (exit 2, one line naming the option),
+# kiln info, and a short real training run whose run directory is checked file by file.
+set -u
+KILN=${1:-${KILN:?}}
+T=$(mktemp -d /tmp/kiln_cli_XXXXXX)
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+
+# expect_error EXIT_CODE PATTERN -- ARGS...: exit code, one line on stderr, containing PATTERN
+expect_error() {
+  local code=$1 pat=$2
+  shift 3
+  "$KILN" "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$T/err")
+  if [ "$rc" -ne "$code" ]; then bad "kiln $* exited $rc, expected $code ($(cat "$T/err"))"; return; fi
+  if [ "$lines" -ne 1 ]; then bad "kiln $* printed $lines lines on stderr, expected 1"; return; fi
+  if ! grep -q -- "$pat" "$T/err"; then bad "kiln $*: '$pat' not in: $(cat "$T/err")"; return; fi
+  if ! grep -q '^error: ' "$T/err"; then bad "kiln $*: message does not start with 'error: '"; return; fi
+  ok
+}
+
+"$KILN" >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "no command should exit 2"
+expect_error 2 "unknown command 'fly'" -- fly
+expect_error 2 "unknown option 'bogus'" -- train --bogus=1
+expect_error 2 "did you mean 'layers'" -- train --layer=3
+expect_error 2 "bad value 'abc' for lr (--lr)" -- train --lr=abc
+expect_error 2 "allowed range is 1 to 1024" -- train --layers=0
+expect_error 2 "expected an integer" -- train --batch=2.5
+expect_error 2 "not divisible by heads 3" -- train --heads=3 --dim=128
+expect_error 2 "seq 4096 is longer than block-size 128" -- train --seq=4096
+expect_error 2 "allowed values are learned,rope,alibi,none" -- train --pos=sinusoidal
+expect_error 2 "allowed values are cpu,cuda,auto\|allowed values are auto,cpu,cuda" -- train --device=tpu
+expect_error 2 "unknown preset 'gpt5'" -- train --preset=gpt5
+expect_error 2 "unexpected argument 'extra'" -- train extra
+expect_error 2 "cannot open config file '$T/nope.cfg'" -- train --config="$T/nope.cfg"
+printf 'layers = 2\nthis line is wrong\n' >"$T/bad1.cfg"
+expect_error 2 "syntax error in config file ($T/bad1.cfg:2)" -- train --config="$T/bad1.cfg"
+printf '# comment\nlayers = 2\nwarmpu = 10\n' >"$T/bad2.cfg"
+expect_error 2 "unknown option 'warmpu' ($T/bad2.cfg:3)" -- train --config="$T/bad2.cfg"
+printf 'dim = -5\n' >"$T/bad3.cfg"
+expect_error 2 "bad value '-5' for dim ($T/bad3.cfg:1)" -- train --config="$T/bad3.cfg"
+expect_error 2 "missing --run=DIR" -- sample
+expect_error 2 "no kiln run in '$T/none' (--run)" -- sample --run="$T/none"
+
+# kiln info: GPT-2 124M has 124.4M parameters with the vocab padded to 50304 (nanoGPT counts the same)
+"$KILN" info --preset=gpt2-124m >"$T/info" 2>&1 || bad "kiln info failed: $(cat "$T/info")"
+grep -q "^parameters: 1244" "$T/info" && ok || bad "gpt2-124m parameter count: $(grep parameters "$T/info")"
+grep -q "vocab 50257 (padded 50304)" "$T/info" && ok || bad "padded vocab not reported"
+grep -q "backends compiled: cpu" "$T/info" && ok || bad "kiln info does not list backends"
+grep -q "activations" "$T/info" && ok || bad "kiln info has no memory estimate"
+
+# a short real run: tiny model, 40 steps, eval at 20 and at the end
+RUN="$T/run"
+args=(--layers=2 --heads=2 --dim=32 --seq=32 --batch=8 --max-steps=40 --warmup=5 --eval-every=20 --eval-steps=4
+      --lr=3e-3 --threads=2 --quiet)
+"$KILN" train "${args[@]}" --out="$RUN" 2>"$T/train.err" || bad "train failed: $(cat "$T/train.err")"
+for f in config metrics.jsonl model.safetensors vocab.char; do
+  [ -s "$RUN/$f" ] && ok || bad "run dir lacks $f"
+done
+[ "$(wc -l <"$RUN/metrics.jsonl")" -eq 40 ] && ok || bad "metrics.jsonl should have 40 lines"
+python3 - "$RUN" <<'PY' && ok || bad "metrics/safetensors check failed"
+import json, struct, sys, os
+run = sys.argv[1]
+rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
+for r in rows:
+    for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "ms"):
+        assert k in r, (k, r)
+assert [r["step"] for r in rows] == list(range(1, 41))
+vals = [r for r in rows if "val_loss" in r]
+assert [r["step"] for r in vals] == [20, 40], vals
+# loss falls within a few dozen steps: from ~ln(65)=4.17 to well below
+assert rows[0]["loss"] > 4.0 and rows[-1]["loss"] < 3.3, (rows[0]["loss"], rows[-1]["loss"])
+# safetensors: u64 header length, JSON header, offsets contiguous and covering the buffer
+data = open(os.path.join(run, "model.safetensors"), "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+hdr = json.loads(data[8:8 + n])
+meta = hdr.pop("__metadata__", {})
+end = 0
+for name, t in sorted(hdr.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+    b, e = t["data_offsets"]
+    assert t["dtype"] == "F32" and b == end, (name, t)
+    numel = 1
+    for d in t["shape"]:
+        numel *= d
+    assert e - b == 4 * numel, (name, t)
+    end = e
+assert 8 + n + end == len(data)
+assert hdr["transformer.wte.weight"]["shape"] == [128, 32]
+assert hdr["transformer.h.1.attn.c_attn.weight"]["shape"] == [96, 32]
+assert "transformer.ln_f.bias" in hdr and meta.get("producer") == "kiln"
+PY
+
+# the resolved config reproduces the run bit for bit; another seed does not
+"$KILN" train --config="$RUN/config" --out="$T/run2" --quiet 2>"$T/train2.err" || bad "rerun from config failed: $(cat "$T/train2.err")"
+"$KILN" train "${args[@]}" --seed=7 --out="$T/run3" 2>/dev/null || bad "seed 7 run failed"
+losses() { python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in open(sys.argv[1])])' "$1"; }
+[ "$(losses "$RUN/metrics.jsonl")" = "$(losses "$T/run2/metrics.jsonl")" ] && ok || bad "same seed gave other losses"
+[ "$(losses "$RUN/metrics.jsonl")" != "$(losses "$T/run3/metrics.jsonl")" ] && ok || bad "other seed gave same losses"
+cmp -s "$RUN/model.safetensors" "$T/run2/model.safetensors" && ok || bad "same seed gave other weights"
+
+# sampling from the run
+"$KILN" sample --run="$RUN" --max-tokens=50 --prompt="ROMEO:" --device=cpu >"$T/sample" 2>"$T/sample.err" || bad "sample failed: $(cat "$T/sample.err")"
+[ "$(head -c 6 "$T/sample")" = "ROMEO:" ] && [ "$(wc -c <"$T/sample")" -ge 50 ] && ok || bad "sample output: $(cat "$T/sample")"
+expect_error 2 "bad value 'hot' for temperature" -- sample --run="$RUN" --temperature=hot
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,842 @@
+// Every CUDA op against the CPU reference (ggml test-backend-ops style): fresh random inputs per run, outputs
+// poisoned with NaN beforehand (accumulating outputs pre-filled with the same random values on both sides),
+// relative error ||gpu - cpu|| / ||cpu|| against per-op tolerances. One line per op, shape and tensor.
+//
+// Inputs of bf16 tensors are rounded to bf16 before the CPU sees them, so both backends compute on identical
+// values and the error measures the kernels only. Tolerances (bf16 outputs carry 2^-9 = 2e-3 relative
+// rounding each, and accumulate a few of them):
+//   TOL_BF16  1e-2  bf16 outputs of elementwise ops, norms, matmuls, embedding, classifier gradients
+//   TOL_ATTN  2e-2  attention output (P is rounded to bf16 before P.V, as in FlashAttention)
+//   TOL_ATTNB 4e-2  attention gradients (each backend uses its own forward output and lse)
+//   TOL_F32G  5e-3  f32 parameter gradients computed from bf16 inputs (summation order only)
+//   TOL_F32   1e-5  f32 optimizer state and master weights; f32 statistics (mean, rstd, lse, losses): 1e-3
+// Exit 77 (skipped) without a GPU.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "test_util.h"
+
+#include "backend/backend.h"
+
+#define TOL_BF16 1e-2
+#define TOL_ATTN 2e-2
+#define TOL_ATTNB 4e-2
+#define TOL_F32G 5e-3
+#define TOL_F32 1e-5
+#define TOL_STAT 1e-3
+
+enum kind { ACT, GRAD, F32, I32 };
+
+struct env {
+    struct kiln_backend cpu, gpu, gpu_det; // gpu_det: deterministic mode
+    uint64_t rng;
+    int failures;
+};
+
+// A tensor on both backends plus a host copy of its inputs.
+struct pair {
+    void *c, *g;
+    size_t n;
+    enum kind kind;
+    enum kiln_dtype dc, dg;
+    struct env *e;
+    struct kiln_backend *gb; // which GPU backend (gpu or gpu_det)
+};
+
+static enum kiln_dtype dtype_of(const struct kiln_backend *b, enum kind k) {
+    return k == ACT ? b->act_dtype : k == GRAD ? b->grad_dtype : k == F32 ? KILN_F32 : KILN_I32;
+}
+static size_t dsize(enum kiln_dtype d) {
+    return d == KILN_BF16 ? 2 : 4;
+}
+
+static float bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return f;
+    u += 0x7fffu + ((u >> 16) & 1);
+    u &= 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static struct pair pair_new_on(struct env *e, struct kiln_backend *gb, size_t n, enum kind k) {
+    struct pair p = {0};
+    p.n = n;
+    p.kind = k;
+    p.e = e;
+    p.gb = gb;
+    p.dc = dtype_of(&e->cpu, k);
+    p.dg = dtype_of(gb, k);
+    p.c = e->cpu.ops->alloc(e->cpu.ctx, n * dsize(p.dc) + 16);
+    p.g = gb->ops->alloc(gb->ctx, n * dsize(p.dg) + 16);
+    if (!p.c || !p.g)
+        fail_msg("alloc of %zu elements failed", n);
+    return p;
+}
+static struct pair pair_new(struct env *e, size_t n, enum kind k) {
+    return pair_new_on(e, &e->gpu, n, k);
+}
+static void pair_free(struct pair *p) {
+    p->e->cpu.ops->free(p->e->cpu.ctx, p->c);
+    p->gb->ops->free(p->gb->ctx, p->g);
+    memset(p, 0, sizeof(*p));
+}
+
+// Uploads the same values to both sides (rounded to the GPU dtype first, so the CPU sees what the GPU sees).
+static void pair_set(struct pair *p, float *h) {
+    if (p->dg == KILN_BF16)
+        for (size_t i = 0; i < p->n; i++)
+            h[i] = bf16_round(h[i]);
+    p->e->cpu.ops->upload_f32(p->e->cpu.ctx, p->c, p->dc, h, p->n);
+    p->gb->ops->upload_f32(p->gb->ctx, p->g, p->dg, h, p->n);
+}
+static void pair_randn(struct pair *p, float stddev) {
+    float *h = malloc(p->n * sizeof(float) + 4);
+    test_fill_normal(h, p->n, stddev, &p->e->rng);
+    pair_set(p, h);
+    free(h);
+}
+static void pair_fill(struct pair *p, float v) {
+    float *h = malloc(p->n * sizeof(float) + 4);
+    for (size_t i = 0; i < p->n; i++)
+        h[i] = v;
+    pair_set(p, h);
+    free(h);
+}
+static void pair_poison(struct pair *p) {
+    pair_fill(p, NAN);
+}
+
+static float *pair_get(struct pair *p, int gpu) {
+    float *h = malloc(p->n * sizeof(float) + 4);
+    if (gpu)
+        p->gb->ops->download_f32(p->gb->ctx, h, p->g, p->dg, p->n);
+    else
+        p->e->cpu.ops->download_f32(p->e->cpu.ctx, h, p->c, p->dc, p->n);
+    return h;
+}
+
+// Compares GPU against CPU; one line of output; counts a failure.
+static double check(struct env *e, const char *op, const char *shape, const char *what, struct pair *p,
+                    double tol) {
+    float *hc = pair_get(p, 0), *hg = pair_get(p, 1);
+    double err = test_rel_err(hg, hc, p->n);
+    int ok = err <= tol;
+    printf("%-16s %-44s %-8s rel_err %.2e  tol %.0e  %s\n", op, shape, what, err, tol, ok ? "PASS" : "FAIL");
+    fflush(stdout);
+    if (!ok)
+        e->failures++;
+    free(hc);
+    free(hg);
+    return err;
+}
+
+static void expect(struct env *e, int cond, const char *op, const char *what) {
+    printf("%-16s %-44s %-8s %s\n", op, "", what, cond ? "PASS" : "FAIL");
+    if (!cond)
+        e->failures++;
+}
+
+static void end_test(struct env *e) {
+    if (e->failures) {
+        int f = e->failures;
+        e->failures = 0;
+        fail_msg("%d comparison(s) failed (see the FAIL lines above)", f);
+    }
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+// ---- setup -----------------------------------------------------------------------------------------------
+
+static int setup(void **state) {
+    struct env *e = calloc(1, sizeof(*e));
+    struct kiln_error err;
+    struct kiln_backend_opts o = {0, 0, 0};
+    if (kiln_backend_open("cpu", &o, &e->cpu, &err) || kiln_backend_open("cuda", &o, &e->gpu, &err)) {
+        fprintf(stderr, "cannot open backends: %s\n", err.msg);
+        return -1;
+    }
+    o.deterministic = 1;
+    if (kiln_backend_open("cuda", &o, &e->gpu_det, &err)) {
+        fprintf(stderr, "cannot open the deterministic cuda backend: %s\n", err.msg);
+        return -1;
+    }
+    e->rng = test_seed();
+    printf("device: %s, act %s, grad %s, peak %.0f TFLOP/s, memory %.1f/%.1f GiB free\n", e->gpu.device_name,
+           e->gpu.act_dtype == KILN_BF16 ? "bf16" : "f32", e->gpu.grad_dtype == KILN_F32 ? "f32" : "bf16",
+           e->gpu.peak_flops / 1e12, e->gpu.mem_free_bytes / 1073741824.0,
+           e->gpu.mem_total_bytes / 1073741824.0);
+    *state = e;
+    return 0;
+}
+
+static int teardown(void **state) {
+    struct env *e = *state;
+    kiln_backend_close(&e->cpu);
+    kiln_backend_close(&e->gpu);
+    kiln_backend_close(&e->gpu_det);
+    free(e);
+    return 0;
+}
+
+#define RUN(e, field, args)                                                                                  \
+    do {                                                                                                     \
+        (e)->cpu.ops->field((e)->cpu.ctx, (args##_c));                                                       \
+        (e)->gpu.ops->field((e)->gpu.ctx, (args##_g));                                                       \
+        (e)->gpu.ops->synchronize((e)->gpu.ctx);                                                             \
+    } while (0)
+
+// ---- embedding -------------------------------------------------------------------------------------------
+
+static void test_embedding_matches_cpu(void **state) {
+    struct env *e = *state;
+    int shapes[][4] = {{1, 1, 64, 1}, {2, 7, 72, 1}, {4, 100, 768, 1}, {3, 257, 100, 0}}; // B, T, C, learned
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], learned = shapes[s][3], Vp = 1024;
+        char sh[128];
+        snprintf(sh, sizeof(sh), "B=%d T=%d C=%d Vp=%d %s", B, T, C, Vp, learned ? "wpe" : "no-wpe");
+        struct pair tok = pair_new(e, (size_t)B * T, I32), wte = pair_new(e, (size_t)Vp * C, ACT);
+        struct pair wpe = pair_new(e, (size_t)T * C, ACT), out = pair_new(e, (size_t)B * T * C, ACT);
+        float *ht = malloc((size_t)B * T * sizeof(float));
+        int32_t *hti = malloc((size_t)B * T * sizeof(int32_t));
+        for (int i = 0; i < B * T; i++) { // a small id range so that tokens repeat (bucketing matters)
+            hti[i] = (int32_t)(test_rand_u64(&e->rng) % (uint64_t)(i % 3 ? 1000 : 17));
+            ht[i] = (float)hti[i];
+        }
+        pair_set(&tok, ht);
+        pair_randn(&wte, 1.0f);
+        pair_randn(&wpe, 1.0f);
+        pair_poison(&out);
+        struct kiln_embed_args a_c = {out.c, tok.c, hti, wte.c, learned ? wpe.c : NULL, B, T, C};
+        struct kiln_embed_args a_g = {out.g, tok.g, hti, wte.g, learned ? wpe.g : NULL, B, T, C};
+        RUN(e, embed_forward, &a);
+        check(e, "embed_forward", sh, "out", &out, TOL_BF16);
+
+        struct pair dwte = pair_new(e, (size_t)Vp * C, GRAD), dwpe = pair_new(e, (size_t)T * C, GRAD);
+        pair_randn(&dwte, 1.0f); // accumulate outputs: same random values on both sides
+        pair_randn(&dwpe, 1.0f);
+        pair_randn(&out, 1.0f); // reuse as dout
+        for (int with_host = 1; with_host >= 0; with_host--) {
+            struct kiln_embed_back_args b_c = {dwte.c, learned ? dwpe.c : NULL, out.c, tok.c, hti, B, T, C};
+            struct kiln_embed_back_args b_g = {
+                dwte.g, learned ? dwpe.g : NULL, out.g, tok.g, with_host ? hti : NULL, B, T, C};
+            RUN(e, embed_backward, &b);
+        }
+        check(e, "embed_backward", sh, "dwte", &dwte, TOL_F32G);
+        if (learned)
+            check(e, "embed_backward", sh, "dwpe", &dwpe, TOL_F32G);
+        free(ht);
+        free(hti);
+        pair_free(&tok);
+        pair_free(&wte);
+        pair_free(&wpe);
+        pair_free(&out);
+        pair_free(&dwte);
+        pair_free(&dwpe);
+    }
+    end_test(e);
+}
+
+// ---- norms -----------------------------------------------------------------------------------------------
+
+static void test_norms_match_cpu(void **state) {
+    struct env *e = *state;
+    int shapes[][2] = {{1, 72}, {7, 768}, {100, 72}, {257, 100}, {64, 1600}}; // N, C
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+        for (int rms = 0; rms <= 1; rms++)
+            for (int fused = 0; fused <= 1; fused++) {
+                int N = shapes[s][0], C = shapes[s][1];
+                char sh[128];
+                snprintf(sh, sizeof(sh), "N=%d C=%d %s%s", N, C, rms ? "rms" : "layernorm",
+                         fused ? " +residual" : "");
+                size_t nc = (size_t)N * C;
+                struct pair inp = pair_new(e, nc, ACT), res = pair_new(e, nc, ACT),
+                            res_out = pair_new(e, nc, ACT);
+                struct pair out = pair_new(e, nc, ACT), w = pair_new(e, C, ACT), bias = pair_new(e, C, ACT);
+                struct pair mean = pair_new(e, N, F32), rstd = pair_new(e, N, F32);
+                pair_randn(&inp, 1.0f);
+                pair_randn(&res, 2.0f);
+                pair_randn(&w, 1.0f);
+                pair_randn(&bias, 0.5f);
+                pair_poison(&out);
+                pair_poison(&res_out);
+                pair_poison(&mean);
+                pair_poison(&rstd);
+                struct kiln_norm_args a_c = {out.c,  rms ? NULL : mean.c,
+                                             rstd.c, fused ? res_out.c : NULL,
+                                             inp.c,  fused ? res.c : NULL,
+                                             w.c,    rms ? NULL : bias.c,
+                                             N,      C,
+                                             rms,    1e-5f};
+                struct kiln_norm_args a_g = {out.g,  rms ? NULL : mean.g,
+                                             rstd.g, fused ? res_out.g : NULL,
+                                             inp.g,  fused ? res.g : NULL,
+                                             w.g,    rms ? NULL : bias.g,
+                                             N,      C,
+                                             rms,    1e-5f};
+                RUN(e, norm_forward, &a);
+                check(e, "norm_forward", sh, "out", &out, TOL_BF16);
+                if (!rms)
+                    check(e, "norm_forward", sh, "mean", &mean, TOL_STAT);
+                check(e, "norm_forward", sh, "rstd", &rstd, TOL_STAT);
+                if (fused)
+                    check(e, "norm_forward", sh, "res_out", &res_out, TOL_BF16);
+
+                struct pair dinp = pair_new(e, nc, ACT), dw = pair_new(e, C, GRAD), db = pair_new(e, C, GRAD);
+                pair_randn(&dinp, 1.0f); // += outputs
+                pair_randn(&dw, 1.0f);
+                pair_randn(&db, 1.0f);
+                pair_randn(&out, 1.0f); // dout
+                struct pair *x = fused ? &res_out : &inp;
+                struct kiln_norm_back_args b_c = {
+                    dinp.c, dw.c, rms ? NULL : db.c, out.c, x->c, w.c, rms ? NULL : mean.c, rstd.c, N,
+                    C,      rms};
+                struct kiln_norm_back_args b_g = {
+                    dinp.g, dw.g, rms ? NULL : db.g, out.g, x->g, w.g, rms ? NULL : mean.g, rstd.g, N,
+                    C,      rms};
+                RUN(e, norm_backward, &b);
+                check(e, "norm_backward", sh, "dinp", &dinp, TOL_BF16);
+                check(e, "norm_backward", sh, "dweight", &dw, TOL_F32G);
+                if (!rms)
+                    check(e, "norm_backward", sh, "dbias", &db, TOL_F32G);
+                struct pair *all[] = {&inp, &res, &res_out, &out, &w, &bias, &mean, &rstd, &dinp, &dw, &db};
+                for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+                    pair_free(all[i]);
+            }
+    end_test(e);
+}
+
+// ---- matmul ----------------------------------------------------------------------------------------------
+
+static void test_matmul_matches_cpu(void **state) {
+    struct env *e = *state;
+    int shapes[][3] = {
+        {1, 72, 72}, {7, 64, 200}, {100, 72, 288}, {257, 768, 2304}, {33, 100, 36}}; // N, IC, OC
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+        for (int variant = 0; variant < 4; variant++) { // 0 plain, 1 bias, 2 bias+gelu, 3 accumulate+bias
+            int N = shapes[s][0], IC = shapes[s][1], OC = shapes[s][2];
+            int has_bias = variant >= 1, gelu = variant == 2, acc = variant == 3;
+            char sh[128];
+            snprintf(sh, sizeof(sh), "N=%d IC=%d OC=%d %s", N, IC, OC,
+                     variant == 0   ? "plain"
+                     : variant == 1 ? "bias"
+                     : variant == 2 ? "bias+gelu"
+                                    : "acc+bias");
+            struct pair inp = pair_new(e, (size_t)N * IC, ACT), w = pair_new(e, (size_t)OC * IC, ACT);
+            struct pair bias = pair_new(e, OC, ACT), out = pair_new(e, (size_t)N * OC, ACT);
+            struct pair pre = pair_new(e, (size_t)N * OC, ACT);
+            pair_randn(&inp, 1.0f);
+            pair_randn(&w, 1.0f / sqrtf((float)IC));
+            pair_randn(&bias, 0.5f);
+            if (acc)
+                pair_randn(&out, 1.0f);
+            else
+                pair_poison(&out);
+            pair_poison(&pre);
+            struct kiln_matmul_args a_c = {out.c,
+                                           gelu ? pre.c : NULL,
+                                           inp.c,
+                                           w.c,
+                                           has_bias ? bias.c : NULL,
+                                           N,
+                                           IC,
+                                           OC,
+                                           gelu ? KILN_ACT_GELU : KILN_ACT_NONE,
+                                           acc};
+            struct kiln_matmul_args a_g = {out.g,
+                                           gelu ? pre.g : NULL,
+                                           inp.g,
+                                           w.g,
+                                           has_bias ? bias.g : NULL,
+                                           N,
+                                           IC,
+                                           OC,
+                                           gelu ? KILN_ACT_GELU : KILN_ACT_NONE,
+                                           acc};
+            RUN(e, matmul_forward, &a);
+            check(e, "matmul_forward", sh, "out", &out, TOL_BF16);
+            if (gelu)
+                check(e, "matmul_forward", sh, "pre", &pre, TOL_BF16);
+
+            // backward: variant picks dinp mode: 0 overwrite, 1 accumulate, 2 gelu (pre of a previous layer),
+            // 3 gelu + accumulate
+            struct pair dinp = pair_new(e, (size_t)N * IC, ACT), dw = pair_new(e, (size_t)OC * IC, GRAD);
+            struct pair db = pair_new(e, OC, GRAD), gpre = pair_new(e, (size_t)N * IC, ACT);
+            int dacc = variant == 1 || variant == 3, dgelu = variant >= 2;
+            if (dacc)
+                pair_randn(&dinp, 1.0f);
+            else
+                pair_poison(&dinp);
+            pair_randn(&dw, 1.0f);
+            pair_randn(&db, 1.0f);
+            pair_randn(&gpre, 1.5f);
+            pair_randn(&out, 1.0f); // dout
+            struct kiln_matmul_back_args b_c = {
+                dinp.c, dw.c, has_bias ? db.c : NULL, out.c, inp.c, w.c, dgelu ? gpre.c : NULL, N, IC,
+                OC,     dacc};
+            struct kiln_matmul_back_args b_g = {
+                dinp.g, dw.g, has_bias ? db.g : NULL, out.g, inp.g, w.g, dgelu ? gpre.g : NULL, N, IC,
+                OC,     dacc};
+            RUN(e, matmul_backward, &b);
+            char sh2[160];
+            snprintf(sh2, sizeof(sh2), "N=%d IC=%d OC=%d dinp%s%s", N, IC, OC, dacc ? "+=" : "=",
+                     dgelu ? "*gelu'" : "");
+            check(e, "matmul_backward", sh2, "dinp", &dinp, TOL_BF16);
+            check(e, "matmul_backward", sh2, "dweight", &dw, TOL_F32G);
+            if (has_bias)
+                check(e, "matmul_backward", sh2, "dbias", &db, TOL_F32G);
+            struct pair *all[] = {&inp, &w, &bias, &out, &pre, &dinp, &dw, &db, &gpre};
+            for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+                pair_free(all[i]);
+        }
+    end_test(e);
+}
+
+// ---- attention -------------------------------------------------------------------------------------------
+
+static const char *pos_name(enum kiln_pos p) {
+    return p == KILN_POS_ROPE    ? "rope"
+           : p == KILN_POS_ALIBI ? "alibi"
+           : p == KILN_POS_NONE  ? "none"
+                                 : "learned";
+}
+
+static void attention_case(struct env *e, int B, int T, int NH, int NKV, int HS, enum kiln_pos pos) {
+    char sh[128];
+    snprintf(sh, sizeof(sh), "B=%d T=%d NH=%d NKV=%d HS=%d %s", B, T, NH, NKV, HS, pos_name(pos));
+    size_t W = (size_t)(NH + 2 * NKV) * HS, n_qkv = (size_t)B * T * W, n_out = (size_t)B * T * NH * HS;
+    struct pair qkv = pair_new(e, n_qkv, ACT), out = pair_new(e, n_out, ACT),
+                lse = pair_new(e, (size_t)B * NH * T, F32);
+    pair_randn(&qkv, 1.0f);
+    pair_poison(&out);
+    pair_poison(&lse);
+    struct kiln_attn_args a_c = {out.c, lse.c, qkv.c, B, T, NH, NKV, HS, pos, 10000.0f};
+    struct kiln_attn_args a_g = {out.g, lse.g, qkv.g, B, T, NH, NKV, HS, pos, 10000.0f};
+    double t0 = now_ms();
+    e->gpu.ops->attention_forward(e->gpu.ctx, &a_g);
+    e->gpu.ops->synchronize(e->gpu.ctx);
+    double t_fwd = now_ms() - t0;
+    e->cpu.ops->attention_forward(e->cpu.ctx, &a_c);
+    check(e, "attention_fwd", sh, "out", &out, TOL_ATTN);
+    check(e, "attention_fwd", sh, "lse", &lse, TOL_STAT);
+
+    struct pair dout = pair_new(e, n_out, ACT), dqkv = pair_new(e, n_qkv, ACT);
+    pair_randn(&dout, 1.0f);
+    pair_poison(&dqkv);
+    struct kiln_attn_back_args b_c = {dqkv.c, dout.c, qkv.c, out.c, lse.c, B, T, NH, NKV, HS, pos, 10000.0f};
+    struct kiln_attn_back_args b_g = {dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HS, pos, 10000.0f};
+    t0 = now_ms();
+    e->gpu.ops->attention_backward(e->gpu.ctx, &b_g);
+    e->gpu.ops->synchronize(e->gpu.ctx);
+    double t_bwd = now_ms() - t0;
+    e->cpu.ops->attention_backward(e->cpu.ctx, &b_c);
+    // q, k and v gradients separately: a wrong k or v slot must not hide behind a right q
+    float *hc = pair_get(&dqkv, 0), *hg = pair_get(&dqkv, 1);
+    const char *names[3] = {"dq", "dk", "dv"};
+    size_t off[4] = {0, (size_t)NH * HS, (size_t)(NH + NKV) * HS, W};
+    for (int part = 0; part < 3; part++) {
+        size_t w = off[part + 1] - off[part], n = (size_t)B * T * w, k = 0;
+        float *xc = malloc(n * sizeof(float)), *xg = malloc(n * sizeof(float));
+        for (size_t r = 0; r < (size_t)B * T; r++)
+            for (size_t i = 0; i < w; i++, k++) {
+                xc[k] = hc[r * W + off[part] + i];
+                xg[k] = hg[r * W + off[part] + i];
+            }
+        double err = test_rel_err(xg, xc, n);
+        int ok = err <= TOL_ATTNB;
+        printf("%-16s %-44s %-8s rel_err %.2e  tol %.0e  %s\n", "attention_bwd", sh, names[part], err,
+               TOL_ATTNB, ok ? "PASS" : "FAIL");
+        if (!ok)
+            e->failures++;
+        free(xc);
+        free(xg);
+    }
+    printf("%-16s %-44s gpu fwd %.3f ms, bwd %.3f ms (one call, host clock)\n", "attention_time", sh, t_fwd,
+           t_bwd);
+    free(hc);
+    free(hg);
+    pair_free(&qkv);
+    pair_free(&out);
+    pair_free(&lse);
+    pair_free(&dout);
+    pair_free(&dqkv);
+}
+
+static void test_attention_matches_cpu(void **state) {
+    struct env *e = *state;
+    attention_case(e, 1, 1, 4, 4, 64, KILN_POS_LEARNED);
+    attention_case(e, 2, 7, 4, 2, 64, KILN_POS_ROPE);
+    attention_case(e, 2, 100, 4, 1, 128, KILN_POS_ALIBI);
+    attention_case(e, 1, 257, 6, 2, 64, KILN_POS_ROPE);
+    attention_case(e, 2, 257, 3, 3, 128, KILN_POS_NONE);
+    attention_case(e, 1, 128, 12, 12, 64, KILN_POS_ALIBI); // exact tiles, NH not a power of two
+    attention_case(e, 1, 100, 4, 2, 32, KILN_POS_ROPE);    // simple path
+    attention_case(e, 2, 65, 6, 3, 80, KILN_POS_ALIBI);    // simple path, non-power-of-two ALiBi
+    attention_case(e, 1, 300, 8, 8, 128, KILN_POS_ROPE);
+    end_test(e);
+}
+
+static void test_attention_decode_matches_cpu(void **state) {
+    struct env *e = *state;
+    int cases[][6] = {
+        {2, 16, 5, 4, 2, 64}, {3, 40, 0, 6, 3, 80}, {1, 33, 32, 8, 8, 128}}; // B maxT pos NH NKV HS
+    enum kiln_pos kinds[] = {KILN_POS_ROPE, KILN_POS_ALIBI, KILN_POS_NONE};
+    for (int c = 0; c < 3; c++) {
+        int B = cases[c][0], maxT = cases[c][1], pos = cases[c][2], NH = cases[c][3], NKV = cases[c][4],
+            HS = cases[c][5];
+        char sh[128];
+        snprintf(sh, sizeof(sh), "B=%d maxT=%d pos=%d NH=%d NKV=%d HS=%d %s", B, maxT, pos, NH, NKV, HS,
+                 pos_name(kinds[c]));
+        struct pair qkv = pair_new(e, (size_t)B * (NH + 2 * NKV) * HS, ACT),
+                    out = pair_new(e, (size_t)B * NH * HS, ACT);
+        struct pair kc = pair_new(e, (size_t)B * maxT * NKV * HS, ACT),
+                    vc = pair_new(e, (size_t)B * maxT * NKV * HS, ACT);
+        pair_randn(&qkv, 1.0f);
+        pair_randn(&kc, 1.0f); // earlier positions of the caches: same values on both sides
+        pair_randn(&vc, 1.0f);
+        pair_poison(&out);
+        struct kiln_attn_decode_args a_c = {out.c, kc.c, vc.c, qkv.c, B,        maxT,
+                                            pos,   NH,   NKV,  HS,    kinds[c], 10000.0f};
+        struct kiln_attn_decode_args a_g = {out.g, kc.g, vc.g, qkv.g, B,        maxT,
+                                            pos,   NH,   NKV,  HS,    kinds[c], 10000.0f};
+        RUN(e, attention_decode, &a);
+        check(e, "attention_decode", sh, "out", &out, TOL_ATTN);
+        check(e, "attention_decode", sh, "kcache", &kc, TOL_BF16);
+        check(e, "attention_decode", sh, "vcache", &vc, TOL_BF16);
+        pair_free(&qkv);
+        pair_free(&out);
+        pair_free(&kc);
+        pair_free(&vc);
+    }
+    end_test(e);
+}
+
+// ---- elementwise -----------------------------------------------------------------------------------------
+
+static void test_swiglu_and_add_match_cpu(void **state) {
+    struct env *e = *state;
+    int shapes[][2] = {{1, 72}, {7, 100}, {257, 768}};
+    for (int s = 0; s < 3; s++) {
+        int N = shapes[s][0], H = shapes[s][1];
+        char sh[64];
+        snprintf(sh, sizeof(sh), "N=%d H=%d", N, H);
+        struct pair inp = pair_new(e, (size_t)N * 2 * H, ACT), out = pair_new(e, (size_t)N * H, ACT);
+        struct pair dinp = pair_new(e, (size_t)N * 2 * H, ACT);
+        pair_randn(&inp, 2.0f);
+        pair_poison(&out);
+        pair_poison(&dinp);
+        struct kiln_swiglu_args a_c = {out.c, inp.c, N, H}, a_g = {out.g, inp.g, N, H};
+        RUN(e, swiglu_forward, &a);
+        check(e, "swiglu_forward", sh, "out", &out, TOL_BF16);
+        pair_randn(&out, 1.0f);
+        struct kiln_swiglu_back_args b_c = {dinp.c, out.c, inp.c, N, H}, b_g = {dinp.g, out.g, inp.g, N, H};
+        RUN(e, swiglu_backward, &b);
+        check(e, "swiglu_backward", sh, "dinp", &dinp, TOL_BF16);
+        // add, also in place (out aliases a)
+        size_t n = (size_t)N * H;
+        struct pair x = pair_new(e, n, ACT), y = pair_new(e, n, ACT), z = pair_new(e, n, ACT);
+        pair_randn(&x, 1.0f);
+        pair_randn(&y, 1.0f);
+        pair_poison(&z);
+        e->cpu.ops->add(e->cpu.ctx, z.c, x.c, y.c, n);
+        e->gpu.ops->add(e->gpu.ctx, z.g, x.g, y.g, n);
+        check(e, "add", sh, "out", &z, TOL_BF16);
+        e->cpu.ops->add(e->cpu.ctx, x.c, x.c, y.c, n);
+        e->gpu.ops->add(e->gpu.ctx, x.g, x.g, y.g, n);
+        check(e, "add", sh, "in-place", &x, TOL_BF16);
+        struct pair *all[] = {&inp, &out, &dinp, &x, &y, &z};
+        for (size_t i = 0; i < 6; i++)
+            pair_free(all[i]);
+    }
+    end_test(e);
+}
+
+// ---- classifier ------------------------------------------------------------------------------------------
+
+static void test_cross_entropy_matches_cpu(void **state) {
+    struct env *e = *state;
+    int shapes[][3] = {{1, 1000, 1024}, {7, 1000, 1024}, {100, 1000, 1024}, {8, 50257, 50304}, {5, 100, 104}};
+    for (int s = 0; s < 5; s++)
+        for (int mode = 0; mode < 3; mode++) { // 0: loss only, 1: with gradient, 2: gradient + z_loss
+            int N = shapes[s][0], V = shapes[s][1], Vp = shapes[s][2];
+            float dloss = mode ? 1.0f / N : 0.0f, z = mode == 2 ? 1e-4f : 0.0f;
+            char sh[128];
+            snprintf(sh, sizeof(sh), "N=%d V=%d Vp=%d dloss=%g z=%g", N, V, Vp, dloss, z);
+            struct pair logits = pair_new(e, (size_t)N * Vp, ACT), losses = pair_new(e, N, F32);
+            struct pair tgt = pair_new(e, N, I32);
+            pair_randn(&logits, 3.0f);
+            pair_poison(&losses);
+            float *ht = malloc(N * sizeof(float));
+            for (int i = 0; i < N; i++) // every 4th target ignored (-1)
+                ht[i] = i % 4 == 3 ? -1.0f : (float)(test_rand_u64(&e->rng) % (uint64_t)V);
+            pair_set(&tgt, ht);
+            struct kiln_xent_args a_c = {logits.c, losses.c, tgt.c, N, V, Vp, dloss, z};
+            struct kiln_xent_args a_g = {logits.g, losses.g, tgt.g, N, V, Vp, dloss, z};
+            RUN(e, cross_entropy, &a);
+            check(e, "cross_entropy", sh, "losses", &losses, TOL_STAT);
+            check(e, "cross_entropy", sh, mode ? "dlogits" : "logits", &logits, mode ? TOL_BF16 : 0.0);
+            if (mode) { // padded columns and ignored rows exactly 0 on the GPU
+                float *hg = pair_get(&logits, 1);
+                int bad = 0;
+                for (int i = 0; i < N; i++)
+                    for (int j = 0; j < Vp; j++)
+                        if ((j >= V || ht[i] < 0) && hg[(size_t)i * Vp + j] != 0.0f)
+                            bad++;
+                expect(e, bad == 0, "cross_entropy", "padded/ignored dlogits are 0");
+                free(hg);
+            }
+            free(ht);
+            pair_free(&logits);
+            pair_free(&losses);
+            pair_free(&tgt);
+        }
+    end_test(e);
+}
+
+// ---- optimizer -------------------------------------------------------------------------------------------
+
+static void test_adamw_and_sum_squares_match_cpu(void **state) {
+    struct env *e = *state;
+    size_t P = 100000;
+    struct kiln_param_span spans[] = {
+        {0, 7, 1}, {7, 30000, 1}, {30007, 1, 0}, {30008, 4096, 0}, {34104, 65896, 1}};
+    for (int sr = 0; sr <= 1; sr++) {
+        struct pair params = pair_new(e, P, F32), weights = pair_new(e, P, ACT), grads = pair_new(e, P, GRAD);
+        struct pair m = pair_new(e, P, F32), v = pair_new(e, P, F32);
+        pair_randn(&params, 1.0f);
+        pair_fill(&m, 0.0f);
+        pair_fill(&v, 0.0f);
+        pair_poison(&weights);
+        for (int step = 1; step <= 3; step++) {
+            pair_randn(&grads, 0.01f);
+            struct kiln_adamw_args a_c = {params.c, weights.c, grads.c, m.c,  v.c,  spans, 5,  3e-4f,
+                                          0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  sr, 1234};
+            struct kiln_adamw_args a_g = a_c;
+            a_g.params = params.g;
+            a_g.weights = weights.g;
+            a_g.grads = grads.g;
+            a_g.m = m.g;
+            a_g.v = v.g;
+            RUN(e, adamw, &a);
+            char sh[64];
+            snprintf(sh, sizeof(sh), "P=%zu spans=5 step=%d sr=%d", P, step, sr);
+            check(e, "adamw", sh, "params", &params, TOL_F32);
+            check(e, "adamw", sh, "m", &m, TOL_F32);
+            check(e, "adamw", sh, "v", &v, TOL_F32);
+            check(e, "adamw", sh, "weights", &weights, TOL_BF16);
+        }
+        if (sr) { // the stochastically rounded bf16 copy stays within one bf16 ulp of the master
+            float *hp = pair_get(&params, 1), *hw = pair_get(&weights, 1);
+            int far = 0;
+            for (size_t i = 0; i < P; i++)
+                if (fabsf(hw[i] - hp[i]) > fabsf(hp[i]) * (1.0f / 128.0f))
+                    far++;
+            expect(e, far == 0, "adamw", "stochastic rounding within 1 ulp");
+            free(hp);
+            free(hw);
+        }
+        size_t n = P;
+        double sc = e->cpu.ops->sum_squares(e->cpu.ctx, grads.c, n),
+               sg = e->gpu.ops->sum_squares(e->gpu.ctx, grads.g, n);
+        double err = fabs(sg - sc) / sc;
+        printf("%-16s %-44s %-8s rel_err %.2e  tol %.0e  %s\n", "sum_squares", "n=100000", "sum", err, 1e-6,
+               err <= 1e-6 ? "PASS" : "FAIL");
+        if (!(err <= 1e-6))
+            e->failures++;
+        float nanv = NAN;
+        e->gpu.ops->upload_f32(e->gpu.ctx, (char *)grads.g + 4 * 777, KILN_F32, &nanv, 1);
+        expect(e, !isfinite(e->gpu.ops->sum_squares(e->gpu.ctx, grads.g, n)), "sum_squares",
+               "NaN -> non-finite");
+        struct pair *all[] = {&params, &weights, &grads, &m, &v};
+        for (size_t i = 0; i < 5; i++)
+            pair_free(all[i]);
+    }
+    end_test(e);
+}
+
+// ---- determinism -----------------------------------------------------------------------------------------
+
+// Runs fn twice on the deterministic backend from the same inputs; the outputs must be bitwise identical.
+static int bitwise_same(struct kiln_backend *g, void *p, size_t bytes, void *snapshot) {
+    void *h = malloc(bytes);
+    g->ops->download(g->ctx, h, p, bytes);
+    int same = memcmp(h, snapshot, bytes) == 0;
+    free(h);
+    return same;
+}
+
+static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
+    struct env *e = *state;
+    struct kiln_backend *g = &e->gpu_det;
+    int B = 4, T = 257, C = 768, NH = 12, HS = 64, N = B * T, OC = 2304, Vp = 1024;
+    size_t Wq = (size_t)3 * C;
+    struct pair inp = pair_new_on(e, g, (size_t)N * C, ACT), w = pair_new_on(e, g, (size_t)OC * C, ACT);
+    struct pair dout = pair_new_on(e, g, (size_t)N * OC, ACT), dw = pair_new_on(e, g, (size_t)OC * C, GRAD);
+    struct pair db = pair_new_on(e, g, OC, GRAD), dinp = pair_new_on(e, g, (size_t)N * C, ACT);
+    struct pair dw0 = pair_new_on(e, g, (size_t)OC * C, GRAD);
+    pair_randn(&inp, 1.0f);
+    pair_randn(&w, 0.03f);
+    pair_randn(&dout, 1.0f);
+    pair_randn(&dw0, 1.0f);
+    // matmul backward
+    void *snap_dw = NULL, *snap_dinp = NULL, *snap_db = NULL;
+    size_t bdw = (size_t)OC * C * 4, bdinp = (size_t)N * C * 2, bdb = (size_t)OC * 4;
+    int same = 1;
+    for (int run = 0; run < 2; run++) {
+        g->ops->copy(g->ctx, dw.g, dw0.g, bdw);
+        g->ops->zero(g->ctx, db.g, bdb);
+        struct kiln_matmul_back_args b = {dinp.g, dw.g, db.g, dout.g, inp.g, w.g, NULL, N, C, OC, 0};
+        g->ops->matmul_backward(g->ctx, &b);
+        if (run == 0) {
+            snap_dw = malloc(bdw);
+            snap_dinp = malloc(bdinp);
+            snap_db = malloc(bdb);
+            g->ops->download(g->ctx, snap_dw, dw.g, bdw);
+            g->ops->download(g->ctx, snap_dinp, dinp.g, bdinp);
+            g->ops->download(g->ctx, snap_db, db.g, bdb);
+        } else {
+            same = bitwise_same(g, dw.g, bdw, snap_dw) && bitwise_same(g, dinp.g, bdinp, snap_dinp) &&
+                   bitwise_same(g, db.g, bdb, snap_db);
+        }
+    }
+    expect(e, same, "determinism", "matmul_backward dinp/dweight/dbias bitwise");
+    free(snap_dw);
+    free(snap_dinp);
+    free(snap_db);
+
+    // norm backward
+    struct pair mean = pair_new_on(e, g, N, F32), rstd = pair_new_on(e, g, N, F32),
+                nw = pair_new_on(e, g, C, ACT);
+    struct pair nout = pair_new_on(e, g, (size_t)N * C, ACT), ndw = pair_new_on(e, g, C, GRAD),
+                ndb = pair_new_on(e, g, C, GRAD);
+    pair_randn(&nw, 1.0f);
+    struct kiln_norm_args nf = {nout.g, mean.g, rstd.g, NULL, inp.g, NULL, nw.g, NULL, N, C, 0, 1e-5f};
+    g->ops->norm_forward(g->ctx, &nf);
+    void *snaps[3] = {0};
+    size_t nb[3] = {(size_t)N * C * 2, (size_t)C * 4, (size_t)C * 4};
+    void *ptrs[3] = {dinp.g, ndw.g, ndb.g};
+    same = 1;
+    for (int run = 0; run < 2; run++) {
+        g->ops->zero(g->ctx, dinp.g, nb[0]);
+        g->ops->zero(g->ctx, ndw.g, nb[1]);
+        g->ops->zero(g->ctx, ndb.g, nb[2]);
+        struct kiln_norm_back_args b = {dinp.g, ndw.g, ndb.g, nout.g, inp.g, nw.g, mean.g, rstd.g, N, C, 0};
+        g->ops->norm_backward(g->ctx, &b);
+        for (int i = 0; i < 3; i++) {
+            if (run == 0) {
+                snaps[i] = malloc(nb[i]);
+                g->ops->download(g->ctx, snaps[i], ptrs[i], nb[i]);
+            } else {
+                same = same && bitwise_same(g, ptrs[i], nb[i], snaps[i]);
+            }
+        }
+    }
+    expect(e, same, "determinism", "norm_backward dinp/dweight/dbias bitwise");
+    for (int i = 0; i < 3; i++)
+        free(snaps[i]);
+
+    // attention backward
+    struct pair qkv = pair_new_on(e, g, (size_t)N * Wq, ACT), aout = pair_new_on(e, g, (size_t)N * C, ACT);
+    struct pair lse = pair_new_on(e, g, (size_t)B * NH * T, F32),
+                dqkv = pair_new_on(e, g, (size_t)N * Wq, ACT);
+    pair_randn(&qkv, 1.0f);
+    struct kiln_attn_args af = {aout.g, lse.g, qkv.g, B, T, NH, NH, HS, KILN_POS_ROPE, 10000.0f};
+    g->ops->attention_forward(g->ctx, &af);
+    void *snap = malloc((size_t)N * Wq * 2);
+    same = 1;
+    for (int run = 0; run < 2; run++) {
+        struct kiln_attn_back_args ab = {dqkv.g, inp.g, qkv.g, aout.g, lse.g,         B,
+                                         T,      NH,    NH,    HS,     KILN_POS_ROPE, 10000.0f};
+        g->ops->attention_backward(g->ctx, &ab);
+        if (run == 0)
+            g->ops->download(g->ctx, snap, dqkv.g, (size_t)N * Wq * 2);
+        else
+            same = bitwise_same(g, dqkv.g, (size_t)N * Wq * 2, snap);
+    }
+    expect(e, same, "determinism", "attention_backward dqkv bitwise");
+    free(snap);
+
+    // embedding backward
+    struct pair tok = pair_new_on(e, g, N, I32), dwte = pair_new_on(e, g, (size_t)Vp * C, GRAD);
+    int32_t *hti = malloc(N * sizeof(int32_t));
+    float *ht = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        hti[i] = (int32_t)(test_rand_u64(&e->rng) % 50);
+        ht[i] = (float)hti[i];
+    }
+    pair_set(&tok, ht);
+    snap = malloc((size_t)Vp * C * 4);
+    same = 1;
+    for (int run = 0; run < 2; run++) {
+        g->ops->zero(g->ctx, dwte.g, (size_t)Vp * C * 4);
+        struct kiln_embed_back_args eb = {dwte.g, NULL, inp.g, tok.g, hti, B, T, C};
+        g->ops->embed_backward(g->ctx, &eb);
+        if (run == 0)
+            g->ops->download(g->ctx, snap, dwte.g, (size_t)Vp * C * 4);
+        else
+            same = bitwise_same(g, dwte.g, (size_t)Vp * C * 4, snap);
+    }
+    expect(e, same, "determinism", "embed_backward dwte bitwise");
+    free(snap);
+    free(hti);
+    free(ht);
+    struct pair *all[] = {&inp,  &w,   &dout, &dw,  &db,   &dinp, &dw0,  &mean, &rstd, &nw,
+                          &nout, &ndw, &ndb,  &qkv, &aout, &lse,  &dqkv, &tok,  &dwte};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        pair_free(all[i]);
+    end_test(e);
+}
+
+// ---- errors ----------------------------------------------------------------------------------------------
+
+static void test_out_of_memory_returns_null_and_backend_still_works(void **state) {
+    struct env *e = *state;
+    struct kiln_backend *g = &e->gpu;
+    void *p = g->ops->alloc(g->ctx, (size_t)1 << 50); // 1 PiB
+    expect(e, p == NULL, "alloc", "1 PiB returns NULL");
+    if (p)
+        g->ops->free(g->ctx, p);
+    size_t n = 1000;
+    struct pair x = pair_new(e, n, ACT), y = pair_new(e, n, ACT), z = pair_new(e, n, ACT);
+    pair_randn(&x, 1.0f);
+    pair_randn(&y, 1.0f);
+    pair_poison(&z);
+    e->cpu.ops->add(e->cpu.ctx, z.c, x.c, y.c, n);
+    e->gpu.ops->add(e->gpu.ctx, z.g, x.g, y.g, n);
+    check(e, "add", "after OOM", "out", &z, TOL_BF16);
+    pair_free(&x);
+    pair_free(&y);
+    pair_free(&z);
+    end_test(e);
+}
+
+int main(void) {
+    if (kiln_cuda_device_count() == 0) {
+        printf("test_cuda_ops: no GPU: skipped (kiln_cuda_device_count() == 0)\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_embedding_matches_cpu),
+        cmocka_unit_test(test_norms_match_cpu),
+        cmocka_unit_test(test_matmul_matches_cpu),
+        cmocka_unit_test(test_attention_matches_cpu),
+        cmocka_unit_test(test_attention_decode_matches_cpu),
+        cmocka_unit_test(test_swiglu_and_add_match_cpu),
+        cmocka_unit_test(test_cross_entropy_matches_cpu),
+        cmocka_unit_test(test_adamw_and_sum_squares_match_cpu),
+        cmocka_unit_test(test_deterministic_mode_is_bitwise_repeatable),
+        cmocka_unit_test(test_out_of_memory_returns_null_and_backend_still_works),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
