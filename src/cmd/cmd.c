@@ -19,6 +19,9 @@ static const struct command COMMANDS[] = {
     {"tokenize", cmd_tokenize, "tokenize text corpora into token shards"},
     {"encode", cmd_encode, "JSONL {\"text\":...} lines -> {\"ids\":[...]} lines"},
     {"decode", cmd_decode, "JSONL {\"ids\":[...]} lines -> {\"text\":...} lines"},
+    {"export", cmd_export, "export a run to a Hugging Face directory (config.json + model.safetensors)"},
+    {"import", cmd_import, "import a Hugging Face directory as a kiln run"},
+    {"launch", cmd_launch, "supervise kiln train: restart it from the newest checkpoint after a crash"},
     {"help", cmd_help, "this help, or the options of a command (kiln help train)"},
 };
 #define N_COMMANDS (sizeof(COMMANDS) / sizeof(COMMANDS[0]))
@@ -61,7 +64,7 @@ int kiln_cmd_main(int argc, char **argv) {
     for (size_t i = 0; i < N_COMMANDS; i++)
         if (!strcmp(name, COMMANDS[i].name))
             return COMMANDS[i].run(argc - 2, argv + 2);
-    fprintf(stderr, "error: unknown command '%s': commands are train, sample, info, tokenize, encode, decode, help\n",
+    fprintf(stderr, "error: unknown command '%s': see kiln help for the commands\n",
             name);
     return 2;
 }

@@ -12,5 +12,8 @@ int cmd_help(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
 int cmd_decode(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_import(int argc, char **argv);
+int cmd_launch(int argc, char **argv);
 
 #endif

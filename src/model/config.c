@@ -44,6 +44,7 @@ static const struct opt OPTS[] = {
     {"mlp-hidden", OPT_INT, M(mlp_hidden), 0, 1 << 20, NULL, "MLP hidden size (0 = 4C, or 8C/3 for SwiGLU)"},
     {"block", OPT_ENUM, M(parallel_block), 0, 0, "sequential parallel", "block layout"},
     {"tie-embeddings", OPT_BOOL, M(tie_embeddings), 0, 1, NULL, "LM head shares the token embedding"},
+    {"qk-norm", OPT_BOOL, M(qk_norm), 0, 1, NULL, "normalize queries and keys per head"},
     // data
     {"data", OPT_STR, OFF(data), 0, 0, NULL, "training shards (glob); empty = embedded Tiny Shakespeare; random = random tokens"},
     {"val-data", OPT_STR, OFF(val_data), 0, 0, NULL, "validation shards (glob)"},
@@ -81,6 +82,15 @@ static const struct opt OPTS[] = {
     {"recompute", OPT_ENUM, OFF(recompute), 0, 0, "none mlp block", "activation recompute"},
     {"peak-flops", OPT_DOUBLE, OFF(peak_flops), 0, 1e18, NULL, "peak FLOP/s for MFU (0 = from the GPU table)"},
     {"out", OPT_STR, OFF(out), 0, 0, NULL, "run directory for config, metrics and the model"},
+    // checkpoints
+    {"ckpt-every", OPT_INT, OFF(ckpt_every), 0, 1e9, NULL, "checkpoint every N steps (0 = at the end only)"},
+    {"keep-last", OPT_INT, OFF(keep_last), 0, 1e9, NULL, "keep the newest K checkpoints (0 = all)"},
+    {"keep-every", OPT_INT, OFF(keep_every), 0, 1e9, NULL, "also keep checkpoints at multiples of M steps"},
+    {"resume", OPT_STR, OFF(resume), 0, 0, NULL, "auto (newest checkpoint in --out), never, or a checkpoint dir"},
+    // health guards
+    {"spike-z", OPT_FLOAT, OFF(spike_z), 0, 1000, NULL, "skip steps whose loss/grad-norm z-score exceeds this (0 = off)"},
+    {"spike-window", OPT_INT, OFF(spike_window), 2, 1e6, NULL, "steps in the spike detector's running statistics"},
+    {"max-bad-steps", OPT_INT, OFF(max_bad_steps), 1, 1e9, NULL, "stop after this many consecutive skipped steps"},
 };
 #define N_OPTS (sizeof(OPTS) / sizeof(OPTS[0]))
 
@@ -96,7 +106,7 @@ struct preset {
 static const struct preset PRESETS[] = {
     {"shakespeare-char", "character-level GPT for the embedded Tiny Shakespeare (CPU-sized)",
      "layers=4 heads=4 dim=128 block-size=128 seq=128 batch=16 tokenizer=char lr=3e-3 warmup=50 "
-     "max-steps=1200 final-lr-frac=0.1 weight-decay=0.1 beta2=0.99 eval-every=200 eval-steps=20 "
+     "max-steps=1000 final-lr-frac=0.1 weight-decay=0.1 beta2=0.99 eval-every=200 eval-steps=20 "
      "vocab-multiple=128 sample-every=0"},
     {"gpt2-124m", "GPT-2 small (d12)", "layers=12 heads=12 dim=768 block-size=1024 seq=1024 tokenizer=gpt2 "
                                        "batch=4 lr=6e-4 warmup=700 max-steps=20000"},
@@ -155,6 +165,11 @@ static void config_defaults(struct kiln_config *c) {
     c->log_every = 1;
     c->seed = 1337;
     strcpy(c->device, "auto");
+    c->keep_last = 3;
+    strcpy(c->resume, "auto");
+    c->spike_z = 6.0f;
+    c->spike_window = 100;
+    c->max_bad_steps = 10;
 }
 
 static int apply_settings(struct kiln_config *c, const char *settings, const char *where,
@@ -525,13 +540,12 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
     if (c->seq_len > m->block_size)
         return kiln_errorf(err, KILN_ERR_USAGE, "seq %d is longer than block-size %d (--seq): raise --block-size or "
                            "lower --seq", c->seq_len, m->block_size);
+    if (m->qk_norm)
+        return kiln_errorf(err, KILN_ERR_USAGE, "qk-norm (--qk-norm): not implemented yet; leave it at 0");
     long bt = (long)c->batch_size * c->seq_len;
     if (c->total_batch_tokens && c->total_batch_tokens % bt)
         return kiln_errorf(err, KILN_ERR_USAGE, "total-batch %ld is not a multiple of batch*seq = %ld (--total-batch)",
                            c->total_batch_tokens, bt);
-    if (c->warmup_steps > c->max_steps)
-        return kiln_errorf(err, KILN_ERR_USAGE, "warmup %d is longer than max-steps %d (--warmup)", c->warmup_steps,
-                           c->max_steps);
     return 0;
 }
 
@@ -590,10 +604,10 @@ void kiln_config_write(const struct kiln_config *cfg, FILE *f) {
 uint64_t kiln_model_config_hash(const struct kiln_model_config *m) {
     // hash the printed shape fields, so padding bytes and field order don't matter
     char buf[512];
-    snprintf(buf, sizeof(buf), "L%d H%d KV%d C%d B%d V%d VM%d P%d RT%.9g N%d NB%d NE%.9g BI%d S%d MH%d PB%d T%d",
+    snprintf(buf, sizeof(buf), "L%d H%d KV%d C%d B%d V%d VM%d P%d RT%.9g N%d NB%d NE%.9g BI%d S%d MH%d PB%d T%d QK%d",
              m->n_layer, m->n_head, kiln_model_kv_heads(m), m->n_embd, m->block_size, m->vocab_size,
              m->vocab_multiple, (int)m->pos, (double)m->rope_theta, m->norm_rms, m->norm_bias, (double)m->norm_eps,
-             m->bias, m->mlp_swiglu, kiln_model_mlp_hidden(m), m->parallel_block, m->tie_embeddings);
+             m->bias, m->mlp_swiglu, kiln_model_mlp_hidden(m), m->parallel_block, m->tie_embeddings, m->qk_norm);
     uint64_t h = 1469598103934665603ULL;
     for (const char *p = buf; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ULL;

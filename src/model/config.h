@@ -34,6 +34,7 @@ struct kiln_model_config {
     int mlp_hidden;     // hidden size; 0 = 4C for GELU, 8C/3 rounded up to 256 for SwiGLU
     int parallel_block; // PaLM-style x + attn(ln(x)) + mlp(ln(x))
     int tie_embeddings;
+    int qk_norm;        // normalize q and k per head before attention (OLMo-2 style)
 };
 
 struct kiln_config {
@@ -77,6 +78,17 @@ struct kiln_config {
     enum kiln_recompute recompute;
     double peak_flops;    // override for MFU; 0 = from the device table
     char out[1024];       // run directory ("" = none)
+
+    // checkpoints and resume
+    int ckpt_every;       // steps between checkpoints (0 = only at the end and on signals)
+    int keep_last;        // keep the newest K checkpoints (0 = all)
+    int keep_every;       // also keep every checkpoint whose step is a multiple of M (0 = off)
+    char resume[1024];    // auto (newest complete checkpoint in --out), never, or a checkpoint directory
+
+    // health guards
+    float spike_z;        // skip a step whose loss or grad norm is this many std devs above the recent mean (0 = off)
+    int spike_window;     // steps in the running statistics
+    int max_bad_steps;    // stop after this many consecutive skipped steps
 };
 
 // Fills cfg with the defaults and the named preset ("shakespeare-char" when NULL).

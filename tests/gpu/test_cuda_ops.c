@@ -287,9 +287,12 @@ static void test_norms_match_cpu(void **state) {
                                              rms,    1e-5f};
                 RUN(e, norm_forward, &a);
                 check(e, "norm_forward", sh, "out", &out, TOL_BF16);
+                // With the residual fused, the CUDA op normalizes the bf16-rounded sum it stores (so recompute
+                // from res_out reproduces it), the CPU the exact f32 sum: the statistics then differ by bf16
+                // rounding of x, which the near-zero mean amplifies in relative terms.
                 if (!rms)
-                    check(e, "norm_forward", sh, "mean", &mean, TOL_STAT);
-                check(e, "norm_forward", sh, "rstd", &rstd, TOL_STAT);
+                    check(e, "norm_forward", sh, "mean", &mean, fused ? TOL_BF16 : TOL_STAT);
+                check(e, "norm_forward", sh, "rstd", &rstd, fused ? TOL_BF16 : TOL_STAT);
                 if (fused)
                     check(e, "norm_forward", sh, "res_out", &res_out, TOL_BF16);
 
