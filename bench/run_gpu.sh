@@ -41,7 +41,7 @@ if has kiln; then
     name=$1 preset=$2 B=$3
     shift 3
     timeout 240 "$BUILD/kiln" train --preset="$preset" "$@" --data=random --batch="$B" --seq=1024 --max-steps=30 \
-      --warmup=10 --device=cuda --eval-every=0 --quiet --out="$OUT/run_$name" >"$OUT/kiln_$name.log" 2>&1
+      --warmup=10 --device=cuda --eval-every=0 --checkpoint=0 --quiet --out="$OUT/run_$name" >"$OUT/kiln_$name.log" 2>&1
     rc=$?
     if [ $rc -ne 0 ]; then echo "| $name | failed (exit $rc): $(tail -1 "$OUT/kiln_$name.log") |" >>"$OUT/kiln_table.md"; continue; fi
     read -r ms mfu mem loss < <(median_ms "$OUT/run_$name/metrics.jsonl")

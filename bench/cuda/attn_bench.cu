@@ -2,9 +2,12 @@
 // Times with CUDA events on the backend's stream: 3 warmup calls, then the median of 20.
 // FLOPs (causal, the half computed): forward 2*2*B*NH*T*T*HS/2, backward 2.5x that (the FA-2 convention; the
 // kernels here do 3.5x the forward's work in the backward, recomputing S and dP for dQ without atomics).
+// Each shape runs three paths on the same inputs: ref (KILN_ATTN=ref, the first kernels), new (default) and
+// new-v1 (KILN_FA_VARIANT=1, other tile shapes), with the new paths' max relative error against ref.
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
 #include <algorithm>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <vector>
@@ -16,36 +19,10 @@ static float median(std::vector<float> v) {
     return v[v.size() / 2];
 }
 
-static int bench_one(struct kiln_backend *be, int B, int T, int NH, int HS, enum kiln_pos pos) {
+// One path (env KILN_ATTN / KILN_FA_VARIANT as set by the caller): median fwd and bwd times in ms.
+static void time_path(struct kiln_backend *be, const struct kiln_attn_args *fa,
+                      const struct kiln_attn_back_args *ba, float *mf, float *mb) {
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);
-    const struct kiln_ops *ops = be->ops;
-    size_t n_qkv = (size_t)B * T * 3 * NH * HS, n_out = (size_t)B * T * NH * HS;
-    void *qkv = ops->alloc(be->ctx, n_qkv * 2), *dqkv = ops->alloc(be->ctx, n_qkv * 2);
-    void *out = ops->alloc(be->ctx, n_out * 2), *dout = ops->alloc(be->ctx, n_out * 2);
-    float *lse = (float *)ops->alloc(be->ctx, (size_t)B * NH * T * 4);
-    if (!qkv || !dqkv || !out || !dout || !lse) {
-        printf("B=%d T=%d NH=%d HS=%d: out of memory, skipped\n", B, T, NH, HS);
-        ops->free(be->ctx, qkv);
-        ops->free(be->ctx, dqkv);
-        ops->free(be->ctx, out);
-        ops->free(be->ctx, dout);
-        ops->free(be->ctx, lse);
-        return 0;
-    }
-    { // random inputs: N(0, 1) in bf16
-        std::vector<float> h(std::max(n_qkv, n_out));
-        uint64_t s = 88172645463325252ull;
-        for (size_t i = 0; i < h.size(); i++) {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            h[i] = (float)((s >> 11) * (1.0 / 9007199254740992.0)) * 3.4641f - 1.7320f; // unit variance
-        }
-        ops->upload_f32(be->ctx, qkv, KILN_BF16, h.data(), n_qkv);
-        ops->upload_f32(be->ctx, dout, KILN_BF16, h.data(), n_out);
-    }
-    struct kiln_attn_args fa = {out, lse, qkv, B, T, NH, NH, HS, pos, 10000.0f};
-    struct kiln_attn_back_args ba = {dqkv, dout, qkv, out, lse, B, T, NH, NH, HS, pos, 10000.0f};
     cudaEvent_t e0, e1, e2;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
@@ -53,9 +30,9 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int HS, enum
     std::vector<float> tf, tb;
     for (int it = 0; it < 23; it++) {
         CUDA_CHECK(cudaEventRecord(e0, c->stream));
-        ops->attention_forward(be->ctx, &fa);
+        be->ops->attention_forward(be->ctx, fa);
         CUDA_CHECK(cudaEventRecord(e1, c->stream));
-        ops->attention_backward(be->ctx, &ba);
+        be->ops->attention_backward(be->ctx, ba);
         CUDA_CHECK(cudaEventRecord(e2, c->stream));
         CUDA_CHECK(cudaEventSynchronize(e2));
         float f = 0, b = 0;
@@ -66,16 +43,116 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int HS, enum
             tb.push_back(b);
         }
     }
-    double fl_f = 2.0 * 2.0 * B * NH * (double)T * T * HS / 2.0, fl_b = 2.5 * fl_f;
-    float mf = median(tf), mb = median(tb);
-    printf("B=%-3d T=%-5d NH=%-3d HS=%-4d %-5s  fwd %8.3f ms %6.1f TFLOP/s   bwd %8.3f ms %6.1f TFLOP/s   "
-           "fwd+bwd %6.1f TFLOP/s\n",
-           B, T, NH, HS, pos == KILN_POS_ROPE ? "rope" : "none", mf, fl_f / (mf * 1e-3) / 1e12, mb,
-           fl_b / (mb * 1e-3) / 1e12, (fl_f + fl_b) / ((mf + mb) * 1e-3) / 1e12);
-    fflush(stdout);
+    *mf = median(tf);
+    *mb = median(tb);
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
     CUDA_CHECK(cudaEventDestroy(e2));
+}
+
+// max |a - b| / max |b| over the elements selected by (row, column range) of a (rows, W) matrix
+static double max_rel(const std::vector<float> &a, const std::vector<float> &b, size_t rows, size_t W,
+                      size_t c0, size_t c1) {
+    double md = 0, mr = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = c0; i < c1; i++) {
+            double x = a[r * W + i], y = b[r * W + i];
+            if (!(fabs(x - y) <= md)) // also catches NaN
+                md = isnan(x - y) ? INFINITY : fabs(x - y);
+            mr = std::max(mr, fabs(y));
+        }
+    return mr > 0 ? md / mr : md;
+}
+
+static void set_path(const char *attn, const char *variant) {
+    if (attn)
+        setenv("KILN_ATTN", attn, 1);
+    else
+        unsetenv("KILN_ATTN");
+    setenv("KILN_FA_VARIANT", variant, 1);
+}
+
+// Runs the reference path (KILN_ATTN=ref) and the new one (variants 0 and 1) on the same inputs: times of
+// each, and the new path's max relative error against the reference (out, lse, dq, dk, dv; each path's
+// backward uses its own forward output and lse). A line ending in CHECK-FAIL means the new kernels disagree
+// with the old.
+static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int HS, enum kiln_pos pos) {
+    const struct kiln_ops *ops = be->ops;
+    size_t W = (size_t)(NH + 2 * NKV) * HS, n_qkv = (size_t)B * T * W, n_out = (size_t)B * T * NH * HS,
+           n_lse = (size_t)B * NH * T;
+    void *qkv = ops->alloc(be->ctx, n_qkv * 2), *dqkv = ops->alloc(be->ctx, n_qkv * 2);
+    void *out = ops->alloc(be->ctx, n_out * 2), *dout = ops->alloc(be->ctx, n_out * 2);
+    float *lse = (float *)ops->alloc(be->ctx, n_lse * 4);
+    if (!qkv || !dqkv || !out || !dout || !lse) {
+        printf("B=%d T=%d NH=%d HS=%d: out of memory, skipped\n", B, T, NH, HS);
+        ops->free(be->ctx, qkv);
+        ops->free(be->ctx, dqkv);
+        ops->free(be->ctx, out);
+        ops->free(be->ctx, dout);
+        ops->free(be->ctx, lse);
+        return 0;
+    }
+    { // random inputs: unit variance, bf16
+        std::vector<float> h(std::max(n_qkv, n_out));
+        uint64_t s = 88172645463325252ull;
+        for (size_t i = 0; i < h.size(); i++) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            h[i] = (float)((s >> 11) * (1.0 / 9007199254740992.0)) * 3.4641f - 1.7320f;
+        }
+        ops->upload_f32(be->ctx, qkv, KILN_BF16, h.data(), n_qkv);
+        for (size_t i = 0; i < n_out; i++) // dout: a different stream than q
+            h[i] = h[(i * 7919 + 13) % h.size()];
+        ops->upload_f32(be->ctx, dout, KILN_BF16, h.data(), n_out);
+    }
+    struct kiln_attn_args fa = {out, lse, qkv, B, T, NH, NKV, HS, pos, 10000.0f};
+    struct kiln_attn_back_args ba = {dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, pos, 10000.0f};
+    double fl_f = 2.0 * 2.0 * B * NH * (double)T * T * HS / 2.0, fl_b = 2.5 * fl_f;
+    char sh[96];
+    snprintf(sh, sizeof(sh), "B=%d T=%d NH=%d NKV=%d HS=%d %s", B, T, NH, NKV, HS,
+             pos == KILN_POS_ROPE    ? "rope"
+             : pos == KILN_POS_ALIBI ? "alibi"
+                                     : "none");
+    const char *names[3] = {"ref", "new", "new-v1"};
+    const char *attn[3] = {"ref", NULL, NULL}, *var[3] = {"0", "0", "1"};
+    std::vector<float> r_out(n_out), r_lse(n_lse), r_d(n_qkv), x_out(n_out), x_lse(n_lse), x_d(n_qkv);
+    std::vector<float> nan_fill(n_qkv, NAN);
+    float ref_f = 0, ref_b = 0;
+    for (int k = 0; k < 3; k++) {
+        set_path(attn[k], var[k]);
+        ops->upload_f32(be->ctx, dqkv, KILN_BF16, nan_fill.data(), n_qkv); // every element must be written
+        ops->attention_forward(be->ctx, &fa);
+        ops->attention_backward(be->ctx, &ba);
+        ops->synchronize(be->ctx);
+        std::vector<float> &o = k ? x_out : r_out, &l = k ? x_lse : r_lse, &d = k ? x_d : r_d;
+        ops->download_f32(be->ctx, o.data(), out, KILN_BF16, n_out);
+        ops->download_f32(be->ctx, l.data(), lse, KILN_F32, n_lse);
+        ops->download_f32(be->ctx, d.data(), dqkv, KILN_BF16, n_qkv);
+        float mf, mb;
+        time_path(be, &fa, &ba, &mf, &mb);
+        if (k == 0) {
+            ref_f = mf;
+            ref_b = mb;
+        }
+        printf("%-40s %-6s fwd %7.3f ms %6.1f TF/s  bwd %7.3f ms %6.1f TF/s  f+b %6.1f TF/s  x%.2f", sh,
+               names[k], mf, fl_f / (mf * 1e-3) / 1e12, mb, fl_b / (mb * 1e-3) / 1e12,
+               (fl_f + fl_b) / ((mf + mb) * 1e-3) / 1e12, (ref_f + ref_b) / (mf + mb));
+        if (k) {
+            size_t BT = (size_t)B * T;
+            double eo = max_rel(x_out, r_out, BT, (size_t)NH * HS, 0, (size_t)NH * HS);
+            double el = max_rel(x_lse, r_lse, 1, n_lse, 0, n_lse);
+            double eq = max_rel(x_d, r_d, BT, W, 0, (size_t)NH * HS);
+            double ek = max_rel(x_d, r_d, BT, W, (size_t)NH * HS, (size_t)(NH + NKV) * HS);
+            double ev = max_rel(x_d, r_d, BT, W, (size_t)(NH + NKV) * HS, W);
+            int ok = eo < 2e-2 && el < 1e-3 && eq < 4e-2 && ek < 4e-2 && ev < 4e-2;
+            printf("  vs ref: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e %s", eo, el, eq, ek, ev,
+                   ok ? "ok" : "CHECK-FAIL");
+        }
+        printf("\n");
+        fflush(stdout);
+    }
+    set_path(NULL, "0");
     ops->free(be->ctx, qkv);
     ops->free(be->ctx, dqkv);
     ops->free(be->ctx, out);
@@ -98,15 +175,25 @@ int main(int argc, char **argv) {
     }
     printf("attn_bench on %s (causal, bf16, median of 20 after 3 warmup)\n", be.device_name);
     if (argc == 5) {
-        bench_one(&be, atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), KILN_POS_NONE);
+        bench_one(&be, atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[3]), atoi(argv[4]),
+                  KILN_POS_NONE);
     } else {
+        // correctness first (odd T, GQA, RoPE, ALiBi: each new-vs-ref line must end in "ok")
+        bench_one(&be, 2, 1000, 8, 2, 64, KILN_POS_ROPE);
+        bench_one(&be, 2, 777, 6, 3, 128, KILN_POS_ALIBI);
+        bench_one(&be, 3, 100, 4, 4, 64, KILN_POS_NONE);
+        bench_one(&be, 1, 4099, 4, 1, 128, KILN_POS_ROPE);
+        // timings
         int bt[][2] = {{32, 1024}, {16, 2048}, {8, 8192}};
         int hh[][2] = {{12, 64}, {16, 64}, {16, 128}, {12, 128}};
         for (int i = 0; i < 3; i++)
             for (int j = 0; j < 4; j++)
-                bench_one(&be, bt[i][0], bt[i][1], hh[j][0], hh[j][1], KILN_POS_NONE);
-        bench_one(&be, 16, 1024, 16, 128, KILN_POS_ROPE); // RoPE inside the kernels: its cost
-        bench_one(&be, 16, 1024, 16, 128, KILN_POS_NONE);
+                bench_one(&be, bt[i][0], bt[i][1], hh[j][0], hh[j][0], hh[j][1], KILN_POS_NONE);
+        bench_one(&be, 16, 1024, 16, 16, 128, KILN_POS_ROPE); // RoPE: its cost
+        bench_one(&be, 16, 1024, 16, 16, 128, KILN_POS_NONE);
+        bench_one(&be, 8, 1024, 16, 16, 128, KILN_POS_NONE); // the 1.3B model's shape
+        bench_one(&be, 8, 1024, 25, 25, 64, KILN_POS_NONE);  // GPT-2 1.5B
+        bench_one(&be, 16, 1024, 16, 16, 64, KILN_POS_NONE); // GPT-2 350M
     }
     kiln_backend_close(&be);
     return 0;

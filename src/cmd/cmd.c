@@ -21,6 +21,7 @@ static const struct command COMMANDS[] = {
     {"decode", cmd_decode, "JSONL {\"ids\":[...]} lines -> {\"text\":...} lines"},
     {"export", cmd_export, "export a run to a Hugging Face directory (config.json + model.safetensors)"},
     {"import", cmd_import, "import a Hugging Face directory as a kiln run"},
+    {"logits", cmd_logits, "print a run's next-token logits for given tokens, as JSON (--run=DIR --tokens=...)"},
     {"launch", cmd_launch, "supervise kiln train: restart it from the newest checkpoint after a crash"},
     {"help", cmd_help, "this help, or the options of a command (kiln help train)"},
 };

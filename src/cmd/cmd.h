@@ -15,5 +15,6 @@ int cmd_decode(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
 
 #endif

@@ -1,18 +1,133 @@
-// kiln export / kiln import: Hugging Face interop. (Being written: issue 5.)
+// kiln export / kiln import: Hugging Face interop (the mapping is in train/hf.c).
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "cmd/cmd.h"
+#include "model/params.h"
+#include "train/hf.h"
+#include "train/model_io.h"
+
+// --name=value arguments into the values of the allowed names (NULL when absent).
+static int parse_named(int argc, char **argv, const char *cmd, const char *const *names, const char **values,
+                       int n, struct kiln_error *err) {
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *eq = strchr(a, '=');
+        if (strncmp(a, "--", 2) || !eq)
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "unexpected argument '%s' (kiln %s): options are --name=value", a, cmd);
+        int k = 0;
+        while (k < n &&
+               (strlen(names[k]) != (size_t)(eq - a - 2) || strncmp(names[k], a + 2, (size_t)(eq - a - 2))))
+            k++;
+        if (k == n) {
+            char allowed[256] = "";
+            for (int j = 0; j < n; j++)
+                snprintf(allowed + strlen(allowed), sizeof(allowed) - strlen(allowed), "%s--%s",
+                         j ? ", " : "", names[j]);
+            return kiln_errorf(err, KILN_ERR_USAGE, "unknown option '%.*s' (kiln %s): allowed are %s",
+                               (int)(eq - a), a, cmd, allowed);
+        }
+        values[k] = eq + 1;
+    }
+    return 0;
+}
+
+static int run_export(int argc, char **argv, struct kiln_error *err) {
+    static const char *const names[] = {"run", "format", "out", "dtype"};
+    const char *v[4] = {NULL, "hf", NULL, "f32"};
+    int rc = parse_named(argc, argv, "export", names, v, 4, err);
+    if (rc)
+        return rc;
+    if (!v[0] || !v[2])
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "missing --%s (kiln export): write kiln export --run=DIR --format=hf "
+                           "--out=HF_DIR",
+                           !v[0] ? "run=DIR" : "out=HF_DIR");
+    if (strcmp(v[1], "hf"))
+        return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for format (--format): allowed values are hf",
+                           v[1]);
+    if (strcmp(v[3], "f32") && strcmp(v[3], "bf16"))
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "bad value '%s' for dtype (--dtype): allowed values are f32,bf16", v[3]);
+    struct kiln_config cfg;
+    struct kiln_run_tokenizer tok;
+    if ((rc = kiln_run_read_config(v[0], &cfg, &tok, err)))
+        return rc;
+    enum kiln_hf_arch arch;
+    if ((rc = kiln_hf_arch_of(&cfg.model, &arch, err)))
+        return rc; // refuse before reading gigabytes of weights
+    struct kiln_param_table pt;
+    kiln_params_build(&pt, &cfg.model);
+    float *params = kiln_xmalloc(pt.total * sizeof(float));
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/model.safetensors", v[0]);
+    struct kiln_hf_export_opts o = {.bf16 = !strcmp(v[3], "bf16")};
+    rc = kiln_read_model_safetensors(path, &pt, params, err);
+    if (!rc)
+        rc = kiln_hf_export(v[2], &cfg.model, &tok, params, &o, err);
+    if (!rc)
+        printf("exported %s (%zu parameters, %s) to %s\n", kiln_hf_arch_name(arch), pt.n_params, v[3], v[2]);
+    free(params);
+    kiln_params_free(&pt);
+    return rc;
+}
+
+static int run_import(int argc, char **argv, struct kiln_error *err) {
+    static const char *const names[] = {"from", "out"};
+    const char *v[2] = {NULL, NULL};
+    int rc = parse_named(argc, argv, "import", names, v, 2, err);
+    if (rc)
+        return rc;
+    if (!v[0] || !v[1])
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "missing --%s (kiln import): write kiln import --from=HF_DIR --out=DIR",
+                           !v[0] ? "from=HF_DIR" : "out=DIR");
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/config", v[1]);
+    if (access(path, F_OK) == 0)
+        return kiln_errorf(err, KILN_ERR_USAGE, "%s already holds a kiln run (--out): choose a new directory",
+                           v[1]);
+    struct kiln_config cfg;
+    struct kiln_run_tokenizer tok;
+    if ((rc = kiln_config_init(&cfg, NULL, err)) || (rc = kiln_hf_import_config(v[0], &cfg, &tok, err)))
+        return rc;
+    snprintf(cfg.out, sizeof(cfg.out), "%s", v[1]);
+    struct kiln_param_table pt;
+    kiln_params_build(&pt, &cfg.model);
+    float *params = kiln_xmalloc(pt.total * sizeof(float));
+    rc = kiln_hf_import_weights(v[0], &cfg.model, params, err);
+    if (!rc)
+        rc = kiln_run_write(v[1], &cfg, &tok, params, err);
+    if (!rc)
+        printf("imported %zu parameters (tokenizer %s) into %s\n", pt.n_params, tok.name, v[1]);
+    free(params);
+    kiln_params_free(&pt);
+    return rc;
+}
 
 int cmd_export(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "error: kiln export is not implemented yet\n");
-    return 1;
+    if (argc == 1 && !strcmp(argv[0], "--help")) {
+        printf("kiln export --run=DIR --format=hf --out=HF_DIR [--dtype=f32|bf16]\n"
+               "  writes config.json + model.safetensors for GPT2LMHeadModel, LlamaForCausalLM or "
+               "OlmoForCausalLM\n");
+        return 0;
+    }
+    struct kiln_error err = {0};
+    if (run_export(argc, argv, &err))
+        return kiln_error_print(&err);
+    return 0;
 }
 
 int cmd_import(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "error: kiln import is not implemented yet\n");
-    return 1;
+    if (argc == 1 && !strcmp(argv[0], "--help")) {
+        printf("kiln import --from=HF_DIR --out=DIR\n"
+               "  reads a GPT2LMHeadModel, LlamaForCausalLM or OlmoForCausalLM directory into a kiln run "
+               "directory\n");
+        return 0;
+    }
+    struct kiln_error err = {0};
+    if (run_import(argc, argv, &err))
+        return kiln_error_print(&err);
+    return 0;
 }

@@ -1,10 +1,40 @@
-// kiln train: parse options, train, report.
+// kiln train: parse options, train, report. SIGTERM, SIGINT and SIGUSR1 (Slurm's pre-emption warning) finish
+// the current step, save a checkpoint and exit with KILN_EXIT_STOPPED (75); a second SIGINT exits at once.
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd/cmd.h"
 #include "train/trainer.h"
+
+static volatile sig_atomic_t n_sigint = 0;
+
+static void on_stop_signal(int sig) {
+    if (sig == SIGINT && n_sigint++) {
+        static const char msg[] = "\nkiln: second SIGINT: exiting now, without a checkpoint\n";
+        ssize_t w = write(2, msg, sizeof(msg) - 1);
+        (void)w;
+        _exit(130);
+    }
+    kiln_train_request_stop(sig);
+}
+
+static void install_stop_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+static const char *signal_name(int sig) {
+    return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+}
 
 int cmd_train(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
@@ -16,16 +46,27 @@ int cmd_train(int argc, char **argv) {
     struct kiln_error err = {0};
     if (kiln_config_parse(&cfg, argc, argv, &err))
         return kiln_error_print(&err);
+    install_stop_handlers();
     struct kiln_train_result res;
     if (kiln_train(&cfg, &res, &err))
         return kiln_error_print(&err);
+    if (res.stop_signal) {
+        fprintf(stderr, "kiln: stopped by %s after step %d", signal_name(res.stop_signal), res.steps);
+        if (cfg.out[0])
+            fprintf(stderr, "; checkpoint saved in %s/ckpt: the same command resumes", cfg.out);
+        fprintf(stderr, " (exit %d)\n", KILN_EXIT_STOPPED);
+        return KILN_EXIT_STOPPED;
+    }
     if (!cfg.quiet) {
         fprintf(stderr, "kiln: done: %d steps, train loss %.4f", res.steps, res.final_loss);
         if (!isnan(res.final_val_loss))
             fprintf(stderr, ", val loss %.4f", res.final_val_loss);
         fprintf(stderr, ", %.0f tok/s", res.tokens_per_s);
         if (res.skipped_steps)
-            fprintf(stderr, ", %d steps skipped (non-finite)", res.skipped_steps);
+            fprintf(stderr, ", %d steps skipped", res.skipped_steps);
+        if (res.checkpoints)
+            fprintf(stderr, ", %d checkpoints (longest stall %.1f ms)", res.checkpoints,
+                    res.max_ckpt_stall_ms);
         fprintf(stderr, "%s%s\n", cfg.out[0] ? ", run in " : "", cfg.out);
     }
     return 0;

@@ -83,6 +83,7 @@ static const struct opt OPTS[] = {
     {"peak-flops", OPT_DOUBLE, OFF(peak_flops), 0, 1e18, NULL, "peak FLOP/s for MFU (0 = from the GPU table)"},
     {"out", OPT_STR, OFF(out), 0, 0, NULL, "run directory for config, metrics and the model"},
     // checkpoints
+    {"checkpoint", OPT_BOOL, OFF(checkpoint), 0, 1, NULL, "write checkpoints into --out (0 = none, for benchmarks)"},
     {"ckpt-every", OPT_INT, OFF(ckpt_every), 0, 1e9, NULL, "checkpoint every N steps (0 = at the end only)"},
     {"keep-last", OPT_INT, OFF(keep_last), 0, 1e9, NULL, "keep the newest K checkpoints (0 = all)"},
     {"keep-every", OPT_INT, OFF(keep_every), 0, 1e9, NULL, "also keep checkpoints at multiples of M steps"},
@@ -91,6 +92,9 @@ static const struct opt OPTS[] = {
     {"spike-z", OPT_FLOAT, OFF(spike_z), 0, 1000, NULL, "skip steps whose loss/grad-norm z-score exceeds this (0 = off)"},
     {"spike-window", OPT_INT, OFF(spike_window), 2, 1e6, NULL, "steps in the spike detector's running statistics"},
     {"max-bad-steps", OPT_INT, OFF(max_bad_steps), 1, 1e9, NULL, "stop after this many consecutive skipped steps"},
+    // fault injection (tests only)
+    {"inject-nan", OPT_STR, OFF(inject_nan), 0, 0, NULL, "testing only: steps (1-based, comma-separated) whose loss is made NaN"},
+    {"inject-crash", OPT_INT, OFF(inject_crash), 0, 1e9, NULL, "testing only: abort() before step N of a fresh run, after the last checkpoint is written (0 = off)"},
 };
 #define N_OPTS (sizeof(OPTS) / sizeof(OPTS[0]))
 
@@ -116,6 +120,37 @@ static const struct preset PRESETS[] = {
                                        "batch=4 lr=2.5e-4 warmup=700 max-steps=20000"},
     {"gpt2-1.5b", "GPT-2 XL (d48)", "layers=48 heads=25 dim=1600 block-size=1024 seq=1024 tokenizer=gpt2 "
                                     "batch=4 lr=2e-4 warmup=700 max-steps=20000"},
+    // OLMo-1 shapes from the OLMo paper (Groeneveld et al. 2024, table 1) and allenai's configs
+    // (OLMo-1B.yaml, OLMo-7B.yaml): sequential pre-norm blocks, RoPE (theta 1e4), SwiGLU, no biases anywhere,
+    // a LayerNorm without bias, context 2048, AdamW beta2 0.95, eps 1e-5, weight decay 0.1, clip 1.0.
+    // OLMo's embedding is 50304 rows (its 50280-token vocab padded), as kiln's gpt2 vocab 50257 padded to
+    // 50304, so the parameter counts match OLMo's exactly except for one difference: OLMo-1's LayerNorm is
+    // non-parametric (no weight), kiln's keeps a weight of C per norm (2L+1 norms: +67,584 for 1B, +266,240
+    // for 7B). `kiln export` folds those weights into the next linear layer, so the HF model is exact.
+    // mlp-hidden is OLMo's mlp_hidden_size / 2 (kiln counts one half of the fused [gate | up]).
+    // Published: OLMo-1B 1,176,764,416 parameters (tied), OLMo-7B 6,888,095,744 (untied).
+    {"olmo-1b", "OLMo-1 1B shape: 16 layers, dim 2048, RoPE, SwiGLU, no-bias LayerNorm, tied",
+     "layers=16 heads=16 dim=2048 mlp-hidden=8192 block-size=2048 seq=2048 tokenizer=gpt2 pos=rope "
+     "rope-theta=10000 norm=layernorm norm-bias=0 norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=1 "
+     "batch=4 lr=4e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-5 weight-decay=0.1 grad-clip=1"},
+    {"olmo-7b", "OLMo-1 7B shape: 32 layers, dim 4096, RoPE, SwiGLU, no-bias LayerNorm, untied",
+     "layers=32 heads=32 dim=4096 mlp-hidden=11008 block-size=2048 seq=2048 tokenizer=gpt2 pos=rope "
+     "rope-theta=10000 norm=layernorm norm-bias=0 norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
+     "batch=2 lr=3e-4 warmup=5000 max-steps=20000 beta2=0.95 eps=1e-5 weight-decay=0.1 grad-clip=1"},
+    // Llama-style shapes from Meta's config.json files: llama-1b is Llama 3.2 1B's (16 layers, dim 2048,
+    // 32 heads, 8 kv heads, SwiGLU 8192, RMSNorm eps 1e-5, RoPE theta 5e5) but untied (3.2 1B ties) and
+    // without its long-context RoPE scaling; llama-8b is Llama 3 8B's (32 layers, dim 4096, 32/8 heads,
+    // SwiGLU 14336, theta 5e5, untied, context 8192). Published counts use the 128,256-token vocab:
+    // 1,235,814,400 (3.2 1B, tied) and 8,030,261,248 (3 8B); kiln's gpt2 vocab (50304 padded rows) gives
+    // 1,179,191,296 for llama-1b untied and 7,391,678,464 for llama-8b (docs/models.md works them out).
+    {"llama-1b", "Llama-style 1B (Llama 3.2 1B shape, untied): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias",
+     "layers=16 heads=32 kv-heads=8 dim=2048 mlp-hidden=8192 block-size=2048 seq=2048 tokenizer=gpt2 pos=rope "
+     "rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
+     "batch=4 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1"},
+    {"llama-8b", "Llama-style 8B (Llama 3 8B shape): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias, untied",
+     "layers=32 heads=32 kv-heads=8 dim=4096 mlp-hidden=14336 block-size=8192 seq=8192 tokenizer=gpt2 pos=rope "
+     "rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
+     "batch=1 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1"},
 };
 #define N_PRESETS (sizeof(PRESETS) / sizeof(PRESETS[0]))
 
@@ -165,6 +200,7 @@ static void config_defaults(struct kiln_config *c) {
     c->log_every = 1;
     c->seed = 1337;
     strcpy(c->device, "auto");
+    c->checkpoint = 1;
     c->keep_last = 3;
     strcpy(c->resume, "auto");
     c->spike_z = 6.0f;

@@ -80,6 +80,7 @@ struct kiln_config {
     char out[1024];       // run directory ("" = none)
 
     // checkpoints and resume
+    int checkpoint;       // write checkpoints at all (0: none, for benchmarks)
     int ckpt_every;       // steps between checkpoints (0 = only at the end and on signals)
     int keep_last;        // keep the newest K checkpoints (0 = all)
     int keep_every;       // also keep every checkpoint whose step is a multiple of M (0 = off)
@@ -89,6 +90,10 @@ struct kiln_config {
     float spike_z;        // skip a step whose loss or grad norm is this many std devs above the recent mean (0 = off)
     int spike_window;     // steps in the running statistics
     int max_bad_steps;    // stop after this many consecutive skipped steps
+
+    // fault injection, for tests only (docs/runs.md)
+    char inject_nan[256]; // "STEP,STEP,...": make these steps' loss and grad norm NaN
+    int inject_crash;     // abort() before step N of a run that started fresh (0 = off), checkpoints written
 };
 
 // Fills cfg with the defaults and the named preset ("shakespeare-char" when NULL).

@@ -1,7 +1,11 @@
 #include "train/model_io.h"
 
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "data/tokenizer.h"
+#include "io/fsutil.h"
 #include "io/safetensors.h"
 
 int kiln_write_model_safetensors(const char *path, const struct kiln_param_table *pt, const float *params,
@@ -51,5 +55,75 @@ int kiln_read_model_safetensors(const char *path, const struct kiln_param_table 
         rc = kiln_errorf(err, KILN_ERR_RUNTIME, "%s holds %d tensors, this config has %d: a different architecture",
                          path, kiln_safetensors_count(f), pt->n);
     kiln_safetensors_close(f);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// run directories
+
+int kiln_run_read_config(const char *dir, struct kiln_config *cfg, struct kiln_run_tokenizer *tok,
+                         struct kiln_error *err) {
+    char path[1200], arg[1220];
+    memset(tok, 0, sizeof(*tok));
+    snprintf(path, sizeof(path), "%s/config", dir);
+    if (access(path, R_OK) != 0)
+        return kiln_errorf(err, KILN_ERR_USAGE, "no kiln run in '%s' (--run): %s is missing; pass the --out directory "
+                           "of kiln train or kiln import", dir, path);
+    snprintf(arg, sizeof(arg), "--config=%s", path);
+    char *args[] = {arg};
+    int rc = kiln_config_parse(cfg, 1, args, err);
+    if (rc)
+        return rc;
+    snprintf(tok->name, sizeof(tok->name), "%s", cfg->tokenizer);
+    if (!strcmp(cfg->tokenizer, "char")) {
+        snprintf(path, sizeof(path), "%s/vocab.char", dir);
+        FILE *f = fopen(path, "rb");
+        size_t n = f ? fread(tok->chars, 1, sizeof(tok->chars), f) : 0;
+        if (f)
+            fclose(f);
+        struct kiln_tokenizer *t = n ? kiln_chartok_from_vocab(tok->chars, n) : NULL;
+        if (!t)
+            return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot read the char vocabulary (%s): is this a kiln run "
+                               "directory?", path);
+        kiln_tokenizer_free(t);
+        tok->n_chars = (int)n;
+        cfg->model.vocab_size = (int)n;
+        return 0;
+    }
+    struct kiln_tokenizer *t;
+    if ((rc = kiln_tokenizer_open(&t, cfg->tokenizer, NULL, err)))
+        return rc;
+    cfg->model.vocab_size = kiln_tokenizer_vocab_size(t);
+    kiln_tokenizer_free(t);
+    return 0;
+}
+
+int kiln_run_write(const char *dir, const struct kiln_config *cfg, const struct kiln_run_tokenizer *tok,
+                   const float *params, struct kiln_error *err) {
+    int rc = kiln_mkdir_p(dir, err);
+    if (rc)
+        return rc;
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/config", dir);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    if (!mem)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot write %s: out of memory", path);
+    kiln_config_write(cfg, mem);
+    fclose(mem);
+    rc = kiln_write_file_atomic(path, text, len, err);
+    free(text);
+    if (!rc && !strcmp(tok->name, "char")) {
+        snprintf(path, sizeof(path), "%s/vocab.char", dir);
+        rc = kiln_write_file_atomic(path, tok->chars, (size_t)tok->n_chars, err);
+    }
+    if (rc)
+        return rc;
+    struct kiln_param_table pt;
+    kiln_params_build(&pt, &cfg->model);
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    rc = kiln_write_model_safetensors(path, &pt, params, cfg, err);
+    kiln_params_free(&pt);
     return rc;
 }

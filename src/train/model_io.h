@@ -13,4 +13,21 @@ int kiln_write_model_safetensors(const char *path, const struct kiln_param_table
 int kiln_read_model_safetensors(const char *path, const struct kiln_param_table *pt, float *params,
                                 struct kiln_error *err);
 
+// ---- run directories (kiln train --out): config, model.safetensors, vocab.char --------------------
+
+// The tokenizer a run was trained with: "gpt2", or "char" with its vocabulary (id i is byte chars[i]).
+struct kiln_run_tokenizer {
+    char name[16];
+    char chars[256];
+    int n_chars;
+};
+
+// Reads DIR/config (and DIR/vocab.char for a char model) and sets cfg->model.vocab_size from the tokenizer.
+int kiln_run_read_config(const char *dir, struct kiln_config *cfg, struct kiln_run_tokenizer *tok,
+                         struct kiln_error *err);
+// Writes a run directory that kiln sample, kiln logits and kiln export read: DIR/config, DIR/vocab.char (char
+// tokenizer) and DIR/model.safetensors (params laid out by kiln_params_build(&cfg->model)).
+int kiln_run_write(const char *dir, const struct kiln_config *cfg, const struct kiln_run_tokenizer *tok,
+                   const float *params, struct kiln_error *err);
+
 #endif

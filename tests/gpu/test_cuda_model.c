@@ -206,7 +206,9 @@ int main(void) {
         return 77;
     }
     struct kiln_error e;
-    struct kiln_backend_opts o = {0};
+    // deterministic mode: the default may use atomics (faster attention backward); this mode must be bitwise
+    // repeatable, which test_gpu_training_is_bitwise_repeatable checks
+    struct kiln_backend_opts o = {.deterministic = 1};
     if (kiln_backend_open("cpu", &o, &cpu, &e) || kiln_backend_open("cuda", &o, &gpu, &e)) {
         fprintf(stderr, "error: %s\n", e.msg);
         return 1;

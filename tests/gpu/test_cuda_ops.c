@@ -201,7 +201,9 @@ static int teardown(void **state) {
 
 static void test_embedding_matches_cpu(void **state) {
     struct env *e = *state;
-    int shapes[][4] = {{1, 1, 64, 1}, {2, 7, 72, 1}, {4, 100, 768, 1}, {3, 257, 100, 0}}; // B, T, C, learned
+    // B, T, C, learned; B*T above 4096 exercises the device sort's global merge steps (2048 keys per block)
+    int shapes[][4] = {{1, 1, 64, 1},    {2, 7, 72, 1},    {4, 100, 768, 1},
+                       {3, 257, 100, 0}, {8, 1000, 64, 1}, {5, 1111, 36, 0}};
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], learned = shapes[s][3], Vp = 1024;
         char sh[128];
@@ -287,9 +289,9 @@ static void test_norms_match_cpu(void **state) {
                                              rms,    1e-5f};
                 RUN(e, norm_forward, &a);
                 check(e, "norm_forward", sh, "out", &out, TOL_BF16);
-                // With the residual fused, the CUDA op normalizes the bf16-rounded sum it stores (so recompute
-                // from res_out reproduces it), the CPU the exact f32 sum: the statistics then differ by bf16
-                // rounding of x, which the near-zero mean amplifies in relative terms.
+                // With the residual fused, the CUDA op normalizes the bf16-rounded sum it stores (so
+                // recompute from res_out reproduces it), the CPU the exact f32 sum: the statistics then
+                // differ by bf16 rounding of x, which the near-zero mean amplifies in relative terms.
                 if (!rms)
                     check(e, "norm_forward", sh, "mean", &mean, fused ? TOL_BF16 : TOL_STAT);
                 check(e, "norm_forward", sh, "rstd", &rstd, fused ? TOL_BF16 : TOL_STAT);
@@ -487,6 +489,31 @@ static void test_attention_matches_cpu(void **state) {
     attention_case(e, 1, 100, 4, 2, 32, KILN_POS_ROPE);    // simple path
     attention_case(e, 2, 65, 6, 3, 80, KILN_POS_ALIBI);    // simple path, non-power-of-two ALiBi
     attention_case(e, 1, 300, 8, 8, 128, KILN_POS_ROPE);
+    attention_case(e, 1, 1100, 4, 2, 64, KILN_POS_ALIBI); // many key tiles: the double-buffered pipeline
+    end_test(e);
+}
+
+// Each attention path against the CPU: the reference kernels (KILN_ATTN=ref) and both tile variants of the
+// default kernels (KILN_FA_VARIANT), at the tile edges of each: T one past a 128-query block, T short of the
+// 16/32/64-query tiles of dK/dV, exact 64-tiles, GQA, RoPE, ALiBi.
+static void test_attention_paths_match_cpu(void **state) {
+    struct env *e = *state;
+    const char *attn[3] = {"ref", NULL, NULL}, *variant[3] = {"0", "0", "1"};
+    for (int k = 0; k < 3; k++) {
+        if (attn[k])
+            setenv("KILN_ATTN", attn[k], 1);
+        else
+            unsetenv("KILN_ATTN");
+        setenv("KILN_FA_VARIANT", variant[k], 1);
+        printf("attention path: %s, variant %s\n", attn[k] ? attn[k] : "default", variant[k]);
+        attention_case(e, 2, 129, 4, 1, 64, KILN_POS_ROPE);
+        attention_case(e, 1, 33, 2, 2, 128, KILN_POS_ALIBI);
+        attention_case(e, 1, 500, 4, 2, 128, KILN_POS_ROPE);
+        attention_case(e, 2, 192, 3, 1, 64, KILN_POS_NONE);
+        attention_case(e, 1, 17, 2, 1, 64, KILN_POS_ALIBI);
+    }
+    unsetenv("KILN_ATTN");
+    unsetenv("KILN_FA_VARIANT");
     end_test(e);
 }
 
@@ -834,6 +861,7 @@ int main(void) {
         cmocka_unit_test(test_norms_match_cpu),
         cmocka_unit_test(test_matmul_matches_cpu),
         cmocka_unit_test(test_attention_matches_cpu),
+        cmocka_unit_test(test_attention_paths_match_cpu),
         cmocka_unit_test(test_attention_decode_matches_cpu),
         cmocka_unit_test(test_swiglu_and_add_match_cpu),
         cmocka_unit_test(test_cross_entropy_matches_cpu),

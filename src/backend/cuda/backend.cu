@@ -212,6 +212,7 @@ static void cuda_close(struct kiln_backend *b) {
     cudaFree(c->adam_spans_dev);
     free(c->adam_spans_host);
     free(c->host_stage);
+    kiln_cuda_matmul_cache_free(c);
     cudaFree(c->workspace);
     if (c->lt)
         cublasLtDestroy(c->lt);

@@ -50,8 +50,9 @@ enum cuda_scratch_slot {
     SCR_BIASGRAD,   // cuBLASLt BGRADB output before it is added to dbias: (OC) f32
     SCR_GEMM,       // bf16 temporary for unfused matmul epilogues: (N, OC)
     SCR_ATTN_D,     // attention backward rowsum(dO * O): (B, NH, T) f32
-    SCR_EMBED,      // embedding backward buckets (int32)
+    SCR_EMBED,      // embedding backward: sorted token/position keys (u64)
     SCR_SUMSQ,      // sum_squares partials (double)
+    SCR_ATTN_ROT,   // attention with RoPE: rotated q (B, T, NH, HS) then k (B, T, NKV, HS), bf16
     SCR_COUNT
 };
 
@@ -77,6 +78,9 @@ struct cuda_ctx {
     int2 *adam_blocks; // (n_blocks) {span index, element offset within the span}
     int adam_n_blocks;
     struct kiln_param_span *adam_spans_dev;
+    // cuBLASLt: descriptors and heuristic answers per GEMM configuration (matmul.cu), lt_cache_n entries
+    void *lt_cache;
+    int lt_cache_n, lt_cache_cap;
     // host staging for dtype conversion
     void *host_stage;
     size_t host_stage_bytes;
@@ -105,6 +109,10 @@ void kiln_cuda_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a)
 void kiln_cuda_attention_forward(void *ctx, const struct kiln_attn_args *a);
 void kiln_cuda_attention_backward(void *ctx, const struct kiln_attn_back_args *a);
 void kiln_cuda_attention_decode(void *ctx, const struct kiln_attn_decode_args *a);
+// second-generation flash attention (attention_fa2.cu): returns 1 when it ran, 0 when the shape or alignment
+// is not one it handles (HS not 64/128, pointers not 16-byte aligned); attention.cu then runs its own kernels
+int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_args *a);
+int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a);
 void kiln_cuda_swiglu_forward(void *ctx, const struct kiln_swiglu_args *a);
 void kiln_cuda_swiglu_backward(void *ctx, const struct kiln_swiglu_back_args *a);
 void kiln_cuda_add(void *ctx, void *out, const void *a, const void *b, size_t n);
@@ -114,6 +122,7 @@ void kiln_cuda_adamw(void *ctx, const struct kiln_adamw_args *a);
 // column sums (norm.cu): out[c] += sum_r x[r, c] for bf16 x (N, C), deterministic (fixed-order partials)
 void kiln_cuda_colsum_bf16_acc(struct cuda_ctx *c, float *out, const bf16 *x, int N, int C);
 void kiln_cuda_add_f32(struct cuda_ctx *c, float *out, const float *x, int n); // out += x
+void kiln_cuda_matmul_cache_free(struct cuda_ctx *c); // matmul.cu: the cuBLASLt descriptor cache
 #ifdef __cplusplus
 }
 #endif

@@ -44,50 +44,87 @@ static uint64_t ptr_align(const void *p) {
     return a;
 }
 
-// Runs one cuBLASLt matmul; returns 0, or -1 when no algorithm supports this combination (then nothing ran).
-static int lt_matmul(struct cuda_ctx *c, const struct lt_gemm *g) {
-    cublasLtMatmulDesc_t desc = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL, ld = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    int ret = -1;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+// Everything that decides the descriptors and the algorithm except the pointers themselves (their alignment
+// is in: the heuristic's answer depends on it). Zero-filled before use so that memcmp compares it.
+struct lt_key {
+    int transa, transb, m, n, k, lda, ldb, ldd, dtype, beta_nz, epi, has_bias, bias_dtype, has_aux, aux_ld;
+    uint32_t al[4];
+};
+
+// One cached configuration: descriptors built once, the heuristic's algorithm (or ok = 0: none /
+// unsupported).
+struct lt_entry {
+    struct lt_key key;
+    int ok;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc, ld;
+    cublasLtMatmulAlgo_t algo;
+};
+
+static void lt_entry_destroy(struct lt_entry *e) {
+    if (e->desc)
+        cublasLtMatmulDescDestroy(e->desc);
+    if (e->la)
+        cublasLtMatrixLayoutDestroy(e->la);
+    if (e->lb)
+        cublasLtMatrixLayoutDestroy(e->lb);
+    if (e->lc)
+        cublasLtMatrixLayoutDestroy(e->lc);
+    if (e->ld)
+        cublasLtMatrixLayoutDestroy(e->ld);
+    e->desc = NULL;
+    e->la = e->lb = e->lc = e->ld = NULL;
+}
+
+extern "C" void kiln_cuda_matmul_cache_free(struct cuda_ctx *c) {
+    struct lt_entry *t = (struct lt_entry *)c->lt_cache;
+    for (int i = 0; i < c->lt_cache_n; i++)
+        lt_entry_destroy(&t[i]);
+    free(t);
+    c->lt_cache = NULL;
+    c->lt_cache_n = c->lt_cache_cap = 0;
+}
+
+// Builds the descriptors for g and asks the heuristic once (pointers are set per call, not here).
+static void lt_entry_build(struct cuda_ctx *c, struct lt_entry *e, const struct lt_gemm *g) {
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &g->transa, sizeof(g->transa)));
+        cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &g->transa, sizeof(g->transa)));
     CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &g->transb, sizeof(g->transb)));
+        cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &g->transb, sizeof(g->transb)));
     CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi, sizeof(g->epi)));
+        cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi, sizeof(g->epi)));
     if (g->bias) {
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
                                                     sizeof(g->bias)));
         int32_t bt = (int32_t)g->bias_dtype;
         CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+            cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
     }
     if (g->aux) {
         int64_t aux_ld = g->aux_ld;
         int32_t at = (int32_t)CUDA_R_16BF;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
-                                                    sizeof(g->aux)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                    &g->aux, sizeof(g->aux)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
                                                     sizeof(aux_ld)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at,
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at,
                                                     sizeof(at)));
     }
     int a_rows = g->transa == CUBLAS_OP_N ? g->m : g->k, a_cols = g->transa == CUBLAS_OP_N ? g->k : g->m;
     int b_rows = g->transb == CUBLAS_OP_N ? g->k : g->n, b_cols = g->transb == CUBLAS_OP_N ? g->n : g->k;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, a_rows, a_cols, g->lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, b_rows, b_cols, g->ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, g->dtype, g->m, g->n, g->ldd));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, g->dtype, g->m, g->n, g->ldd));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->la, CUDA_R_16BF, a_rows, a_cols, g->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->lb, CUDA_R_16BF, b_rows, b_cols, g->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->lc, g->dtype, g->m, g->n, g->ldd));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->ld, g->dtype, g->m, g->n, g->ldd));
 
+    cublasLtMatmulPreference_t pref = NULL;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = c->workspace_bytes;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                       sizeof(ws)));
     // Pointers carved out of big buffers need not be 256-byte aligned: tell the heuristic what they are.
-    uint32_t al[4] = {(uint32_t)ptr_align(g->A), (uint32_t)ptr_align(g->B), (uint32_t)ptr_align(g->C),
-                      (uint32_t)ptr_align(g->D)};
+    const uint32_t *al = e->key.al;
     CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4));
     CUBLAS_CHECK(
@@ -96,29 +133,88 @@ static int lt_matmul(struct cuda_ctx *c, const struct lt_gemm *g) {
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
     CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4));
-
     cublasLtMatmulHeuristicResult_t heur;
     int nres = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, ld, pref, 1, &heur, &nres);
-    if (st == CUBLAS_STATUS_SUCCESS && nres > 0) {
-        float alpha = 1.0f, beta = g->beta;
-        st = cublasLtMatmul(c->lt, desc, &alpha, g->A, la, g->B, lb, &beta, g->C, lc, g->D, ld, &heur.algo,
-                            c->workspace, c->workspace_bytes, c->stream);
-        if (st == CUBLAS_STATUS_SUCCESS)
-            ret = 0;
-        else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
-            CUBLAS_CHECK(st);
-    } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
-               st != CUBLAS_STATUS_INVALID_VALUE) {
-        CUBLAS_CHECK(st);
-    }
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(c->lt, e->desc, e->la, e->lb, e->lc, e->ld, pref, 1, &heur, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(lc);
-    cublasLtMatrixLayoutDestroy(ld);
-    cublasLtMatmulDescDestroy(desc);
-    return ret;
+    if (st == CUBLAS_STATUS_SUCCESS && nres > 0) {
+        e->algo = heur.algo;
+        e->ok = 1;
+    } else {
+        if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
+            st != CUBLAS_STATUS_INVALID_VALUE)
+            CUBLAS_CHECK(st);
+        e->ok = 0;
+        lt_entry_destroy(e);
+    }
+}
+
+// Runs one cuBLASLt matmul; returns 0, or -1 when no algorithm supports this combination (then nothing ran).
+// The heuristic is asked once per configuration (struct lt_key) and remembered in the context: a training
+// step issues the same few dozen GEMMs every step, and each query costs tens of microseconds of host time.
+static int lt_matmul(struct cuda_ctx *c, const struct lt_gemm *g) {
+    struct lt_key key;
+    memset(&key, 0, sizeof(key));
+    key.transa = (int)g->transa;
+    key.transb = (int)g->transb;
+    key.m = g->m;
+    key.n = g->n;
+    key.k = g->k;
+    key.lda = g->lda;
+    key.ldb = g->ldb;
+    key.ldd = g->ldd;
+    key.dtype = (int)g->dtype;
+    key.beta_nz = g->beta != 0.0f;
+    key.epi = (int)g->epi;
+    key.has_bias = g->bias != NULL;
+    key.bias_dtype = g->bias ? (int)g->bias_dtype : 0;
+    key.has_aux = g->aux != NULL;
+    key.aux_ld = g->aux ? g->aux_ld : 0;
+    key.al[0] = (uint32_t)ptr_align(g->A);
+    key.al[1] = (uint32_t)ptr_align(g->B);
+    key.al[2] = (uint32_t)ptr_align(g->C);
+    key.al[3] = (uint32_t)ptr_align(g->D);
+    if (g->bias)
+        key.al[0] |= (uint32_t)ptr_align(g->bias) << 16; // bias alignment matters to the epilogue too
+    if (g->aux)
+        key.al[1] |= (uint32_t)ptr_align(g->aux) << 16;
+
+    struct lt_entry *t = (struct lt_entry *)c->lt_cache, *e = NULL;
+    for (int i = 0; i < c->lt_cache_n && !e; i++)
+        if (memcmp(&t[i].key, &key, sizeof(key)) == 0)
+            e = &t[i];
+    if (!e) {
+        if (c->lt_cache_n == c->lt_cache_cap) {
+            int cap = c->lt_cache_cap ? 2 * c->lt_cache_cap : 64;
+            t = (struct lt_entry *)realloc(t, (size_t)cap * sizeof(*t));
+            KILN_ASSERT(t != NULL);
+            c->lt_cache = t;
+            c->lt_cache_cap = cap;
+        }
+        e = &t[c->lt_cache_n++];
+        memset(e, 0, sizeof(*e));
+        e->key = key;
+        lt_entry_build(c, e, g);
+    }
+    if (!e->ok)
+        return -1;
+    if (g->bias)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                                    sizeof(g->bias)));
+    if (g->aux)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                    &g->aux, sizeof(g->aux)));
+    float alpha = 1.0f, beta = g->beta;
+    cublasStatus_t st = cublasLtMatmul(c->lt, e->desc, &alpha, g->A, e->la, g->B, e->lb, &beta, g->C, e->lc,
+                                       g->D, e->ld, &e->algo, c->workspace, c->workspace_bytes, c->stream);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+        CUBLAS_CHECK(st);
+    e->ok = 0; // remember: this configuration falls back from now on
+    lt_entry_destroy(e);
+    return -1;
 }
 
 // The plain GEMM must always work; if even it has no algorithm the shapes are broken.

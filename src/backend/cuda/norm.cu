@@ -165,27 +165,61 @@ static __global__ void norm_backward_dinp_kernel(bf16 *dinp, const bf16 *dout, c
 
 // Per-chunk column partial sums over rows [chunk*R, chunk*R + R):
 //   part_b[chunk, c] = sum dout[r, c];  part_w[chunk, c] = sum dout[r, c] * xhat[r, c]  (when x != NULL)
+// V = 8: each thread owns 8 adjacent columns and reads them with one 16-byte load per row (C % 8 == 0, rows
+// 16-byte aligned); V = 1: one column per thread. The order of the sums (rows in order within a chunk, chunks
+// in order in the reduce) does not depend on V's launch geometry: deterministic either way.
+template <int V>
 static __global__ void colsum_partial_kernel(float *part_w, float *part_b, const bf16 *dout, const bf16 *x,
                                              const float *mean_in, const float *rstd_in, int rms, int N,
                                              int C, int R) {
-    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    int col = (blockIdx.x * blockDim.x + threadIdx.x) * V;
     int chunk = blockIdx.y;
     if (col >= C)
         return;
     int r0 = chunk * R, r1 = min(N, r0 + R);
-    float sw = 0.0f, sb = 0.0f;
+    float sw[V], sb[V];
+#pragma unroll
+    for (int k = 0; k < V; k++)
+        sw[k] = sb[k] = 0.0f;
     for (int r = r0; r < r1; r++) {
         size_t o = (size_t)r * C + col;
-        float d = bf2f(dout[o]);
-        sb += d;
+        bf16 d[V], xv[V];
+        if (V == 8) {
+            bf16x8 t;
+            t.u = *(const uint4 *)(dout + o);
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                d[k] = t.h[k];
+            if (x) {
+                t.u = *(const uint4 *)(x + o);
+#pragma unroll
+                for (int k = 0; k < V; k++)
+                    xv[k] = t.h[k];
+            }
+        } else {
+            d[0] = dout[o];
+            if (x)
+                xv[0] = x[o];
+        }
+        float m = 0.0f, rs = 0.0f;
         if (x) {
-            float m = rms ? 0.0f : mean_in[r];
-            sw += d * (bf2f(x[o]) - m) * rstd_in[r];
+            m = rms ? 0.0f : mean_in[r];
+            rs = rstd_in[r];
+        }
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            float dd = bf2f(d[k]);
+            sb[k] += dd;
+            if (x)
+                sw[k] += dd * (bf2f(xv[k]) - m) * rs;
         }
     }
-    part_b[(size_t)chunk * C + col] = sb;
-    if (x)
-        part_w[(size_t)chunk * C + col] = sw;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        part_b[(size_t)chunk * C + col + k] = sb[k];
+        if (x)
+            part_w[(size_t)chunk * C + col + k] = sw[k];
+    }
 }
 
 static __global__ void colsum_reduce_kernel(float *dw, float *db, const float *part_w, const float *part_b,
@@ -208,7 +242,8 @@ static __global__ void colsum_reduce_kernel(float *dw, float *db, const float *p
 // dw += colsum(dout * xhat) (when x), db += colsum(dout) (when db)
 static void colsums(struct cuda_ctx *c, float *dw, float *db, const bf16 *dout, const bf16 *x,
                     const float *mean, const float *rstd, int rms, int N, int C) {
-    int bx = KILN_CEIL_DIV(C, 256);
+    int vec = C % 8 == 0 && ((uintptr_t)dout | (uintptr_t)x) % 16 == 0;
+    int bt = vec ? 128 : 256, bx = KILN_CEIL_DIV(C, bt * (vec ? 8 : 1));
     // enough chunks to fill the GPU ~4x, at least 32 rows each; depends only on shapes and the device
     int chunks = KILN_CEIL_DIV(4 * c->prop.multiProcessorCount, bx);
     if (chunks > KILN_CEIL_DIV(N, 32))
@@ -220,9 +255,15 @@ static void colsums(struct cuda_ctx *c, float *dw, float *db, const bf16 *dout, 
     float *part = (float *)kiln_cuda_scratch(c, SCR_COLSUM, (size_t)chunks * C * 2 * sizeof(float));
     float *part_w = part, *part_b = part + (size_t)chunks * C;
     dim3 grid(bx, chunks);
-    colsum_partial_kernel<<<grid, 256, 0, c->stream>>>(part_w, part_b, dout, x, mean, rstd, rms, N, C, R);
+    if (vec)
+        colsum_partial_kernel<8>
+            <<<grid, bt, 0, c->stream>>>(part_w, part_b, dout, x, mean, rstd, rms, N, C, R);
+    else
+        colsum_partial_kernel<1>
+            <<<grid, bt, 0, c->stream>>>(part_w, part_b, dout, x, mean, rstd, rms, N, C, R);
     CUDA_CHECK_LAUNCH();
-    colsum_reduce_kernel<<<bx, 256, 0, c->stream>>>(x ? dw : NULL, db, part_w, part_b, chunks, C);
+    colsum_reduce_kernel<<<KILN_CEIL_DIV(C, 256), 256, 0, c->stream>>>(x ? dw : NULL, db, part_w, part_b,
+                                                                       chunks, C);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,697 @@
+// Causal attention, second generation (issue 4): the default path for HS in {64, 128}; attention.cu keeps the
+// first kernels as the reference path (env KILN_ATTN=ref) and handles every other head size.
+//
+// Same math and conventions as attention.cu (scores s_ij = scale q_i.k_j + slope_h (j - i), log2 domain,
+// P rounded to bf16 before P.V, lse in natural log). What changed, and why (docs/perf_notes.md has numbers):
+//   - tiles arrive by cp.async (LDGSTS), double-buffered: the next K/V (or Q/dO) tile loads while the tensor
+//     cores work on the current one; rows >= T are zero-filled by the copy itself;
+//   - every mma operand comes from ldmatrix (LDSM, x4 and x4.trans), rows padded by 16 bytes (conflict free);
+//   - forward and dQ: 128 queries per block (8 warps) for HS=64 share each K/V tile; warps whose 16 rows lie
+//     wholly above a key tile skip it (causal), and only tiles on the diagonal or past T evaluate masks;
+//   - RoPE is applied once by a small kernel into a scratch copy of q and k (bf16, rounded exactly as the
+//     reference's load_tile rounds), and the gradients are rotated back in registers before the store;
+//   - backward stays two kernels (dK/dV over query tiles, then dQ over key tiles, S and dP recomputed):
+//     deterministic in every mode, no fp32 dQ accumulator, no atomics. 7 matmuls instead of FA-2's 5.
+#include <math.h>
+#include <string.h>
+
+#include "backend/cuda/common.cuh"
+
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+
+struct fa_params {
+    const bf16 *q, *k, *v; // row t of batch b, head h at q + (b T + t) q_rs + h HS (k, v: kv head)
+    int q_rs, k_rs, v_rs;
+    bf16 *out;        // (B, T, NH HS)
+    float *lse;       // (B, NH, T)
+    const bf16 *dout; // (B, T, NH HS)
+    const float *dsum;
+    bf16 *dqkv;                     // (B, T, (NH + 2 NKV) HS)
+    const float *cos_tab, *sin_tab; // set in backward with RoPE: rotate dq, dk back
+    int B, T, NH, NKV, rs;          // rs: dqkv row stride
+    int alibi;
+    float scale, scale_log2;
+};
+
+static __device__ __forceinline__ float fa_alibi_slope(int h, int NH) {
+    int n = 1;
+    while (n * 2 <= NH)
+        n *= 2;
+    if (h < n)
+        return exp2f(-8.0f * (h + 1) / n);
+    return exp2f(-4.0f * (2 * (h - n) + 1) / n);
+}
+
+// ---- PTX helpers ------------------------------------------------------------------------------------------
+
+static __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const bf16 *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const bf16 *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+// 16 bytes global -> shared, bypassing L1; valid == 0 writes 16 zero bytes and reads nothing.
+static __device__ __forceinline__ void cp_async16(bf16 *s, const bf16 *g, int valid) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// wait until at most N of this thread's groups are pending
+template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+static __device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+// ---- fragment loads (m16n8k16 bf16, row.col)
+// ---------------------------------------------------------------- A (16 x 16) at rows r0.., columns k0.. of
+// a row-major smem tile: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) in the order a0 (r, k), a1 (r+8, k),
+// a2 (r, k+8), a3 (r+8, k+8).
+template <int LD> static __device__ __forceinline__ void frag_a(uint32_t *a, const bf16 *s, int r0, int k0) {
+    int l = threadIdx.x & 31;
+    ldsm_x4(a, s + (r0 + (l & 7) + ((l >> 3) & 1) * 8) * LD + k0 + (l >> 4) * 8);
+}
+// B of two n tiles (n0..n0+7, n0+8..n0+15) at k0.., from a tile stored [n][k]: b[0], b[1] for the first n
+// tile, b[2], b[3] for the second.
+template <int LD> static __device__ __forceinline__ void frag_b(uint32_t *b, const bf16 *s, int n0, int k0) {
+    int l = threadIdx.x & 31;
+    ldsm_x4(b, s + (n0 + (l & 7) + (l >> 4) * 8) * LD + k0 + ((l >> 3) & 1) * 8);
+}
+// Same, from a tile stored [k][n] (transposed on load).
+template <int LD> static __device__ __forceinline__ void frag_bt(uint32_t *b, const bf16 *s, int k0, int n0) {
+    int l = threadIdx.x & 31;
+    ldsm_x4_t(b, s + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * LD + n0 + (l >> 4) * 8);
+}
+
+// C (16 x 8 NT) += A (16 x HS, fragments in registers or loaded from smem rows a_r0) . Bs[n0 .. n0 + 8 NT)^T
+template <int HS, int NT, int LD, bool AREG>
+static __device__ __forceinline__ void mm_abt(float (*c)[4], const uint32_t (*areg)[4], const bf16 *As,
+                                              int a_r0, const bf16 *Bs) {
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        uint32_t a[4];
+        if (AREG) {
+            a[0] = areg[kk][0];
+            a[1] = areg[kk][1];
+            a[2] = areg[kk][2];
+            a[3] = areg[kk][3];
+        } else {
+            frag_a<LD>(a, As, a_r0, kk * 16);
+        }
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t b[4];
+            frag_b<LD>(b, Bs, np * 16, kk * 16);
+            fa_mma(c[2 * np], a, b[0], b[1]);
+            fa_mma(c[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// O (16 x HS) += P (16 x 16 KT, C fragments p[2 KT][4], rounded to bf16) . Vs (16 KT rows x HS, [k][n])
+template <int HS, int KT, int LD>
+static __device__ __forceinline__ void mm_pv(float (*o)[4], const float (*p)[4], const bf16 *Vs) {
+#pragma unroll
+    for (int kk = 0; kk < KT; kk++) {
+        uint32_t a[4];
+        a[0] = fa_pack(p[2 * kk][0], p[2 * kk][1]);
+        a[1] = fa_pack(p[2 * kk][2], p[2 * kk][3]);
+        a[2] = fa_pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+        a[3] = fa_pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < HS / 16; dp++) {
+            uint32_t b[4];
+            frag_bt<LD>(b, Vs, kk * 16, dp * 16);
+            fa_mma(o[2 * dp], a, b[0], b[1]);
+            fa_mma(o[2 * dp + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// Rows [row0, row0 + NR) of one head (g0 = row 0 of that head) into smem (row stride HS + 8), NTH threads.
+template <int HS, int NR, int NTH>
+static __device__ __forceinline__ void tile_async(bf16 *sm, const bf16 *g0, int rs, int row0, int T) {
+    constexpr int CH = HS / 8, LD = HS + 8;
+    static_assert((NR * CH) % NTH == 0, "tile chunks must divide among the threads");
+#pragma unroll
+    for (int i = 0; i < NR * CH / NTH; i++) {
+        int idx = i * NTH + threadIdx.x, r = idx / CH, c = idx % CH, t = row0 + r;
+        int ok = t < T;
+        cp_async16(sm + r * LD + c * 8, g0 + (size_t)(ok ? t : 0) * rs + c * 8, ok);
+    }
+}
+
+template <int HS> static __device__ __forceinline__ void zero_acc(float (*x)[4]) {
+#pragma unroll
+    for (int i = 0; i < HS / 8; i++)
+        x[i][0] = x[i][1] = x[i][2] = x[i][3] = 0.0f;
+}
+
+// Inverse RoPE of a gradient in C fragments (16 rows x HS): columns d and d + HS/2 are fragments dt and
+// dt + HS/16 of the same thread.
+template <int HS>
+static __device__ __forceinline__ void fa_rope_back(float (*x)[4], int t_lo, int t_hi, int T, const float *ct,
+                                                    const float *st) {
+    int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int dt = 0; dt < HS / 16; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int t = e < 2 ? t_lo : t_hi;
+            if (t >= T)
+                continue;
+            int d = dt * 8 + t4 * 2 + (e & 1);
+            float cs = ct[t * (HS / 2) + d], sn = st[t * (HS / 2) + d];
+            float a = x[dt][e], b = x[dt + HS / 16][e];
+            x[dt][e] = a * cs + b * sn;
+            x[dt + HS / 16][e] = b * cs - a * sn;
+        }
+}
+
+template <int HS>
+static __device__ __forceinline__ void fa_store(bf16 *base, int stride, int t_lo, int t_hi, int T,
+                                                float (*x)[4], float mul_lo, float mul_hi) {
+    int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; dt++) {
+        int d = dt * 8 + t4 * 2;
+        if (t_lo < T)
+            *(__nv_bfloat162 *)(base + (size_t)t_lo * stride + d) =
+                __floats2bfloat162_rn(x[dt][0] * mul_lo, x[dt][1] * mul_lo);
+        if (t_hi < T)
+            *(__nv_bfloat162 *)(base + (size_t)t_hi * stride + d) =
+                __floats2bfloat162_rn(x[dt][2] * mul_hi, x[dt][3] * mul_hi);
+    }
+}
+
+// ---- RoPE pre-rotation -----------------------------------------------------------------------------------
+// qr (B, T, NH, HS), kr (B, T, NKV, HS) = rotated q, k of qkv. One thread: 8 pairs (d, d + HS/2).
+static __global__ void fa_rope_kernel(bf16 *qr, bf16 *kr, const bf16 *qkv, int BT, int T, int NH, int NKV,
+                                      int HS, const float *ct, const float *st) {
+    int half = HS / 2, cph = half / 8, heads = NH + NKV;
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)BT * heads * cph)
+        return;
+    int c = (int)(i % cph);
+    long r = i / cph;
+    int hh = (int)(r % heads);
+    long bt = r / heads;
+    int t = (int)(bt % T), d0 = c * 8;
+    const bf16 *src = qkv + bt * (long)(NH + 2 * NKV) * HS + (long)hh * HS;
+    bf16 *dst = hh < NH ? qr + (bt * NH + hh) * HS : kr + (bt * NKV + (hh - NH)) * HS;
+    bf16x8 x, y, xo, yo;
+    x.u = *(const uint4 *)(src + d0);
+    y.u = *(const uint4 *)(src + d0 + half);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float cs = ct[t * half + d0 + k], sn = st[t * half + d0 + k];
+        float a = bf2f(x.h[k]), b = bf2f(y.h[k]);
+        xo.h[k] = f2bf(a * cs - b * sn);
+        yo.h[k] = f2bf(b * cs + a * sn);
+    }
+    *(uint4 *)(dst + d0) = xo.u;
+    *(uint4 *)(dst + d0 + half) = yo.u;
+}
+
+// ---- forward --------------------------------------------------------------------------------------------
+
+// Block: NW warps x 16 query rows; key tiles of 64, double-buffered. QREG keeps Q's fragments in registers.
+template <int HS, int NW, bool QREG, int MINB>
+static __global__ void __launch_bounds__(NW * 32, MINB) fa_fwd_kernel(struct fa_params p) {
+    constexpr int LD = HS + 8, BM = NW * 16, BN = 64, NTH = NW * 32;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16 *Qs = (bf16 *)fa_smem, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD; // Ks, Vs: [2][BN][LD]
+    int qt = gridDim.x - 1 - blockIdx.x;                                    // longest query tiles first
+    int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH, kvh = h / (p.NH / p.NKV);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    int q0 = qt * BM, wq0 = q0 + warp * 16;
+    const bf16 *qg = p.q + (size_t)b * p.T * p.q_rs + h * HS;
+    const bf16 *kg = p.k + (size_t)b * p.T * p.k_rs + kvh * HS;
+    const bf16 *vg = p.v + (size_t)b * p.T * p.v_rs + kvh * HS;
+    float slope2 = p.alibi ? fa_alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
+    int n_kv = KILN_CEIL_DIV(min(q0 + BM, p.T), BN);
+
+    tile_async<HS, BM, NTH>(Qs, qg, p.q_rs, q0, p.T);
+    tile_async<HS, BN, NTH>(Ks, kg, p.k_rs, 0, p.T);
+    tile_async<HS, BN, NTH>(Vs, vg, p.v_rs, 0, p.T);
+    cp_async_commit();
+
+    int qi[2] = {wq0 + g, wq0 + g + 8};
+    float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    zero_acc<HS>(o);
+    uint32_t qf[QREG ? HS / 16 : 1][4];
+    for (int j = 0; j < n_kv; j++) {
+        if (j + 1 < n_kv) {
+            int nb = (j + 1) & 1;
+            tile_async<HS, BN, NTH>(Ks + nb * BN * LD, kg, p.k_rs, (j + 1) * BN, p.T);
+            tile_async<HS, BN, NTH>(Vs + nb * BN * LD, vg, p.v_rs, (j + 1) * BN, p.T);
+        }
+        cp_async_commit(); // possibly empty: keeps "all but the newest group" meaning tile j
+        cp_async_wait<1>();
+        __syncthreads();
+        if (QREG && j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < (QREG ? HS / 16 : 0); kk++)
+                frag_a<LD>(qf[kk], Qs, warp * 16, kk * 16);
+        }
+        int k0 = j * BN;
+        if (k0 <= wq0 + 15) { // else every key of the tile is above all 16 rows of this warp
+            const bf16 *Kb = Ks + (j & 1) * BN * LD, *Vb = Vs + (j & 1) * BN * LD;
+            float s[BN / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++)
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            mm_abt<HS, BN / 8, LD, QREG>(s, qf, Qs, warp * 16, Kb);
+            bool need_mask = k0 + BN - 1 > wq0 || k0 + BN > p.T;
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = e >> 1, kj = k0 + nt * 8 + t4 * 2 + (e & 1);
+                    float x = s[nt][e] * p.scale_log2 + slope2 * (float)(kj - qi[r]);
+                    if (need_mask && (kj > qi[r] || kj >= p.T))
+                        x = -INFINITY;
+                    s[nt][e] = x;
+                    mx[r] = fmaxf(mx[r], x);
+                }
+            float alpha[2], mu[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                float mn = fmaxf(m[r], mx[r]);
+                mu[r] = mn == -INFINITY ? 0.0f : mn; // row fully masked so far: no inf - inf
+                alpha[r] = exp2f(m[r] - mu[r]);
+                m[r] = mn;
+                l[r] *= alpha[r];
+            }
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float pv = exp2f(s[nt][e] - mu[e >> 1]);
+                    s[nt][e] = pv;
+                    l[e >> 1] += pv;
+                }
+#pragma unroll
+            for (int dt = 0; dt < HS / 8; dt++) {
+                o[dt][0] *= alpha[0];
+                o[dt][1] *= alpha[0];
+                o[dt][2] *= alpha[1];
+                o[dt][3] *= alpha[1];
+            }
+            mm_pv<HS, BN / 16, LD>(o, s, Vb);
+        }
+        __syncthreads(); // buffer j & 1 is refilled at iteration j + 1
+    }
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        inv[r] = 1.0f / l[r];
+    }
+    fa_store<HS>(p.out + (size_t)b * p.T * p.NH * HS + h * HS, p.NH * HS, qi[0], qi[1], p.T, o, inv[0],
+                 inv[1]);
+    if (t4 == 0) {
+        float *lg = p.lse + ((size_t)b * p.NH + h) * p.T;
+        if (qi[0] < p.T)
+            lg[qi[0]] = (m[0] + __log2f(l[0])) * FA_LN2;
+        if (qi[1] < p.T)
+            lg[qi[1]] = (m[1] + __log2f(l[1])) * FA_LN2;
+    }
+}
+
+// ---- backward -------------------------------------------------------------------------------------------
+
+// dsum[b, h, t] = sum_d dout * out; HS / 8 lanes per row, 16-byte loads.
+template <int HS>
+static __global__ void fa_dsum_kernel(float *dsum, const bf16 *dout, const bf16 *out, int rows, int T,
+                                      int NH) {
+    constexpr int CH = HS / 8;
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long row = i / CH;
+    int c = (int)(i % CH);
+    float s = 0.0f;
+    if (row < rows) {
+        bf16x8 d, o;
+        d.u = *(const uint4 *)(dout + row * HS + c * 8);
+        o.u = *(const uint4 *)(out + row * HS + c * 8);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            s += bf2f(d.h[k]) * bf2f(o.h[k]);
+    }
+#pragma unroll
+    for (int off = CH / 2; off > 0; off >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (row < rows && c == 0) { // row = (b T + t) NH + h
+        int h = (int)(row % NH);
+        long bt = row / NH;
+        long b = bt / T, t = bt % T;
+        dsum[(b * NH + h) * T + t] = s;
+    }
+}
+
+// dK, dV for 64 keys of one kv head (4 warps x 16 keys), summed over the group's query heads and the query
+// tiles (BM queries each) at or below the diagonal. Q, dO, lse, dsum of the next tile load during this one.
+template <int HS, int BM, bool KREG, int MINB>
+static __global__ void __launch_bounds__(128, MINB) fa_bwd_dkdv_kernel(struct fa_params p) {
+    constexpr int LD = HS + 8, BN = 64, NTH = 128;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16 *Ks = (bf16 *)fa_smem, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD,
+         *dOs = Qs + 2 * BM * LD;                                        // [2][BM][LD]
+    float *lse_s = (float *)(dOs + 2 * BM * LD), *ds_s = lse_s + 2 * BM; // [2][BM]
+    int kt = gridDim.x - 1 - blockIdx.x; // the first key tiles see the most queries: start them first
+    int b = blockIdx.y / p.NKV, kvh = blockIdx.y % p.NKV, group = p.NH / p.NKV;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    int k0 = kt * BN, wk0 = k0 + warp * 16;
+    const bf16 *qb = p.q + (size_t)b * p.T * p.q_rs, *dob = p.dout + (size_t)b * p.T * p.NH * HS;
+    int qt0 = k0 / BM, n_q = KILN_CEIL_DIV(p.T, BM) - qt0, n_it = group * n_q;
+
+    tile_async<HS, BN, NTH>(Ks, p.k + (size_t)b * p.T * p.k_rs + kvh * HS, p.k_rs, k0, p.T);
+    tile_async<HS, BN, NTH>(Vs, p.v + (size_t)b * p.T * p.v_rs + kvh * HS, p.v_rs, k0, p.T);
+    { // iteration 0: head kvh * group, query tile qt0
+        int h = kvh * group, q0 = qt0 * BM;
+        tile_async<HS, BM, NTH>(Qs, qb + h * HS, p.q_rs, q0, p.T);
+        tile_async<HS, BM, NTH>(dOs, dob + h * HS, p.NH * HS, q0, p.T);
+        for (int i = threadIdx.x; i < BM; i += NTH) {
+            size_t o = ((size_t)b * p.NH + h) * p.T + q0 + i;
+            lse_s[i] = q0 + i < p.T ? p.lse[o] * FA_LOG2E : 0.0f;
+            ds_s[i] = q0 + i < p.T ? p.dsum[o] : 0.0f;
+        }
+    }
+    cp_async_commit();
+
+    float dk[HS / 8][4], dv[HS / 8][4];
+    zero_acc<HS>(dk);
+    zero_acc<HS>(dv);
+    int kj[2] = {wk0 + g, wk0 + g + 8};
+    uint32_t kf[KREG ? HS / 16 : 1][4], vf[KREG ? HS / 16 : 1][4];
+    for (int it = 0; it < n_it; it++) {
+        int h = kvh * group + it / n_q, q0 = (qt0 + it % n_q) * BM, buf = it & 1;
+        float nl = 0.0f, nd = 0.0f; // lse, dsum of the next tile, stored to smem after this tile's math
+        int nq0 = 0;
+        if (it + 1 < n_it) {
+            int nh = kvh * group + (it + 1) / n_q;
+            nq0 = (qt0 + (it + 1) % n_q) * BM;
+            tile_async<HS, BM, NTH>(Qs + (buf ^ 1) * BM * LD, qb + nh * HS, p.q_rs, nq0, p.T);
+            tile_async<HS, BM, NTH>(dOs + (buf ^ 1) * BM * LD, dob + nh * HS, p.NH * HS, nq0, p.T);
+            if (threadIdx.x < BM && nq0 + (int)threadIdx.x < p.T) {
+                size_t o = ((size_t)b * p.NH + nh) * p.T + nq0 + threadIdx.x;
+                nl = p.lse[o] * FA_LOG2E;
+                nd = p.dsum[o];
+            }
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (KREG && it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < (KREG ? HS / 16 : 0); kk++) {
+                frag_a<LD>(kf[kk], Ks, warp * 16, kk * 16);
+                frag_a<LD>(vf[kk], Vs, warp * 16, kk * 16);
+            }
+        }
+        if (q0 + BM - 1 >= wk0) { // else every query of the tile precedes all 16 keys of this warp
+            const bf16 *Qb = Qs + buf * BM * LD, *dOb = dOs + buf * BM * LD;
+            const float *ls = lse_s + buf * BM, *dss = ds_s + buf * BM;
+            float slope2 = p.alibi ? fa_alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
+            // S^T (16 keys x BM queries) = K Q^T, dP^T = V dO^T
+            float st[BM / 8][4], dpt[BM / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; nt++)
+                st[nt][0] = st[nt][1] = st[nt][2] = st[nt][3] = dpt[nt][0] = dpt[nt][1] = dpt[nt][2] =
+                    dpt[nt][3] = 0.0f;
+            mm_abt<HS, BM / 8, LD, KREG>(st, kf, Ks, warp * 16, Qb);
+            mm_abt<HS, BM / 8, LD, KREG>(dpt, vf, Vs, warp * 16, dOb);
+            bool need_mask = q0 < wk0 + 15 || q0 + BM > p.T || wk0 + 16 > p.T;
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ql = nt * 8 + t4 * 2 + (e & 1), qi = q0 + ql, kr = kj[e >> 1];
+                    float pv = exp2f(st[nt][e] * p.scale_log2 + slope2 * (float)(kr - qi) - ls[ql]);
+                    if (need_mask && (qi < kr || qi >= p.T || kr >= p.T))
+                        pv = 0.0f;
+                    st[nt][e] = pv;                           // P^T
+                    dpt[nt][e] = pv * (dpt[nt][e] - dss[ql]); // dS^T (unscaled)
+                }
+            mm_pv<HS, BM / 16, LD>(dv, st, dOb);
+            mm_pv<HS, BM / 16, LD>(dk, dpt, Qb);
+        }
+        if (it + 1 < n_it && threadIdx.x < BM) {
+            lse_s[(buf ^ 1) * BM + threadIdx.x] = nl;
+            ds_s[(buf ^ 1) * BM + threadIdx.x] = nd;
+        }
+        __syncthreads(); // buffer buf is refilled at iteration it + 1
+    }
+    if (p.cos_tab)
+        fa_rope_back<HS>(dk, kj[0], kj[1], p.T, p.cos_tab, p.sin_tab);
+    bf16 *dbase = p.dqkv + (size_t)b * p.T * p.rs;
+    fa_store<HS>(dbase + (p.NH + kvh) * HS, p.rs, kj[0], kj[1], p.T, dk, p.scale, p.scale);
+    fa_store<HS>(dbase + (p.NH + p.NKV + kvh) * HS, p.rs, kj[0], kj[1], p.T, dv, 1.0f, 1.0f);
+}
+
+// dQ for NW x 16 queries of one head: S and dP recomputed over the key tiles up to the diagonal, K/V
+// double-buffered. QREG keeps Q's and dO's fragments in registers.
+template <int HS, int NW, bool QREG, int BN, int MINB>
+static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_dq_kernel(struct fa_params p) {
+    constexpr int LD = HS + 8, BM = NW * 16, NTH = NW * 32;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16 *Qs = (bf16 *)fa_smem, *dOs = Qs + BM * LD, *Ks = dOs + BM * LD, *Vs = Ks + 2 * BN * LD;
+    int qt = gridDim.x - 1 - blockIdx.x;
+    int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH, kvh = h / (p.NH / p.NKV);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    int q0 = qt * BM, wq0 = q0 + warp * 16;
+    const bf16 *kg = p.k + (size_t)b * p.T * p.k_rs + kvh * HS;
+    const bf16 *vg = p.v + (size_t)b * p.T * p.v_rs + kvh * HS;
+    float slope2 = p.alibi ? fa_alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
+    int n_kv = KILN_CEIL_DIV(min(q0 + BM, p.T), BN);
+
+    tile_async<HS, BM, NTH>(Qs, p.q + (size_t)b * p.T * p.q_rs + h * HS, p.q_rs, q0, p.T);
+    tile_async<HS, BM, NTH>(dOs, p.dout + (size_t)b * p.T * p.NH * HS + h * HS, p.NH * HS, q0, p.T);
+    tile_async<HS, BN, NTH>(Ks, kg, p.k_rs, 0, p.T);
+    tile_async<HS, BN, NTH>(Vs, vg, p.v_rs, 0, p.T);
+    cp_async_commit();
+
+    int qi[2] = {wq0 + g, wq0 + g + 8};
+    float lse2[2], dsum[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        size_t o = ((size_t)b * p.NH + h) * p.T + qi[r];
+        lse2[r] = qi[r] < p.T ? p.lse[o] * FA_LOG2E : 0.0f;
+        dsum[r] = qi[r] < p.T ? p.dsum[o] : 0.0f;
+    }
+    float dq[HS / 8][4];
+    zero_acc<HS>(dq);
+    uint32_t qf[QREG ? HS / 16 : 1][4], df[QREG ? HS / 16 : 1][4];
+    for (int j = 0; j < n_kv; j++) {
+        if (j + 1 < n_kv) {
+            int nb = (j + 1) & 1;
+            tile_async<HS, BN, NTH>(Ks + nb * BN * LD, kg, p.k_rs, (j + 1) * BN, p.T);
+            tile_async<HS, BN, NTH>(Vs + nb * BN * LD, vg, p.v_rs, (j + 1) * BN, p.T);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (QREG && j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < (QREG ? HS / 16 : 0); kk++) {
+                frag_a<LD>(qf[kk], Qs, warp * 16, kk * 16);
+                frag_a<LD>(df[kk], dOs, warp * 16, kk * 16);
+            }
+        }
+        int k0 = j * BN;
+        if (k0 <= wq0 + 15) {
+            const bf16 *Kb = Ks + (j & 1) * BN * LD, *Vb = Vs + (j & 1) * BN * LD;
+            float s[BN / 8][4], dp[BN / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++)
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] =
+                    0.0f;
+            mm_abt<HS, BN / 8, LD, QREG>(s, qf, Qs, warp * 16, Kb);
+            mm_abt<HS, BN / 8, LD, QREG>(dp, df, dOs, warp * 16, Vb);
+            bool need_mask = k0 + BN - 1 > wq0 || k0 + BN > p.T;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = e >> 1, kj = k0 + nt * 8 + t4 * 2 + (e & 1);
+                    float pv = exp2f(s[nt][e] * p.scale_log2 + slope2 * (float)(kj - qi[r]) - lse2[r]);
+                    if (need_mask && (kj > qi[r] || kj >= p.T || qi[r] >= p.T))
+                        pv = 0.0f;
+                    dp[nt][e] = pv * (dp[nt][e] - dsum[r]); // dS (unscaled)
+                }
+            mm_pv<HS, BN / 16, LD>(dq, dp, Kb);
+        }
+        __syncthreads();
+    }
+    if (p.cos_tab)
+        fa_rope_back<HS>(dq, qi[0], qi[1], p.T, p.cos_tab, p.sin_tab);
+    fa_store<HS>(p.dqkv + (size_t)b * p.T * p.rs + h * HS, p.rs, qi[0], qi[1], p.T, dq, p.scale, p.scale);
+}
+
+// ---- launchers ------------------------------------------------------------------------------------------
+
+template <typename K> static void fa_set_smem(K kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+// Tile configuration: KILN_FA_VARIANT=1 picks the alternative shapes (smaller blocks, more of them per SM),
+// so one benchmark run can compare both; 0 (default) is the one expected to be faster.
+static int fa_variant(void) {
+    const char *s = getenv("KILN_FA_VARIANT");
+    return s && s[0] == '1';
+}
+
+static int fa_al16(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
+
+static int fa_applies(int HS, const void *p0, const void *p1, const void *p2) {
+    return (HS == 64 || HS == 128) && fa_al16(p0) && fa_al16(p1) && fa_al16(p2);
+}
+
+// q, k, v pointers: straight from qkv, or (RoPE) rotated copies in scratch.
+static struct fa_params fa_setup(struct cuda_ctx *c, const void *qkv, int B, int T, int NH, int NKV, int HS,
+                                 enum kiln_pos pos, float theta, const float **ct, const float **st) {
+    struct fa_params p;
+    memset(&p, 0, sizeof(p));
+    const bf16 *x = (const bf16 *)qkv;
+    p.B = B;
+    p.T = T;
+    p.NH = NH;
+    p.NKV = NKV;
+    p.rs = (NH + 2 * NKV) * HS;
+    p.alibi = pos == KILN_POS_ALIBI;
+    p.scale = 1.0f / sqrtf((float)HS);
+    p.scale_log2 = p.scale * FA_LOG2E;
+    p.q = x;
+    p.k = x + NH * HS;
+    p.v = x + (NH + NKV) * HS;
+    p.q_rs = p.k_rs = p.v_rs = p.rs;
+    *ct = *st = NULL;
+    if (pos == KILN_POS_ROPE) {
+        *ct = kiln_cuda_rope_table(c, T, HS, theta, st);
+        size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
+        bf16 *qr = (bf16 *)kiln_cuda_scratch(c, SCR_ATTN_ROT, (nq + nk) * sizeof(bf16));
+        long n = (long)B * T * (NH + NKV) * (HS / 16);
+        fa_rope_kernel<<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(qr, qr + nq, x, B * T, T, NH,
+                                                                               NKV, HS, *ct, *st);
+        CUDA_CHECK_LAUNCH();
+        p.q = qr;
+        p.k = qr + nq;
+        p.q_rs = NH * HS;
+        p.k_rs = NKV * HS;
+    }
+    return p;
+}
+
+template <int HS, int NW, bool QREG, int MINB>
+static void fa_fwd_launch(struct cuda_ctx *c, const struct fa_params &p) {
+    constexpr int BM = NW * 16;
+    size_t smem = (size_t)(BM + 4 * 64) * (HS + 8) * sizeof(bf16);
+    fa_set_smem(fa_fwd_kernel<HS, NW, QREG, MINB>, smem);
+    dim3 grid(KILN_CEIL_DIV(p.T, BM), p.B * p.NH);
+    fa_fwd_kernel<HS, NW, QREG, MINB><<<grid, NW * 32, smem, c->stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_args *a) {
+    if (!fa_applies(a->HS, a->qkv, a->out, a->qkv))
+        return 0;
+    const float *ct, *st;
+    struct fa_params p =
+        fa_setup(c, a->qkv, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, &ct, &st);
+    p.out = (bf16 *)a->out;
+    p.lse = a->lse;
+    int v = fa_variant();
+    if (a->HS == 64) {
+        // H100, 2026-11-21 (attn_bench): 64 queries per block and 3 blocks per SM beat 128 queries and 2 blocks
+        // by 15-18% at T = 1024..8192 (166 vs 140 TFLOP/s at B=32 T=1024 NH=12), so it is the default here.
+        if (v == 0)
+            fa_fwd_launch<64, 4, true, 3>(c, p);
+        else
+            fa_fwd_launch<64, 8, true, 2>(c, p); // 128 queries per block, 2 blocks per SM (<= 128 registers)
+    } else {
+        if (v == 0)
+            fa_fwd_launch<128, 8, false, 1>(c, p);
+        else
+            fa_fwd_launch<128, 4, false, 2>(c, p);
+    }
+    return 1;
+}
+
+// dK/dV: query tiles of BM, K/V fragments in registers if KREG, MINB1 blocks per SM;
+// dQ: NWQ warps x 16 queries, key tiles of BNQ, Q/dO fragments in registers if QREG, MINB2 blocks per SM.
+template <int HS, int BM, bool KREG, int MINB1, int NWQ, bool QREG, int BNQ, int MINB2>
+static void fa_bwd_launch(struct cuda_ctx *c, const struct fa_params &p) {
+    size_t s1 = (size_t)(2 * 64 + 4 * BM) * (HS + 8) * sizeof(bf16) + 4 * BM * sizeof(float);
+    fa_set_smem(fa_bwd_dkdv_kernel<HS, BM, KREG, MINB1>, s1);
+    dim3 g1(KILN_CEIL_DIV(p.T, 64), p.B * p.NKV);
+    fa_bwd_dkdv_kernel<HS, BM, KREG, MINB1><<<g1, 128, s1, c->stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+    constexpr int BQ = NWQ * 16;
+    size_t s2 = (size_t)(2 * BQ + 4 * BNQ) * (HS + 8) * sizeof(bf16);
+    fa_set_smem(fa_bwd_dq_kernel<HS, NWQ, QREG, BNQ, MINB2>, s2);
+    dim3 g2(KILN_CEIL_DIV(p.T, BQ), p.B * p.NH);
+    fa_bwd_dq_kernel<HS, NWQ, QREG, BNQ, MINB2><<<g2, NWQ * 32, s2, c->stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a) {
+    if (!fa_applies(a->HS, a->qkv, a->out, a->dout) || !fa_al16(a->dqkv))
+        return 0;
+    const float *ct, *st;
+    struct fa_params p =
+        fa_setup(c, a->qkv, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, &ct, &st);
+    p.cos_tab = ct;
+    p.sin_tab = st;
+    p.lse = (float *)a->lse;
+    p.dout = (const bf16 *)a->dout;
+    p.dqkv = (bf16 *)a->dqkv;
+    float *dsum = (float *)kiln_cuda_scratch(c, SCR_ATTN_D, (size_t)a->B * a->NH * a->T * sizeof(float));
+    p.dsum = dsum;
+    int rows = a->B * a->T * a->NH;
+    long thr = (long)rows * (a->HS / 8);
+    if (a->HS == 64)
+        fa_dsum_kernel<64><<<(unsigned)KILN_CEIL_DIV(thr, 256), 256, 0, c->stream>>>(
+            dsum, (const bf16 *)a->dout, (const bf16 *)a->out, rows, a->T, a->NH);
+    else
+        fa_dsum_kernel<128><<<(unsigned)KILN_CEIL_DIV(thr, 256), 256, 0, c->stream>>>(
+            dsum, (const bf16 *)a->dout, (const bf16 *)a->out, rows, a->T, a->NH);
+    CUDA_CHECK_LAUNCH();
+    int v = fa_variant();
+    if (a->HS == 64) {
+        if (v == 0)
+            fa_bwd_launch<64, 64, true, 1, 8, true, 64, 1>(c, p);
+        else
+            fa_bwd_launch<64, 32, true, 2, 4, true, 64, 2>(c, p);
+    } else {
+        if (v == 0)
+            fa_bwd_launch<128, 32, false, 1, 4, false, 32, 2>(c, p);
+        else
+            fa_bwd_launch<128, 16, false, 2, 4, false, 32, 2>(c, p);
+    }
+    return 1;
+}

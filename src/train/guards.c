@@ -1,0 +1,159 @@
+// Health guards. See guards.h.
+#include "train/guards.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *const SKIP_NAMES[KILN_SKIP_N] = {"", "nan", "spike_loss", "spike_grad"};
+
+const char *kiln_skip_name(enum kiln_skip s) {
+    return s >= 0 && s < KILN_SKIP_N ? SKIP_NAMES[s] : "";
+}
+
+static void window_init(struct kiln_spike_window *w, int cap) {
+    w->cap = cap > 1 ? cap : 2;
+    w->n = w->head = 0;
+    w->x = kiln_xcalloc((size_t)w->cap, sizeof(double));
+}
+
+static void window_push(struct kiln_spike_window *w, double x) {
+    if (w->n < w->cap) {
+        w->x[(w->head + w->n) % w->cap] = x;
+        w->n++;
+    } else {
+        w->x[w->head] = x; // overwrite the oldest
+        w->head = (w->head + 1) % w->cap;
+    }
+}
+
+static double window_at(const struct kiln_spike_window *w, int i) { // i = 0 is the oldest
+    return w->x[(w->head + i) % w->cap];
+}
+
+void kiln_guards_init(struct kiln_guards *g, float spike_z, int window, int max_bad) {
+    memset(g, 0, sizeof(*g));
+    g->spike_z = spike_z;
+    g->max_bad = max_bad > 0 ? max_bad : 1;
+    window_init(&g->loss, window);
+    window_init(&g->grad, window);
+    g->last_z = NAN;
+}
+
+void kiln_guards_free(struct kiln_guards *g) {
+    free(g->loss.x);
+    free(g->grad.x);
+    g->loss.x = g->grad.x = NULL;
+}
+
+double kiln_spike_z(const struct kiln_spike_window *w, double x) {
+    int warm = w->cap < KILN_GUARD_MIN_SAMPLES ? w->cap : KILN_GUARD_MIN_SAMPLES;
+    if (w->n < warm)
+        return NAN;
+    // two passes, oldest to newest: the same values always give the same bits (resume is bit-exact)
+    double sum = 0;
+    for (int i = 0; i < w->n; i++)
+        sum += window_at(w, i);
+    double mean = sum / w->n, var = 0;
+    for (int i = 0; i < w->n; i++) {
+        double d = window_at(w, i) - mean;
+        var += d * d;
+    }
+    double sd = sqrt(var / w->n);
+    return sd > 0 ? (x - mean) / sd : NAN;
+}
+
+enum kiln_skip kiln_guards_check(struct kiln_guards *g, double loss, double grad_norm) {
+    enum kiln_skip why = KILN_SKIP_NONE;
+    if (!isfinite(loss) || !isfinite(grad_norm)) {
+        why = KILN_SKIP_NAN;
+    } else if (g->spike_z > 0) {
+        double zl = kiln_spike_z(&g->loss, loss), zg = kiln_spike_z(&g->grad, grad_norm);
+        if (zl > g->spike_z) {
+            why = KILN_SKIP_SPIKE_LOSS;
+            g->last_z = zl;
+        } else if (zg > g->spike_z) {
+            why = KILN_SKIP_SPIKE_GRAD;
+            g->last_z = zg;
+        }
+    }
+    if (why == KILN_SKIP_NONE) {
+        g->consecutive = 0;
+        window_push(&g->loss, loss);
+        window_push(&g->grad, grad_norm);
+    } else {
+        g->consecutive++;
+        g->skipped[why]++;
+        g->skipped_total++;
+    }
+    return why;
+}
+
+// ----------------------------------------------------------------------------
+// checkpoint state
+
+static cJSON *window_to_json(const struct kiln_spike_window *w) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < w->n; i++) { // as "%.17g" strings: cJSON's own numbers do not round-trip every bit
+        char s[40];
+        snprintf(s, sizeof(s), "%.17g", window_at(w, i));
+        cJSON_AddItemToArray(a, cJSON_CreateString(s));
+    }
+    return a;
+}
+
+static int window_from_json(struct kiln_spike_window *w, const cJSON *a, const char *name,
+                            struct kiln_error *err) {
+    if (!cJSON_IsArray(a))
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "guards.%s missing (state.json): not a kiln checkpoint state", name);
+    int n = cJSON_GetArraySize(a), i = 0;
+    w->n = w->head = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, a) {
+        char *end = NULL;
+        double x = cJSON_IsString(v) ? strtod(v->valuestring, &end) : NAN;
+        if (!end || end == v->valuestring || *end)
+            return kiln_errorf(err, KILN_ERR_RUNTIME, "guards.%s holds a non-number (state.json)", name);
+        if (i++ >= n - w->cap) // keep the newest cap values
+            window_push(w, x);
+    }
+    return 0;
+}
+
+cJSON *kiln_guards_to_json(const struct kiln_guards *g) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "skipped_total", (double)g->skipped_total);
+    for (int s = 1; s < KILN_SKIP_N; s++)
+        cJSON_AddNumberToObject(j, kiln_skip_name(s), (double)g->skipped[s]);
+    cJSON_AddNumberToObject(j, "consecutive", g->consecutive);
+    cJSON_AddItemToObject(j, "loss_window", window_to_json(&g->loss));
+    cJSON_AddItemToObject(j, "grad_norm_window", window_to_json(&g->grad));
+    return j;
+}
+
+static int get_count(const cJSON *j, const char *name, int64_t *out, struct kiln_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "guards.%s missing or negative (state.json)", name);
+    *out = (int64_t)v->valuedouble;
+    return 0;
+}
+
+int kiln_guards_from_json(struct kiln_guards *g, const cJSON *j, struct kiln_error *err) {
+    if (!cJSON_IsObject(j))
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "guards missing (state.json): not a kiln checkpoint state");
+    int rc;
+    int64_t c = 0;
+    if ((rc = get_count(j, "skipped_total", &g->skipped_total, err)) ||
+        (rc = get_count(j, "consecutive", &c, err)))
+        return rc;
+    g->consecutive = (int)c;
+    for (int s = 1; s < KILN_SKIP_N; s++)
+        if ((rc = get_count(j, kiln_skip_name(s), &g->skipped[s], err)))
+            return rc;
+    if ((rc = window_from_json(&g->loss, cJSON_GetObjectItemCaseSensitive(j, "loss_window"), "loss_window",
+                               err)))
+        return rc;
+    return window_from_json(&g->grad, cJSON_GetObjectItemCaseSensitive(j, "grad_norm_window"),
+                            "grad_norm_window", err);
+}

@@ -1,0 +1,418 @@
+// The trainer's side of checkpoints. See train_ckpt.h.
+#include "train/train_ckpt.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "io/fsutil.h"
+#include "util/sha256.h"
+#include "util/progress.h"
+
+// ----------------------------------------------------------------------------
+// state.json
+
+// state.json holds the hashes of the other files, but nothing covers state.json itself, and a flipped digit
+// in the loader position would silently change the run. So the trainer hashes its own fields: sha256 over the
+// unformatted JSON of the object without the fields the checkpoint writer manages (step, format, files).
+// Printing a parsed cJSON object gives back the same text, so the reader can recompute it.
+static void state_hash(const cJSON *state, char hex[65]) {
+    cJSON *c = cJSON_Duplicate(state, 1);
+    KILN_ASSERT(c);
+    static const char *const managed[] = {"step", "format", "files", "state_sha256"};
+    for (size_t i = 0; i < sizeof(managed) / sizeof(managed[0]); i++)
+        cJSON_DeleteItemFromObjectCaseSensitive(c, managed[i]);
+    char *text = cJSON_PrintUnformatted(c);
+    KILN_ASSERT(text);
+    struct kiln_sha256 s;
+    uint8_t d[32];
+    kiln_sha256_init(&s);
+    kiln_sha256_update(&s, text, strlen(text));
+    kiln_sha256_final(&s, d);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    free(text);
+    cJSON_Delete(c);
+}
+
+cJSON *kiln_config_to_json(const struct kiln_config *cfg) {
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    KILN_ASSERT(f);
+    kiln_config_write(cfg, f);
+    fclose(f);
+    cJSON *j = cJSON_CreateObject();
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *eq = strstr(line, " = ");
+        if (line[0] == '#' || !eq)
+            continue;
+        *eq = 0;
+        cJSON_AddStringToObject(j, line, eq + 3);
+    }
+    free(text);
+    return j;
+}
+
+cJSON *kiln_train_state_to_json(const struct kiln_train_state *s, const struct kiln_config *cfg,
+                                const struct kiln_guards *g, float next_lr) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "step", (double)s->step);
+    cJSON_AddNumberToObject(j, "opt_step", (double)s->opt_step);
+    cJSON_AddNumberToObject(j, "tokens", (double)s->tokens);
+    cJSON *l = cJSON_AddObjectToObject(j, "loader");
+    cJSON_AddNumberToObject(l, "epoch", (double)s->loader.epoch);
+    cJSON_AddNumberToObject(l, "position", (double)s->loader.position);
+    // The loop draws no random numbers: data order and init derive from the seed, stochastic rounding from
+    // the optimizer step. The seed is recorded so that the state is complete.
+    cJSON *r = cJSON_AddObjectToObject(j, "rng");
+    char seed[32];
+    snprintf(seed, sizeof(seed), "%llu", (unsigned long long)cfg->seed);
+    cJSON_AddStringToObject(r, "seed", seed);
+    cJSON *sc = cJSON_AddObjectToObject(j, "schedule");
+    cJSON_AddNumberToObject(sc, "step", (double)s->step);
+    cJSON_AddNumberToObject(sc, "next_lr", (double)next_lr);
+    char hash[32];
+    snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)kiln_model_config_hash(&cfg->model));
+    cJSON_AddStringToObject(j, "model_config_hash", hash);
+    cJSON *t = cJSON_AddObjectToObject(j, "tokenizer");
+    cJSON_AddStringToObject(t, "name", cfg->tokenizer);
+    cJSON_AddNumberToObject(t, "vocab_size", cfg->model.vocab_size);
+    cJSON_AddItemToObject(j, "guards", kiln_guards_to_json(g));
+    cJSON_AddItemToObject(j, "config", kiln_config_to_json(cfg));
+    char hex[65];
+    state_hash(j, hex);
+    cJSON_AddStringToObject(j, "state_sha256", hex);
+    return j;
+}
+
+static int get_u64(const cJSON *j, const char *name, uint64_t *out, struct kiln_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble))
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "state.json field '%s' missing or not a count: not a kiln "
+                           "training checkpoint",
+                           name);
+    *out = (uint64_t)v->valuedouble;
+    return 0;
+}
+
+int kiln_train_state_from_json(const cJSON *j, struct kiln_train_state *s, struct kiln_error *err) {
+    memset(s, 0, sizeof(*s));
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "state_sha256");
+    char hex[65];
+    state_hash(j, hex);
+    if (!cJSON_IsString(h) || strcmp(h->valuestring, hex))
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "state.json does not match its state_sha256 (%.16s..., computed "
+                           "%.16s...): the file was changed after it was written",
+                           cJSON_IsString(h) ? h->valuestring : "none", hex);
+    uint64_t step = 0, opt = 0;
+    int rc;
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "loader");
+    if ((rc = get_u64(j, "step", &step, err)) || (rc = get_u64(j, "opt_step", &opt, err)) ||
+        (rc = get_u64(j, "tokens", &s->tokens, err)))
+        return rc;
+    if (!cJSON_IsObject(l))
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "state.json has no loader state: not a kiln training checkpoint");
+    if ((rc = get_u64(l, "epoch", &s->loader.epoch, err)) ||
+        (rc = get_u64(l, "position", &s->loader.position, err)))
+        return rc;
+    if (opt > step)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "state.json: opt_step %llu > step %llu",
+                           (unsigned long long)opt, (unsigned long long)step);
+    s->step = (int64_t)step;
+    s->opt_step = (int64_t)opt;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// the resume check
+
+// Options that define the model's shape or its tokens: changing them makes the checkpoint meaningless.
+static const char *const SHAPE_OPTS[] = {
+    "layers",  "heads",     "kv-heads", "dim",  "block-size", "vocab-multiple", "pos",   "rope-theta",
+    "norm",    "norm-bias", "norm-eps", "bias", "mlp",        "mlp-hidden",     "block", "tie-embeddings",
+    "qk-norm", "tokenizer"};
+// Options that say where and how to run, not what: never reported.
+static const char *const QUIET_OPTS[] = {"out", "resume", "quiet", "inject-nan", "inject-crash"};
+
+static int in_list(const char *name, const char *const *list, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(name, list[i]))
+            return 1;
+    return 0;
+}
+
+// "old -> new", numbers in %g so that 0.00300000003 reads 0.003
+static void append_change(char **buf, size_t *len, const char *sep, const char *name, const char *a,
+                          const char *b) {
+    char *ea, *eb;
+    double da = strtod(a, &ea), db = strtod(b, &eb);
+    char line[2400];
+    if (*a && *b && !*ea && !*eb)
+        snprintf(line, sizeof(line), "%s%s %g -> %g", *len ? sep : "", name, da, db);
+    else
+        snprintf(line, sizeof(line), "%s%s '%s' -> '%s'", *len ? sep : "", name, a, b);
+    size_t n = strlen(line);
+    *buf = realloc(*buf, *len + n + 1);
+    KILN_ASSERT(*buf);
+    memcpy(*buf + *len, line, n + 1);
+    *len += n;
+}
+
+int kiln_resume_check_config(const cJSON *state, const struct kiln_config *cfg, char **changes,
+                             struct kiln_error *err) {
+    *changes = NULL;
+    const cJSON *saved = cJSON_GetObjectItemCaseSensitive(state, "config");
+    if (!cJSON_IsObject(saved))
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "state.json has no config: not a kiln training checkpoint");
+    cJSON *now = kiln_config_to_json(cfg);
+    char *shape = NULL, *safe = NULL;
+    size_t shape_len = 0, safe_len = 0;
+    const cJSON *o;
+    cJSON_ArrayForEach(o, now) {
+        const cJSON *old = cJSON_GetObjectItemCaseSensitive(saved, o->string);
+        if (!cJSON_IsString(old) || !strcmp(old->valuestring, o->valuestring) ||
+            in_list(o->string, QUIET_OPTS, sizeof(QUIET_OPTS) / sizeof(QUIET_OPTS[0])))
+            continue;
+        if (in_list(o->string, SHAPE_OPTS, sizeof(SHAPE_OPTS) / sizeof(SHAPE_OPTS[0])))
+            append_change(&shape, &shape_len, ", ", o->string, old->valuestring, o->valuestring);
+        else
+            append_change(&safe, &safe_len, "\n", o->string, old->valuestring, o->valuestring);
+    }
+    cJSON_Delete(now);
+    const cJSON *tok = cJSON_GetObjectItemCaseSensitive(state, "tokenizer");
+    const cJSON *vs = cJSON_GetObjectItemCaseSensitive(tok, "vocab_size");
+    if (cJSON_IsNumber(vs) && vs->valueint != cfg->model.vocab_size) {
+        char a[32], b[32];
+        snprintf(a, sizeof(a), "%d", vs->valueint);
+        snprintf(b, sizeof(b), "%d", cfg->model.vocab_size);
+        append_change(&shape, &shape_len, ", ", "vocab size", a, b);
+    }
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(state, "model_config_hash");
+    char hash[32];
+    snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)kiln_model_config_hash(&cfg->model));
+    if (!shape && (!cJSON_IsString(h) || strcmp(h->valuestring, hash)))
+        append_change(&shape, &shape_len, ", ", "model config hash", cJSON_IsString(h) ? h->valuestring : "?",
+                      hash);
+    if (shape) {
+        kiln_errorf(err, KILN_ERR_USAGE,
+                    "the checkpoint holds a different model (--resume): %s; train with the "
+                    "checkpoint's settings, or start a new run with another --out or --resume=never",
+                    shape);
+        free(shape);
+        free(safe);
+        return KILN_ERR_USAGE;
+    }
+    *changes = safe ? safe : kiln_xstrdup("");
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// loading tensors
+
+static int copy_tensors(struct kiln_safetensors *f, const struct kiln_param_table *pt, const char *prefix,
+                        float *host, struct kiln_error *err) {
+    memset(host, 0, pt->total * sizeof(float));
+    for (int i = 0; i < pt->n; i++) {
+        const struct kiln_param *p = &pt->p[i];
+        char name[128];
+        snprintf(name, sizeof(name), "%s%s", prefix, p->name);
+        const struct kiln_st_tensor *t = kiln_safetensors_find(f, name);
+        if (!t)
+            return kiln_errorf(err, KILN_ERR_RUNTIME, "tensor %s missing (%s): the checkpoint is incomplete",
+                               name, kiln_safetensors_path(f));
+        if (t->dtype != KILN_ST_F32 || kiln_st_tensor_numel(t) != (int64_t)p->count || t->ndim != p->ndim ||
+            t->shape[0] != p->shape[0])
+            return kiln_errorf(err, KILN_ERR_RUNTIME,
+                               "tensor %s has dtype %s and %lld elements (%s): expected F32 "
+                               "with %zu",
+                               name, kiln_st_dtype_name(t->dtype), (long long)kiln_st_tensor_numel(t),
+                               kiln_safetensors_path(f), p->count);
+        memcpy(host + p->offset, t->data, p->count * sizeof(float));
+    }
+    return 0;
+}
+
+int kiln_ckpt_apply(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_error *err) {
+    const struct kiln_param_table *pt = kiln_gpt_params(g);
+    if (!ck->optim)
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "optim.safetensors missing (%s): a training checkpoint holds "
+                           "the AdamW state",
+                           ck->path);
+    float *p = kiln_xmalloc(pt->total * sizeof(float)), *m = kiln_xmalloc(pt->total * sizeof(float)),
+          *v = kiln_xmalloc(pt->total * sizeof(float));
+    int rc = copy_tensors(ck->model, pt, "", p, err);
+    if (!rc)
+        rc = copy_tensors(ck->optim, pt, "m.", m, err);
+    if (!rc)
+        rc = copy_tensors(ck->optim, pt, "v.", v, err);
+    if (!rc) {
+        kiln_gpt_set_params(g, p);
+        kiln_gpt_set_optim(g, m, v);
+    }
+    free(p);
+    free(m);
+    free(v);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// the asynchronous writer
+
+struct kiln_ckpt_writer {
+    char run_dir[1024];
+    const struct kiln_param_table *pt;
+    struct kiln_ckpt_policy policy;
+    float *params, *m, *v;                // host snapshot, (total) each
+    struct kiln_st_tensor *model, *optim; // (n), (2n) pointing into the snapshot
+    char (*optim_names)[128];             // (2n) "m.NAME", "v.NAME"
+    pthread_t thread;
+    int running;
+    // the write in flight
+    int64_t step;
+    cJSON *state;
+    int rc;
+    struct kiln_error err;
+    double write_ms;
+};
+
+static void *writer_main(void *arg) {
+    struct kiln_ckpt_writer *w = arg;
+    double t0 = kiln_now_s();
+    struct kiln_ckpt_file files[2] = {{"model.safetensors", w->model, w->pt->n},
+                                      {"optim.safetensors", w->optim, 2 * w->pt->n}};
+    w->rc = kiln_ckpt_save(w->run_dir, w->step, files, 2, w->state, &w->policy, &w->err);
+    cJSON_Delete(w->state);
+    w->state = NULL;
+    w->write_ms = (kiln_now_s() - t0) * 1e3;
+    return NULL;
+}
+
+static void set_tensor(struct kiln_st_tensor *t, const char *name, const struct kiln_param *p,
+                       const float *base) {
+    *t = (struct kiln_st_tensor){
+        .name = name, .dtype = KILN_ST_F32, .ndim = p->ndim, .data = base + p->offset};
+    t->shape[0] = p->shape[0];
+    t->shape[1] = p->shape[1];
+}
+
+void kiln_ckpt_writer_create(struct kiln_ckpt_writer **out, const char *run_dir,
+                             const struct kiln_param_table *pt, const struct kiln_ckpt_policy *policy) {
+    struct kiln_ckpt_writer *w = kiln_xcalloc(1, sizeof(*w));
+    snprintf(w->run_dir, sizeof(w->run_dir), "%s", run_dir);
+    w->pt = pt;
+    w->policy = *policy;
+    w->params = kiln_xmalloc(pt->total * sizeof(float));
+    w->m = kiln_xmalloc(pt->total * sizeof(float));
+    w->v = kiln_xmalloc(pt->total * sizeof(float));
+    w->model = kiln_xcalloc((size_t)pt->n, sizeof(*w->model));
+    w->optim = kiln_xcalloc(2 * (size_t)pt->n, sizeof(*w->optim));
+    w->optim_names = kiln_xcalloc(2 * (size_t)pt->n, sizeof(*w->optim_names));
+    for (int i = 0; i < pt->n; i++) {
+        const struct kiln_param *p = &pt->p[i];
+        snprintf(w->optim_names[2 * i], sizeof(w->optim_names[0]), "m.%s", p->name);
+        snprintf(w->optim_names[2 * i + 1], sizeof(w->optim_names[0]), "v.%s", p->name);
+        set_tensor(&w->model[i], p->name, p, w->params);
+        set_tensor(&w->optim[2 * i], w->optim_names[2 * i], p, w->m);
+        set_tensor(&w->optim[2 * i + 1], w->optim_names[2 * i + 1], p, w->v);
+    }
+    *out = w;
+}
+
+int kiln_ckpt_writer_join(struct kiln_ckpt_writer *w, double *wait_ms, struct kiln_error *err) {
+    double t0 = kiln_now_s();
+    int rc = 0;
+    if (w->running) {
+        pthread_join(w->thread, NULL);
+        w->running = 0;
+        if ((rc = w->rc) && err)
+            *err = w->err;
+        w->rc = 0;
+    }
+    if (wait_ms)
+        *wait_ms = (kiln_now_s() - t0) * 1e3;
+    return rc;
+}
+
+int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64_t step, cJSON *state,
+                           double *stall_ms, struct kiln_error *err) {
+    double t0 = kiln_now_s();
+    int rc = kiln_ckpt_writer_join(w, NULL, err);
+    if (rc) {
+        cJSON_Delete(state);
+        return rc;
+    }
+    kiln_gpt_get_params(g, w->params); // downloads synchronize: the snapshot is complete on return
+    kiln_gpt_get_optim(g, w->m, w->v);
+    w->step = step;
+    w->state = state;
+    w->rc = 0;
+    if (pthread_create(&w->thread, NULL, writer_main, w)) {
+        writer_main(w); // no thread to be had: write in the foreground
+        rc = w->rc;
+        if (rc)
+            *err = w->err;
+    } else {
+        w->running = 1;
+    }
+    if (stall_ms)
+        *stall_ms = (kiln_now_s() - t0) * 1e3;
+    return rc;
+}
+
+double kiln_ckpt_writer_last_write_ms(const struct kiln_ckpt_writer *w) {
+    return w->write_ms;
+}
+
+void kiln_ckpt_writer_free(struct kiln_ckpt_writer *w) {
+    if (!w)
+        return;
+    kiln_ckpt_writer_join(w, NULL, NULL);
+    free(w->params);
+    free(w->m);
+    free(w->v);
+    free(w->model);
+    free(w->optim);
+    free(w->optim_names);
+    free(w);
+}
+
+// ----------------------------------------------------------------------------
+// metrics.jsonl
+
+int kiln_metrics_truncate(const char *path, int64_t step, struct kiln_error *err) {
+    char *data;
+    size_t n;
+    FILE *probe = fopen(path, "rb");
+    if (!probe)
+        return errno == ENOENT
+                   ? 0
+                   : kiln_errorf(err, KILN_ERR_RUNTIME, "cannot read %s: %s", path, strerror(errno));
+    fclose(probe);
+    int rc = kiln_read_file(path, &data, &n, err);
+    if (rc)
+        return rc;
+    char *out = kiln_xmalloc(n + 1);
+    size_t m = 0;
+    for (char *line = data; line < data + n;) {
+        char *nl = memchr(line, '\n', (size_t)(data + n - line));
+        if (!nl)
+            break; // a torn last line
+        long long s;
+        if (sscanf(line, "{\"step\":%lld", &s) == 1 && s <= step) {
+            memcpy(out + m, line, (size_t)(nl - line + 1));
+            m += (size_t)(nl - line + 1);
+        }
+        line = nl + 1;
+    }
+    rc = m == n ? 0 : kiln_write_file_atomic(path, out, m, err);
+    free(out);
+    free(data);
+    return rc;
+}
