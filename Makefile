@@ -16,8 +16,10 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Train the default model (shakespeare-char) on the embedded Tiny Shakespeare, then print a sample.
+# Train the default model (shakespeare-char) on the embedded Tiny Shakespeare from scratch (runs/default is
+# the demo's own directory), then print a sample.
 run: build
+	@rm -rf runs/default
 	@$(BUILD)/kiln train --out=runs/default
 	@$(BUILD)/kiln sample --run=runs/default --max-tokens=300
 

@@ -50,6 +50,35 @@ if has kiln; then
     rm -f "$OUT/run_$name/model.safetensors"
   done
 fi
+if has family; then
+  # issue 5: llama-1b-style training next to a like-for-like PyTorch baseline, parallel vs sequential blocks at
+  # the 1.3B shape, and the cost of RoPE/ALiBi inside the attention kernels
+  echo "| run | ms/step | tok/s | mfu | mem GiB |" >"$OUT/family_table.md"
+  fam() { # name, kiln args...
+    local name=$1
+    shift
+    timeout 240 "$BUILD/kiln" train "$@" --data=random --max-steps=30 --warmup=10 --device=cuda --eval-every=0 \
+      --checkpoint=0 --quiet --out="$OUT/run_$name" >"$OUT/kiln_$name.log" 2>&1 || { echo "| kiln $name | failed |" >>"$OUT/family_table.md"; return; }
+    read -r ms mfu mem loss < <(median_ms "$OUT/run_$name/metrics.jsonl")
+    echo "| kiln $name | $ms | $(python3 -c "print(round($TOKENS/($ms/1e3)))") | $mfu | $mem |" >>"$OUT/family_table.md"
+    rm -f "$OUT/run_$name/model.safetensors"
+  }
+  TOKENS=8192 fam llama-1b --preset=llama-1b --batch=4 --seq=2048
+  TOKENS=8192 fam 1.3b-seq --preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --batch=8 --seq=1024
+  TOKENS=8192 fam 1.3b-parallel --preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --batch=8 --seq=1024 --block=parallel
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/torch_llama.py --layers 16 --dim 2048 --heads 32 --kv-heads 8 \
+    --hidden 8192 --seq 2048 --batch 4 >"$OUT/torch_llama.log" 2>&1
+  python3 - "$OUT/torch_llama.log" >>"$OUT/family_table.md" <<'PY'
+import json, sys
+try:
+    r = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
+    print(f'| torch llama-1b | {r["ms_per_step"]} | {r["tok_per_s"]} | {r["mfu_989"]} | {r["peak_mem_GiB"]} |')
+except Exception as e:
+    print(f"| torch llama-1b | failed: {e} |")
+PY
+  timeout 200 "$BUILD/attn_bench" pos >"$OUT/attn_pos.log" 2>&1
+  grep -E " new  " "$OUT/attn_pos.log" | cut -c1-130
+fi
 if has torch; then
   echo "| shape | torch ms/step | torch tok/s | mfu | peak GiB |" >"$OUT/torch_table.md"
   for s in "124m 12 768 12 32" "350m 24 1024 16 16" "1.5b 48 1600 25 8" "1.3b 24 2048 16 8"; do
@@ -66,4 +95,4 @@ except Exception as e:
 PY
   done
 fi
-for f in "$OUT"/kiln_table.md "$OUT"/torch_table.md; do [ -f "$f" ] && cat "$f"; done
+for f in "$OUT"/kiln_table.md "$OUT"/torch_table.md "$OUT"/family_table.md; do [ -f "$f" ] && cat "$f"; done

@@ -1,9 +1,13 @@
+#include <string.h>
 // Attention micro-benchmark: causal forward + backward of the CUDA backend's flash kernels.
 // Times with CUDA events on the backend's stream: 3 warmup calls, then the median of 20.
 // FLOPs (causal, the half computed): forward 2*2*B*NH*T*T*HS/2, backward 2.5x that (the FA-2 convention; the
-// kernels here do 3.5x the forward's work in the backward, recomputing S and dP for dQ without atomics).
-// Each shape runs three paths on the same inputs: ref (KILN_ATTN=ref, the first kernels), new (default) and
-// new-v1 (KILN_FA_VARIANT=1, other tile shapes), with the new paths' max relative error against ref.
+// deterministic backward executes 3.5x the forward's work, recomputing S and dP for dQ without atomics).
+// Each shape runs five paths on the same inputs: ref (KILN_ATTN=ref, the first kernels), det (the default
+// kernels in deterministic mode: two-kernel backward), new (default mode: single-pass backward, dQ by
+// atomics), new-v1 and new-v2 (KILN_FA_VARIANT=1, 2: other tile shapes of the single-pass backward; the
+// forward is variant 1's in both), with the max relative error of each against ref and the backward's
+// speedup over det. The last line counts CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
 #include <algorithm>
@@ -76,6 +80,8 @@ static void set_path(const char *attn, const char *variant) {
 // each, and the new path's max relative error against the reference (out, lse, dq, dk, dv; each path's
 // backward uses its own forward output and lse). A line ending in CHECK-FAIL means the new kernels disagree
 // with the old.
+static int n_checks, n_fail;
+
 static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int HS, enum kiln_pos pos) {
     const struct kiln_ops *ops = be->ops;
     size_t W = (size_t)(NH + 2 * NKV) * HS, n_qkv = (size_t)B * T * W, n_out = (size_t)B * T * NH * HS,
@@ -114,13 +120,16 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
              pos == KILN_POS_ROPE    ? "rope"
              : pos == KILN_POS_ALIBI ? "alibi"
                                      : "none");
-    const char *names[3] = {"ref", "new", "new-v1"};
-    const char *attn[3] = {"ref", NULL, NULL}, *var[3] = {"0", "0", "1"};
+    const char *names[5] = {"ref", "det", "new", "new-v1", "new-v2"};
+    const char *attn[5] = {"ref", NULL, NULL, NULL, NULL}, *var[5] = {"0", "0", "0", "1", "2"};
+    int det[5] = {0, 1, 0, 0, 0};
+    struct cuda_ctx *c = cuda_ctx_of(be->ctx);
     std::vector<float> r_out(n_out), r_lse(n_lse), r_d(n_qkv), x_out(n_out), x_lse(n_lse), x_d(n_qkv);
     std::vector<float> nan_fill(n_qkv, NAN);
-    float ref_f = 0, ref_b = 0;
-    for (int k = 0; k < 3; k++) {
+    float ref_f = 0, ref_b = 0, det_b = 0;
+    for (int k = 0; k < 5; k++) {
         set_path(attn[k], var[k]);
+        c->deterministic = det[k];
         ops->upload_f32(be->ctx, dqkv, KILN_BF16, nan_fill.data(), n_qkv); // every element must be written
         ops->attention_forward(be->ctx, &fa);
         ops->attention_backward(be->ctx, &ba);
@@ -135,9 +144,13 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
             ref_f = mf;
             ref_b = mb;
         }
+        if (k == 1)
+            det_b = mb;
         printf("%-40s %-6s fwd %7.3f ms %6.1f TF/s  bwd %7.3f ms %6.1f TF/s  f+b %6.1f TF/s  x%.2f", sh,
                names[k], mf, fl_f / (mf * 1e-3) / 1e12, mb, fl_b / (mb * 1e-3) / 1e12,
                (fl_f + fl_b) / ((mf + mb) * 1e-3) / 1e12, (ref_f + ref_b) / (mf + mb));
+        if (k >= 2)
+            printf("  bwd/det x%.2f", det_b / mb);
         if (k) {
             size_t BT = (size_t)B * T;
             double eo = max_rel(x_out, r_out, BT, (size_t)NH * HS, 0, (size_t)NH * HS);
@@ -148,11 +161,14 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
             int ok = eo < 2e-2 && el < 1e-3 && eq < 4e-2 && ek < 4e-2 && ev < 4e-2;
             printf("  vs ref: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e %s", eo, el, eq, ek, ev,
                    ok ? "ok" : "CHECK-FAIL");
+            n_checks++;
+            n_fail += !ok;
         }
         printf("\n");
         fflush(stdout);
     }
     set_path(NULL, "0");
+    c->deterministic = 0;
     ops->free(be->ctx, qkv);
     ops->free(be->ctx, dqkv);
     ops->free(be->ctx, out);
@@ -174,7 +190,14 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("attn_bench on %s (causal, bf16, median of 20 after 3 warmup)\n", be.device_name);
-    if (argc == 5) {
+    if (argc == 2 && strcmp(argv[1], "pos") == 0) {
+        // the cost of RoPE and ALiBi against plain causal attention (issue 5: within 10%)
+        int shapes[][4] = {{16, 2048, 16, 128}, {4, 8192, 16, 128}, {16, 2048, 16, 64}, {4, 8192, 16, 64}};
+        enum kiln_pos pos[] = {KILN_POS_NONE, KILN_POS_ROPE, KILN_POS_ALIBI};
+        for (int i = 0; i < 4; i++)
+            for (int p = 0; p < 3; p++)
+                bench_one(&be, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][2], shapes[i][3], pos[p]);
+    } else if (argc == 5) {
         bench_one(&be, atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[3]), atoi(argv[4]),
                   KILN_POS_NONE);
     } else {
@@ -183,6 +206,8 @@ int main(int argc, char **argv) {
         bench_one(&be, 2, 777, 6, 3, 128, KILN_POS_ALIBI);
         bench_one(&be, 3, 100, 4, 4, 64, KILN_POS_NONE);
         bench_one(&be, 1, 4099, 4, 1, 128, KILN_POS_ROPE);
+        bench_one(&be, 2, 129, 6, 2, 64, KILN_POS_ALIBI); // one query past a tile; GQA
+        bench_one(&be, 1, 17, 4, 1, 128, KILN_POS_NONE);  // shorter than every tile
         // timings
         int bt[][2] = {{32, 1024}, {16, 2048}, {8, 8192}};
         int hh[][2] = {{12, 64}, {16, 64}, {16, 128}, {12, 128}};
@@ -195,6 +220,8 @@ int main(int argc, char **argv) {
         bench_one(&be, 8, 1024, 25, 25, 64, KILN_POS_NONE);  // GPT-2 1.5B
         bench_one(&be, 16, 1024, 16, 16, 64, KILN_POS_NONE); // GPT-2 350M
     }
+    printf("attn_bench: %d of %d checks against ref failed%s\n", n_fail, n_checks,
+           n_fail ? " (see CHECK-FAIL lines)" : "");
     kiln_backend_close(&be);
-    return 0;
+    return n_fail ? 1 : 0;
 }

@@ -10,8 +10,11 @@
 //     wholly above a key tile skip it (causal), and only tiles on the diagonal or past T evaluate masks;
 //   - RoPE is applied once by a small kernel into a scratch copy of q and k (bf16, rounded exactly as the
 //     reference's load_tile rounds), and the gradients are rotated back in registers before the store;
-//   - backward stays two kernels (dK/dV over query tiles, then dQ over key tiles, S and dP recomputed):
-//     deterministic in every mode, no fp32 dQ accumulator, no atomics. 7 matmuls instead of FA-2's 5.
+//   - backward, default mode (cuda_ctx.deterministic == 0): FA-2's single pass, 5 matmuls: dK/dV of a key
+//     block in registers over the query tiles, dQ added to an f32 scratch accumulator with vector atomics
+//     (RED), then scaled, rotated back and rounded into dqkv by a small kernel. Not bitwise repeatable;
+//   - backward, deterministic mode: two kernels (dK/dV over query tiles, then dQ over key tiles, S and dP
+//     recomputed): no fp32 dQ accumulator, no atomics, 7 matmuls.
 #include <math.h>
 #include <string.h>
 
@@ -32,6 +35,7 @@ struct fa_params {
     int B, T, NH, NKV, rs;          // rs: dqkv row stride
     int alibi;
     float scale, scale_log2;
+    float *dq_acc; // single-pass backward: unscaled dQ in the rotated frame, f32 (B, T, NH, HS), zeroed first
 };
 
 static __device__ __forceinline__ float fa_alibi_slope(int h, int NH) {
@@ -99,6 +103,23 @@ template <int LD> static __device__ __forceinline__ void frag_b(uint32_t *b, con
 template <int LD> static __device__ __forceinline__ void frag_bt(uint32_t *b, const bf16 *s, int k0, int n0) {
     int l = threadIdx.x & 31;
     ldsm_x4_t(b, s + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * LD + n0 + (l >> 4) * 8);
+}
+// A (16 x 16) at rows m0.., columns k0.., from a tile stored [k][m] (transposed on load): matrices a0 (m, k),
+// a1 (m+8, k), a2 (m, k+8), a3 (m+8, k+8) are stored rows k.. / k+8.., columns m.. / m+8..
+template <int LD> static __device__ __forceinline__ void frag_at(uint32_t *a, const bf16 *s, int k0, int m0) {
+    int l = threadIdx.x & 31;
+    ldsm_x4_t(a, s + (k0 + (l & 7) + (l >> 4) * 8) * LD + m0 + ((l >> 3) & 1) * 8);
+}
+
+// g[0] += x, g[1] += y (global, 8-byte aligned), no result: one vector reduction (RED) on sm_90, two on
+// older GPUs
+static __device__ __forceinline__ void fa_red2(float *g, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(g), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(g, x);
+    atomicAdd(g + 1, y);
+#endif
 }
 
 // C (16 x 8 NT) += A (16 x HS, fragments in registers or loaded from smem rows a_r0) . Bs[n0 .. n0 + 8 NT)^T
@@ -550,6 +571,193 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_dq_kernel(struct 
     fa_store<HS>(p.dqkv + (size_t)b * p.T * p.rs + h * HS, p.rs, qi[0], qi[1], p.T, dq, p.scale, p.scale);
 }
 
+// ---- single-pass backward (default mode) -----------------------------------------------------------------
+
+// FA-2's backward, for cuda_ctx.deterministic == 0: one block per BN = NW x 16 keys of one kv head (warp w
+// owns keys w 16 .. w 16 + 15 and keeps their dK, dV in registers), looping over the group's query heads and
+// the query tiles of BM from the diagonal on. Per tile: S^T = K Q^T and dP^T = V dO^T per warp, dV += P^T dO,
+// dK += dS^T Q, dS^T (bf16) to shared memory; then dQ (BM x HS) += dS K, split into BM/16 row groups x CW
+// column groups of HS/CW (one per warp), added to p.dq_acc with float2 atomics. 5 matmuls instead of 7; the
+// atomics make dQ's rounding order-dependent (not bitwise repeatable). fa_dq_convert_kernel scales and
+// rotates dq_acc into dqkv afterwards.
+// Barriers: two per tile. The first (after the tile's copy landed) also means every warp is done with the
+// previous tile, so the next tile's copy into the other buffer, its lse/dsum and this tile's dS^T may start;
+// the second publishes dS^T to the dQ phase.
+template <int HS, int NW, int BM, bool KREG, int MINB>
+static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_fused_kernel(struct fa_params p) {
+    constexpr int LD = HS + 8, BN = NW * 16, NTH = NW * 32, LDS = BM + 8;
+    constexpr int RW = BM / 16, CW = NW / RW, HSW = HS / CW; // dQ phase: row groups, column groups, width
+    static_assert(BM % 16 == 0 && NW % RW == 0 && HSW % 16 == 0, "dQ phase: warps must tile BM x HS");
+    static_assert(BM <= NTH, "one thread per query row loads lse and dsum");
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16 *Ks = (bf16 *)fa_smem, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD; // Ks, Vs: [BN][LD]
+    bf16 *dOs = Qs + 2 * BM * LD, *dSs = dOs + 2 * BM * LD;           // Qs, dOs: [2][BM][LD]; dSs: [BN][LDS]
+    float *lse_s = (float *)(dSs + BN * LDS), *ds_s = lse_s + 2 * BM; // [2][BM]
+    int kt = gridDim.x - 1 - blockIdx.x; // the first key tiles see the most queries: start them first
+    int b = blockIdx.y / p.NKV, kvh = blockIdx.y % p.NKV, group = p.NH / p.NKV;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    int k0 = kt * BN, wk0 = k0 + warp * 16;
+    int rg = warp % RW, c0 = (warp / RW) * HSW; // this warp's dQ rows rg 16 .., columns c0 ..
+    const bf16 *qb = p.q + (size_t)b * p.T * p.q_rs, *dob = p.dout + (size_t)b * p.T * p.NH * HS;
+    int qt0 = k0 / BM, n_q = KILN_CEIL_DIV(p.T, BM) - qt0, n_it = group * n_q;
+
+    tile_async<HS, BN, NTH>(Ks, p.k + (size_t)b * p.T * p.k_rs + kvh * HS, p.k_rs, k0, p.T);
+    tile_async<HS, BN, NTH>(Vs, p.v + (size_t)b * p.T * p.v_rs + kvh * HS, p.v_rs, k0, p.T);
+    { // iteration 0: head kvh * group, query tile qt0
+        int h = kvh * group, q0 = qt0 * BM;
+        tile_async<HS, BM, NTH>(Qs, qb + h * HS, p.q_rs, q0, p.T);
+        tile_async<HS, BM, NTH>(dOs, dob + h * HS, p.NH * HS, q0, p.T);
+        for (int i = threadIdx.x; i < BM; i += NTH) {
+            size_t o = ((size_t)b * p.NH + h) * p.T + q0 + i;
+            lse_s[i] = q0 + i < p.T ? p.lse[o] * FA_LOG2E : 0.0f;
+            ds_s[i] = q0 + i < p.T ? p.dsum[o] : 0.0f;
+        }
+    }
+    cp_async_commit();
+
+    float dk[HS / 8][4], dv[HS / 8][4];
+    zero_acc<HS>(dk);
+    zero_acc<HS>(dv);
+    int kj[2] = {wk0 + g, wk0 + g + 8};
+    uint32_t kf[KREG ? HS / 16 : 1][4], vf[KREG ? HS / 16 : 1][4];
+    for (int it = 0; it < n_it; it++) {
+        int h = kvh * group + it / n_q, q0 = (qt0 + it % n_q) * BM, buf = it & 1;
+        cp_async_wait<0>(); // tile it (the only group in flight)
+        __syncthreads();
+        float nl = 0.0f, nd = 0.0f; // lse, dsum of the next tile, stored to smem after this tile's math
+        if (it + 1 < n_it) {
+            int nh = kvh * group + (it + 1) / n_q, nq0 = (qt0 + (it + 1) % n_q) * BM;
+            tile_async<HS, BM, NTH>(Qs + (buf ^ 1) * BM * LD, qb + nh * HS, p.q_rs, nq0, p.T);
+            tile_async<HS, BM, NTH>(dOs + (buf ^ 1) * BM * LD, dob + nh * HS, p.NH * HS, nq0, p.T);
+            if (threadIdx.x < BM && nq0 + (int)threadIdx.x < p.T) {
+                size_t o = ((size_t)b * p.NH + nh) * p.T + nq0 + threadIdx.x;
+                nl = p.lse[o] * FA_LOG2E;
+                nd = p.dsum[o];
+            }
+            cp_async_commit();
+        }
+        if (KREG && it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < (KREG ? HS / 16 : 0); kk++) {
+                frag_a<LD>(kf[kk], Ks, warp * 16, kk * 16);
+                frag_a<LD>(vf[kk], Vs, warp * 16, kk * 16);
+            }
+        }
+        const bf16 *Qb = Qs + buf * BM * LD, *dOb = dOs + buf * BM * LD;
+        if (q0 + BM - 1 >= wk0) { // else every query of the tile precedes all 16 keys of this warp
+            const float *ls = lse_s + buf * BM, *dss = ds_s + buf * BM;
+            float slope2 = p.alibi ? fa_alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
+            // S^T (16 keys x BM queries) = K Q^T, dP^T = V dO^T
+            float st[BM / 8][4], dpt[BM / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; nt++)
+                st[nt][0] = st[nt][1] = st[nt][2] = st[nt][3] = dpt[nt][0] = dpt[nt][1] = dpt[nt][2] =
+                    dpt[nt][3] = 0.0f;
+            mm_abt<HS, BM / 8, LD, KREG>(st, kf, Ks, warp * 16, Qb);
+            mm_abt<HS, BM / 8, LD, KREG>(dpt, vf, Vs, warp * 16, dOb);
+            bool need_mask = q0 < wk0 + 15 || q0 + BM > p.T || wk0 + 16 > p.T;
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ql = nt * 8 + t4 * 2 + (e & 1), qi = q0 + ql, kr = kj[e >> 1];
+                    float pv = exp2f(st[nt][e] * p.scale_log2 + slope2 * (float)(kr - qi) - ls[ql]);
+                    if (need_mask && (qi < kr || qi >= p.T || kr >= p.T))
+                        pv = 0.0f;
+                    st[nt][e] = pv;                           // P^T
+                    dpt[nt][e] = pv * (dpt[nt][e] - dss[ql]); // dS^T (unscaled)
+                }
+            mm_pv<HS, BM / 16, LD>(dv, st, dOb);
+            mm_pv<HS, BM / 16, LD>(dk, dpt, Qb);
+            // dS^T rows warp 16 + g (+ 8), columns (queries) nt 8 + 2 t4 (+ 1): rounded as mm_pv rounds it
+            bf16 *drow = dSs + (warp * 16 + g) * LDS + t4 * 2;
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; nt++) {
+                *(uint32_t *)(drow + nt * 8) = fa_pack(dpt[nt][0], dpt[nt][1]);
+                *(uint32_t *)(drow + 8 * LDS + nt * 8) = fa_pack(dpt[nt][2], dpt[nt][3]);
+            }
+        }
+        if (it + 1 < n_it && threadIdx.x < BM) {
+            lse_s[(buf ^ 1) * BM + threadIdx.x] = nl;
+            ds_s[(buf ^ 1) * BM + threadIdx.x] = nd;
+        }
+        __syncthreads(); // dS^T of every warp that had work is in dSs
+        // dQ rows qr0 .. qr0 + 15 of the tile: key steps kk (keys k0 + 16 kk ..) up to the last row's
+        // diagonal; those are exactly warps that computed dS^T above (their keys start at or before
+        // qr0 + 15 <= q0 + BM - 1), so stale rows of skipped warps are never read.
+        int qr0 = q0 + rg * 16;
+        if (qr0 < p.T && qr0 + 15 >= k0) {
+            int nk = min(BN / 16, (qr0 + 15 - k0) / 16 + 1);
+            float dq[HSW / 8][4];
+#pragma unroll
+            for (int i = 0; i < HSW / 8; i++)
+                dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                if (kk < nk) {
+                    uint32_t a[4];
+                    frag_at<LDS>(a, dSs, kk * 16, rg * 16);
+#pragma unroll
+                    for (int dp = 0; dp < HSW / 16; dp++) {
+                        uint32_t bb[4];
+                        frag_bt<LD>(bb, Ks, kk * 16, c0 + dp * 16);
+                        fa_mma(dq[2 * dp], a, bb[0], bb[1]);
+                        fa_mma(dq[2 * dp + 1], a, bb[2], bb[3]);
+                    }
+                }
+            }
+            size_t rstride = (size_t)p.NH * HS;
+            float *dqg = p.dq_acc + ((size_t)b * p.T * p.NH + h) * HS + c0 + t4 * 2;
+            int qlo = qr0 + g, qhi = qlo + 8;
+#pragma unroll
+            for (int dt = 0; dt < HSW / 8; dt++) {
+                if (qlo < p.T)
+                    fa_red2(dqg + (size_t)qlo * rstride + dt * 8, dq[dt][0], dq[dt][1]);
+                if (qhi < p.T)
+                    fa_red2(dqg + (size_t)qhi * rstride + dt * 8, dq[dt][2], dq[dt][3]);
+            }
+        }
+    }
+    if (p.cos_tab)
+        fa_rope_back<HS>(dk, kj[0], kj[1], p.T, p.cos_tab, p.sin_tab);
+    bf16 *dbase = p.dqkv + (size_t)b * p.T * p.rs;
+    fa_store<HS>(dbase + (p.NH + kvh) * HS, p.rs, kj[0], kj[1], p.T, dk, p.scale, p.scale);
+    fa_store<HS>(dbase + (p.NH + p.NKV + kvh) * HS, p.rs, kj[0], kj[1], p.T, dv, 1.0f, 1.0f);
+}
+
+// dqkv's q slice (B, T, NH HS at row stride rs, bf16) = scale R(t)^-1 acc, acc f32 (B, T, NH, HS); R(t) the
+// RoPE rotation when ct != NULL (pairs d, d + HS/2, as fa_rope_back). One thread: 4 pairs, 16-byte loads.
+template <int HS>
+static __global__ void fa_dq_convert_kernel(bf16 *dqkv, const float *acc, long n, int T, int NH, int rs,
+                                            float scale, const float *ct, const float *st) {
+    constexpr int half = HS / 2, CPH = half / 4;
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) // n = B T NH CPH
+        return;
+    int c = (int)(i % CPH), d0 = c * 4;
+    long r = i / CPH; // (b T + t) NH + h
+    int h = (int)(r % NH);
+    long bt = r / NH;
+    int t = (int)(bt % T);
+    float4 xv = *(const float4 *)(acc + r * HS + d0), yv = *(const float4 *)(acc + r * HS + d0 + half);
+    float x[4] = {xv.x, xv.y, xv.z, xv.w}, y[4] = {yv.x, yv.y, yv.z, yv.w};
+    if (ct) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float cs = ct[t * half + d0 + k], sn = st[t * half + d0 + k], a = x[k], bb = y[k];
+            x[k] = a * cs + bb * sn;
+            y[k] = bb * cs - a * sn;
+        }
+    }
+    __nv_bfloat162 xo[2] = {__floats2bfloat162_rn(x[0] * scale, x[1] * scale),
+                            __floats2bfloat162_rn(x[2] * scale, x[3] * scale)};
+    __nv_bfloat162 yo[2] = {__floats2bfloat162_rn(y[0] * scale, y[1] * scale),
+                            __floats2bfloat162_rn(y[2] * scale, y[3] * scale)};
+    bf16 *dst = dqkv + bt * rs + (long)h * HS;
+    *(uint2 *)(dst + d0) = *(uint2 *)xo;
+    *(uint2 *)(dst + d0 + half) = *(uint2 *)yo;
+}
+
 // ---- launchers ------------------------------------------------------------------------------------------
 
 template <typename K> static void fa_set_smem(K kernel, size_t bytes) {
@@ -557,11 +765,11 @@ template <typename K> static void fa_set_smem(K kernel, size_t bytes) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-// Tile configuration: KILN_FA_VARIANT=1 picks the alternative shapes (smaller blocks, more of them per SM),
-// so one benchmark run can compare both; 0 (default) is the one expected to be faster.
+// Tile configuration: KILN_FA_VARIANT=1 (or 2: single-pass backward only, elsewhere as 1) picks alternative
+// shapes, so one benchmark run can compare them; 0 (default) is the one expected to be faster.
 static int fa_variant(void) {
     const char *s = getenv("KILN_FA_VARIANT");
-    return s && s[0] == '1';
+    return s && (s[0] == '1' || s[0] == '2') ? s[0] - '0' : 0;
 }
 
 static int fa_al16(const void *p) {
@@ -627,8 +835,9 @@ extern "C" int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_
     p.lse = a->lse;
     int v = fa_variant();
     if (a->HS == 64) {
-        // H100, 2026-11-21 (attn_bench): 64 queries per block and 3 blocks per SM beat 128 queries and 2 blocks
-        // by 15-18% at T = 1024..8192 (166 vs 140 TFLOP/s at B=32 T=1024 NH=12), so it is the default here.
+        // H100, 2026-11-21 (attn_bench): 64 queries per block and 3 blocks per SM beat 128 queries and 2
+        // blocks by 15-18% at T = 1024..8192 (166 vs 140 TFLOP/s at B=32 T=1024 NH=12), so it is the default
+        // here.
         if (v == 0)
             fa_fwd_launch<64, 4, true, 3>(c, p);
         else
@@ -659,6 +868,23 @@ static void fa_bwd_launch(struct cuda_ctx *c, const struct fa_params &p) {
     CUDA_CHECK_LAUNCH();
 }
 
+// Single-pass backward: NW warps x 16 keys per block, query tiles of BM, K/V fragments in registers if KREG,
+// MINB blocks per SM; then dq_acc -> dqkv.
+template <int HS, int NW, int BM, bool KREG, int MINB>
+static void fa_bwd_fused_launch(struct cuda_ctx *c, const struct fa_params &p) {
+    constexpr int BN = NW * 16;
+    size_t smem = (size_t)(2 * BN + 4 * BM) * (HS + 8) * sizeof(bf16) + (size_t)BN * (BM + 8) * sizeof(bf16) +
+                  4 * BM * sizeof(float);
+    fa_set_smem(fa_bwd_fused_kernel<HS, NW, BM, KREG, MINB>, smem);
+    dim3 grid(KILN_CEIL_DIV(p.T, BN), p.B * p.NKV);
+    fa_bwd_fused_kernel<HS, NW, BM, KREG, MINB><<<grid, NW * 32, smem, c->stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+    long n = (long)p.B * p.T * p.NH * (HS / 8);
+    fa_dq_convert_kernel<HS><<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(
+        p.dqkv, p.dq_acc, n, p.T, p.NH, p.rs, p.scale, p.cos_tab, p.sin_tab);
+    CUDA_CHECK_LAUNCH();
+}
+
 extern "C" int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a) {
     if (!fa_applies(a->HS, a->qkv, a->out, a->dout) || !fa_al16(a->dqkv))
         return 0;
@@ -682,6 +908,29 @@ extern "C" int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn
             dsum, (const bf16 *)a->dout, (const bf16 *)a->out, rows, a->T, a->NH);
     CUDA_CHECK_LAUNCH();
     int v = fa_variant();
+    if (!c->deterministic) { // single pass, dQ by atomics (float sums in arrival order)
+        size_t nq = (size_t)a->B * a->T * a->NH * a->HS * sizeof(float);
+        p.dq_acc = (float *)kiln_cuda_scratch(c, SCR_ATTN_DQ, nq);
+        CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, nq, c->stream));
+        // ptxas (sm_90): HS 64: 247 / 242 / 168 registers (v2: 8 B spill); HS 128: 255 (4 B spill) / 255 (28
+        // B spill) / 244. Keys per block set the dQ atomics (one HS row per key block and query row).
+        if (a->HS == 64) {
+            if (v == 0)
+                fa_bwd_fused_launch<64, 4, 64, true, 2>(c, p); // 64 keys x 64 queries, 2 blocks per SM
+            else if (v == 1)
+                fa_bwd_fused_launch<64, 8, 64, true, 1>(c, p); // 128 keys: half the dQ atomics
+            else
+                fa_bwd_fused_launch<64, 4, 32, true, 3>(c, p); // 64 x 32, 3 blocks per SM
+        } else {
+            if (v == 0)
+                fa_bwd_fused_launch<128, 4, 32, false, 2>(c, p); // 64 keys x 32 queries, 2 blocks per SM
+            else if (v == 1)
+                fa_bwd_fused_launch<128, 8, 32, false, 1>(c, p); // 128 keys x 32 queries
+            else
+                fa_bwd_fused_launch<128, 8, 16, false, 1>(c, p); // 128 keys x 16 queries
+        }
+        return 1;
+    }
     if (a->HS == 64) {
         if (v == 0)
             fa_bwd_launch<64, 64, true, 1, 8, true, 64, 1>(c, p);

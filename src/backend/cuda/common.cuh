@@ -53,6 +53,7 @@ enum cuda_scratch_slot {
     SCR_EMBED,      // embedding backward: sorted token/position keys (u64)
     SCR_SUMSQ,      // sum_squares partials (double)
     SCR_ATTN_ROT,   // attention with RoPE: rotated q (B, T, NH, HS) then k (B, T, NKV, HS), bf16
+    SCR_ATTN_DQ,    // attention backward, default mode: dQ accumulator (B, T, NH, HS) f32
     SCR_COUNT
 };
 

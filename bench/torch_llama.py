@@ -1,0 +1,113 @@
+# Llama-style peer baseline for kiln's llama presets: the shared GPT baseline (../shared/bench/torch_gpt.py)
+# extended to RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases, untied head. bf16 autocast, SDPA
+# flash attention, fused AdamW, torch.compile; random tokens. Prints one JSON line like torch_gpt.py.
+import argparse, json, time
+import torch, torch.nn as nn, torch.nn.functional as F
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--layers", type=int, default=16)
+ap.add_argument("--dim", type=int, default=2048)
+ap.add_argument("--heads", type=int, default=32)
+ap.add_argument("--kv-heads", type=int, default=8)
+ap.add_argument("--hidden", type=int, default=5632)
+ap.add_argument("--theta", type=float, default=500000.0)
+ap.add_argument("--seq", type=int, default=1024)
+ap.add_argument("--batch", type=int, default=8)
+ap.add_argument("--vocab", type=int, default=50304)
+ap.add_argument("--steps", type=int, default=30)
+ap.add_argument("--warmup", type=int, default=8)
+ap.add_argument("--compile", type=int, default=1)
+ap.add_argument("--peak", type=float, default=989e12)
+args = ap.parse_args()
+HS = args.dim // args.heads
+
+
+def rope_tables(T, device):
+    inv = 1.0 / (args.theta ** (torch.arange(0, HS, 2, device=device, dtype=torch.float32) / HS))
+    ang = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv)  # (T, HS/2)
+    return ang.cos(), ang.sin()
+
+
+def rotate(x, cos, sin):  # pairs (i, i + HS/2), HF Llama's rotate_half convention (kiln's too)
+    a, b = x[..., : HS // 2], x[..., HS // 2 :]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        d, kv = args.dim, args.kv_heads
+        self.n1, self.n2 = nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)
+        self.qkv = nn.Linear(d, (args.heads + 2 * kv) * HS, bias=False)
+        self.o = nn.Linear(args.heads * HS, d, bias=False)
+        self.gate_up = nn.Linear(d, 2 * args.hidden, bias=False)
+        self.down = nn.Linear(args.hidden, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        nh, kv = args.heads, args.kv_heads
+        q, k, v = self.qkv(self.n1(x)).split([nh * HS, kv * HS, kv * HS], dim=-1)
+        q = rotate(q.view(B, T, nh, HS).transpose(1, 2), cos, sin)
+        k = rotate(k.view(B, T, kv, HS).transpose(1, 2), cos, sin)
+        v = v.view(B, T, kv, HS).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != nh)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, nh * HS))
+        g, u = self.gate_up(self.n2(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(g) * u)
+
+
+class Llama(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(args.vocab, args.dim)
+        self.blocks = nn.ModuleList([Block() for _ in range(args.layers)])
+        self.norm = nn.RMSNorm(args.dim, eps=1e-5)
+        self.head = nn.Linear(args.dim, args.vocab, bias=False)
+
+    def forward(self, idx, tgt):
+        cos, sin = rope_tables(idx.shape[1], idx.device)
+        x = self.emb(idx)
+        for b in self.blocks:
+            x = b(x, cos, sin)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
+
+
+torch.backends.cuda.matmul.allow_tf32 = True
+m = Llama().cuda()
+n_params = sum(p.numel() for p in m.parameters())
+opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)
+fn = torch.compile(m) if args.compile else m
+x = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
+y = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
+
+
+def step():
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = fn(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+t0 = time.time()
+for _ in range(args.warmup):
+    step()
+torch.cuda.synchronize()
+torch.cuda.reset_peak_memory_stats()
+e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+e0.record()
+for _ in range(args.steps):
+    loss = step()
+e1.record()
+torch.cuda.synchronize()
+ms = e0.elapsed_time(e1) / args.steps
+tok_s = args.batch * args.seq / (ms / 1e3)
+fpt = 6 * n_params + 12 * args.layers * args.heads * HS * args.seq
+print(json.dumps(dict(impl="pytorch-llama", layers=args.layers, dim=args.dim, heads=args.heads,
+                      kv_heads=args.kv_heads, hidden=args.hidden, seq=args.seq, batch=args.batch,
+                      params_M=round(n_params / 1e6, 1), ms_per_step=round(ms, 2), tok_per_s=round(tok_s),
+                      mfu_989=round(fpt * tok_s / args.peak, 4), warmup_s=round(time.time() - t0, 1),
+                      peak_mem_GiB=round(torch.cuda.max_memory_allocated() / 2**30, 2), loss=float(loss))))
