@@ -29,7 +29,9 @@ import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1])]
 ms = [r["ms"] for r in rows[10:]] or [r["ms"] for r in rows]
 r = rows[-1]
-print(f'{statistics.median(ms):.2f} {r.get("mfu", 0):.4f} {r.get("peak_mem_bytes", 0)/2**30:.2f} {r["loss"]:.4f}')
+med = statistics.median(ms)
+mfu = r.get("mfu", 0) * r["ms"] / med  # mfu is proportional to 1/ms: the median step's MFU
+print(f'{med:.2f} {mfu:.4f} {r.get("peak_mem_bytes", 0)/2**30:.2f} {r["loss"]:.4f}')
 PY
 }
 SHAPES=("124m gpt2-124m 32 --layers=12" "350m gpt2-350m 16 --layers=24" "1.5b gpt2-1.5b 8 --layers=48"

@@ -76,10 +76,15 @@ enum kiln_skip kiln_guards_check(struct kiln_guards *g, double loss, double grad
             g->last_z = zg;
         }
     }
-    if (why == KILN_SKIP_NONE) {
-        g->consecutive = 0;
+    // A spike's values enter the window too: a single outlier barely moves the statistics, but a genuine
+    // change of level (a loss plateau ending, a new data mix) is learned within a few steps instead of being
+    // skipped until --max-bad-steps stops the run. Non-finite values never enter.
+    if (why != KILN_SKIP_NAN) {
         window_push(&g->loss, loss);
         window_push(&g->grad, grad_norm);
+    }
+    if (why == KILN_SKIP_NONE) {
+        g->consecutive = 0;
     } else {
         g->consecutive++;
         g->skipped[why]++;

@@ -398,6 +398,28 @@ static void test_max_bad_steps_stops_and_keeps_the_last_good_checkpoint(void **s
 
 // ---- the spike detector ----------------------------------------------------------------------------
 
+// A lasting change of level (a plateau ending) is not an outlier: after a few skipped steps the statistics
+// have learned it, so it does not stop the run through --max-bad-steps.
+static void test_spike_detector_adapts_to_a_change_of_level(void **state) {
+    struct kiln_guards g;
+    kiln_guards_init(&g, 6.0f, 100, 10);
+    uint64_t rs = test_seed() ^ 0x51;
+    for (int i = 0; i < 150; i++)
+        assert_int_equal(kiln_guards_check(&g, 2.0 + 0.01 * test_rand_uniform(&rs),
+                                           0.4 + 0.02 * test_rand_uniform(&rs)), KILN_SKIP_NONE);
+    int skipped = 0, worst_run = 0;
+    for (int i = 0; i < 200; i++) {
+        enum kiln_skip why = kiln_guards_check(&g, 2.0 + 0.01 * test_rand_uniform(&rs),
+                                               1.4 + 0.02 * test_rand_uniform(&rs));
+        skipped += why != KILN_SKIP_NONE;
+        worst_run = g.consecutive > worst_run ? g.consecutive : worst_run;
+    }
+    assert_true(skipped > 0);      // the jump itself is flagged
+    assert_true(worst_run < 10);   // but the run is never stopped by it
+    assert_false(kiln_guards_exhausted(&g));
+    kiln_guards_free(&g);
+}
+
 static void test_spike_detector_statistics_and_round_trip(void **state) {
     (void)state;
     uint64_t rs = test_seed() ^ 0x99u;
@@ -429,11 +451,21 @@ static void test_spike_detector_statistics_and_round_trip(void **state) {
         sq += (hist[i] - mean) * (hist[i] - mean);
     double sd = sqrt(sq / window), probe = mean + 5 * sd;
     assert_true(fabs(kiln_spike_z(&g.loss, probe) - 5.0) < 1e-9);
-    // a loss spike, a grad spike, a NaN: skipped, counted, and kept out of the windows
+    // a loss spike and a grad spike are skipped and counted, but enter the windows (so that a genuine change
+    // of level is learned); a NaN is skipped and kept out
     assert_int_equal(kiln_guards_check(&g, mean + 4.5 * sd, 1.0), KILN_SKIP_SPIKE_LOSS);
     assert_int_equal(kiln_guards_check(&g, mean, 1e3), KILN_SKIP_SPIKE_GRAD);
     assert_int_equal(g.consecutive, 2);
-    assert_true(fabs(kiln_spike_z(&g.loss, probe) - 5.0) < 1e-9);
+    hist[n++] = mean + 4.5 * sd;
+    hist[n++] = mean;
+    double sum2 = 0, sq2 = 0;
+    for (int i = n - window; i < n; i++)
+        sum2 += hist[i];
+    double mean2 = sum2 / window;
+    for (int i = n - window; i < n; i++)
+        sq2 += (hist[i] - mean2) * (hist[i] - mean2);
+    double sd2 = sqrt(sq2 / window);
+    assert_true(fabs(kiln_spike_z(&g.loss, probe) - (probe - mean2) / sd2) < 1e-9);
 
     // the checkpoint round trip: the same decisions afterwards, bit for bit
     cJSON *j = kiln_guards_to_json(&g);
@@ -447,8 +479,10 @@ static void test_spike_detector_statistics_and_round_trip(void **state) {
     assert_int_equal(h.skipped_total, 2);
     assert_int_equal(h.skipped[KILN_SKIP_SPIKE_LOSS], 1);
     assert_true(kiln_spike_z(&h.loss, probe) == kiln_spike_z(&g.loss, probe));
+    double z_before = kiln_spike_z(&g.loss, probe);
     assert_int_equal(kiln_guards_check(&g, NAN, 1.0), KILN_SKIP_NAN);
     assert_int_equal(kiln_guards_check(&h, NAN, 1.0), KILN_SKIP_NAN);
+    assert_true(kiln_spike_z(&g.loss, probe) == z_before); // a NaN never enters the window
     assert_true(kiln_guards_exhausted(&g) && kiln_guards_exhausted(&h));
     for (int i = 0; i < 10; i++) {
         double x = 3.0 + 0.1 * test_rand_uniform(&rs), y = 1.0 + 0.1 * test_rand_uniform(&rs);
@@ -510,6 +544,7 @@ int main(void) {
         cmocka_unit_test(test_injected_nans_are_skipped_and_counted),
         cmocka_unit_test(test_max_bad_steps_stops_and_keeps_the_last_good_checkpoint),
         cmocka_unit_test(test_spike_detector_statistics_and_round_trip),
+        cmocka_unit_test(test_spike_detector_adapts_to_a_change_of_level),
         cmocka_unit_test(test_metrics_truncation_drops_later_and_torn_lines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

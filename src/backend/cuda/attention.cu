@@ -10,9 +10,10 @@
 // Kernels work in the log2 domain (exp2f), so scores are multiplied by log2(e) once.
 //
 // FLOPs (causal, counting the half that is computed): forward 2*2*B*NH*T*T*HS/2; backward 2.5x that in the
-// FA-2 count. Here the backward recomputes S and dP in a second kernel for dQ so that nothing needs atomics
-// (deterministic in every mode): 7 matmuls instead of 5, i.e. 3.5x the forward, in exchange for no fp32 dQ
-// accumulator and no atomics. Bytes: 2*B*T*(NH+2NKV)*HS in, 2*B*T*NH*HS out (+ K/V re-reads per q tile from
+// FA-2 count. These are the first (reference) kernels, used for other head sizes, for decoding and with
+// KILN_ATTN=ref; attention_fa2.cu holds the default ones. Here the backward recomputes S and dP in a second
+// kernel for dQ so that nothing needs atomics (deterministic): 7 matmuls instead of 5, i.e. 3.5x the forward,
+// in exchange for no fp32 dQ accumulator. Bytes: 2*B*T*(NH+2NKV)*HS in, 2*B*T*NH*HS out (+ K/V re-reads per q tile from
 // L2). At T=1024, HS=64 this is compute bound (AI ~ T/2 FLOP/byte per head).
 //
 // Fast path: HS in {64, 128}. Block = 4 warps; each warp owns 16 query rows (forward, dQ) or 16 key rows
