@@ -1,29 +1,7 @@
 #!/usr/bin/env bash
 # The command line as a user meets it: bad flags and config files (exit 2, one line naming the option),
 # kiln info, and a short real training run whose run directory is checked file by file.
-set -u
-KILN=${1:-${KILN:?}}
-T=$(mktemp -d /tmp/kiln_cli_XXXXXX)
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
-
-# expect_error EXIT_CODE PATTERN -- ARGS...: exit code, one line on stderr, containing PATTERN
-expect_error() {
-  local code=$1 pat=$2
-  shift 3
-  "$KILN" "$@" >"$T/out" 2>"$T/err"
-  local rc=$?
-  local lines
-  lines=$(wc -l <"$T/err")
-  if [ "$rc" -ne "$code" ]; then bad "kiln $* exited $rc, expected $code ($(cat "$T/err"))"; return; fi
-  if [ "$lines" -ne 1 ]; then bad "kiln $* printed $lines lines on stderr, expected 1"; return; fi
-  if ! grep -q -- "$pat" "$T/err"; then bad "kiln $*: '$pat' not in: $(cat "$T/err")"; return; fi
-  if ! grep -q '^error: ' "$T/err"; then bad "kiln $*: message does not start with 'error: '"; return; fi
-  ok
-}
+source "$(dirname "$0")/lib.sh" cli "$@"
 
 "$KILN" >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "no command should exit 2"
 expect_error 2 "unknown command 'fly'" -- fly
@@ -109,5 +87,4 @@ cmp -s "$RUN/model.safetensors" "$T/run2/model.safetensors" && ok || bad "same s
 [ "$(head -c 6 "$T/sample")" = "ROMEO:" ] && [ "$(wc -c <"$T/sample")" -ge 50 ] && ok || bad "sample output: $(cat "$T/sample")"
 expect_error 2 "bad value 'hot' for temperature" -- sample --run="$RUN" --temperature=hot
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

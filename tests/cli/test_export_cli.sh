@@ -2,25 +2,8 @@
 # kiln export / import / logits as a user meets them: a trained run goes to a Hugging Face directory and back
 # with bitwise-identical logits (GPT-2 and Llama layouts), OLMo imports and samples, unsupported options are
 # refused with one line naming the option, and kiln info prices the family presets.
-set -u
-KILN=${1:-${KILN:?}}
-T=$(mktemp -d /tmp/kiln_export_XXXXXX)
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+source "$(dirname "$0")/lib.sh" export "$@"
 
-expect_error() {
-  local code=$1 pat=$2
-  shift 3
-  "$KILN" "$@" >"$T/out" 2>"$T/err"
-  local rc=$?
-  if [ "$rc" -ne "$code" ]; then bad "kiln $* exited $rc, expected $code ($(cat "$T/err"))"; return; fi
-  if [ "$(wc -l <"$T/err")" -ne 1 ]; then bad "kiln $* printed more than one line on stderr"; return; fi
-  if ! grep -q -- "$pat" "$T/err"; then bad "kiln $*: '$pat' not in: $(cat "$T/err")"; return; fi
-  ok
-}
 
 tiny=(--layers=2 --heads=4 --dim=32 --seq=16 --batch=4 --max-steps=3 --warmup=1 --eval-every=0 --eval-steps=1
       --device=cpu --quiet)
@@ -82,5 +65,4 @@ for pc in olmo-1b:1176832000 olmo-7b:6888361984 llama-1b:1179191296 llama-8b:739
   grep -q "^FLOPs per token" "$T/info" && grep -q "total" "$T/info" && ok || bad "$p: no FLOPs or memory"
 done
 
-echo "test_export_cli.sh: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -2,14 +2,7 @@
 # kiln launch: restarts kiln train after a crash (--inject-crash: abort() in a fresh run) from the newest
 # checkpoint, logs the restart in RUN/restarts.jsonl, and ends with the uninterrupted run's weights; gives up
 # after --max-restarts; does not retry usage errors; forwards SIGTERM (exit 75); checks its own flags.
-set -u
-KILN=${1:-${KILN:?}}
-T=$(mktemp -d /tmp/kiln_launch_XXXXXX)
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+source "$(dirname "$0")/lib.sh" launch "$@"
 
 SEED=$((RANDOM * 32768 + RANDOM))
 N=$((24 + RANDOM % 8))
@@ -57,5 +50,4 @@ rc=$?
 [ ! -e "$T/e/restarts.jsonl" ] && ok || bad "a forwarded SIGTERM caused a restart"
 ls "$T/e/ckpt" | grep -q '^step_' && ok || bad "no checkpoint after SIGTERM"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

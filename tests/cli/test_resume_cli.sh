@@ -2,14 +2,7 @@
 # Resume from the command line: a crashed run (--inject-crash: abort() mid-run) resumed with the same command
 # ends with the uninterrupted run's weights and losses, bit for bit; a different model is refused with exit 2
 # and one line naming the difference; safe changes are logged; --resume=never refuses a run with checkpoints.
-set -u
-KILN=${1:-${KILN:?}}
-T=$(mktemp -d /tmp/kiln_resume_XXXXXX)
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+source "$(dirname "$0")/lib.sh" resume "$@"
 losses() { grep -o '"step":[0-9]*,"loss":[^,]*' "$1/metrics.jsonl"; }
 
 SEED=$((RANDOM * 32768 + RANDOM))
@@ -56,5 +49,4 @@ grep -q "^kiln: resume: max-steps $N -> $((N + 4))$" "$T/err" && ok || bad "max-
 "$KILN" train "${args[@]}" --out="$T/c" --inject-nan=3,x >/dev/null 2>"$T/err"
 [ $? -eq 2 ] && grep -q "bad value '3,x' for inject-nan" "$T/err" && ok || bad "--inject-nan=3,x: $(cat "$T/err")"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -1,14 +1,7 @@
 #!/usr/bin/env bash
 # Signals: SIGTERM and SIGUSR1 finish the step, save a checkpoint and exit 75; the same command resumes and
 # ends with the uninterrupted run's weights. SIGINT does the same; a second SIGINT exits at once (130).
-set -u
-KILN=${1:-${KILN:?}}
-T=$(mktemp -d /tmp/kiln_signals_XXXXXX)
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+source "$(dirname "$0")/lib.sh" signals "$@"
 
 SEED=$((RANDOM * 32768 + RANDOM))
 N=400
@@ -53,5 +46,4 @@ rc=$?
 [ $rc -eq 130 ] || [ $rc -eq 75 ] && ok || bad "two SIGINTs: exit $rc"
 [ $rc -eq 130 ] && { grep -q "second SIGINT" "$T/err" && ok || bad "no second-SIGINT message: $(cat "$T/err")"; }
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish
