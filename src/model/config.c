@@ -671,3 +671,16 @@ double kiln_model_flops_per_token(const struct kiln_model_config *m, size_t n_pa
     double attn = (causal ? 6.0 : 12.0) * m->n_layer * m->n_head * kiln_model_head_size(m) * (double)T;
     return 6.0 * (double)n_params + attn;
 }
+
+double kiln_model_recompute_flops_per_token(const struct kiln_model_config *m, enum kiln_recompute r, int T) {
+    double C = m->n_embd, HS = kiln_model_head_size(m), NH = m->n_head, NKV = kiln_model_kv_heads(m);
+    double H = kiln_model_mlp_hidden(m), FCO = m->mlp_swiglu ? 2 * H : H;
+    double mlp = 2.0 * (C * FCO + H * C);                           // forward GEMMs, per token and layer
+    double attn_gemms = 2.0 * (C * (NH + 2 * NKV) * HS + NH * HS * C);
+    double attn_core = 4.0 * NH * HS * T;                            // q k^T and p v, non-causal count
+    if (r == KILN_RECOMPUTE_MLP)
+        return m->n_layer * mlp;
+    if (r == KILN_RECOMPUTE_BLOCK)
+        return m->n_layer * (mlp + attn_gemms + attn_core);
+    return 0;
+}

@@ -130,5 +130,9 @@ int kiln_model_mlp_hidden(const struct kiln_model_config *m);
 // FLOPs per token for MFU (PERF.md): 6N + 12*L*H*Q*T (causal = 0) or 6N + 6*L*H*Q*T (causal = 1),
 // where N counts every parameter once (tied embeddings once).
 double kiln_model_flops_per_token(const struct kiln_model_config *m, size_t n_params, int T, int causal);
+// The extra FLOPs per token that activation recompute spends re-running forward work (for hfu, hardware FLOPs
+// utilization; recompute FLOPs are not model FLOPs): the MLP GEMMs for MLP, each block's forward for BLOCK
+// (GEMMs plus attention, in the same non-causal convention as the mfu numerator).
+double kiln_model_recompute_flops_per_token(const struct kiln_model_config *m, enum kiln_recompute r, int T);
 
 #endif

@@ -229,6 +229,12 @@ struct kiln_ops {
     // Returns NaN or Inf if any element is non-finite.
     double (*sum_squares)(void *ctx, const void *grads, size_t n);
     void (*adamw)(void *ctx, const struct kiln_adamw_args *a);
+
+    // ---- host memory ----
+    // Host memory the backend downloads into fastest (page-locked on CUDA), for checkpoint snapshots that
+    // must not hold up training. NULL on failure; the caller may fall back to malloc.
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
 };
 
 #endif

@@ -270,6 +270,8 @@ struct kiln_ckpt_writer {
     const struct kiln_param_table *pt;
     struct kiln_ckpt_policy policy;
     float *params, *m, *v;                // host snapshot, (total) each
+    struct kiln_backend *be;              // its host_alloc gave the snapshot (page-locked on CUDA)
+    int pinned;                           // 1: from be->ops->host_alloc, 0: malloc
     struct kiln_st_tensor *model, *optim; // (n), (2n) pointing into the snapshot
     char (*optim_names)[128];             // (2n) "m.NAME", "v.NAME"
     pthread_t thread;
@@ -303,14 +305,33 @@ static void set_tensor(struct kiln_st_tensor *t, const char *name, const struct 
 }
 
 void kiln_ckpt_writer_create(struct kiln_ckpt_writer **out, const char *run_dir,
-                             const struct kiln_param_table *pt, const struct kiln_ckpt_policy *policy) {
+                             const struct kiln_param_table *pt, const struct kiln_ckpt_policy *policy,
+                             struct kiln_backend *be) {
     struct kiln_ckpt_writer *w = kiln_xcalloc(1, sizeof(*w));
     snprintf(w->run_dir, sizeof(w->run_dir), "%s", run_dir);
     w->pt = pt;
     w->policy = *policy;
-    w->params = kiln_xmalloc(pt->total * sizeof(float));
-    w->m = kiln_xmalloc(pt->total * sizeof(float));
-    w->v = kiln_xmalloc(pt->total * sizeof(float));
+    w->be = be;
+    // The snapshot lives in memory the backend downloads into fastest (page-locked on CUDA: the step loop
+    // waits only for these copies), or in ordinary memory when that cannot be had.
+    size_t bytes = pt->total * sizeof(float);
+    if (be && be->ops->host_alloc) {
+        w->params = be->ops->host_alloc(be->ctx, bytes);
+        w->m = w->params ? be->ops->host_alloc(be->ctx, bytes) : NULL;
+        w->v = w->m ? be->ops->host_alloc(be->ctx, bytes) : NULL;
+        w->pinned = w->v != NULL;
+        if (!w->pinned) {
+            if (w->params)
+                be->ops->host_free(be->ctx, w->params);
+            if (w->m)
+                be->ops->host_free(be->ctx, w->m);
+        }
+    }
+    if (!w->pinned) {
+        w->params = kiln_xmalloc(bytes);
+        w->m = kiln_xmalloc(bytes);
+        w->v = kiln_xmalloc(bytes);
+    }
     w->model = kiln_xcalloc((size_t)pt->n, sizeof(*w->model));
     w->optim = kiln_xcalloc(2 * (size_t)pt->n, sizeof(*w->optim));
     w->optim_names = kiln_xcalloc(2 * (size_t)pt->n, sizeof(*w->optim_names));
@@ -374,9 +395,13 @@ void kiln_ckpt_writer_free(struct kiln_ckpt_writer *w) {
     if (!w)
         return;
     kiln_ckpt_writer_join(w, NULL, NULL);
-    free(w->params);
-    free(w->m);
-    free(w->v);
+    float *bufs[3] = {w->params, w->m, w->v};
+    for (int i = 0; i < 3; i++) {
+        if (w->pinned)
+            w->be->ops->host_free(w->be->ctx, bufs[i]);
+        else
+            free(bufs[i]);
+    }
     free(w->model);
     free(w->optim);
     free(w->optim_names);

@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "backend/backend.h"
 #include "data/loader.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
@@ -46,7 +47,8 @@ int kiln_ckpt_apply(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_
 // the model as soon as start() returns. *stall_ms is how long start() kept the caller.
 struct kiln_ckpt_writer;
 void kiln_ckpt_writer_create(struct kiln_ckpt_writer **out, const char *run_dir,
-                             const struct kiln_param_table *pt, const struct kiln_ckpt_policy *policy);
+                             const struct kiln_param_table *pt, const struct kiln_ckpt_policy *policy,
+                             struct kiln_backend *be);
 // Takes ownership of state.
 int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64_t step, cJSON *state,
                            double *stall_ms, struct kiln_error *err);

@@ -280,13 +280,15 @@ struct step_log {
 };
 
 static void write_metrics(FILE *f, const struct step_log *s, const struct kiln_guards *gd, size_t mem_bytes,
-                          double mfu, double mfu_causal) {
+                          double mfu, double mfu_causal, double hfu) {
     fprintf(f,
             "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
             "\"peak_mem_bytes\":%zu",
             (long long)s->step, s->loss, (double)s->lr, s->norm, s->tok_s, s->ms, mem_bytes);
     if (mfu > 0)
         fprintf(f, ",\"mfu\":%.4f,\"mfu_causal\":%.4f", mfu, mfu_causal);
+    if (hfu > 0) // with recompute: model FLOPs plus the recomputed forward work
+        fprintf(f, ",\"hfu\":%.4f", hfu);
     if (!isnan(s->val_loss))
         fprintf(f, ",\"val_loss\":%.6f", s->val_loss);
     if (s->skipped)
@@ -375,7 +377,7 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
             goto done;
         struct kiln_ckpt_policy policy = {.keep_last = cfg->keep_last, .keep_every = cfg->keep_every};
         if (cfg->checkpoint)
-            kiln_ckpt_writer_create(&writer, cfg->out, pt, &policy);
+            kiln_ckpt_writer_create(&writer, cfg->out, pt, &policy, &be);
     }
 
     int B = cfg->batch_size, T = cfg->seq_len;
@@ -385,6 +387,7 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
     double peak = cfg->peak_flops > 0 ? cfg->peak_flops : be.peak_flops;
     double fpt = kiln_model_flops_per_token(&cfg->model, pt->n_params, T, 0);
     double fpt_causal = kiln_model_flops_per_token(&cfg->model, pt->n_params, T, 1);
+    double fpt_recompute = kiln_model_recompute_flops_per_token(&cfg->model, cfg->recompute, T);
     in = kiln_xmalloc((size_t)bt * sizeof(int32_t));
     tgt = kiln_xmalloc((size_t)bt * sizeof(int32_t));
 
@@ -471,7 +474,7 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
         }
         if (kiln_guards_exhausted(&guards)) {
             if (metrics)
-                write_metrics(metrics, &sl, &guards, kiln_gpt_mem_plan(g)->total_bytes, 0, 0);
+                write_metrics(metrics, &sl, &guards, kiln_gpt_mem_plan(g)->total_bytes, 0, 0, 0);
             kiln_progress_end(&prog);
             struct kiln_error we;
             if (writer && kiln_ckpt_writer_join(writer, NULL, &we))
@@ -514,7 +517,8 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
         if (metrics && (st.step % cfg->log_every == 0 || last || !isnan(sl.val_loss) || why || stop || due)) {
             double tok_s = sl.tok_s;
             write_metrics(metrics, &sl, &guards, kiln_gpt_mem_plan(g)->total_bytes,
-                          peak > 0 ? fpt * tok_s / peak : 0, peak > 0 ? fpt_causal * tok_s / peak : 0);
+                          peak > 0 ? fpt * tok_s / peak : 0, peak > 0 ? fpt_causal * tok_s / peak : 0,
+                          peak > 0 && fpt_recompute > 0 ? (fpt + fpt_recompute) * tok_s / peak : 0);
         }
         char extra[128] = "";
         int n = 0;

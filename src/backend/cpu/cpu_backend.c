@@ -6,6 +6,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+// On the CPU all memory is host memory: plain malloc.
+static void *cpu_host_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    return malloc(bytes ? bytes : 1);
+}
+
+static void cpu_host_free(void *ctx, void *p) {
+    (void)ctx;
+    free(p);
+}
+
 static const struct kiln_ops cpu_ops = {
     .alloc = kiln_cpu_alloc,
     .free = kiln_cpu_free,
@@ -31,6 +42,8 @@ static const struct kiln_ops cpu_ops = {
     .cross_entropy = kiln_cpu_cross_entropy,
     .sum_squares = kiln_cpu_sum_squares,
     .adamw = kiln_cpu_adamw,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
 };
 
 static void cpu_close(struct kiln_backend *b) {

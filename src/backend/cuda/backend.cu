@@ -170,6 +170,24 @@ extern "C" void kiln_cuda_add_f32(struct cuda_ctx *c, float *out, const float *x
     CUDA_CHECK_LAUNCH();
 }
 
+// ---- host memory: page-locked, so that device-to-host copies run at full PCIe/NVLink-C2C speed ----------
+
+static void *cuda_host_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 16) != cudaSuccess) {
+        (void)cudaGetLastError(); // not sticky: the caller falls back to pageable memory
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(void *ctx, void *p) {
+    (void)ctx;
+    if (p)
+        CUDA_CHECK(cudaFreeHost(p));
+}
+
 // ---- the table ----------------------------------------------------------------------------------------
 
 static const struct kiln_ops cuda_ops = {
@@ -197,6 +215,8 @@ static const struct kiln_ops cuda_ops = {
     kiln_cuda_cross_entropy,
     kiln_cuda_sum_squares,
     kiln_cuda_adamw,
+    cuda_host_alloc,
+    cuda_host_free,
 };
 
 static void cuda_close(struct kiln_backend *b) {
