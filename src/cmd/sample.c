@@ -11,6 +11,7 @@
 #include "data/tokenizer.h"
 #include "model/gpt.h"
 #include "train/model_io.h"
+#include "train/sampler.h"
 #include "util/rng.h"
 
 struct sample_opts {
@@ -78,58 +79,6 @@ static int parse_opts(int argc, char **argv, struct sample_opts *o, struct kiln_
     if (!o->run)
         return kiln_errorf(err, KILN_ERR_USAGE, "missing --run=DIR (kiln sample): the run directory of kiln train --out");
     return 0;
-}
-
-// Samples an id from logits (V) with temperature and top-k; temperature 0 is greedy.
-static int sample_token(float *logits, int V, const struct sample_opts *o, struct kiln_rng *rng) {
-    int best = 0;
-    for (int i = 1; i < V; i++)
-        if (logits[i] > logits[best])
-            best = i;
-    if (o->temperature == 0.0f)
-        return best;
-    float cutoff = -INFINITY;
-    if (o->top_k > 0 && o->top_k < V) {
-        // the k-th largest logit, by partial selection on a copy
-        float *tmp = kiln_xmalloc((size_t)V * sizeof(float));
-        memcpy(tmp, logits, (size_t)V * sizeof(float));
-        int lo = 0, hi = V - 1, k = o->top_k - 1;
-        while (lo < hi) {
-            float pivot = tmp[(lo + hi) / 2];
-            int i = lo, j = hi;
-            while (i <= j) {
-                while (tmp[i] > pivot)
-                    i++;
-                while (tmp[j] < pivot)
-                    j--;
-                if (i <= j) {
-                    float t = tmp[i];
-                    tmp[i++] = tmp[j];
-                    tmp[j--] = t;
-                }
-            }
-            if (k <= j)
-                hi = j;
-            else if (k >= i)
-                lo = i;
-            else
-                break;
-        }
-        cutoff = tmp[k];
-        free(tmp);
-    }
-    double sum = 0;
-    for (int i = 0; i < V; i++) {
-        logits[i] = logits[i] >= cutoff ? expf((logits[i] - logits[best]) / o->temperature) : 0.0f;
-        sum += logits[i];
-    }
-    double r = kiln_rng_uniform(rng) * sum, acc = 0;
-    for (int i = 0; i < V; i++) {
-        acc += logits[i];
-        if (r < acc)
-            return i;
-    }
-    return best;
 }
 
 static int run_sample(const struct sample_opts *o, struct kiln_error *err) {
@@ -206,13 +155,22 @@ static int run_sample(const struct sample_opts *o, struct kiln_error *err) {
     int pos = 0;
     for (; pos < (int)ids.n; pos++)
         kiln_gpt_decode_step(g, &ids.data[pos], pos, logits);
-    for (int i = 0; i < o->max_tokens && pos < maxT; i++) {
-        int32_t next = sample_token(logits, V, o, &rng);
+    for (int i = 0; i < o->max_tokens; i++) {
+        int32_t next = kiln_sample_token(logits, V, o->temperature, o->top_k, &rng);
+        kiln_ids_push(&ids, next);
         text.n = 0;
         if ((rc = kiln_tokenizer_decode(tok, &next, 1, &text, err)))
             goto out;
         fwrite(text.data, 1, text.n, stdout);
         fflush(stdout);
+        if (pos == maxT) {
+            // The context is full: keep the newest half and rebuild the KV cache from it (positions restart at
+            // 0), so generation goes on with maxT/2 tokens of context, refilled every maxT/2 tokens.
+            int keep = maxT / 2;
+            const int32_t *tail = ids.data + ids.n - keep;
+            for (pos = 0; pos < keep - 1; pos++)
+                kiln_gpt_decode_step(g, &tail[pos], pos, logits);
+        }
         kiln_gpt_decode_step(g, &next, pos++, logits);
     }
     fputc('\n', stdout);
