@@ -67,6 +67,8 @@ static const struct opt OPTS[] = {
     {"eps", OPT_FLOAT, OFF(eps), 1e-30, 1, NULL, "AdamW epsilon"},
     {"weight-decay", OPT_FLOAT, OFF(weight_decay), 0, 10, NULL, "AdamW weight decay (2-D weights only)"},
     {"grad-clip", OPT_FLOAT, OFF(grad_clip), 0, 1e9, NULL, "clip gradients to this global norm (0 = off)"},
+    {"stochastic-rounding", OPT_BOOL, OFF(stochastic_rounding), 0, 1, NULL,
+     "round the bf16 weight copy stochastically (CUDA; the CPU keeps f32 weights)"},
     {"z-loss", OPT_FLOAT, OFF(z_loss), 0, 1, NULL, "z-loss coefficient on the logits' log-sum-exp"},
     // evaluation, logging
     {"eval-every", OPT_INT, OFF(eval_every), 0, 1e9, NULL, "validation loss every N steps (0 = only at the end)"},

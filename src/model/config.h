@@ -62,6 +62,7 @@ struct kiln_config {
     float beta1, beta2, eps, weight_decay;
     float grad_clip;      // 0 = off
     float z_loss;
+    int stochastic_rounding; // bf16 weight copy rounded stochastically (CUDA)
 
     // evaluation and logging
     int eval_every;

@@ -615,7 +615,8 @@ void kiln_gpt_adamw(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, doub
                                 .grads = g->grads, .m = g->m, .v = g->v, .spans = g->spans, .n_spans = g->n_spans,
                                 .lr = h->lr, .beta1 = h->beta1, .beta2 = h->beta2, .eps = h->eps,
                                 .weight_decay = h->weight_decay, .grad_scale = scale, .step = h->step,
-                                .stochastic_rounding = 0, .seed = (uint64_t)h->step};
+                                .stochastic_rounding = h->stochastic_rounding,
+                                .seed = h->seed ^ ((uint64_t)h->step * 0x9E3779B97F4A7C15ULL)};
     g->ops->adamw(g->ctx, &a);
 }
 

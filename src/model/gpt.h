@@ -63,6 +63,8 @@ struct kiln_adamw_hparams {
     float grad_clip;   // 0 = off
     float grad_scale;  // multiplies raw gradients (1 / accumulation when dloss did not already average)
     int step;          // 1-based
+    int stochastic_rounding; // round the bf16 weight copy stochastically (mixed-precision backends)
+    uint64_t seed;     // with step, seeds the rounding so that runs stay repeatable
 };
 double kiln_gpt_grad_norm(struct kiln_gpt *g);
 void kiln_gpt_adamw(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm);

@@ -433,7 +433,9 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
                                            .weight_decay = cfg->weight_decay,
                                            .grad_clip = cfg->grad_clip,
                                            .grad_scale = 1.0f,
-                                           .step = (int)st.opt_step};
+                                           .step = (int)st.opt_step,
+                                           .stochastic_rounding = cfg->stochastic_rounding,
+                                           .seed = cfg->seed};
             kiln_gpt_adamw(g, &h, norm);
         }
         st.step = step + 1;
