@@ -44,7 +44,7 @@ static const struct opt OPTS[] = {
     {"mlp-hidden", OPT_INT, M(mlp_hidden), 0, 1 << 20, NULL, "MLP hidden size (0 = 4C, or 8C/3 for SwiGLU)"},
     {"block", OPT_ENUM, M(parallel_block), 0, 0, "sequential parallel", "block layout"},
     {"tie-embeddings", OPT_BOOL, M(tie_embeddings), 0, 1, NULL, "LM head shares the token embedding"},
-    {"qk-norm", OPT_BOOL, M(qk_norm), 0, 1, NULL, "normalize queries and keys per head"},
+    {"qk-norm", OPT_BOOL, M(qk_norm), 0, 1, NULL, "normalize each token's queries and keys (OLMo-2's QK-norm)"},
     // data
     {"data", OPT_STR, OFF(data), 0, 0, NULL, "training shards (glob); empty = embedded Tiny Shakespeare; random = random tokens"},
     {"val-data", OPT_STR, OFF(val_data), 0, 0, NULL, "validation shards (glob)"},
@@ -578,8 +578,6 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
     if (c->seq_len > m->block_size)
         return kiln_errorf(err, KILN_ERR_USAGE, "seq %d is longer than block-size %d (--seq): raise --block-size or "
                            "lower --seq", c->seq_len, m->block_size);
-    if (m->qk_norm)
-        return kiln_errorf(err, KILN_ERR_USAGE, "qk-norm (--qk-norm): not implemented yet; leave it at 0");
     long bt = (long)c->batch_size * c->seq_len;
     if (c->total_batch_tokens && c->total_batch_tokens % bt)
         return kiln_errorf(err, KILN_ERR_USAGE, "total-batch %ld is not a multiple of batch*seq = %ld (--total-batch)",

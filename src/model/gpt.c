@@ -37,7 +37,9 @@ struct acts {
     struct buf ln1;    // act (L+1) x (N, C): norm1 outputs; ln1[L] is the final norm's output
     struct buf mean1;  // f32 (L+1) x (N)
     struct buf rstd1;  // f32 (L+1) x (N)
-    struct buf qkv;    // act L x (N, QKV)
+    struct buf qkv;    // act L x (N, QKV): the attention's input (q and k normalized with QK-norm)
+    struct buf qkv_raw;// act L x (N, QKV): the projection before QK-norm (QK-norm only)
+    struct buf meanq, rstdq, meank, rstdk; // f32 L x (N): QK-norm statistics
     struct buf atty;   // act L x (N, NH*HS)
     struct buf lse;    // f32 L x (B, NH, T)
     struct buf mid;    // act L x (N, C): h = x + attn(...) (sequential blocks)
@@ -52,6 +54,7 @@ struct acts {
     struct buf dres;   // act (N, C): gradient of the residual stream
     struct buf dln;    // act (N, C): gradient of a norm output (also dlnf from the classifier)
     struct buf dqkv;   // act (N, QKV)
+    struct buf dqkv_raw; // act (N, QKV): gradient before QK-norm (QK-norm only)
     struct buf datty;  // act (N, NH*HS)
     struct buf dfc;    // act (N, max(FCO, H))
     struct buf dhid;   // act (N, H): SwiGLU only, gradient of the hidden activation
@@ -65,7 +68,7 @@ struct acts {
 struct decode {
     int B, maxT;
     struct buf k, v;          // act L x (B, maxT, NKV*HS)
-    struct buf x, ln, qkv, atty, ao, fc_pre, fc_act, logits; // act, B rows
+    struct buf x, ln, qkv, qkv_raw, atty, ao, fc_pre, fc_act, logits; // act, B rows
     struct buf mean, rstd, tokens;
     float *logits_host;       // (B, Vp)
 };
@@ -99,6 +102,7 @@ struct kiln_gpt {
 // derived sizes
 struct dims {
     int B, T, N, C, L, NH, NKV, HS, QKV, AO, H, FCO, Vp, V;
+    int qk_norm;
 };
 
 static struct dims dims_of(const struct kiln_model_config *m, int B, int T) {
@@ -117,6 +121,7 @@ static struct dims dims_of(const struct kiln_model_config *m, int B, int T) {
     d.FCO = m->mlp_swiglu ? 2 * d.H : d.H;
     d.Vp = kiln_model_padded_vocab(m);
     d.V = m->vocab_size;
+    d.qk_norm = m->qk_norm;
     return d;
 }
 
@@ -150,6 +155,12 @@ static void acts_layout(struct acts *a, const struct dims *d, enum kiln_recomput
     SET(mean1, N, L + 1, f);
     SET(rstd1, N, L + 1, f);
     SET(qkv, N * d->QKV, per_layer, ab);
+    size_t qk = d->qk_norm ? 1 : 0; // QK-norm's buffers are empty without it
+    SET(qkv_raw, qk * N * d->QKV, per_layer, ab);
+    SET(meanq, qk * N, per_layer, f);
+    SET(rstdq, qk * N, per_layer, f);
+    SET(meank, qk * N, per_layer, f);
+    SET(rstdk, qk * N, per_layer, f);
     SET(atty, N * d->AO, per_layer, ab);
     SET(lse, N * d->NH, per_layer, f);
     SET(mid, N * d->C, per_layer, ab);
@@ -168,6 +179,7 @@ static void acts_layout(struct acts *a, const struct dims *d, enum kiln_recomput
     if (training) {
         SET(dres, N * d->C, 1, ab);
         SET(dqkv, N * d->QKV, 1, ab);
+        SET(dqkv_raw, qk * N * d->QKV, 1, ab);
         SET(datty, N * d->AO, 1, ab);
         SET(dfc, N * (d->FCO > d->H ? d->FCO : d->H), 1, ab);
         if (d->FCO != d->H)
@@ -298,7 +310,7 @@ void kiln_gpt_free(struct kiln_gpt *g) {
     struct buf *bufs = (struct buf *)&g->a;
     for (size_t i = 0; i < N_ACT_BUFS; i++)
         free_buf(g, &bufs[i]);
-    struct buf *dec[] = {&g->dec.k,  &g->dec.v,      &g->dec.x,      &g->dec.ln,     &g->dec.qkv,  &g->dec.atty,
+    struct buf *dec[] = {&g->dec.k,  &g->dec.v,      &g->dec.x,      &g->dec.ln,     &g->dec.qkv,  &g->dec.qkv_raw, &g->dec.atty,
                          &g->dec.ao, &g->dec.fc_pre, &g->dec.fc_act, &g->dec.logits, &g->dec.mean, &g->dec.rstd,
                          &g->dec.tokens};
     for (size_t i = 0; i < sizeof(dec) / sizeof(dec[0]); i++)
@@ -398,12 +410,59 @@ static void mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void 
     matmul_fwd(g, out, NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], N, d->H, d->C, KILN_ACT_NONE, accumulate);
 }
 
+// QK-norm: qkv = raw with its q and k slices normalized (v copied as is). N rows of stride QKV.
+static void qk_norm_forward(struct kiln_gpt *g, const struct dims *d, int l, void *qkv, const void *raw, int N,
+                            float *meanq, float *rstdq, float *meank, float *rstdk) {
+    const int *ix = g->pt.layer[l];
+    g->ops->copy(g->ctx, qkv, raw, (size_t)N * d->QKV * kiln_dtype_bytes(g->be->act_dtype));
+    int rms = g->cfg.norm_rms;
+    struct kiln_norm_args q = {.out = qkv, .mean = rms ? NULL : meanq, .rstd = rstdq, .inp = raw,
+                               .weight = W(g, ix[KILN_QNORM_W]), .N = N, .C = d->NH * d->HS, .rms = rms,
+                               .eps = g->cfg.norm_eps, .stride = d->QKV};
+    g->ops->norm_forward(g->ctx, &q);
+    size_t koff = (size_t)d->NH * d->HS;
+    struct kiln_norm_args k = {.out = act_at(g, qkv, koff), .mean = rms ? NULL : meank, .rstd = rstdk,
+                               .inp = act_at(g, raw, koff), .weight = W(g, ix[KILN_KNORM_W]), .N = N,
+                               .C = d->NKV * d->HS, .rms = rms, .eps = g->cfg.norm_eps, .stride = d->QKV};
+    g->ops->norm_forward(g->ctx, &k);
+}
+
+// Its backward: draw = dqkv with the q and k slices taken back through their norms.
+static void qk_norm_backward(struct kiln_gpt *g, const struct dims *d, int l, void *draw, const void *dqkv,
+                             const void *raw, const float *meanq, const float *rstdq, const float *meank,
+                             const float *rstdk) {
+    const int *ix = g->pt.layer[l];
+    g->ops->copy(g->ctx, draw, dqkv, (size_t)d->N * d->QKV * kiln_dtype_bytes(g->be->act_dtype));
+    int rms = g->cfg.norm_rms;
+    struct kiln_norm_back_args q = {.dinp = draw, .dweight = G(g, ix[KILN_QNORM_W]), .dout = dqkv, .inp = raw,
+                                    .weight = W(g, ix[KILN_QNORM_W]), .mean = rms ? NULL : meanq,
+                                    .rstd = rstdq, .N = d->N, .C = d->NH * d->HS, .rms = rms,
+                                    .stride = d->QKV, .dinp_assign = 1};
+    g->ops->norm_backward(g->ctx, &q);
+    size_t koff = (size_t)d->NH * d->HS;
+    struct kiln_norm_back_args k = {.dinp = act_at(g, draw, koff), .dweight = G(g, ix[KILN_KNORM_W]),
+                                    .dout = act_at(g, dqkv, koff), .inp = act_at(g, raw, koff),
+                                    .weight = W(g, ix[KILN_KNORM_W]), .mean = rms ? NULL : meank,
+                                    .rstd = rstdk, .N = d->N, .C = d->NKV * d->HS, .rms = rms,
+                                    .stride = d->QKV, .dinp_assign = 1};
+    g->ops->norm_backward(g->ctx, &k);
+}
+
 static void attn_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     // qkv = self.c_attn(ln1); y = softmax(q k^T / sqrt(HS) + mask) v; ao = self.c_proj(y)
-    matmul_fwd(g, buf_at(&a->qkv, l), NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, d->QKV,
-               KILN_ACT_NONE, 0);
+    if (d->qk_norm) {
+        // q = q_norm(q), k = k_norm(k), each over a token's whole q (NH*HS) or k (NKV*HS), as OLMo-2
+        void *raw = buf_at(&a->qkv_raw, l);
+        matmul_fwd(g, raw, NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, d->QKV,
+                   KILN_ACT_NONE, 0);
+        qk_norm_forward(g, d, l, buf_at(&a->qkv, l), raw, d->N, buf_at(&a->meanq, l), buf_at(&a->rstdq, l),
+                        buf_at(&a->meank, l), buf_at(&a->rstdk, l));
+    } else {
+        matmul_fwd(g, buf_at(&a->qkv, l), NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C,
+                   d->QKV, KILN_ACT_NONE, 0);
+    }
     struct kiln_attn_args at = {.out = buf_at(&a->atty, l), .lse = buf_at(&a->lse, l), .qkv = buf_at(&a->qkv, l),
                                 .B = d->B, .T = d->T, .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
                                 .rope_theta = g->cfg.rope_theta};
@@ -546,7 +605,13 @@ static void attn_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void
                                      .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
                                      .rope_theta = g->cfg.rope_theta};
     g->ops->attention_backward(g->ctx, &ab);
-    matmul_bwd(g, dinp, a->dqkv.p, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, d->QKV, NULL,
+    const void *dqkv = a->dqkv.p;
+    if (d->qk_norm) {
+        qk_norm_backward(g, d, l, a->dqkv_raw.p, a->dqkv.p, buf_at(&a->qkv_raw, l), buf_at(&a->meanq, l),
+                         buf_at(&a->rstdq, l), buf_at(&a->meank, l), buf_at(&a->rstdk, l));
+        dqkv = a->dqkv_raw.p;
+    }
+    matmul_bwd(g, dinp, dqkv, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, d->QKV, NULL,
                dinp_accumulate);
 }
 
@@ -635,6 +700,7 @@ int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error
     SET(x, (size_t)B * d.C, 1, ab);
     SET(ln, (size_t)B * d.C, 1, ab);
     SET(qkv, (size_t)B * d.QKV, 1, ab);
+    SET(qkv_raw, (size_t)(d.qk_norm ? B : 0) * d.QKV, 1, ab);
     SET(atty, (size_t)B * d.AO, 1, ab);
     SET(ao, (size_t)B * d.C, 1, ab);
     SET(fc_pre, (size_t)B * d.FCO, 1, ab);
@@ -644,8 +710,8 @@ int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error
     SET(rstd, (size_t)B, 1, sizeof(float));
     SET(tokens, (size_t)B, 1, sizeof(int32_t));
 #undef SET
-    struct buf *bufs[] = {&dc->k,  &dc->v,      &dc->x,      &dc->ln,     &dc->qkv,  &dc->atty, &dc->ao,
-                          &dc->fc_pre, &dc->fc_act, &dc->logits, &dc->mean, &dc->rstd, &dc->tokens};
+    struct buf *bufs[] = {&dc->k,      &dc->v,      &dc->x,      &dc->ln,     &dc->qkv,  &dc->qkv_raw, &dc->atty,
+                          &dc->ao,     &dc->fc_pre, &dc->fc_act, &dc->logits, &dc->mean, &dc->rstd,    &dc->tokens};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         free_buf(g, bufs[i]);
         int rc = gpt_alloc(g, &bufs[i]->p, buf_bytes(bufs[i]), err);
@@ -671,7 +737,14 @@ void kiln_gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, fl
     for (int l = 0; l < d.L; l++) {
         const int *ix = g->pt.layer[l];
         norm_fwd(g, dc->ln.p, dc->mean.p, dc->rstd.p, NULL, dc->x.p, NULL, ix[KILN_LN1_W], ix[KILN_LN1_B], B);
-        matmul_fwd(g, dc->qkv.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, d.QKV, KILN_ACT_NONE, 0);
+        if (d.qk_norm) {
+            matmul_fwd(g, dc->qkv_raw.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, d.QKV,
+                       KILN_ACT_NONE, 0);
+            qk_norm_forward(g, &d, l, dc->qkv.p, dc->qkv_raw.p, B, dc->mean.p, dc->rstd.p, dc->mean.p, dc->rstd.p);
+        } else {
+            matmul_fwd(g, dc->qkv.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, d.QKV, KILN_ACT_NONE,
+                       0);
+        }
         struct kiln_attn_decode_args at = {.out = dc->atty.p, .kcache = buf_at(&dc->k, l),
                                            .vcache = buf_at(&dc->v, l), .qkv = dc->qkv.p, .B = B,
                                            .maxT = dc->maxT, .pos = pos, .NH = d.NH, .NKV = d.NKV, .HS = d.HS,

@@ -63,6 +63,8 @@ struct kiln_norm_args {
     int N, C;
     int rms;
     float eps;
+    int stride; // elements between consecutive rows of inp, out, res_in, res_out (0 = C): QK-norm
+                // normalizes the q and k slices of qkv rows in place of a copy
 };
 
 struct kiln_norm_back_args {
@@ -76,6 +78,8 @@ struct kiln_norm_back_args {
     const float *rstd;  // (N)
     int N, C;
     int rms;
+    int stride;         // elements between consecutive rows of dinp, dout and inp (0 = C)
+    int dinp_assign;    // dinp = instead of dinp +=
 };
 
 // out = act(inp @ weight^T + bias). With act == GELU, pre receives inp @ weight^T + bias.

@@ -52,6 +52,10 @@ void kiln_params_build(struct kiln_param_table *t, const struct kiln_model_confi
         ix[KILN_QKV_W] = add(t, cap, NAME("attn.c_attn.weight"), (int64_t)(NH + 2 * NKV) * HS, C, l);
         if (m->bias)
             ix[KILN_QKV_B] = add(t, cap, NAME("attn.c_attn.bias"), (int64_t)(NH + 2 * NKV) * HS, 0, l);
+        if (m->qk_norm) {
+            ix[KILN_QNORM_W] = add(t, cap, NAME("attn.q_norm.weight"), (int64_t)NH * HS, 0, l);
+            ix[KILN_KNORM_W] = add(t, cap, NAME("attn.k_norm.weight"), (int64_t)NKV * HS, 0, l);
+        }
         ix[KILN_ATTNO_W] = add(t, cap, NAME("attn.c_proj.weight"), C, (int64_t)NH * HS, l);
         if (m->bias)
             ix[KILN_ATTNO_B] = add(t, cap, NAME("attn.c_proj.bias"), C, 0, l);
@@ -92,7 +96,8 @@ int kiln_params_find(const struct kiln_param_table *t, const char *name) {
 }
 
 static int is_norm_weight(const char *name) {
-    return strstr(name, "ln_1.weight") || strstr(name, "ln_2.weight") || strstr(name, "ln_f.weight");
+    return strstr(name, "ln_1.weight") || strstr(name, "ln_2.weight") || strstr(name, "ln_f.weight") ||
+           strstr(name, "q_norm.weight") || strstr(name, "k_norm.weight");
 }
 
 void kiln_params_init(const struct kiln_param_table *t, const struct kiln_model_config *m, float *params,

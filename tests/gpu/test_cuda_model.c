@@ -26,6 +26,13 @@ static void small_config(struct kiln_model_config *m, int variant) {
         m->n_kv_head = 1;
         m->bias = 0;
         m->tie_embeddings = 0;
+    } else if (variant == 3) { // OLMo-2-style: QK-norm with RMSNorm, GQA, RoPE
+        m->pos = KILN_POS_ROPE;
+        m->norm_rms = 1;
+        m->qk_norm = 1;
+        m->n_kv_head = 1;
+        m->mlp_swiglu = 1;
+        m->bias = 0;
     } else if (variant == 2) { // OLMo/PaLM-style
         m->pos = KILN_POS_ALIBI;
         m->parallel_block = 1;
@@ -117,6 +124,9 @@ static void test_llama_style_step_matches_cpu(void **state) {
 }
 static void test_parallel_alibi_step_matches_cpu(void **state) {
     check_step_matches_cpu(2, "parallel+alibi");
+}
+static void test_qk_norm_step_matches_cpu(void **state) {
+    check_step_matches_cpu(3, "qk-norm+rms+gqa+rope");
 }
 
 static void train(struct kiln_backend *be, const struct kiln_model_config *m, int steps, double *losses,
@@ -217,6 +227,7 @@ int main(void) {
         cmocka_unit_test(test_gpt2_step_matches_cpu),
         cmocka_unit_test(test_llama_style_step_matches_cpu),
         cmocka_unit_test(test_parallel_alibi_step_matches_cpu),
+        cmocka_unit_test(test_qk_norm_step_matches_cpu),
         cmocka_unit_test(test_training_follows_cpu_trajectory),
         cmocka_unit_test(test_gpu_training_is_bitwise_repeatable),
         cmocka_unit_test(test_out_of_memory_is_a_clear_error),

@@ -252,6 +252,54 @@ static void test_embedding_matches_cpu(void **state) {
 
 // ---- norms -----------------------------------------------------------------------------------------------
 
+// QK-norm's use of the norm: rows of C elements inside rows of `stride` (a slice of qkv), backward assigning
+// dinp. Elements outside the slice must be left untouched on both backends.
+static void test_strided_norms_match_cpu(void **state) {
+    struct env *e = *state;
+    int shapes[][4] = {{37, 128, 384, 0}, {37, 128, 384, 128}, {5, 72, 216, 72}, {64, 64, 192, 128}}; // N C ld off
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+        for (int rms = 0; rms <= 1; rms++) {
+            int N = shapes[s][0], C = shapes[s][1], ld = shapes[s][2], off = shapes[s][3];
+            char sh[128];
+            snprintf(sh, sizeof(sh), "N=%d C=%d stride=%d off=%d %s", N, C, ld, off, rms ? "rms" : "layernorm");
+            size_t nl = (size_t)N * ld;
+            struct pair inp = pair_new(e, nl, ACT), out = pair_new(e, nl, ACT), w = pair_new(e, C, ACT);
+            struct pair mean = pair_new(e, N, F32), rstd = pair_new(e, N, F32);
+            pair_randn(&inp, 1.5f);
+            pair_randn(&out, 1.0f); // the untouched columns keep these values on both sides
+            pair_randn(&w, 1.0f);
+            size_t eb = 2; // bf16 on the GPU
+            struct kiln_norm_args a_c = {.out = (float *)out.c + off, .mean = rms ? NULL : mean.c, .rstd = rstd.c,
+                                         .inp = (float *)inp.c + off, .weight = w.c, .N = N, .C = C, .rms = rms,
+                                         .eps = 1e-5f, .stride = ld};
+            struct kiln_norm_args a_g = {.out = (char *)out.g + off * eb, .mean = rms ? NULL : mean.g,
+                                         .rstd = rstd.g, .inp = (char *)inp.g + off * eb, .weight = w.g, .N = N,
+                                         .C = C, .rms = rms, .eps = 1e-5f, .stride = ld};
+            RUN(e, norm_forward, &a);
+            check(e, "norm_forward", sh, "out", &out, TOL_BF16);
+            check(e, "norm_forward", sh, "rstd", &rstd, TOL_STAT);
+            struct pair dout = pair_new(e, nl, ACT), dinp = pair_new(e, nl, ACT), dw = pair_new(e, C, GRAD);
+            pair_randn(&dout, 1.0f);
+            pair_randn(&dinp, 1.0f); // assigned inside the slice, untouched outside
+            pair_fill(&dw, 0.0f);
+            struct kiln_norm_back_args b_c = {.dinp = (float *)dinp.c + off, .dweight = dw.c,
+                                              .dout = (float *)dout.c + off, .inp = (float *)inp.c + off,
+                                              .weight = w.c, .mean = rms ? NULL : mean.c, .rstd = rstd.c, .N = N,
+                                              .C = C, .rms = rms, .stride = ld, .dinp_assign = 1};
+            struct kiln_norm_back_args b_g = {.dinp = (char *)dinp.g + off * eb, .dweight = dw.g,
+                                              .dout = (char *)dout.g + off * eb, .inp = (char *)inp.g + off * eb,
+                                              .weight = w.g, .mean = rms ? NULL : mean.g, .rstd = rstd.g, .N = N,
+                                              .C = C, .rms = rms, .stride = ld, .dinp_assign = 1};
+            RUN(e, norm_backward, &b);
+            check(e, "norm_backward", sh, "dinp", &dinp, TOL_BF16);
+            check(e, "norm_backward", sh, "dweight", &dw, TOL_F32G);
+            struct pair *all[] = {&inp, &out, &w, &mean, &rstd, &dout, &dinp, &dw};
+            for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+                pair_free(all[i]);
+        }
+    end_test(e);
+}
+
 static void test_norms_match_cpu(void **state) {
     struct env *e = *state;
     int shapes[][2] = {{1, 72}, {7, 768}, {100, 72}, {257, 100}, {64, 1600}}; // N, C
@@ -280,13 +328,15 @@ static void test_norms_match_cpu(void **state) {
                                              inp.c,  fused ? res.c : NULL,
                                              w.c,    rms ? NULL : bias.c,
                                              N,      C,
-                                             rms,    1e-5f};
+                                             rms,    1e-5f,
+                                             0};
                 struct kiln_norm_args a_g = {out.g,  rms ? NULL : mean.g,
                                              rstd.g, fused ? res_out.g : NULL,
                                              inp.g,  fused ? res.g : NULL,
                                              w.g,    rms ? NULL : bias.g,
                                              N,      C,
-                                             rms,    1e-5f};
+                                             rms,    1e-5f,
+                                             0};
                 RUN(e, norm_forward, &a);
                 check(e, "norm_forward", sh, "out", &out, TOL_BF16);
                 if (!fused) {
@@ -339,10 +389,10 @@ static void test_norms_match_cpu(void **state) {
                 struct pair *x = fused ? &res_out : &inp;
                 struct kiln_norm_back_args b_c = {
                     dinp.c, dw.c, rms ? NULL : db.c, out.c, x->c, w.c, rms ? NULL : mean.c, rstd.c, N,
-                    C,      rms};
+                    C,      rms, 0, 0};
                 struct kiln_norm_back_args b_g = {
                     dinp.g, dw.g, rms ? NULL : db.g, out.g, x->g, w.g, rms ? NULL : mean.g, rstd.g, N,
-                    C,      rms};
+                    C,      rms, 0, 0};
                 RUN(e, norm_backward, &b);
                 check(e, "norm_backward", sh, "dinp", &dinp, TOL_BF16);
                 check(e, "norm_backward", sh, "dweight", &dw, TOL_F32G);
@@ -838,7 +888,7 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
     struct pair nout = pair_new_on(e, g, (size_t)N * C, ACT), ndw = pair_new_on(e, g, C, GRAD),
                 ndb = pair_new_on(e, g, C, GRAD);
     pair_randn(&nw, 1.0f);
-    struct kiln_norm_args nf = {nout.g, mean.g, rstd.g, NULL, inp.g, NULL, nw.g, NULL, N, C, 0, 1e-5f};
+    struct kiln_norm_args nf = {nout.g, mean.g, rstd.g, NULL, inp.g, NULL, nw.g, NULL, N, C, 0, 1e-5f, 0};
     g->ops->norm_forward(g->ctx, &nf);
     void *snaps[3] = {0};
     size_t nb[3] = {(size_t)N * C * 2, (size_t)C * 4, (size_t)C * 4};
@@ -848,7 +898,7 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
         g->ops->zero(g->ctx, dinp.g, nb[0]);
         g->ops->zero(g->ctx, ndw.g, nb[1]);
         g->ops->zero(g->ctx, ndb.g, nb[2]);
-        struct kiln_norm_back_args b = {dinp.g, ndw.g, ndb.g, nout.g, inp.g, nw.g, mean.g, rstd.g, N, C, 0};
+        struct kiln_norm_back_args b = {dinp.g, ndw.g, ndb.g, nout.g, inp.g, nw.g, mean.g, rstd.g, N, C, 0, 0, 0};
         g->ops->norm_backward(g->ctx, &b);
         for (int i = 0; i < 3; i++) {
             if (run == 0) {
@@ -946,6 +996,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding_matches_cpu),
         cmocka_unit_test(test_norms_match_cpu),
+        cmocka_unit_test(test_strided_norms_match_cpu),
         cmocka_unit_test(test_matmul_matches_cpu),
         cmocka_unit_test(test_attention_matches_cpu),
         cmocka_unit_test(test_attention_paths_match_cpu),

@@ -135,6 +135,15 @@ static void test_architecture_options_gradients_match_finite_differences(void **
     m.norm_bias = 0;
     m.n_kv_head = 1;
     check_gradients(&m, KILN_RECOMPUTE_NONE, "parallel+alibi+mqa");
+    tiny_config(&m);
+    m.qk_norm = 1; // LayerNorm flavour
+    check_gradients(&m, KILN_RECOMPUTE_NONE, "gpt2+qk-norm");
+    tiny_config(&m);
+    m.qk_norm = 1; // RMSNorm flavour, GQA, RoPE, as OLMo-2
+    m.norm_rms = 1;
+    m.n_kv_head = 2;
+    m.pos = KILN_POS_ROPE;
+    check_gradients(&m, KILN_RECOMPUTE_BLOCK, "qk-norm+rms+gqa+rope, recompute=block");
 }
 
 // recompute must not change any number: the same ops run on the same inputs
@@ -164,10 +173,21 @@ static void test_recompute_gives_identical_gradients(void **state) {
 }
 
 // decoding token by token with the KV cache gives the logits of the full causal forward at each position
+static void check_decode(const struct kiln_model_config *mc);
+
 static void test_kv_cache_decode_matches_full_forward(void **state) {
     struct kiln_model_config m;
     tiny_config(&m);
     m.pos = KILN_POS_LEARNED;
+    check_decode(&m);
+    m.qk_norm = 1;
+    m.pos = KILN_POS_ROPE;
+    m.n_kv_head = 2;
+    check_decode(&m);
+}
+
+static void check_decode(const struct kiln_model_config *mc) {
+    struct kiln_model_config m = *mc;
     struct fixture f;
     fixture_open(&f, &m, KILN_RECOMPUTE_NONE, 5);
     struct kiln_error e;

@@ -8,14 +8,15 @@
 //                                 out = x * rstd * weight                   (RMSNorm)
 void kiln_cpu_norm_forward(void *ctx, const struct kiln_norm_args *a) {
     int N = a->N, C = a->C;
+    size_t ld = a->stride ? (size_t)a->stride : (size_t)C; // row stride
     const float *inp = a->inp, *res_in = a->res_in, *w = a->weight, *bias = a->bias;
     float *out = a->out, *res_out = a->res_out;
 #pragma omp parallel for num_threads(kiln_cpu_threads(ctx)) schedule(static) if (KILN_CPU_PAR((double)N * C))
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
+        const float *x = inp + (size_t)n * ld;
         if (res_in) { // res_out may alias inp or res_in: each element is read before it is written
-            float *r = res_out + (size_t)n * C;
-            const float *ri = res_in + (size_t)n * C;
+            float *r = res_out + (size_t)n * ld;
+            const float *ri = res_in + (size_t)n * ld;
             for (int i = 0; i < C; i++)
                 r[i] = x[i] + ri[i];
             x = r;
@@ -33,7 +34,7 @@ void kiln_cpu_norm_forward(void *ctx, const struct kiln_norm_args *a) {
             v += d * d;
         }
         float rstd = (float)(1.0 / sqrt(v / C + a->eps));
-        float *o = out + (size_t)n * C;
+        float *o = out + (size_t)n * ld;
         for (int i = 0; i < C; i++) {
             float y = (x[i] - mean) * rstd * w[i];
             o[i] = bias && !a->rms ? y + bias[i] : y;
@@ -50,12 +51,13 @@ void kiln_cpu_norm_forward(void *ctx, const struct kiln_norm_args *a) {
 //   dweight += sum over rows of dout * xhat;  dbias += sum over rows of dout.
 void kiln_cpu_norm_backward(void *ctx, const struct kiln_norm_back_args *a) {
     int N = a->N, C = a->C, nt = kiln_cpu_threads(ctx);
+    size_t ld = a->stride ? (size_t)a->stride : (size_t)C; // row stride
     const float *dout = a->dout, *inp = a->inp, *w = a->weight;
     float *dinp = a->dinp;
     // dinp: one row per thread
 #pragma omp parallel for num_threads(nt) schedule(static) if (KILN_CPU_PAR((double)N * C))
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        const float *x = inp + (size_t)n * ld, *dy = dout + (size_t)n * ld;
         float mean = a->rms ? 0.0f : a->mean[n], rstd = a->rstd[n];
         double g_mean = 0, gx_mean = 0;
         for (int i = 0; i < C; i++) {
@@ -67,11 +69,12 @@ void kiln_cpu_norm_backward(void *ctx, const struct kiln_norm_back_args *a) {
         g_mean = a->rms ? 0.0 : g_mean / C;
         gx_mean /= C;
         float gm = (float)g_mean, gxm = (float)gx_mean;
-        float *dx = dinp + (size_t)n * C;
+        float *dx = dinp + (size_t)n * ld;
         for (int i = 0; i < C; i++) {
             float xhat = (x[i] - mean) * rstd;
             float g = dy[i] * w[i];
-            dx[i] += rstd * (g - gm - xhat * gxm);
+            float d = rstd * (g - gm - xhat * gxm);
+            dx[i] = a->dinp_assign ? d : dx[i] + d;
         }
     }
     // dweight, dbias: each thread owns a block of columns and sums the rows in order
@@ -82,7 +85,7 @@ void kiln_cpu_norm_backward(void *ctx, const struct kiln_norm_back_args *a) {
         int c0 = bk * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
         float sw[64] = {0}, sb[64] = {0};
         for (int n = 0; n < N; n++) {
-            const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+            const float *x = inp + (size_t)n * ld, *dy = dout + (size_t)n * ld;
             float mean = a->rms ? 0.0f : a->mean[n], rstd = a->rstd[n];
             for (int i = c0; i < c1; i++) {
                 sw[i - c0] += dy[i] * ((x[i] - mean) * rstd);

@@ -48,12 +48,12 @@ static __device__ __forceinline__ void load_x(const bf16 *inp, const bf16 *res, 
 template <int V>
 static __global__ void norm_forward_kernel(bf16 *out, float *mean_out, float *rstd_out, bf16 *res_out,
                                            const bf16 *inp, const bf16 *res_in, const bf16 *weight,
-                                           const bf16 *bias, int N, int C, int rms, float eps) {
+                                           const bf16 *bias, int N, int C, int ld, int rms, float eps) {
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N)
         return; // whole warps exit together: no block-level barrier below
-    size_t base = (size_t)row * C;
+    size_t base = (size_t)row * ld;
     float s = 0.0f;
     for (int i = lane * V; i < C; i += 32 * V) {
         float x[V];
@@ -104,7 +104,8 @@ extern "C" void kiln_cuda_norm_forward(void *ctx, const struct kiln_norm_args *a
     if (a->N == 0)
         return;
     KILN_ASSERT(a->rms || a->mean);
-    int vec = a->C % 8 == 0 && ((uintptr_t)a->out | (uintptr_t)a->inp | (uintptr_t)a->res_in |
+    int ld = a->stride ? a->stride : a->C; // row stride
+    int vec = a->C % 8 == 0 && ld % 8 == 0 && ((uintptr_t)a->out | (uintptr_t)a->inp | (uintptr_t)a->res_in |
                                 (uintptr_t)a->res_out | (uintptr_t)a->weight | (uintptr_t)a->bias) %
                                        16 ==
                                    0;
@@ -114,11 +115,11 @@ extern "C" void kiln_cuda_norm_forward(void *ctx, const struct kiln_norm_args *a
     if (vec)
         norm_forward_kernel<8><<<grid, 32 * rows_per_block, 0, c->stream>>>(
             (bf16 *)a->out, mean, a->rstd, (bf16 *)a->res_out, (const bf16 *)a->inp, (const bf16 *)a->res_in,
-            (const bf16 *)a->weight, (const bf16 *)a->bias, a->N, a->C, a->rms, a->eps);
+            (const bf16 *)a->weight, (const bf16 *)a->bias, a->N, a->C, ld, a->rms, a->eps);
     else
         norm_forward_kernel<1><<<grid, 32 * rows_per_block, 0, c->stream>>>(
             (bf16 *)a->out, mean, a->rstd, (bf16 *)a->res_out, (const bf16 *)a->inp, (const bf16 *)a->res_in,
-            (const bf16 *)a->weight, (const bf16 *)a->bias, a->N, a->C, a->rms, a->eps);
+            (const bf16 *)a->weight, (const bf16 *)a->bias, a->N, a->C, ld, a->rms, a->eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -126,12 +127,13 @@ extern "C" void kiln_cuda_norm_forward(void *ctx, const struct kiln_norm_args *a
 template <int V>
 static __global__ void norm_backward_dinp_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp,
                                                  const bf16 *weight, const float *mean_in,
-                                                 const float *rstd_in, int N, int C, int rms) {
+                                                 const float *rstd_in, int N, int C, int ld, int rms,
+                                                 int assign) {
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N)
         return;
-    size_t base = (size_t)row * C;
+    size_t base = (size_t)row * ld;
     float mean = rms ? 0.0f : mean_in[row], rstd = rstd_in[row];
     float s_dn = 0.0f, s_dnx = 0.0f;
     for (int i = lane * V; i < C; i += 32 * V) {
@@ -153,11 +155,13 @@ static __global__ void norm_backward_dinp_kernel(bf16 *dinp, const bf16 *dout, c
         ldv<V>(dout + base + i, d);
         ldv<V>(inp + base + i, x);
         ldv<V>(weight + i, w);
-        ldv<V>(dinp + base + i, g);
+        if (!assign)
+            ldv<V>(dinp + base + i, g);
 #pragma unroll
         for (int k = 0; k < V; k++) {
             float xhat = (x[k] - mean) * rstd;
-            g[k] += rstd * (d[k] * w[k] - s_dn - xhat * s_dnx);
+            float dx = rstd * (d[k] * w[k] - s_dn - xhat * s_dnx);
+            g[k] = assign ? dx : g[k] + dx;
         }
         stv<V>(dinp + base + i, g);
     }
@@ -171,7 +175,7 @@ static __global__ void norm_backward_dinp_kernel(bf16 *dinp, const bf16 *dout, c
 template <int V>
 static __global__ void colsum_partial_kernel(float *part_w, float *part_b, const bf16 *dout, const bf16 *x,
                                              const float *mean_in, const float *rstd_in, int rms, int N,
-                                             int C, int R) {
+                                             int C, int ld, int R) {
     int col = (blockIdx.x * blockDim.x + threadIdx.x) * V;
     int chunk = blockIdx.y;
     if (col >= C)
@@ -182,7 +186,7 @@ static __global__ void colsum_partial_kernel(float *part_w, float *part_b, const
     for (int k = 0; k < V; k++)
         sw[k] = sb[k] = 0.0f;
     for (int r = r0; r < r1; r++) {
-        size_t o = (size_t)r * C + col;
+        size_t o = (size_t)r * ld + col;
         bf16 d[V], xv[V];
         if (V == 8) {
             bf16x8 t;
@@ -241,8 +245,8 @@ static __global__ void colsum_reduce_kernel(float *dw, float *db, const float *p
 
 // dw += colsum(dout * xhat) (when x), db += colsum(dout) (when db)
 static void colsums(struct cuda_ctx *c, float *dw, float *db, const bf16 *dout, const bf16 *x,
-                    const float *mean, const float *rstd, int rms, int N, int C) {
-    int vec = C % 8 == 0 && ((uintptr_t)dout | (uintptr_t)x) % 16 == 0;
+                    const float *mean, const float *rstd, int rms, int N, int C, int ld) {
+    int vec = C % 8 == 0 && ld % 8 == 0 && ((uintptr_t)dout | (uintptr_t)x) % 16 == 0;
     int bt = vec ? 128 : 256, bx = KILN_CEIL_DIV(C, bt * (vec ? 8 : 1));
     // enough chunks to fill the GPU ~4x, at least 32 rows each; depends only on shapes and the device
     int chunks = KILN_CEIL_DIV(4 * c->prop.multiProcessorCount, bx);
@@ -257,10 +261,10 @@ static void colsums(struct cuda_ctx *c, float *dw, float *db, const bf16 *dout, 
     dim3 grid(bx, chunks);
     if (vec)
         colsum_partial_kernel<8>
-            <<<grid, bt, 0, c->stream>>>(part_w, part_b, dout, x, mean, rstd, rms, N, C, R);
+            <<<grid, bt, 0, c->stream>>>(part_w, part_b, dout, x, mean, rstd, rms, N, C, ld, R);
     else
         colsum_partial_kernel<1>
-            <<<grid, bt, 0, c->stream>>>(part_w, part_b, dout, x, mean, rstd, rms, N, C, R);
+            <<<grid, bt, 0, c->stream>>>(part_w, part_b, dout, x, mean, rstd, rms, N, C, ld, R);
     CUDA_CHECK_LAUNCH();
     colsum_reduce_kernel<<<KILN_CEIL_DIV(C, 256), 256, 0, c->stream>>>(x ? dw : NULL, db, part_w, part_b,
                                                                        chunks, C);
@@ -270,7 +274,7 @@ static void colsums(struct cuda_ctx *c, float *dw, float *db, const bf16 *dout, 
 extern "C" void kiln_cuda_colsum_bf16_acc(struct cuda_ctx *c, float *out, const bf16 *x, int N, int C) {
     if (N == 0 || C == 0)
         return;
-    colsums(c, NULL, out, x, NULL, NULL, NULL, 1, N, C);
+    colsums(c, NULL, out, x, NULL, NULL, NULL, 1, N, C, C);
 }
 
 extern "C" void kiln_cuda_norm_backward(void *ctx, const struct kiln_norm_back_args *a) {
@@ -279,18 +283,21 @@ extern "C" void kiln_cuda_norm_backward(void *ctx, const struct kiln_norm_back_a
         return;
     const float *mean = a->rms ? NULL : a->mean;
     KILN_ASSERT(a->rms || mean);
-    int vec = a->C % 8 == 0 &&
+    int ld = a->stride ? a->stride : a->C; // row stride
+    int vec = a->C % 8 == 0 && ld % 8 == 0 &&
               ((uintptr_t)a->dinp | (uintptr_t)a->dout | (uintptr_t)a->inp | (uintptr_t)a->weight) % 16 == 0;
     unsigned grid = KILN_CEIL_DIV(a->N, 8);
     if (vec)
         norm_backward_dinp_kernel<8>
             <<<grid, 256, 0, c->stream>>>((bf16 *)a->dinp, (const bf16 *)a->dout, (const bf16 *)a->inp,
-                                          (const bf16 *)a->weight, mean, a->rstd, a->N, a->C, a->rms);
+                                          (const bf16 *)a->weight, mean, a->rstd, a->N, a->C, ld, a->rms,
+                                          a->dinp_assign);
     else
         norm_backward_dinp_kernel<1>
             <<<grid, 256, 0, c->stream>>>((bf16 *)a->dinp, (const bf16 *)a->dout, (const bf16 *)a->inp,
-                                          (const bf16 *)a->weight, mean, a->rstd, a->N, a->C, a->rms);
+                                          (const bf16 *)a->weight, mean, a->rstd, a->N, a->C, ld, a->rms,
+                                          a->dinp_assign);
     CUDA_CHECK_LAUNCH();
     colsums(c, (float *)a->dweight, (float *)a->dbias, (const bf16 *)a->dout, (const bf16 *)a->inp, mean,
-            a->rstd, a->rms, a->N, a->C);
+            a->rstd, a->rms, a->N, a->C, ld);
 }
