@@ -18,7 +18,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "backend/cuda/common.cuh"
+#include "backend/cuda/attn_common.cuh"
 
 #define FA_LOG2E 1.4426950408889634f
 #define FA_LN2 0.6931471805599453f
@@ -38,35 +38,8 @@ struct fa_params {
     float *dq_acc; // single-pass backward: unscaled dQ in the rotated frame, f32 (B, T, NH, HS), zeroed first
 };
 
-static __device__ __forceinline__ float fa_alibi_slope(int h, int NH) {
-    int n = 1;
-    while (n * 2 <= NH)
-        n *= 2;
-    if (h < n)
-        return exp2f(-8.0f * (h + 1) / n);
-    return exp2f(-4.0f * (2 * (h - n) + 1) / n);
-}
-
 // ---- PTX helpers ------------------------------------------------------------------------------------------
 
-static __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const bf16 *p) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const bf16 *p) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
 // 16 bytes global -> shared, bypassing L1; valid == 0 writes 16 zero bytes and reads nothing.
 static __device__ __forceinline__ void cp_async16(bf16 *s, const bf16 *g, int valid) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
@@ -80,10 +53,6 @@ static __device__ __forceinline__ void cp_async_commit(void) {
 template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-static __device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
 
 // ---- fragment loads (m16n8k16 bf16, row.col)
 // ---------------------------------------------------------------- A (16 x 16) at rows r0.., columns k0.. of
@@ -91,24 +60,24 @@ static __device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
 // a2 (r, k+8), a3 (r+8, k+8).
 template <int LD> static __device__ __forceinline__ void frag_a(uint32_t *a, const bf16 *s, int r0, int k0) {
     int l = threadIdx.x & 31;
-    ldsm_x4(a, s + (r0 + (l & 7) + ((l >> 3) & 1) * 8) * LD + k0 + (l >> 4) * 8);
+    ldmatrix_x4(a, s + (r0 + (l & 7) + ((l >> 3) & 1) * 8) * LD + k0 + (l >> 4) * 8);
 }
 // B of two n tiles (n0..n0+7, n0+8..n0+15) at k0.., from a tile stored [n][k]: b[0], b[1] for the first n
 // tile, b[2], b[3] for the second.
 template <int LD> static __device__ __forceinline__ void frag_b(uint32_t *b, const bf16 *s, int n0, int k0) {
     int l = threadIdx.x & 31;
-    ldsm_x4(b, s + (n0 + (l & 7) + (l >> 4) * 8) * LD + k0 + ((l >> 3) & 1) * 8);
+    ldmatrix_x4(b, s + (n0 + (l & 7) + (l >> 4) * 8) * LD + k0 + ((l >> 3) & 1) * 8);
 }
 // Same, from a tile stored [k][n] (transposed on load).
 template <int LD> static __device__ __forceinline__ void frag_bt(uint32_t *b, const bf16 *s, int k0, int n0) {
     int l = threadIdx.x & 31;
-    ldsm_x4_t(b, s + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * LD + n0 + (l >> 4) * 8);
+    ldmatrix_x4_trans(b, s + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * LD + n0 + (l >> 4) * 8);
 }
 // A (16 x 16) at rows m0.., columns k0.., from a tile stored [k][m] (transposed on load): matrices a0 (m, k),
 // a1 (m+8, k), a2 (m, k+8), a3 (m+8, k+8) are stored rows k.. / k+8.., columns m.. / m+8..
 template <int LD> static __device__ __forceinline__ void frag_at(uint32_t *a, const bf16 *s, int k0, int m0) {
     int l = threadIdx.x & 31;
-    ldsm_x4_t(a, s + (k0 + (l & 7) + (l >> 4) * 8) * LD + m0 + ((l >> 3) & 1) * 8);
+    ldmatrix_x4_trans(a, s + (k0 + (l & 7) + (l >> 4) * 8) * LD + m0 + ((l >> 3) & 1) * 8);
 }
 
 // g[0] += x, g[1] += y (global, 8-byte aligned), no result: one vector reduction (RED) on sm_90, two on
@@ -141,8 +110,8 @@ static __device__ __forceinline__ void mm_abt(float (*c)[4], const uint32_t (*ar
         for (int np = 0; np < NT / 2; np++) {
             uint32_t b[4];
             frag_b<LD>(b, Bs, np * 16, kk * 16);
-            fa_mma(c[2 * np], a, b[0], b[1]);
-            fa_mma(c[2 * np + 1], a, b[2], b[3]);
+            mma_bf16(c[2 * np], a, b[0], b[1]);
+            mma_bf16(c[2 * np + 1], a, b[2], b[3]);
         }
     }
 }
@@ -153,16 +122,16 @@ static __device__ __forceinline__ void mm_pv(float (*o)[4], const float (*p)[4],
 #pragma unroll
     for (int kk = 0; kk < KT; kk++) {
         uint32_t a[4];
-        a[0] = fa_pack(p[2 * kk][0], p[2 * kk][1]);
-        a[1] = fa_pack(p[2 * kk][2], p[2 * kk][3]);
-        a[2] = fa_pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-        a[3] = fa_pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+        a[0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);
+        a[1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
+        a[2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+        a[3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 #pragma unroll
         for (int dp = 0; dp < HS / 16; dp++) {
             uint32_t b[4];
             frag_bt<LD>(b, Vs, kk * 16, dp * 16);
-            fa_mma(o[2 * dp], a, b[0], b[1]);
-            fa_mma(o[2 * dp + 1], a, b[2], b[3]);
+            mma_bf16(o[2 * dp], a, b[0], b[1]);
+            mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
         }
     }
 }
@@ -188,40 +157,6 @@ template <int HS> static __device__ __forceinline__ void zero_acc(float (*x)[4])
 
 // Inverse RoPE of a gradient in C fragments (16 rows x HS): columns d and d + HS/2 are fragments dt and
 // dt + HS/16 of the same thread.
-template <int HS>
-static __device__ __forceinline__ void fa_rope_back(float (*x)[4], int t_lo, int t_hi, int T, const float *ct,
-                                                    const float *st) {
-    int t4 = threadIdx.x & 3;
-#pragma unroll
-    for (int dt = 0; dt < HS / 16; dt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int t = e < 2 ? t_lo : t_hi;
-            if (t >= T)
-                continue;
-            int d = dt * 8 + t4 * 2 + (e & 1);
-            float cs = ct[t * (HS / 2) + d], sn = st[t * (HS / 2) + d];
-            float a = x[dt][e], b = x[dt + HS / 16][e];
-            x[dt][e] = a * cs + b * sn;
-            x[dt + HS / 16][e] = b * cs - a * sn;
-        }
-}
-
-template <int HS>
-static __device__ __forceinline__ void fa_store(bf16 *base, int stride, int t_lo, int t_hi, int T,
-                                                float (*x)[4], float mul_lo, float mul_hi) {
-    int t4 = threadIdx.x & 3;
-#pragma unroll
-    for (int dt = 0; dt < HS / 8; dt++) {
-        int d = dt * 8 + t4 * 2;
-        if (t_lo < T)
-            *(__nv_bfloat162 *)(base + (size_t)t_lo * stride + d) =
-                __floats2bfloat162_rn(x[dt][0] * mul_lo, x[dt][1] * mul_lo);
-        if (t_hi < T)
-            *(__nv_bfloat162 *)(base + (size_t)t_hi * stride + d) =
-                __floats2bfloat162_rn(x[dt][2] * mul_hi, x[dt][3] * mul_hi);
-    }
-}
 
 // ---- RoPE pre-rotation -----------------------------------------------------------------------------------
 // qr (B, T, NH, HS), kr (B, T, NKV, HS) = rotated q, k of qkv. One thread: 8 pairs (d, d + HS/2).
@@ -267,7 +202,7 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_fwd_kernel(struct fa_
     const bf16 *qg = p.q + (size_t)b * p.T * p.q_rs + h * HS;
     const bf16 *kg = p.k + (size_t)b * p.T * p.k_rs + kvh * HS;
     const bf16 *vg = p.v + (size_t)b * p.T * p.v_rs + kvh * HS;
-    float slope2 = p.alibi ? fa_alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
+    float slope2 = p.alibi ? alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
     int n_kv = KILN_CEIL_DIV(min(q0 + BM, p.T), BN);
 
     tile_async<HS, BM, NTH>(Qs, qg, p.q_rs, q0, p.T);
@@ -351,7 +286,7 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_fwd_kernel(struct fa_
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
         inv[r] = 1.0f / l[r];
     }
-    fa_store<HS>(p.out + (size_t)b * p.T * p.NH * HS + h * HS, p.NH * HS, qi[0], qi[1], p.T, o, inv[0],
+    store_frag<HS>(p.out + (size_t)b * p.T * p.NH * HS + h * HS, p.NH * HS, qi[0], qi[1], p.T, o, inv[0],
                  inv[1]);
     if (t4 == 0) {
         float *lg = p.lse + ((size_t)b * p.NH + h) * p.T;
@@ -455,7 +390,7 @@ static __global__ void __launch_bounds__(128, MINB) fa_bwd_dkdv_kernel(struct fa
         if (q0 + BM - 1 >= wk0) { // else every query of the tile precedes all 16 keys of this warp
             const bf16 *Qb = Qs + buf * BM * LD, *dOb = dOs + buf * BM * LD;
             const float *ls = lse_s + buf * BM, *dss = ds_s + buf * BM;
-            float slope2 = p.alibi ? fa_alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
+            float slope2 = p.alibi ? alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
             // S^T (16 keys x BM queries) = K Q^T, dP^T = V dO^T
             float st[BM / 8][4], dpt[BM / 8][4];
 #pragma unroll
@@ -486,10 +421,10 @@ static __global__ void __launch_bounds__(128, MINB) fa_bwd_dkdv_kernel(struct fa
         __syncthreads(); // buffer buf is refilled at iteration it + 1
     }
     if (p.cos_tab)
-        fa_rope_back<HS>(dk, kj[0], kj[1], p.T, p.cos_tab, p.sin_tab);
+        rope_back_frag<HS>(dk, kj[0], kj[1], p.T, p.cos_tab, p.sin_tab);
     bf16 *dbase = p.dqkv + (size_t)b * p.T * p.rs;
-    fa_store<HS>(dbase + (p.NH + kvh) * HS, p.rs, kj[0], kj[1], p.T, dk, p.scale, p.scale);
-    fa_store<HS>(dbase + (p.NH + p.NKV + kvh) * HS, p.rs, kj[0], kj[1], p.T, dv, 1.0f, 1.0f);
+    store_frag<HS>(dbase + (p.NH + kvh) * HS, p.rs, kj[0], kj[1], p.T, dk, p.scale, p.scale);
+    store_frag<HS>(dbase + (p.NH + p.NKV + kvh) * HS, p.rs, kj[0], kj[1], p.T, dv, 1.0f, 1.0f);
 }
 
 // dQ for NW x 16 queries of one head: S and dP recomputed over the key tiles up to the diagonal, K/V
@@ -505,7 +440,7 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_dq_kernel(struct 
     int q0 = qt * BM, wq0 = q0 + warp * 16;
     const bf16 *kg = p.k + (size_t)b * p.T * p.k_rs + kvh * HS;
     const bf16 *vg = p.v + (size_t)b * p.T * p.v_rs + kvh * HS;
-    float slope2 = p.alibi ? fa_alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
+    float slope2 = p.alibi ? alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
     int n_kv = KILN_CEIL_DIV(min(q0 + BM, p.T), BN);
 
     tile_async<HS, BM, NTH>(Qs, p.q + (size_t)b * p.T * p.q_rs + h * HS, p.q_rs, q0, p.T);
@@ -567,8 +502,8 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_dq_kernel(struct 
         __syncthreads();
     }
     if (p.cos_tab)
-        fa_rope_back<HS>(dq, qi[0], qi[1], p.T, p.cos_tab, p.sin_tab);
-    fa_store<HS>(p.dqkv + (size_t)b * p.T * p.rs + h * HS, p.rs, qi[0], qi[1], p.T, dq, p.scale, p.scale);
+        rope_back_frag<HS>(dq, qi[0], qi[1], p.T, p.cos_tab, p.sin_tab);
+    store_frag<HS>(p.dqkv + (size_t)b * p.T * p.rs + h * HS, p.rs, qi[0], qi[1], p.T, dq, p.scale, p.scale);
 }
 
 // ---- single-pass backward (default mode) -----------------------------------------------------------------
@@ -646,7 +581,7 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_fused_kernel(stru
         const bf16 *Qb = Qs + buf * BM * LD, *dOb = dOs + buf * BM * LD;
         if (q0 + BM - 1 >= wk0) { // else every query of the tile precedes all 16 keys of this warp
             const float *ls = lse_s + buf * BM, *dss = ds_s + buf * BM;
-            float slope2 = p.alibi ? fa_alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
+            float slope2 = p.alibi ? alibi_slope(h, p.NH) * FA_LOG2E : 0.0f;
             // S^T (16 keys x BM queries) = K Q^T, dP^T = V dO^T
             float st[BM / 8][4], dpt[BM / 8][4];
 #pragma unroll
@@ -673,8 +608,8 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_fused_kernel(stru
             bf16 *drow = dSs + (warp * 16 + g) * LDS + t4 * 2;
 #pragma unroll
             for (int nt = 0; nt < BM / 8; nt++) {
-                *(uint32_t *)(drow + nt * 8) = fa_pack(dpt[nt][0], dpt[nt][1]);
-                *(uint32_t *)(drow + 8 * LDS + nt * 8) = fa_pack(dpt[nt][2], dpt[nt][3]);
+                *(uint32_t *)(drow + nt * 8) = pack_bf16(dpt[nt][0], dpt[nt][1]);
+                *(uint32_t *)(drow + 8 * LDS + nt * 8) = pack_bf16(dpt[nt][2], dpt[nt][3]);
             }
         }
         if (it + 1 < n_it && threadIdx.x < BM) {
@@ -701,8 +636,8 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_fused_kernel(stru
                     for (int dp = 0; dp < HSW / 16; dp++) {
                         uint32_t bb[4];
                         frag_bt<LD>(bb, Ks, kk * 16, c0 + dp * 16);
-                        fa_mma(dq[2 * dp], a, bb[0], bb[1]);
-                        fa_mma(dq[2 * dp + 1], a, bb[2], bb[3]);
+                        mma_bf16(dq[2 * dp], a, bb[0], bb[1]);
+                        mma_bf16(dq[2 * dp + 1], a, bb[2], bb[3]);
                     }
                 }
             }
@@ -719,14 +654,14 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_fused_kernel(stru
         }
     }
     if (p.cos_tab)
-        fa_rope_back<HS>(dk, kj[0], kj[1], p.T, p.cos_tab, p.sin_tab);
+        rope_back_frag<HS>(dk, kj[0], kj[1], p.T, p.cos_tab, p.sin_tab);
     bf16 *dbase = p.dqkv + (size_t)b * p.T * p.rs;
-    fa_store<HS>(dbase + (p.NH + kvh) * HS, p.rs, kj[0], kj[1], p.T, dk, p.scale, p.scale);
-    fa_store<HS>(dbase + (p.NH + p.NKV + kvh) * HS, p.rs, kj[0], kj[1], p.T, dv, 1.0f, 1.0f);
+    store_frag<HS>(dbase + (p.NH + kvh) * HS, p.rs, kj[0], kj[1], p.T, dk, p.scale, p.scale);
+    store_frag<HS>(dbase + (p.NH + p.NKV + kvh) * HS, p.rs, kj[0], kj[1], p.T, dv, 1.0f, 1.0f);
 }
 
 // dqkv's q slice (B, T, NH HS at row stride rs, bf16) = scale R(t)^-1 acc, acc f32 (B, T, NH, HS); R(t) the
-// RoPE rotation when ct != NULL (pairs d, d + HS/2, as fa_rope_back). One thread: 4 pairs, 16-byte loads.
+// RoPE rotation when ct != NULL (pairs d, d + HS/2, as rope_back_frag). One thread: 4 pairs, 16-byte loads.
 template <int HS>
 static __global__ void fa_dq_convert_kernel(bf16 *dqkv, const float *acc, long n, int T, int NH, int rs,
                                             float scale, const float *ct, const float *st) {
@@ -759,11 +694,6 @@ static __global__ void fa_dq_convert_kernel(bf16 *dqkv, const float *acc, long n
 }
 
 // ---- launchers ------------------------------------------------------------------------------------------
-
-template <typename K> static void fa_set_smem(K kernel, size_t bytes) {
-    if (bytes > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
 
 // Tile configuration: KILN_FA_VARIANT=1 (or 2: single-pass backward only, elsewhere as 1) picks alternative
 // shapes, so one benchmark run can compare them; 0 (default) is the one expected to be faster.
@@ -819,7 +749,7 @@ template <int HS, int NW, bool QREG, int MINB>
 static void fa_fwd_launch(struct cuda_ctx *c, const struct fa_params &p) {
     constexpr int BM = NW * 16;
     size_t smem = (size_t)(BM + 4 * 64) * (HS + 8) * sizeof(bf16);
-    fa_set_smem(fa_fwd_kernel<HS, NW, QREG, MINB>, smem);
+    set_smem(fa_fwd_kernel<HS, NW, QREG, MINB>, smem);
     dim3 grid(KILN_CEIL_DIV(p.T, BM), p.B * p.NH);
     fa_fwd_kernel<HS, NW, QREG, MINB><<<grid, NW * 32, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
@@ -856,13 +786,13 @@ extern "C" int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_
 template <int HS, int BM, bool KREG, int MINB1, int NWQ, bool QREG, int BNQ, int MINB2>
 static void fa_bwd_launch(struct cuda_ctx *c, const struct fa_params &p) {
     size_t s1 = (size_t)(2 * 64 + 4 * BM) * (HS + 8) * sizeof(bf16) + 4 * BM * sizeof(float);
-    fa_set_smem(fa_bwd_dkdv_kernel<HS, BM, KREG, MINB1>, s1);
+    set_smem(fa_bwd_dkdv_kernel<HS, BM, KREG, MINB1>, s1);
     dim3 g1(KILN_CEIL_DIV(p.T, 64), p.B * p.NKV);
     fa_bwd_dkdv_kernel<HS, BM, KREG, MINB1><<<g1, 128, s1, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
     constexpr int BQ = NWQ * 16;
     size_t s2 = (size_t)(2 * BQ + 4 * BNQ) * (HS + 8) * sizeof(bf16);
-    fa_set_smem(fa_bwd_dq_kernel<HS, NWQ, QREG, BNQ, MINB2>, s2);
+    set_smem(fa_bwd_dq_kernel<HS, NWQ, QREG, BNQ, MINB2>, s2);
     dim3 g2(KILN_CEIL_DIV(p.T, BQ), p.B * p.NH);
     fa_bwd_dq_kernel<HS, NWQ, QREG, BNQ, MINB2><<<g2, NWQ * 32, s2, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
@@ -875,7 +805,7 @@ static void fa_bwd_fused_launch(struct cuda_ctx *c, const struct fa_params &p) {
     constexpr int BN = NW * 16;
     size_t smem = (size_t)(2 * BN + 4 * BM) * (HS + 8) * sizeof(bf16) + (size_t)BN * (BM + 8) * sizeof(bf16) +
                   4 * BM * sizeof(float);
-    fa_set_smem(fa_bwd_fused_kernel<HS, NW, BM, KREG, MINB>, smem);
+    set_smem(fa_bwd_fused_kernel<HS, NW, BM, KREG, MINB>, smem);
     dim3 grid(KILN_CEIL_DIV(p.T, BN), p.B * p.NKV);
     fa_bwd_fused_kernel<HS, NW, BM, KREG, MINB><<<grid, NW * 32, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
