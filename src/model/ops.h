@@ -69,8 +69,8 @@ struct kiln_norm_args {
 
 struct kiln_norm_back_args {
     void *dinp;         // act (N, C), += (it is the residual stream's gradient)
-    void *dweight;      // grad (C), +=
-    void *dbias;        // grad (C), +=, or NULL
+    void *dweight;      // grad (C), += (= with grad_assign)
+    void *dbias;        // grad (C), += (= with grad_assign), or NULL
     const void *dout;   // act (N, C)
     const void *inp;    // act (N, C): the normalized input x (res_out of the forward when fused)
     const void *weight; // act (C)
@@ -80,6 +80,7 @@ struct kiln_norm_back_args {
     int rms;
     int stride;         // elements between consecutive rows of dinp, dout and inp (0 = C)
     int dinp_assign;    // dinp = instead of dinp +=
+    int grad_assign;    // dweight, dbias = instead of += (the first write of a step: no zeroing pass)
 };
 
 // out = act(inp @ weight^T + bias). With act == GELU, pre receives inp @ weight^T + bias.
@@ -97,7 +98,7 @@ struct kiln_matmul_args {
 // Given dout = dL/d(out) of a matmul with act == NONE:
 //   dinp (=, or += when dinp_accumulate) dout @ weight, times gelu'(dinp_gelu_pre) elementwise when set
 //   (this is the backward of the GELU of the *previous* matmul, fused here as cuBLASLt's DGELU epilogue);
-//   dweight += dout^T @ inp;  dbias += sum over rows of dout.
+//   dweight += dout^T @ inp;  dbias += sum over rows of dout  (= for both with grad_assign).
 struct kiln_matmul_back_args {
     void *dinp;               // act (N, IC), or NULL to skip
     void *dweight;            // grad (OC, IC), +=
@@ -108,6 +109,7 @@ struct kiln_matmul_back_args {
     const void *dinp_gelu_pre;// act (N, IC) or NULL
     int N, IC, OC;
     int dinp_accumulate;
+    int grad_assign;          // dweight, dbias = instead of += (the first write of a step: no zeroing pass)
 };
 
 // Causal multi-head attention with grouped K/V heads, FlashAttention-style: no (T, T) matrix is kept;

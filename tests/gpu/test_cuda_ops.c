@@ -302,7 +302,7 @@ static void test_strided_norms_match_cpu(void **state) {
 
 static void test_norms_match_cpu(void **state) {
     struct env *e = *state;
-    int shapes[][2] = {{1, 72}, {7, 768}, {100, 72}, {257, 100}, {64, 1600}}; // N, C
+    int shapes[][2] = {{1, 72}, {7, 768}, {100, 72}, {257, 100}, {64, 1600}, {4099, 1024}, {301, 4096}}; // N, C
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
         for (int rms = 0; rms <= 1; rms++)
             for (int fused = 0; fused <= 1; fused++) {
@@ -383,16 +383,22 @@ static void test_norms_match_cpu(void **state) {
 
                 struct pair dinp = pair_new(e, nc, ACT), dw = pair_new(e, C, GRAD), db = pair_new(e, C, GRAD);
                 pair_randn(&dinp, 1.0f); // += outputs
-                pair_randn(&dw, 1.0f);
-                pair_randn(&db, 1.0f);
+                int gassign = fused;      // dweight, dbias assigned (poisoned before) or added to
+                if (gassign) {
+                    pair_poison(&dw);
+                    pair_poison(&db);
+                } else {
+                    pair_randn(&dw, 1.0f);
+                    pair_randn(&db, 1.0f);
+                }
                 pair_randn(&out, 1.0f); // dout
                 struct pair *x = fused ? &res_out : &inp;
                 struct kiln_norm_back_args b_c = {
                     dinp.c, dw.c, rms ? NULL : db.c, out.c, x->c, w.c, rms ? NULL : mean.c, rstd.c, N,
-                    C,      rms, 0, 0};
+                    C,      rms, 0, 0, gassign};
                 struct kiln_norm_back_args b_g = {
                     dinp.g, dw.g, rms ? NULL : db.g, out.g, x->g, w.g, rms ? NULL : mean.g, rstd.g, N,
-                    C,      rms, 0, 0};
+                    C,      rms, 0, 0, gassign};
                 RUN(e, norm_backward, &b);
                 check(e, "norm_backward", sh, "dinp", &dinp, TOL_BF16);
                 check(e, "norm_backward", sh, "dweight", &dw, TOL_F32G);
@@ -466,20 +472,26 @@ static void test_matmul_matches_cpu(void **state) {
                 pair_randn(&dinp, 1.0f);
             else
                 pair_poison(&dinp);
-            pair_randn(&dw, 1.0f);
-            pair_randn(&db, 1.0f);
+            int gassign = variant == 0 || variant == 2; // dweight, dbias assigned (poisoned before) or added to
+            if (gassign) {
+                pair_poison(&dw);
+                pair_poison(&db);
+            } else {
+                pair_randn(&dw, 1.0f);
+                pair_randn(&db, 1.0f);
+            }
             pair_randn(&gpre, 1.5f);
             pair_randn(&out, 1.0f); // dout
             struct kiln_matmul_back_args b_c = {
                 dinp.c, dw.c, has_bias ? db.c : NULL, out.c, inp.c, w.c, dgelu ? gpre.c : NULL, N, IC,
-                OC,     dacc};
+                OC,     dacc,   gassign};
             struct kiln_matmul_back_args b_g = {
                 dinp.g, dw.g, has_bias ? db.g : NULL, out.g, inp.g, w.g, dgelu ? gpre.g : NULL, N, IC,
-                OC,     dacc};
+                OC,     dacc,   gassign};
             RUN(e, matmul_backward, &b);
             char sh2[160];
-            snprintf(sh2, sizeof(sh2), "N=%d IC=%d OC=%d dinp%s%s", N, IC, OC, dacc ? "+=" : "=",
-                     dgelu ? "*gelu'" : "");
+            snprintf(sh2, sizeof(sh2), "N=%d IC=%d OC=%d dinp%s%s dW%s", N, IC, OC, dacc ? "+=" : "=",
+                     dgelu ? "*gelu'" : "", gassign ? "=" : "+=");
             check(e, "matmul_backward", sh2, "dinp", &dinp, TOL_BF16);
             check(e, "matmul_backward", sh2, "dweight", &dw, TOL_F32G);
             if (has_bias)
@@ -863,7 +875,7 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
     for (int run = 0; run < 2; run++) {
         g->ops->copy(g->ctx, dw.g, dw0.g, bdw);
         g->ops->zero(g->ctx, db.g, bdb);
-        struct kiln_matmul_back_args b = {dinp.g, dw.g, db.g, dout.g, inp.g, w.g, NULL, N, C, OC, 0};
+        struct kiln_matmul_back_args b = {dinp.g, dw.g, db.g, dout.g, inp.g, w.g, NULL, N, C, OC, 0, 0};
         g->ops->matmul_backward(g->ctx, &b);
         if (run == 0) {
             snap_dw = malloc(bdw);
@@ -898,7 +910,7 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
         g->ops->zero(g->ctx, dinp.g, nb[0]);
         g->ops->zero(g->ctx, ndw.g, nb[1]);
         g->ops->zero(g->ctx, ndb.g, nb[2]);
-        struct kiln_norm_back_args b = {dinp.g, ndw.g, ndb.g, nout.g, inp.g, nw.g, mean.g, rstd.g, N, C, 0, 0, 0};
+        struct kiln_norm_back_args b = {dinp.g, ndw.g, ndb.g, nout.g, inp.g, nw.g, mean.g, rstd.g, N, C, 0, 0, 0, 0};
         g->ops->norm_backward(g->ctx, &b);
         for (int i = 0; i < 3; i++) {
             if (run == 0) {

@@ -238,6 +238,70 @@ static void train_steps(const struct kiln_model_config *m, uint64_t seed, int st
     fixture_close(&f);
 }
 
+// kiln_gpt_zero_grad does not zero: the first micro-step's ops assign. A gradient some op forgot to assign
+// would keep the previous step's value; so a step after another batch must give exactly the gradients of a
+// fresh model, and two accumulated micro-steps the sum of their separate gradients.
+static void grads_of(struct fixture *f, const int32_t *in, const int32_t *tgt, float *grad) {
+    kiln_gpt_zero_grad(f->g);
+    kiln_gpt_forward(f->g, in, tgt, 0.1f, 0.0f);
+    kiln_gpt_backward(f->g);
+    kiln_gpt_get_grads(f->g, grad);
+}
+
+static void check_no_stale_gradients(const struct kiln_model_config *m, const char *what) {
+    struct fixture a, b;
+    fixture_open(&a, m, KILN_RECOMPUTE_NONE, 5);
+    fixture_open(&b, m, KILN_RECOMPUTE_NONE, 5);
+    size_t total = kiln_gpt_params(a.g)->total, n = (size_t)a.B * a.T;
+    int32_t *in2 = malloc(n * sizeof(int32_t)), *tgt2 = malloc(n * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) {
+        in2[i] = (a.in[i] + 3) % m->vocab_size;
+        tgt2[i] = (int32_t)((i * 7) % (size_t)m->vocab_size);
+    }
+    float *ga = malloc(total * 4), *gb = malloc(total * 4), *g1 = malloc(total * 4);
+    grads_of(&a, a.in, a.tgt, g1); // batch 1 leaves its gradients behind
+    grads_of(&a, in2, tgt2, ga);
+    grads_of(&b, in2, tgt2, gb); // a fresh model: its buffer was zeroed at creation
+    for (size_t i = 0; i < total; i++)
+        if (memcmp(&ga[i], &gb[i], 4) != 0)
+            fail_msg("%s: gradient %zu after another step %g, fresh %g", what, i, ga[i], gb[i]);
+    // accumulation: batch 1 then batch 2 without zeroing in between
+    kiln_gpt_zero_grad(a.g);
+    kiln_gpt_forward(a.g, a.in, a.tgt, 0.1f, 0.0f);
+    kiln_gpt_backward(a.g);
+    kiln_gpt_forward(a.g, in2, tgt2, 0.1f, 0.0f);
+    kiln_gpt_backward(a.g);
+    kiln_gpt_get_grads(a.g, ga);
+    for (size_t i = 0; i < total; i++)
+        if (fabsf(ga[i] - (g1[i] + gb[i])) > 1e-5f * (1.0f + fabsf(g1[i]) + fabsf(gb[i])))
+            fail_msg("%s: accumulated gradient %zu = %g, separate sum %g", what, i, ga[i], g1[i] + gb[i]);
+    free(in2);
+    free(tgt2);
+    free(ga);
+    free(gb);
+    free(g1);
+    fixture_close(&a);
+    fixture_close(&b);
+}
+
+static void test_first_micro_step_overwrites_every_gradient(void **state) {
+    struct kiln_model_config m;
+    tiny_config(&m);
+    check_no_stale_gradients(&m, "gpt2 (tied)");
+    m.tie_embeddings = 0;
+    m.pos = KILN_POS_ROPE;
+    m.norm_rms = 1;
+    m.mlp_swiglu = 1;
+    m.mlp_hidden = 24;
+    m.n_kv_head = 2;
+    m.qk_norm = 1;
+    check_no_stale_gradients(&m, "untied, rope, rms, swiglu, gqa, qk-norm");
+    tiny_config(&m);
+    m.parallel_block = 1;
+    m.pos = KILN_POS_ALIBI;
+    check_no_stale_gradients(&m, "parallel, alibi");
+}
+
 static void test_same_seed_is_bitwise_identical_and_other_seed_differs(void **state) {
     struct kiln_model_config m;
     tiny_config(&m);
@@ -266,6 +330,7 @@ int main(void) {
         cmocka_unit_test(test_recompute_gives_identical_gradients),
         cmocka_unit_test(test_kv_cache_decode_matches_full_forward),
         cmocka_unit_test(test_same_seed_is_bitwise_identical_and_other_seed_differs),
+        cmocka_unit_test(test_first_micro_step_overwrites_every_gradient),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -307,7 +307,7 @@ void kiln_cpu_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a) 
         }
         kiln_cpu_free(ctx, tmp);
     }
-    // dweight (OC, IC) += dout^T (OC, N) @ inp (N, IC)
+    // dweight (OC, IC) (+)= dout^T (OC, N) @ inp (N, IC)
     struct kiln_cpu_gemm gw = {.M = OC,
                                .N = IC,
                                .K = N,
@@ -319,7 +319,7 @@ void kiln_cpu_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a) 
                                .tb = 0,
                                .C = a->dweight,
                                .ldc = IC,
-                               .accumulate = 1};
+                               .accumulate = !a->grad_assign};
     kiln_cpu_gemm(c, &gw);
     if (a->dbias) {
         // dbias (OC) += column sums of dout; each thread owns a column block and sums rows in order
@@ -334,7 +334,7 @@ void kiln_cpu_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a) 
                 for (int o = o0; o < o1; o++)
                     sum[o - o0] += dout[(size_t)n * OC + o];
             for (int o = o0; o < o1; o++)
-                dbias[o] += sum[o - o0];
+                dbias[o] = a->grad_assign ? sum[o - o0] : dbias[o] + sum[o - o0];
         }
     }
 }

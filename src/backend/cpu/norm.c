@@ -93,9 +93,9 @@ void kiln_cpu_norm_backward(void *ctx, const struct kiln_norm_back_args *a) {
             }
         }
         for (int i = c0; i < c1; i++) {
-            dw[i] += sw[i - c0];
+            dw[i] = a->grad_assign ? sw[i - c0] : dw[i] + sw[i - c0];
             if (db)
-                db[i] += sb[i - c0];
+                db[i] = a->grad_assign ? sb[i - c0] : db[i] + sb[i - c0];
         }
     }
 }

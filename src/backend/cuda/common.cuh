@@ -120,8 +120,9 @@ void kiln_cuda_add(void *ctx, void *out, const void *a, const void *b, size_t n)
 void kiln_cuda_cross_entropy(void *ctx, const struct kiln_xent_args *a);
 double kiln_cuda_sum_squares(void *ctx, const void *grads, size_t n);
 void kiln_cuda_adamw(void *ctx, const struct kiln_adamw_args *a);
-// column sums (norm.cu): out[c] += sum_r x[r, c] for bf16 x (N, C), deterministic (fixed-order partials)
-void kiln_cuda_colsum_bf16_acc(struct cuda_ctx *c, float *out, const bf16 *x, int N, int C);
+// column sums (norm.cu): out[c] += sum_r x[r, c] (= when assign) for bf16 x (N, C), deterministic
+// (fixed-order partials)
+void kiln_cuda_colsum_bf16(struct cuda_ctx *c, float *out, const bf16 *x, int N, int C, int assign);
 void kiln_cuda_add_f32(struct cuda_ctx *c, float *out, const float *x, int n); // out += x
 void kiln_cuda_matmul_cache_free(struct cuda_ctx *c); // matmul.cu: the cuBLASLt descriptor cache
 #ifdef __cplusplus

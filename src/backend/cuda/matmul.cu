@@ -357,22 +357,23 @@ extern "C" void kiln_cuda_matmul_backward(void *ctx, const struct kiln_matmul_ba
     g.D = a->dweight;
     g.ldd = a->IC;
     g.dtype = CUDA_R_32F;
-    g.beta = 1.0f;
+    g.beta = a->grad_assign ? 0.0f : 1.0f;
     g.epi = CUBLASLT_EPILOGUE_DEFAULT;
     float *bgrad = NULL;
     if (a->dbias) {
-        // BGRADB overwrites its output: write to scratch, then accumulate into dbias
-        bgrad = (float *)kiln_cuda_scratch(c, SCR_BIASGRAD, (size_t)a->OC * sizeof(float));
+        // BGRADB overwrites its output: straight into dbias when assigning, else into scratch, then added
+        bgrad = a->grad_assign ? (float *)a->dbias
+                               : (float *)kiln_cuda_scratch(c, SCR_BIASGRAD, (size_t)a->OC * sizeof(float));
         g.epi = CUBLASLT_EPILOGUE_BGRADB;
         g.bias = bgrad;
         g.bias_dtype = CUDA_R_32F;
     }
     if (lt_matmul(c, &g) == 0) {
-        if (a->dbias)
+        if (a->dbias && !a->grad_assign)
             kiln_cuda_add_f32(c, (float *)a->dbias, bgrad, a->OC);
         return;
     }
     lt_matmul_plain(c, g);
     if (a->dbias)
-        kiln_cuda_colsum_bf16_acc(c, (float *)a->dbias, (const bf16 *)a->dout, a->N, a->OC);
+        kiln_cuda_colsum_bf16(c, (float *)a->dbias, (const bf16 *)a->dout, a->N, a->OC, a->grad_assign);
 }
