@@ -13,6 +13,7 @@
 //
 // When cuBLASLt has no algorithm for a fused epilogue (odd leading dimensions, unsupported type mix), the op
 // falls back to a plain GEMM plus small kernels below, so every shape works.
+#include <math.h>
 #include <string.h>
 
 #include "backend/cuda/common.cuh"
@@ -51,14 +52,19 @@ struct lt_key {
     uint32_t al[4];
 };
 
-// One cached configuration: descriptors built once, the heuristic's algorithm (or ok = 0: none /
-// unsupported).
+// One cached configuration: descriptors built once, the algorithm (or ok = 0: none / unsupported).
+// The heuristic ranks up to LT_CANDIDATES algorithms; unless the context is deterministic, the first call
+// times each of them on the real operands and keeps the fastest (tuned = 1), since the heuristic's first
+// choice is not always the fastest for a shape. Deterministic contexts keep the heuristic's first choice, so
+// that the same algorithm, and so the same rounding, runs every time.
+#define LT_CANDIDATES 8
 struct lt_entry {
     struct lt_key key;
-    int ok;
+    int ok, tuned, n_algos;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc, ld;
     cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algos[LT_CANDIDATES];
 };
 
 static void lt_entry_destroy(struct lt_entry *e) {
@@ -133,13 +139,19 @@ static void lt_entry_build(struct cuda_ctx *c, struct lt_entry *e, const struct 
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
     CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4));
-    cublasLtMatmulHeuristicResult_t heur;
+    cublasLtMatmulHeuristicResult_t heur[LT_CANDIDATES];
     int nres = 0;
-    cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(c->lt, e->desc, e->la, e->lb, e->lc, e->ld, pref, 1, &heur, &nres);
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, e->desc, e->la, e->lb, e->lc, e->ld, pref,
+                                                       LT_CANDIDATES, heur, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st == CUBLAS_STATUS_SUCCESS && nres > 0) {
-        e->algo = heur.algo;
+        e->algo = heur[0].algo;
+        e->n_algos = 0;
+        for (int i = 0; i < nres; i++)
+            if (heur[i].state == CUBLAS_STATUS_SUCCESS)
+                e->algos[e->n_algos++] = heur[i].algo;
+        const char *tune = getenv("KILN_GEMM_TUNE"); // "0": the heuristic's first choice everywhere
+        e->tuned = c->deterministic || e->n_algos < 2 || (tune && !strcmp(tune, "0"));
         e->ok = 1;
     } else {
         if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
@@ -148,6 +160,40 @@ static void lt_entry_build(struct cuda_ctx *c, struct lt_entry *e, const struct 
         e->ok = 0;
         lt_entry_destroy(e);
     }
+}
+
+// Times each candidate algorithm of e (2 runs after a warm-up) and keeps the fastest. Only configurations
+// whose every output the real call then rewrites are timed on the real buffers: with beta != 0 (D
+// accumulates) the timing runs would add into D, so those keep the heuristic's choice.
+static void lt_tune(struct cuda_ctx *c, struct lt_entry *e, const struct lt_gemm *g) {
+    e->tuned = 1;
+    if (g->beta != 0.0f)
+        return;
+    cudaEvent_t t0, t1;
+    CUDA_CHECK(cudaEventCreate(&t0));
+    CUDA_CHECK(cudaEventCreate(&t1));
+    float alpha = 1.0f, beta = 0.0f, best = INFINITY;
+    for (int i = 0; i < e->n_algos; i++) {
+        float ms = 0.0f;
+        cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+        for (int r = 0; r < 3 && st == CUBLAS_STATUS_SUCCESS; r++) {
+            if (r == 1)
+                CUDA_CHECK(cudaEventRecord(t0, c->stream));
+            st = cublasLtMatmul(c->lt, e->desc, &alpha, g->A, e->la, g->B, e->lb, &beta, g->C, e->lc, g->D, e->ld,
+                                &e->algos[i], c->workspace, c->workspace_bytes, c->stream);
+        }
+        if (st != CUBLAS_STATUS_SUCCESS)
+            continue; // this candidate cannot run these operands after all
+        CUDA_CHECK(cudaEventRecord(t1, c->stream));
+        CUDA_CHECK(cudaEventSynchronize(t1));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+        if (ms < best) {
+            best = ms;
+            e->algo = e->algos[i];
+        }
+    }
+    CUDA_CHECK(cudaEventDestroy(t0));
+    CUDA_CHECK(cudaEventDestroy(t1));
 }
 
 // Runs one cuBLASLt matmul; returns 0, or -1 when no algorithm supports this combination (then nothing ran).
@@ -205,6 +251,8 @@ static int lt_matmul(struct cuda_ctx *c, const struct lt_gemm *g) {
     if (g->aux)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                     &g->aux, sizeof(g->aux)));
+    if (!e->tuned)
+        lt_tune(c, e, g);
     float alpha = 1.0f, beta = g->beta;
     cublasStatus_t st = cublasLtMatmul(c->lt, e->desc, &alpha, g->A, e->la, g->B, e->lb, &beta, g->C, e->lc,
                                        g->D, e->ld, &e->algo, c->workspace, c->workspace_bytes, c->stream);
@@ -298,6 +346,44 @@ extern "C" void kiln_cuda_matmul_forward(void *ctx, const struct kiln_matmul_arg
     }
 }
 
+// dweight (+)= inp^T-ish GEMM (f32), with dbias from the BGRADB epilogue
+static void matmul_dweight(struct cuda_ctx *c, const struct kiln_matmul_back_args *a) {
+    struct lt_gemm g;
+    memset(&g, 0, sizeof(g));
+    g.transa = CUBLAS_OP_N;
+    g.transb = CUBLAS_OP_T;
+    g.m = a->IC;
+    g.n = a->OC;
+    g.k = a->N;
+    g.A = a->inp;
+    g.lda = a->IC;
+    g.B = a->dout;
+    g.ldb = a->OC;
+    g.C = a->dweight;
+    g.D = a->dweight;
+    g.ldd = a->IC;
+    g.dtype = CUDA_R_32F;
+    g.beta = a->grad_assign ? 0.0f : 1.0f;
+    g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    float *bgrad = NULL;
+    if (a->dbias) {
+        // BGRADB overwrites its output: straight into dbias when assigning, else into scratch, then added
+        bgrad = a->grad_assign ? (float *)a->dbias
+                               : (float *)kiln_cuda_scratch(c, SCR_BIASGRAD, (size_t)a->OC * sizeof(float));
+        g.epi = CUBLASLT_EPILOGUE_BGRADB;
+        g.bias = bgrad;
+        g.bias_dtype = CUDA_R_32F;
+    }
+    if (lt_matmul(c, &g) == 0) {
+        if (a->dbias && !a->grad_assign)
+            kiln_cuda_add_f32(c, (float *)a->dbias, bgrad, a->OC);
+        return;
+    }
+    lt_matmul_plain(c, g);
+    if (a->dbias)
+        kiln_cuda_colsum_bf16(c, (float *)a->dbias, (const bf16 *)a->dout, a->N, a->OC, a->grad_assign);
+}
+
 extern "C" void kiln_cuda_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a) {
     struct cuda_ctx *c = cuda_ctx_of(ctx);
     if (a->N == 0)
@@ -341,39 +427,5 @@ extern "C" void kiln_cuda_matmul_backward(void *ctx, const struct kiln_matmul_ba
         if (tmp)
             kiln_cuda_add(ctx, a->dinp, a->dinp, dst, n_inp);
     }
-    // ---- dweight += inp^T-ish GEMM (f32), with dbias from the BGRADB epilogue ----
-    struct lt_gemm g;
-    memset(&g, 0, sizeof(g));
-    g.transa = CUBLAS_OP_N;
-    g.transb = CUBLAS_OP_T;
-    g.m = a->IC;
-    g.n = a->OC;
-    g.k = a->N;
-    g.A = a->inp;
-    g.lda = a->IC;
-    g.B = a->dout;
-    g.ldb = a->OC;
-    g.C = a->dweight;
-    g.D = a->dweight;
-    g.ldd = a->IC;
-    g.dtype = CUDA_R_32F;
-    g.beta = a->grad_assign ? 0.0f : 1.0f;
-    g.epi = CUBLASLT_EPILOGUE_DEFAULT;
-    float *bgrad = NULL;
-    if (a->dbias) {
-        // BGRADB overwrites its output: straight into dbias when assigning, else into scratch, then added
-        bgrad = a->grad_assign ? (float *)a->dbias
-                               : (float *)kiln_cuda_scratch(c, SCR_BIASGRAD, (size_t)a->OC * sizeof(float));
-        g.epi = CUBLASLT_EPILOGUE_BGRADB;
-        g.bias = bgrad;
-        g.bias_dtype = CUDA_R_32F;
-    }
-    if (lt_matmul(c, &g) == 0) {
-        if (a->dbias && !a->grad_assign)
-            kiln_cuda_add_f32(c, (float *)a->dbias, bgrad, a->OC);
-        return;
-    }
-    lt_matmul_plain(c, g);
-    if (a->dbias)
-        kiln_cuda_colsum_bf16(c, (float *)a->dbias, (const bf16 *)a->dout, a->N, a->OC, a->grad_assign);
+    matmul_dweight(c, a);
 }
