@@ -53,8 +53,8 @@ if has kiln; then
   done
 fi
 if has family; then
-  # issue 5: llama-1b-style training next to a like-for-like PyTorch baseline, parallel vs sequential blocks at
-  # the 1.3B shape, and the cost of RoPE/ALiBi inside the attention kernels
+  # issue 5: llama-1b-style training next to a like-for-like PyTorch baseline, parallel (fused input projection,
+  # and its two-GEMM form) vs sequential blocks at the 1.3B shape, and the cost of RoPE/ALiBi inside attention
   echo "| run | ms/step | tok/s | mfu | mem GiB |" >"$OUT/family_table.md"
   fam() { # name, kiln args...
     local name=$1
@@ -68,6 +68,8 @@ if has family; then
   TOKENS=8192 fam llama-1b --preset=llama-1b --batch=4 --seq=2048
   TOKENS=8192 fam 1.3b-seq --preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --batch=8 --seq=1024
   TOKENS=8192 fam 1.3b-parallel --preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --batch=8 --seq=1024 --block=parallel
+  KILN_PARALLEL_FUSED=0 TOKENS=8192 fam 1.3b-parallel-unfused --preset=gpt2-124m --layers=24 --dim=2048 --heads=16 \
+    --batch=8 --seq=1024 --block=parallel
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/torch_llama.py --layers 16 --dim 2048 --heads 32 --kv-heads 8 \
     --hidden 8192 --seq 2048 --batch 4 >"$OUT/torch_llama.log" 2>&1
   python3 - "$OUT/torch_llama.log" >>"$OUT/family_table.md" <<'PY'

@@ -7,9 +7,15 @@
 // Residual adds are fused into the next normalization: the norm that ends layer l computes
 // x[l+1] = residual + branch and normalizes it as layer l+1's norm1 (or as the final norm). So layer l owns
 // the tail op that produces ln1[l+1]; backward mirrors this.
+//
+// A parallel block's two input projections both read norm1(x): they run as one GEMM over [W_qkv; W_fc]
+// (params.c stores the two back to back), writing [qkv | fc_pre] rows that attention and the MLP's activation
+// read as column slices (the ops take row strides). The backward gathers [dqkv | dfc] the same way, for one
+// GEMM giving dL/dln1 and one giving d[W_qkv; W_fc]. struct fusion says when that applies.
 #include "model/gpt.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "util/error.h"
@@ -37,6 +43,8 @@ struct acts {
     struct buf ln1;    // act (L+1) x (N, C): norm1 outputs; ln1[L] is the final norm's output
     struct buf mean1;  // f32 (L+1) x (N)
     struct buf rstd1;  // f32 (L+1) x (N)
+    struct buf pre;    // act L x (N, QKV + FCO): a parallel block's fused projection [qkv | fc_pre], which
+                       // then takes the place of qkv and fc_pre (both empty)
     struct buf qkv;    // act L x (N, QKV): the attention's input (q and k normalized with QK-norm)
     struct buf qkv_raw;// act L x (N, QKV): the projection before QK-norm (QK-norm only)
     struct buf meanq, rstdq, meank, rstdk; // f32 L x (N): QK-norm statistics
@@ -53,10 +61,11 @@ struct acts {
     struct buf mo;     // act (N, C): MLP branch output
     struct buf dres;   // act (N, C): gradient of the residual stream
     struct buf dln;    // act (N, C): gradient of a norm output (also dlnf from the classifier)
+    struct buf dpre;   // act (N, QKV + FCO): [dqkv | dfc] of a fused parallel block (then dqkv, dfc empty)
     struct buf dqkv;   // act (N, QKV)
     struct buf dqkv_raw; // act (N, QKV): gradient before QK-norm (QK-norm only)
     struct buf datty;  // act (N, NH*HS)
-    struct buf dfc;    // act (N, max(FCO, H))
+    struct buf dfc;    // act (N, FCO)
     struct buf dhid;   // act (N, H): SwiGLU only, gradient of the hidden activation
     struct buf logits; // act (rows, Vp): one chunk of the classifier
     struct buf losses; // f32 (N)
@@ -68,9 +77,21 @@ struct acts {
 struct decode {
     int B, maxT;
     struct buf k, v;          // act L x (B, maxT, NKV*HS)
-    struct buf x, ln, qkv, qkv_raw, atty, ao, fc_pre, fc_act, logits; // act, B rows
+    struct buf x, ln, pre, qkv, qkv_raw, atty, ao, fc_pre, fc_act, logits; // act, B rows
     struct buf mean, rstd, tokens;
     float *logits_host;       // (B, Vp)
+};
+
+// When a parallel block's input projections run as one GEMM. Not with --qk-norm (q and k pass through their
+// norms into a separate qkv buffer before attention), and not where the 64-element alignment of the parameter
+// table put padding between W_qkv and W_fc (or their biases): QKV * C or QKV not a multiple of 64, no real
+// shape. With --recompute=mlp the forward keeps the two GEMMs (a fused forward would keep every layer's
+// fc_pre, which that mode exists to drop) and only the backward fuses; on CUDA that mode's numbers then
+// differ from --recompute=none's by bf16 rounding (on the CPU they do not). KILN_PARALLEL_FUSED=0 turns
+// fusion off, so that tests and benchmarks can compare both on one build.
+struct fusion {
+    int on;  // backward and decoding fuse
+    int fwd; // the training and evaluation forward fuses too
 };
 
 struct kiln_gpt {
@@ -87,6 +108,7 @@ struct kiln_gpt {
     void *grads;    // grad (P)
     float *m, *v;   // f32 (P) AdamW moments
 
+    struct fusion fuse;
     struct acts a;
     int classifier_rows; // rows per classifier chunk
     int32_t *tokens_host; // (N) last inputs, for the embedding backward
@@ -140,22 +162,46 @@ static int classifier_rows_for(const struct dims *d, size_t act_bytes) {
     return (int)rows;
 }
 
+static int adjacent(const struct kiln_param_table *pt, int first, int second) {
+    return first < 0 || (second >= 0 && pt->p[first].offset + pt->p[first].count == pt->p[second].offset);
+}
+
+static struct fusion fusion_of(const struct kiln_model_config *m, const struct kiln_param_table *pt,
+                               const struct kiln_gpt_opts *o) {
+    struct fusion f = {0, 0};
+    const char *env = getenv("KILN_PARALLEL_FUSED");
+    if (!m->parallel_block || m->qk_norm || (env && strcmp(env, "0") == 0))
+        return f;
+    for (int l = 0; l < m->n_layer; l++) {
+        const int *ix = pt->layer[l];
+        if (!adjacent(pt, ix[KILN_QKV_W], ix[KILN_FC_W]) || !adjacent(pt, ix[KILN_QKV_B], ix[KILN_FC_B]))
+            return f;
+    }
+    f.on = 1;
+    f.fwd = !(o->training && o->recompute == KILN_RECOMPUTE_MLP);
+    return f;
+}
+
 // Lays out the activation buffers (sizes only). Shared by the plan and the allocation so they cannot drift.
-static void acts_layout(struct acts *a, const struct dims *d, enum kiln_recompute rc, int training, size_t ab,
-                        int classifier_rows) {
+static void acts_layout(struct acts *a, const struct dims *d, const struct kiln_gpt_opts *o,
+                        const struct fusion *fu, size_t ab, int classifier_rows) {
     memset(a, 0, sizeof(*a));
-    int L = d->L;
+    int L = d->L, training = o->training;
+    enum kiln_recompute rc = o->recompute;
     int per_layer = rc == KILN_RECOMPUTE_BLOCK ? 1 : L;
     int mlp_slots = rc == KILN_RECOMPUTE_NONE ? L : 1;
     if (!training)
         per_layer = mlp_slots = 1;
     size_t N = (size_t)d->N, f = sizeof(float), i = sizeof(int32_t);
+    // a fused forward keeps [qkv | fc_pre] in pre (mlp_slots == per_layer then); a fused backward has dpre
+    size_t qkv = N * d->QKV, fc = N * d->FCO, pre = fu->fwd ? qkv + fc : 0, dpre = fu->on ? qkv + fc : 0;
 #define SET(b, n, s, eb) (a->b = (struct buf){NULL, (n), (s), (eb)})
     SET(x, N * d->C, training ? L + 1 : 2, ab);
     SET(ln1, N * d->C, (rc == KILN_RECOMPUTE_BLOCK || !training) ? 2 : L + 1, ab);
     SET(mean1, N, L + 1, f);
     SET(rstd1, N, L + 1, f);
-    SET(qkv, N * d->QKV, per_layer, ab);
+    SET(pre, pre, per_layer, ab);
+    SET(qkv, pre ? 0 : qkv, per_layer, ab);
     size_t qk = d->qk_norm ? 1 : 0; // QK-norm's buffers are empty without it
     SET(qkv_raw, qk * N * d->QKV, per_layer, ab);
     SET(meanq, qk * N, per_layer, f);
@@ -168,7 +214,7 @@ static void acts_layout(struct acts *a, const struct dims *d, enum kiln_recomput
     SET(ln2, N * d->C, per_layer, ab);
     SET(mean2, N, per_layer, f);
     SET(rstd2, N, per_layer, f);
-    SET(fc_pre, N * d->FCO, mlp_slots, ab);
+    SET(fc_pre, pre ? 0 : fc, mlp_slots, ab);
     SET(fc_act, N * d->H, mlp_slots, ab);
     SET(ao, N * d->C, 1, ab);
     SET(mo, N * d->C, 1, ab);
@@ -179,10 +225,11 @@ static void acts_layout(struct acts *a, const struct dims *d, enum kiln_recomput
     SET(targets, N, 1, i);
     if (training) {
         SET(dres, N * d->C, 1, ab);
-        SET(dqkv, N * d->QKV, 1, ab);
+        SET(dpre, dpre, 1, ab);
+        SET(dqkv, dpre ? 0 : qkv, 1, ab);
         SET(dqkv_raw, qk * N * d->QKV, 1, ab);
         SET(datty, N * d->AO, 1, ab);
-        SET(dfc, N * (d->FCO > d->H ? d->FCO : d->H), 1, ab);
+        SET(dfc, dpre ? 0 : fc, 1, ab);
         if (d->FCO != d->H)
             SET(dhid, N * d->H, 1, ab);
     }
@@ -195,8 +242,9 @@ void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts
     kiln_params_build(&pt, m);
     struct dims d = dims_of(m, o->B, o->T);
     size_t ab = kiln_dtype_bytes(act);
+    struct fusion fu = fusion_of(m, &pt, o);
     struct acts a;
-    acts_layout(&a, &d, o->recompute, o->training, ab, classifier_rows_for(&d, ab));
+    acts_layout(&a, &d, o, &fu, ab, classifier_rows_for(&d, ab));
     memset(plan, 0, sizeof(*plan));
     plan->params_bytes = pt.total * sizeof(float);
     plan->weights_bytes = weights_alias_master ? 0 : pt.total * ab;
@@ -270,7 +318,8 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
     struct dims d = dims_of(m, o->B, o->T);
     size_t ab = kiln_dtype_bytes(be->act_dtype);
     g->classifier_rows = classifier_rows_for(&d, ab);
-    acts_layout(&g->a, &d, o->recompute, o->training, ab, g->classifier_rows);
+    g->fuse = fusion_of(m, &g->pt, o);
+    acts_layout(&g->a, &d, o, &g->fuse, ab, g->classifier_rows);
     *out = g;
 
     int rc = gpt_alloc(g, (void **)&g->params, g->plan.params_bytes, err);
@@ -313,9 +362,9 @@ void kiln_gpt_free(struct kiln_gpt *g) {
     struct buf *bufs = (struct buf *)&g->a;
     for (size_t i = 0; i < N_ACT_BUFS; i++)
         free_buf(g, &bufs[i]);
-    struct buf *dec[] = {&g->dec.k,  &g->dec.v,      &g->dec.x,      &g->dec.ln,     &g->dec.qkv,  &g->dec.qkv_raw, &g->dec.atty,
-                         &g->dec.ao, &g->dec.fc_pre, &g->dec.fc_act, &g->dec.logits, &g->dec.mean, &g->dec.rstd,
-                         &g->dec.tokens};
+    struct buf *dec[] = {&g->dec.k,      &g->dec.v,      &g->dec.x,      &g->dec.ln,     &g->dec.pre,
+                         &g->dec.qkv,    &g->dec.qkv_raw, &g->dec.atty,  &g->dec.ao,     &g->dec.fc_pre,
+                         &g->dec.fc_act, &g->dec.logits, &g->dec.mean,   &g->dec.rstd,   &g->dec.tokens};
     for (size_t i = 0; i < sizeof(dec) / sizeof(dec[0]); i++)
         free_buf(g, dec[i]);
     free(g->dec.logits_host);
@@ -338,6 +387,11 @@ const struct kiln_param_table *kiln_gpt_params(const struct kiln_gpt *g) {
 
 const struct kiln_mem_plan *kiln_gpt_mem_plan(const struct kiln_gpt *g) {
     return &g->plan;
+}
+
+void kiln_gpt_fused_projection(const struct kiln_gpt *g, int *fwd, int *bwd) {
+    *fwd = g->fuse.fwd;
+    *bwd = g->fuse.on;
 }
 
 // ----------------------------------------------------------------------------
@@ -407,6 +461,22 @@ static void matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp
     g->ops->matmul_forward(g->ctx, &a);
 }
 
+// The MLP of layer l after its input projection: fc_act = act(fc_pre) (rows of fc_pre `stride` elements
+// apart, 0 = FCO), then out = (or +=) self.c_proj(fc_act).
+static void mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *fc_pre, int stride,
+                        void *fc_act, void *out, int accumulate, int N) {
+    const int *ix = g->pt.layer[l];
+    if (g->cfg.mlp_swiglu) {
+        struct kiln_swiglu_args s = {.out = fc_act, .inp = fc_pre, .N = N, .H = d->H, .inp_stride = stride};
+        g->ops->swiglu_forward(g->ctx, &s);
+    } else {
+        struct kiln_gelu_args s = {.out = fc_act, .inp = fc_pre, .N = N, .H = d->H, .inp_stride = stride};
+        g->ops->gelu_forward(g->ctx, &s);
+    }
+    matmul_fwd(g, out, NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], N, d->H, d->C, KILN_ACT_NONE,
+               accumulate);
+}
+
 // the MLP of layer l on input `inp` (N, C): fc_pre, fc_act, and (accumulated into) out
 static void mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre, void *fc_act,
                     void *out, int accumulate, int N) {
@@ -414,12 +484,11 @@ static void mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void 
     if (g->cfg.mlp_swiglu) {
         // self.c_proj(F.silu(gate) * up), where [gate | up] = self.c_fc(x)
         matmul_fwd(g, fc_pre, NULL, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->FCO, KILN_ACT_NONE, 0);
-        struct kiln_swiglu_args s = {.out = fc_act, .inp = fc_pre, .N = N, .H = d->H};
-        g->ops->swiglu_forward(g->ctx, &s);
-    } else {
-        // self.c_proj(gelu(self.c_fc(x)))
-        matmul_fwd(g, fc_act, fc_pre, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->H, KILN_ACT_GELU, 0);
+        mlp_act_fwd(g, d, l, fc_pre, 0, fc_act, out, accumulate, N);
+        return;
     }
+    // self.c_proj(gelu(self.c_fc(x))), the GELU in the first GEMM's epilogue
+    matmul_fwd(g, fc_act, fc_pre, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->H, KILN_ACT_GELU, 0);
     matmul_fwd(g, out, NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], N, d->H, d->C, KILN_ACT_NONE, accumulate);
 }
 
@@ -461,10 +530,22 @@ static void qk_norm_backward(struct kiln_gpt *g, const struct dims *d, int l, vo
     g->ops->norm_backward(g->ctx, &k);
 }
 
+// y = softmax(q k^T / sqrt(HS) + mask) v over qkv (rows `stride` apart, 0 = QKV); ao = self.c_proj(y)
+static void attn_core_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *qkv, int stride) {
+    struct acts *a = &g->a;
+    const int *ix = g->pt.layer[l];
+    struct kiln_attn_args at = {.out = buf_at(&a->atty, l), .lse = buf_at(&a->lse, l), .qkv = qkv, .B = d->B,
+                                .T = d->T, .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
+                                .rope_theta = g->cfg.rope_theta, .qkv_stride = stride};
+    g->ops->attention_forward(g->ctx, &at);
+    matmul_fwd(g, a->ao.p, NULL, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO, d->C,
+               KILN_ACT_NONE, 0);
+}
+
 static void attn_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
-    // qkv = self.c_attn(ln1); y = softmax(q k^T / sqrt(HS) + mask) v; ao = self.c_proj(y)
+    // qkv = self.c_attn(ln1), then attention
     if (d->qk_norm) {
         // q = q_norm(q), k = k_norm(k), each over a token's whole q (NH*HS) or k (NKV*HS), as OLMo-2
         void *raw = buf_at(&a->qkv_raw, l);
@@ -476,12 +557,21 @@ static void attn_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
         matmul_fwd(g, buf_at(&a->qkv, l), NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C,
                    d->QKV, KILN_ACT_NONE, 0);
     }
-    struct kiln_attn_args at = {.out = buf_at(&a->atty, l), .lse = buf_at(&a->lse, l), .qkv = buf_at(&a->qkv, l),
-                                .B = d->B, .T = d->T, .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
-                                .rope_theta = g->cfg.rope_theta};
-    g->ops->attention_forward(g->ctx, &at);
-    matmul_fwd(g, a->ao.p, NULL, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO, d->C,
-               KILN_ACT_NONE, 0);
+    attn_core_fwd(g, d, l, buf_at(&a->qkv, l), 0);
+}
+
+// A parallel block's branches from one projection: [qkv | fc_pre] = ln1 @ [W_qkv; W_fc]^T + [b_qkv; b_fc];
+// attention reads the first QKV columns of each row, the MLP's activation the other FCO, and the MLP output
+// accumulates onto the attention output in ao.
+static void parallel_fused_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
+    struct acts *a = &g->a;
+    const int *ix = g->pt.layer[l];
+    void *pre = buf_at(&a->pre, l);
+    int S = d->QKV + d->FCO;
+    matmul_fwd(g, pre, NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, S, KILN_ACT_NONE,
+               0);
+    attn_core_fwd(g, d, l, pre, S);
+    mlp_act_fwd(g, d, l, act_at(g, pre, (size_t)d->QKV), S, buf_at(&a->fc_act, l), a->ao.p, 1, d->N);
 }
 
 // Layer l, from ln1[l] (already computed) up to the branch outputs. With tail set, it also produces x[l+1] and
@@ -489,13 +579,19 @@ static void attn_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
 static void layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int tail) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
-    attn_fwd(g, d, l);
     const void *resid; // what the tail adds the branch output to
     if (g->cfg.parallel_block) {
         // x' = x + attn(ln1) + mlp(ln1): the MLP output accumulates onto the attention output
-        mlp_fwd(g, d, l, buf_at(&a->ln1, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->ao.p, 1, d->N);
+        if (g->fuse.fwd) {
+            parallel_fused_fwd(g, d, l);
+        } else {
+            attn_fwd(g, d, l);
+            mlp_fwd(g, d, l, buf_at(&a->ln1, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->ao.p, 1,
+                    d->N);
+        }
         resid = buf_at(&a->x, l);
     } else {
+        attn_fwd(g, d, l);
         // h = x + attn(ln1(x)), normalized as ln2
         norm_fwd(g, buf_at(&a->ln2, l), buf_at(&a->mean2, l), buf_at(&a->rstd2, l), buf_at(&a->mid, l),
                  buf_at(&a->x, l), a->ao.p, ix[KILN_LN2_W], ix[KILN_LN2_B], d->N);
@@ -590,21 +686,52 @@ static void matmul_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const v
     g->ops->matmul_backward(g->ctx, &a);
 }
 
+// Backward of mlp_act_fwd, given dout = dL/d(mlp output): dfc = dL/d(fc_pre), rows dfc_stride apart (fc_pre's
+// pre_stride; 0 = FCO).
+static void mlp_act_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, const void *fc_pre,
+                        int pre_stride, void *dfc, int dfc_stride) {
+    struct acts *a = &g->a;
+    const int *ix = g->pt.layer[l];
+    const void *fc_act = buf_at(&a->fc_act, l);
+    if (g->cfg.mlp_swiglu) {
+        matmul_bwd(g, a->dhid.p, dout, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], d->N, d->H, d->C, NULL, 0);
+        struct kiln_swiglu_back_args s = {.dinp = dfc, .dout = a->dhid.p, .inp = fc_pre, .N = d->N, .H = d->H,
+                                          .inp_stride = pre_stride, .dinp_stride = dfc_stride};
+        g->ops->swiglu_backward(g->ctx, &s);
+    } else {
+        // dfc = (dout @ W_proj) * gelu'(fc_pre), fused into the projection's backward
+        struct kiln_matmul_back_args m = {.dinp = dfc, .dweight = G(g, ix[KILN_MLPO_W]),
+                                          .dbias = G(g, ix[KILN_MLPO_B]), .dout = dout, .inp = fc_act,
+                                          .weight = W(g, ix[KILN_MLPO_W]), .dinp_gelu_pre = fc_pre, .N = d->N,
+                                          .IC = d->H, .OC = d->C, .grad_assign = g->grads_fresh,
+                                          .dinp_stride = dfc_stride, .gelu_pre_stride = pre_stride};
+        g->ops->matmul_backward(g->ctx, &m);
+    }
+}
+
 // Backward of the MLP of layer l, given dout = dL/d(mlp output); writes dL/d(mlp input) into dinp.
 static void mlp_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, const void *dout, void *dinp,
                     int dinp_accumulate) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
-    const void *fc_pre = buf_at(&a->fc_pre, l), *fc_act = buf_at(&a->fc_act, l);
-    if (g->cfg.mlp_swiglu) {
-        matmul_bwd(g, a->dhid.p, dout, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], d->N, d->H, d->C, NULL, 0);
-        struct kiln_swiglu_back_args s = {.dinp = a->dfc.p, .dout = a->dhid.p, .inp = fc_pre, .N = d->N, .H = d->H};
-        g->ops->swiglu_backward(g->ctx, &s);
-    } else {
-        // dfc = (dout @ W_proj) * gelu'(fc_pre), fused into the projection's backward
-        matmul_bwd(g, a->dfc.p, dout, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], d->N, d->H, d->C, fc_pre, 0);
-    }
+    mlp_act_bwd(g, d, l, dout, buf_at(&a->fc_pre, l), 0, a->dfc.p, 0);
     matmul_bwd(g, dinp, a->dfc.p, inp, ix[KILN_FC_W], ix[KILN_FC_B], d->N, d->C, d->FCO, NULL, dinp_accumulate);
+}
+
+// Backward of attn_core_fwd, given dout = dL/d(ao): dqkv (rows dqkv_stride apart) from qkv (rows qkv_stride
+// apart) as the forward read it.
+static void attn_core_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, const void *qkv,
+                          int qkv_stride, void *dqkv, int dqkv_stride) {
+    struct acts *a = &g->a;
+    const int *ix = g->pt.layer[l];
+    matmul_bwd(g, a->datty.p, dout, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO, d->C, NULL,
+               0);
+    struct kiln_attn_back_args ab = {.dqkv = dqkv, .dout = a->datty.p, .qkv = qkv, .out = buf_at(&a->atty, l),
+                                     .lse = buf_at(&a->lse, l), .B = d->B, .T = d->T, .NH = d->NH,
+                                     .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
+                                     .rope_theta = g->cfg.rope_theta, .qkv_stride = qkv_stride,
+                                     .dqkv_stride = dqkv_stride};
+    g->ops->attention_backward(g->ctx, &ab);
 }
 
 // Backward of the attention of layer l, given dout = dL/d(attention branch output); writes dL/d(ln1) to dinp.
@@ -612,13 +739,7 @@ static void attn_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void
                      int dinp_accumulate) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
-    matmul_bwd(g, a->datty.p, dout, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO, d->C, NULL,
-               0);
-    struct kiln_attn_back_args ab = {.dqkv = a->dqkv.p, .dout = a->datty.p, .qkv = buf_at(&a->qkv, l),
-                                     .out = buf_at(&a->atty, l), .lse = buf_at(&a->lse, l), .B = d->B, .T = d->T,
-                                     .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
-                                     .rope_theta = g->cfg.rope_theta};
-    g->ops->attention_backward(g->ctx, &ab);
+    attn_core_bwd(g, d, l, dout, buf_at(&a->qkv, l), 0, a->dqkv.p, 0);
     const void *dqkv = a->dqkv.p;
     if (d->qk_norm) {
         qk_norm_backward(g, d, l, a->dqkv_raw.p, a->dqkv.p, buf_at(&a->qkv_raw, l), buf_at(&a->meanq, l),
@@ -627,6 +748,23 @@ static void attn_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void
     }
     matmul_bwd(g, dinp, dqkv, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, d->QKV, NULL,
                dinp_accumulate);
+}
+
+// Backward of a fused parallel block, given dout = dL/d(both branches' sum): both branches write their input
+// gradients into one [dqkv | dfc] buffer, then one GEMM gives dinp = dL/dln1 (overwritten) and another
+// d[W_qkv; W_fc] (and d[b_qkv; b_fc]).
+static void parallel_fused_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout,
+                               void *dinp) {
+    struct acts *a = &g->a;
+    const int *ix = g->pt.layer[l];
+    // the forward kept [qkv | fc_pre] rows of S, or (--recompute=mlp: two GEMMs) dense qkv and fc_pre (ks 0)
+    int S = d->QKV + d->FCO, ks = g->fuse.fwd ? S : 0;
+    const void *qkv = ks ? buf_at(&a->pre, l) : buf_at(&a->qkv, l);
+    const void *fc_pre = ks ? act_at(g, qkv, (size_t)d->QKV) : buf_at(&a->fc_pre, l);
+    mlp_act_bwd(g, d, l, dout, fc_pre, ks, act_at(g, a->dpre.p, (size_t)d->QKV), S);
+    attn_core_bwd(g, d, l, dout, qkv, ks, a->dpre.p, S);
+    matmul_bwd(g, dinp, a->dpre.p, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, S, NULL,
+               0);
 }
 
 // Re-runs what backward needs but recompute did not keep.
@@ -655,7 +793,9 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
     for (int l = d.L - 1; l >= 0; l--) {
         const int *ix = g->pt.layer[l];
         recompute_layer(g, &d, l);
-        if (g->cfg.parallel_block) {
+        if (g->cfg.parallel_block && g->fuse.on) {
+            parallel_fused_bwd(g, &d, l, dres, a->dln.p);
+        } else if (g->cfg.parallel_block) {
             // both branches read ln1 and write dL/dln1 into dln; the residual passes dres straight through
             mlp_bwd(g, &d, l, buf_at(&a->ln1, l), dres, a->dln.p, 0);
             attn_bwd(g, &d, l, dres, a->dln.p, 1);
@@ -706,6 +846,7 @@ int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error
     struct dims d = dims_of(&g->cfg, B, 1);
     struct decode *dc = &g->dec;
     size_t ab = kiln_dtype_bytes(g->be->act_dtype), kv = (size_t)B * maxT * d.NKV * d.HS;
+    size_t qkv = (size_t)B * d.QKV, fc = (size_t)B * d.FCO, pre = g->fuse.on ? qkv + fc : 0;
     dc->B = B;
     dc->maxT = maxT;
 #define SET(b, n, s, eb) (dc->b = (struct buf){NULL, (n), (s), (eb)})
@@ -713,19 +854,21 @@ int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error
     SET(v, kv, d.L, ab);
     SET(x, (size_t)B * d.C, 1, ab);
     SET(ln, (size_t)B * d.C, 1, ab);
-    SET(qkv, (size_t)B * d.QKV, 1, ab);
+    SET(pre, pre, 1, ab);
+    SET(qkv, pre ? 0 : qkv, 1, ab);
     SET(qkv_raw, (size_t)(d.qk_norm ? B : 0) * d.QKV, 1, ab);
     SET(atty, (size_t)B * d.AO, 1, ab);
     SET(ao, (size_t)B * d.C, 1, ab);
-    SET(fc_pre, (size_t)B * d.FCO, 1, ab);
+    SET(fc_pre, pre ? 0 : fc, 1, ab);
     SET(fc_act, (size_t)B * d.H, 1, ab);
     SET(logits, (size_t)B * d.Vp, 1, ab);
     SET(mean, (size_t)B, 1, sizeof(float));
     SET(rstd, (size_t)B, 1, sizeof(float));
     SET(tokens, (size_t)B, 1, sizeof(int32_t));
 #undef SET
-    struct buf *bufs[] = {&dc->k,      &dc->v,      &dc->x,      &dc->ln,     &dc->qkv,  &dc->qkv_raw, &dc->atty,
-                          &dc->ao,     &dc->fc_pre, &dc->fc_act, &dc->logits, &dc->mean, &dc->rstd,    &dc->tokens};
+    struct buf *bufs[] = {&dc->k,      &dc->v,      &dc->x,         &dc->ln,     &dc->pre,
+                          &dc->qkv,    &dc->qkv_raw, &dc->atty,    &dc->ao,     &dc->fc_pre,
+                          &dc->fc_act, &dc->logits, &dc->mean,     &dc->rstd,   &dc->tokens};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         free_buf(g, bufs[i]);
         int rc = gpt_alloc(g, &bufs[i]->p, buf_bytes(bufs[i]), err);
@@ -748,10 +891,15 @@ void kiln_gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, fl
     struct kiln_embed_args e = {.out = dc->x.p, .tokens = dc->tokens.p, .tokens_host = tokens,
                                 .wte = W(g, g->pt.wte), .wpe = wpe, .B = B, .T = 1, .C = d.C};
     g->ops->embed_forward(g->ctx, &e);
+    int S = d.QKV + d.FCO;
     for (int l = 0; l < d.L; l++) {
         const int *ix = g->pt.layer[l];
         norm_fwd(g, dc->ln.p, dc->mean.p, dc->rstd.p, NULL, dc->x.p, NULL, ix[KILN_LN1_W], ix[KILN_LN1_B], B);
-        if (d.qk_norm) {
+        const void *qkv = g->fuse.on ? dc->pre.p : dc->qkv.p;
+        if (g->fuse.on) { // [qkv | fc_pre] in one GEMM, as parallel_fused_fwd
+            matmul_fwd(g, dc->pre.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, S, KILN_ACT_NONE,
+                       0);
+        } else if (d.qk_norm) {
             matmul_fwd(g, dc->qkv_raw.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, d.QKV,
                        KILN_ACT_NONE, 0);
             qk_norm_forward(g, &d, l, dc->qkv.p, dc->qkv_raw.p, B, dc->mean.p, dc->rstd.p, dc->mean.p, dc->rstd.p);
@@ -760,13 +908,16 @@ void kiln_gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, fl
                        0);
         }
         struct kiln_attn_decode_args at = {.out = dc->atty.p, .kcache = buf_at(&dc->k, l),
-                                           .vcache = buf_at(&dc->v, l), .qkv = dc->qkv.p, .B = B,
+                                           .vcache = buf_at(&dc->v, l), .qkv = qkv, .B = B,
                                            .maxT = dc->maxT, .pos = pos, .NH = d.NH, .NKV = d.NKV, .HS = d.HS,
-                                           .pos_kind = g->cfg.pos, .rope_theta = g->cfg.rope_theta};
+                                           .pos_kind = g->cfg.pos, .rope_theta = g->cfg.rope_theta,
+                                           .qkv_stride = g->fuse.on ? S : 0};
         g->ops->attention_decode(g->ctx, &at);
         matmul_fwd(g, dc->ao.p, NULL, dc->atty.p, ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], B, d.AO, d.C, KILN_ACT_NONE,
                    0);
-        if (g->cfg.parallel_block) {
+        if (g->fuse.on) {
+            mlp_act_fwd(g, &d, l, act_at(g, dc->pre.p, (size_t)d.QKV), S, dc->fc_act.p, dc->ao.p, 1, B);
+        } else if (g->cfg.parallel_block) {
             mlp_fwd(g, &d, l, dc->ln.p, dc->fc_pre.p, dc->fc_act.p, dc->ao.p, 1, B);
         } else {
             g->ops->add(g->ctx, dc->x.p, dc->x.p, dc->ao.p, (size_t)B * d.C);

@@ -110,6 +110,8 @@ struct kiln_matmul_back_args {
     int N, IC, OC;
     int dinp_accumulate;
     int grad_assign;          // dweight, dbias = instead of += (the first write of a step: no zeroing pass)
+    int dinp_stride;          // elements between rows of dinp (0 = IC): a column slice of a wider buffer
+    int gelu_pre_stride;      // elements between rows of dinp_gelu_pre (0 = IC)
 };
 
 // Causal multi-head attention with grouped K/V heads, FlashAttention-style: no (T, T) matrix is kept;
@@ -117,17 +119,20 @@ struct kiln_matmul_back_args {
 // qkv rows hold [q (NH*HS) | k (NKV*HS) | v (NKV*HS)]; query head h reads kv head h / (NH/NKV).
 // RoPE (rotating pairs (i, i + HS/2) of q and k, as GPT-NeoX/Llama) and ALiBi (slopes 2^(-8(h+1)/NH) for a
 // power-of-two NH, with the standard interpolation otherwise) are applied inside the op.
+// The qkv rows (and dqkv's) may be the first (NH + 2*NKV)*HS columns of wider rows, `stride` elements apart
+// (0 = dense): the parallel block's fused projection writes [qkv | fc_pre] rows, attention reads its slice.
 struct kiln_attn_args {
     void *out;          // act (B, T, NH*HS)
     float *lse;         // (B, NH, T)
-    const void *qkv;    // act (B, T, (NH + 2*NKV)*HS)
+    const void *qkv;    // act (B, T, (NH + 2*NKV)*HS), rows qkv_stride apart
     int B, T, NH, NKV, HS;
     enum kiln_pos pos;  // ROPE and ALIBI act here; LEARNED and NONE do nothing
     float rope_theta;
+    int qkv_stride;     // 0 = (NH + 2*NKV)*HS
 };
 
 struct kiln_attn_back_args {
-    void *dqkv;         // act (B, T, (NH + 2*NKV)*HS), overwritten
+    void *dqkv;         // act (B, T, (NH + 2*NKV)*HS), rows dqkv_stride apart; those columns overwritten
     const void *dout;   // act (B, T, NH*HS)
     const void *qkv;    // act, as forward
     const void *out;    // act, the forward output
@@ -135,6 +140,8 @@ struct kiln_attn_back_args {
     int B, T, NH, NKV, HS;
     enum kiln_pos pos;
     float rope_theta;
+    int qkv_stride;     // 0 = (NH + 2*NKV)*HS
+    int dqkv_stride;    // 0 = (NH + 2*NKV)*HS
 };
 
 // One decoding step with a KV cache: the new token of each sequence sits at position pos. Its k and v
@@ -143,23 +150,36 @@ struct kiln_attn_decode_args {
     void *out;          // act (B, NH*HS)
     void *kcache;       // act (B, maxT, NKV*HS)
     void *vcache;       // act (B, maxT, NKV*HS)
-    const void *qkv;    // act (B, (NH + 2*NKV)*HS)
+    const void *qkv;    // act (B, (NH + 2*NKV)*HS), rows qkv_stride apart
     int B, maxT, pos, NH, NKV, HS;
     enum kiln_pos pos_kind;
     float rope_theta;
+    int qkv_stride;     // 0 = (NH + 2*NKV)*HS
 };
 
-// out = silu(gate) * up, where inp rows are [gate (H) | up (H)].
+// out = silu(gate) * up, where inp rows are [gate (H) | up (H)]. inp and dinp may be column slices of wider
+// rows (strides in elements, 0 = 2H): the MLP's part of the parallel block's fused projection.
 struct kiln_swiglu_args {
     void *out;          // act (N, H)
-    const void *inp;    // act (N, 2H)
+    const void *inp;    // act (N, 2H), rows inp_stride apart
     int N, H;
+    int inp_stride;
 };
 struct kiln_swiglu_back_args {
-    void *dinp;         // act (N, 2H), overwritten
+    void *dinp;         // act (N, 2H), rows dinp_stride apart, overwritten (only those columns)
     const void *dout;   // act (N, H)
-    const void *inp;    // act (N, 2H)
+    const void *inp;    // act (N, 2H), rows inp_stride apart
     int N, H;
+    int inp_stride, dinp_stride;
+};
+
+// out = gelu(inp), the GELU of matmul_forward's epilogue on its own: for a pre-activation that a wider GEMM
+// wrote (the parallel block's fused projection), whose rows are inp_stride elements apart (0 = H).
+struct kiln_gelu_args {
+    void *out;          // act (N, H)
+    const void *inp;    // act (N, H), rows inp_stride apart
+    int N, H;
+    int inp_stride;
 };
 
 // Cross-entropy over the real vocab V of padded logits (N, Vp): padded columns never receive probability.
@@ -226,6 +246,7 @@ struct kiln_ops {
     void (*attention_decode)(void *ctx, const struct kiln_attn_decode_args *a);
     void (*swiglu_forward)(void *ctx, const struct kiln_swiglu_args *a);
     void (*swiglu_backward)(void *ctx, const struct kiln_swiglu_back_args *a);
+    void (*gelu_forward)(void *ctx, const struct kiln_gelu_args *a);
     // out[i] = a[i] + b[i] (act, n elements); out may alias a or b
     void (*add)(void *ctx, void *out, const void *a, const void *b, size_t n);
     void (*cross_entropy)(void *ctx, const struct kiln_xent_args *a);

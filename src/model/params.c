@@ -49,9 +49,21 @@ void kiln_params_build(struct kiln_param_table *t, const struct kiln_model_confi
         ix[KILN_LN1_W] = add(t, cap, NAME("ln_1.weight"), C, 0, l);
         if (!m->norm_rms && m->norm_bias)
             ix[KILN_LN1_B] = add(t, cap, NAME("ln_1.bias"), C, 0, l);
-        ix[KILN_QKV_W] = add(t, cap, NAME("attn.c_attn.weight"), (int64_t)(NH + 2 * NKV) * HS, C, l);
-        if (m->bias)
-            ix[KILN_QKV_B] = add(t, cap, NAME("attn.c_attn.bias"), (int64_t)(NH + 2 * NKV) * HS, 0, l);
+        int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, FCO = (int64_t)(m->mlp_swiglu ? 2 : 1) * H;
+        ix[KILN_QKV_W] = add(t, cap, NAME("attn.c_attn.weight"), QKV, C, l);
+        if (m->parallel_block) {
+            // Both projections read ln_1: c_fc's weight (and bias) follow c_attn's, so that [W_qkv; W_fc] is
+            // one (QKV + FCO, C) matrix for a single GEMM (gpt.c). They touch only where the 64-element
+            // alignment adds no padding (QKV * C, and QKV with biases, multiples of 64: every real shape);
+            // gpt.c checks the offsets and runs two GEMMs otherwise.
+            ix[KILN_FC_W] = add(t, cap, NAME("mlp.c_fc.weight"), FCO, C, l);
+            if (m->bias) {
+                ix[KILN_QKV_B] = add(t, cap, NAME("attn.c_attn.bias"), QKV, 0, l);
+                ix[KILN_FC_B] = add(t, cap, NAME("mlp.c_fc.bias"), FCO, 0, l);
+            }
+        } else if (m->bias) {
+            ix[KILN_QKV_B] = add(t, cap, NAME("attn.c_attn.bias"), QKV, 0, l);
+        }
         if (m->qk_norm) {
             ix[KILN_QNORM_W] = add(t, cap, NAME("attn.q_norm.weight"), (int64_t)NH * HS, 0, l);
             ix[KILN_KNORM_W] = add(t, cap, NAME("attn.k_norm.weight"), (int64_t)NKV * HS, 0, l);
@@ -63,10 +75,10 @@ void kiln_params_build(struct kiln_param_table *t, const struct kiln_model_confi
             ix[KILN_LN2_W] = add(t, cap, NAME("ln_2.weight"), C, 0, l);
             if (!m->norm_rms && m->norm_bias)
                 ix[KILN_LN2_B] = add(t, cap, NAME("ln_2.bias"), C, 0, l);
+            ix[KILN_FC_W] = add(t, cap, NAME("mlp.c_fc.weight"), FCO, C, l);
+            if (m->bias)
+                ix[KILN_FC_B] = add(t, cap, NAME("mlp.c_fc.bias"), FCO, 0, l);
         }
-        ix[KILN_FC_W] = add(t, cap, NAME("mlp.c_fc.weight"), (int64_t)(m->mlp_swiglu ? 2 : 1) * H, C, l);
-        if (m->bias)
-            ix[KILN_FC_B] = add(t, cap, NAME("mlp.c_fc.bias"), (int64_t)(m->mlp_swiglu ? 2 : 1) * H, 0, l);
         ix[KILN_MLPO_W] = add(t, cap, NAME("mlp.c_proj.weight"), C, H, l);
         if (m->bias)
             ix[KILN_MLPO_B] = add(t, cap, NAME("mlp.c_proj.bias"), C, 0, l);

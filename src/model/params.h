@@ -19,7 +19,8 @@ enum kiln_layer_tensor {
     KILN_QKV_W, KILN_QKV_B,       // (NH + 2*NKV)*HS rows: [q | k | v]
     KILN_ATTNO_W, KILN_ATTNO_B,   // (C, NH*HS)
     KILN_LN2_W, KILN_LN2_B,       // absent in parallel blocks (one norm feeds both branches)
-    KILN_FC_W, KILN_FC_B,         // (H, C), or (2H, C) as [gate | up] for SwiGLU
+    KILN_FC_W, KILN_FC_B,         // (H, C), or (2H, C) as [gate | up] for SwiGLU; parallel blocks store
+                                  // them right after QKV_W / QKV_B (one GEMM for both, gpt.c)
     KILN_MLPO_W, KILN_MLPO_B,     // (C, H)
     KILN_QNORM_W, KILN_KNORM_W,   // (NH*HS), (NKV*HS): QK-norm over each token's whole q and k (OLMo-2)
     KILN_LAYER_TENSORS

@@ -1,5 +1,6 @@
 // The whole model on CUDA (bf16 mixed precision) against the CPU fp32 reference: loss and gradients of one
-// step, a 50-step training trajectory on Tiny Shakespeare, bitwise determinism, and the out-of-memory message.
+// step (parallel blocks with their fused input projection among them), a 50-step training trajectory on Tiny
+// Shakespeare, bitwise determinism, and the out-of-memory message.
 // Exits 77 (skipped) where no GPU is present.
 #include "test_util.h"
 
@@ -33,10 +34,17 @@ static void small_config(struct kiln_model_config *m, int variant) {
         m->n_kv_head = 1;
         m->mlp_swiglu = 1;
         m->bias = 0;
-    } else if (variant == 2) { // OLMo/PaLM-style
+    } else if (variant == 2) { // OLMo/PaLM-style, GELU with biases: fused projection rows of 384 + 512
         m->pos = KILN_POS_ALIBI;
         m->parallel_block = 1;
         m->norm_bias = 0;
+    } else if (variant == 4) { // parallel, SwiGLU, GQA, RoPE, RMSNorm, no biases: fused rows of 256 + 1024
+        m->pos = KILN_POS_ROPE;
+        m->parallel_block = 1;
+        m->norm_rms = 1;
+        m->mlp_swiglu = 1;
+        m->n_kv_head = 1;
+        m->bias = 0;
     }
 }
 
@@ -64,22 +72,34 @@ static void text_batch(int B, int T, uint64_t *s, int32_t *in, int32_t *tgt) {
     }
 }
 
-static struct kiln_gpt *make(struct kiln_backend *be, const struct kiln_model_config *m, int B, int T) {
+static struct kiln_gpt *make_rc(struct kiln_backend *be, const struct kiln_model_config *m, int B, int T,
+                                enum kiln_recompute rc) {
     struct kiln_gpt *g;
     struct kiln_error e;
-    struct kiln_gpt_opts o = {.B = B, .T = T, .recompute = KILN_RECOMPUTE_NONE, .training = 1};
+    struct kiln_gpt_opts o = {.B = B, .T = T, .recompute = rc, .training = 1};
     if (kiln_gpt_create(&g, m, be, &o, &e))
         fail_msg("create on %s: %s", be->name, e.msg);
     kiln_gpt_init_params(g, 1234);
     return g;
 }
 
-// One forward+backward on the same batch: loss within 1e-2 relative, each tensor's gradient within 6e-2.
-static void check_step_matches_cpu(int variant, const char *what) {
+static struct kiln_gpt *make(struct kiln_backend *be, const struct kiln_model_config *m, int B, int T) {
+    return make_rc(be, m, B, T, KILN_RECOMPUTE_NONE);
+}
+
+// One forward+backward on the same batch: loss within 1e-2 relative, each tensor's gradient within 6e-2. The
+// GPU model runs with recompute mode rc (the CPU's numbers do not depend on it).
+static void check_step_matches_cpu_rc(int variant, enum kiln_recompute rc, const char *what) {
     struct kiln_model_config m;
     small_config(&m, variant);
     int B = 4, T = 100; // T not a multiple of the 64-wide attention tiles
-    struct kiln_gpt *gc = make(&cpu, &m, B, T), *gg = make(&gpu, &m, B, T);
+    struct kiln_gpt *gc = make(&cpu, &m, B, T), *gg = make_rc(&gpu, &m, B, T, rc);
+    if (m.parallel_block) { // these shapes fuse the two input projections (gpt.c's struct fusion)
+        int fwd, bwd;
+        kiln_gpt_fused_projection(gg, &fwd, &bwd);
+        if (!bwd || fwd != (rc != KILN_RECOMPUTE_MLP))
+            fail_msg("%s: fused projection forward %d backward %d", what, fwd, bwd);
+    }
     int32_t *in = malloc(sizeof(int32_t) * B * T), *tgt = malloc(sizeof(int32_t) * B * T);
     uint64_t s = test_seed();
     text_batch(B, T, &s, in, tgt);
@@ -116,6 +136,10 @@ static void check_step_matches_cpu(int variant, const char *what) {
     kiln_gpt_free(gg);
 }
 
+static void check_step_matches_cpu(int variant, const char *what) {
+    check_step_matches_cpu_rc(variant, KILN_RECOMPUTE_NONE, what);
+}
+
 static void test_gpt2_step_matches_cpu(void **state) {
     check_step_matches_cpu(0, "gpt2");
 }
@@ -124,6 +148,15 @@ static void test_llama_style_step_matches_cpu(void **state) {
 }
 static void test_parallel_alibi_step_matches_cpu(void **state) {
     check_step_matches_cpu(2, "parallel+alibi");
+}
+// The parallel block's fused projection with SwiGLU, and with --recompute=mlp (two GEMMs forward, the fused
+// backward writing dfc at one row stride while the DGELU reads the pre-activation at another).
+static void test_parallel_swiglu_step_matches_cpu(void **state) {
+    check_step_matches_cpu(4, "parallel+swiglu+gqa+rope");
+}
+static void test_parallel_recompute_steps_match_cpu(void **state) {
+    check_step_matches_cpu_rc(2, KILN_RECOMPUTE_MLP, "parallel+alibi, recompute=mlp");
+    check_step_matches_cpu_rc(4, KILN_RECOMPUTE_BLOCK, "parallel+swiglu, recompute=block");
 }
 static void test_qk_norm_step_matches_cpu(void **state) {
     check_step_matches_cpu(3, "qk-norm+rms+gqa+rope");
@@ -227,6 +260,8 @@ int main(void) {
         cmocka_unit_test(test_gpt2_step_matches_cpu),
         cmocka_unit_test(test_llama_style_step_matches_cpu),
         cmocka_unit_test(test_parallel_alibi_step_matches_cpu),
+        cmocka_unit_test(test_parallel_swiglu_step_matches_cpu),
+        cmocka_unit_test(test_parallel_recompute_steps_match_cpu),
         cmocka_unit_test(test_qk_norm_step_matches_cpu),
         cmocka_unit_test(test_training_follows_cpu_trajectory),
         cmocka_unit_test(test_gpu_training_is_bitwise_repeatable),

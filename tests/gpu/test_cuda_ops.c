@@ -484,10 +484,10 @@ static void test_matmul_matches_cpu(void **state) {
             pair_randn(&out, 1.0f); // dout
             struct kiln_matmul_back_args b_c = {
                 dinp.c, dw.c, has_bias ? db.c : NULL, out.c, inp.c, w.c, dgelu ? gpre.c : NULL, N, IC,
-                OC,     dacc,   gassign};
+                OC,     dacc,   gassign, 0, 0};
             struct kiln_matmul_back_args b_g = {
                 dinp.g, dw.g, has_bias ? db.g : NULL, out.g, inp.g, w.g, dgelu ? gpre.g : NULL, N, IC,
-                OC,     dacc,   gassign};
+                OC,     dacc,   gassign, 0, 0};
             RUN(e, matmul_backward, &b);
             char sh2[160];
             snprintf(sh2, sizeof(sh2), "N=%d IC=%d OC=%d dinp%s%s dW%s", N, IC, OC, dacc ? "+=" : "=",
@@ -525,8 +525,8 @@ static void attention_case_on(struct env *e, struct kiln_backend *g, int B, int 
     pair_randn(&qkv, 1.0f);
     pair_poison(&out);
     pair_poison(&lse);
-    struct kiln_attn_args a_c = {out.c, lse.c, qkv.c, B, T, NH, NKV, HS, pos, 10000.0f};
-    struct kiln_attn_args a_g = {out.g, lse.g, qkv.g, B, T, NH, NKV, HS, pos, 10000.0f};
+    struct kiln_attn_args a_c = {out.c, lse.c, qkv.c, B, T, NH, NKV, HS, pos, 10000.0f, 0};
+    struct kiln_attn_args a_g = {out.g, lse.g, qkv.g, B, T, NH, NKV, HS, pos, 10000.0f, 0};
     double t0 = now_ms();
     g->ops->attention_forward(g->ctx, &a_g);
     g->ops->synchronize(g->ctx);
@@ -538,8 +538,10 @@ static void attention_case_on(struct env *e, struct kiln_backend *g, int B, int 
     struct pair dout = pair_new_on(e, g, n_out, ACT), dqkv = pair_new_on(e, g, n_qkv, ACT);
     pair_randn(&dout, 1.0f);
     pair_poison(&dqkv);
-    struct kiln_attn_back_args b_c = {dqkv.c, dout.c, qkv.c, out.c, lse.c, B, T, NH, NKV, HS, pos, 10000.0f};
-    struct kiln_attn_back_args b_g = {dqkv.g, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, HS, pos, 10000.0f};
+    struct kiln_attn_back_args b_c = {dqkv.c, dout.c, qkv.c, out.c, lse.c,    B, T,
+                                      NH,     NKV,    HS,    pos,   10000.0f, 0, 0};
+    struct kiln_attn_back_args b_g = {dqkv.g, dout.g, qkv.g, out.g, lse.g,    B, T,
+                                      NH,     NKV,    HS,    pos,   10000.0f, 0, 0};
     t0 = now_ms();
     g->ops->attention_backward(g->ctx, &b_g);
     g->ops->synchronize(g->ctx);
@@ -666,6 +668,223 @@ static void test_attention_backward_modes_match_cpu(void **state) {
     end_test(e);
 }
 
+// ---- column slices (the parallel block's fused projection)
+// -------------------------------------------------
+
+// A (rows, ld) host array: normal(0, 1) in columns [off, off + w), NaN elsewhere (NaN read anywhere would
+// reach the outputs; NaN still there afterwards shows nothing was written).
+static float *slice_host(struct env *e, size_t rows, int w, int ld, int off, int fill) {
+    float *h = malloc(rows * ld * sizeof(float) + 4);
+    for (size_t i = 0; i < rows * ld; i++)
+        h[i] = NAN;
+    if (fill)
+        for (size_t r = 0; r < rows; r++)
+            test_fill_normal(h + r * ld + off, (size_t)w, 1.0f, &e->rng);
+    return h;
+}
+
+// Compares columns [off, off + w) of (rows, ld) GPU and CPU tensors; on the GPU every other column must still
+// be NaN.
+static void check_slice(struct env *e, const char *op, const char *shape, const char *what, struct pair *p,
+                        size_t rows, int w, int ld, int off, double tol) {
+    float *hc = pair_get(p, 0), *hg = pair_get(p, 1);
+    float *xc = malloc(rows * w * sizeof(float) + 4), *xg = malloc(rows * w * sizeof(float) + 4);
+    size_t written = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (int i = 0; i < ld; i++) {
+            float c = hc[r * ld + i], g = hg[r * ld + i];
+            if (i >= off && i < off + w) {
+                xc[r * w + i - off] = c;
+                xg[r * w + i - off] = g;
+            } else if (!isnan(g)) {
+                written++;
+            }
+        }
+    double err = test_rel_err(xg, xc, rows * w);
+    int ok = err <= tol && written == 0;
+    printf("%-16s %-44s %-8s rel_err %.2e  tol %.0e  outside written %zu  %s\n", op, shape, what, err, tol,
+           written, ok ? "PASS" : "FAIL");
+    fflush(stdout);
+    if (!ok)
+        e->failures++;
+    free(hc), free(hg), free(xc), free(xg);
+}
+
+// Attention on qkv rows that are the first W columns of rows ld wide, dqkv into rows dld wide, decode on the
+// same rows: GPU backend g (its mode, and the kernel family the environment selects) against the CPU.
+static void strided_attention_case(struct env *e, struct kiln_backend *g, int B, int T, int NH, int NKV,
+                                   int HS, enum kiln_pos pos, int ld, int dld) {
+    char sh[128];
+    snprintf(sh, sizeof(sh), "B=%d T=%d NH=%d NKV=%d HS=%d %s ld=%d/%d", B, T, NH, NKV, HS, pos_name(pos), ld,
+             dld);
+    size_t BT = (size_t)B * T, n_out = BT * NH * HS;
+    int W = (NH + 2 * NKV) * HS;
+    struct pair qkv = pair_new_on(e, g, BT * ld, ACT), out = pair_new_on(e, g, n_out, ACT),
+                lse = pair_new_on(e, g, (size_t)B * NH * T, F32);
+    float *h = slice_host(e, BT, W, ld, 0, 1);
+    pair_set(&qkv, h);
+    free(h);
+    pair_poison(&out);
+    pair_poison(&lse);
+    struct kiln_attn_args a_c = {out.c, lse.c, qkv.c, B, T, NH, NKV, HS, pos, 10000.0f, ld};
+    struct kiln_attn_args a_g = {out.g, lse.g, qkv.g, B, T, NH, NKV, HS, pos, 10000.0f, ld};
+    e->cpu.ops->attention_forward(e->cpu.ctx, &a_c);
+    g->ops->attention_forward(g->ctx, &a_g);
+    check(e, "attention_fwd", sh, "out", &out, TOL_ATTN);
+    check(e, "attention_fwd", sh, "lse", &lse, TOL_STAT);
+    struct pair dout = pair_new_on(e, g, n_out, ACT), dqkv = pair_new_on(e, g, BT * dld, ACT);
+    pair_randn(&dout, 1.0f);
+    pair_poison(&dqkv);
+    struct kiln_attn_back_args b_c = {dqkv.c, dout.c, qkv.c, out.c, lse.c,    B,  T,
+                                      NH,     NKV,    HS,    pos,   10000.0f, ld, dld};
+    struct kiln_attn_back_args b_g = {dqkv.g, dout.g, qkv.g, out.g, lse.g,    B,  T,
+                                      NH,     NKV,    HS,    pos,   10000.0f, ld, dld};
+    e->cpu.ops->attention_backward(e->cpu.ctx, &b_c);
+    g->ops->attention_backward(g->ctx, &b_g);
+    check_slice(e, "attention_bwd", sh, "dqkv", &dqkv, BT, W, dld, 0, TOL_ATTNB);
+    // decode: position T - 1 of B sequences whose new tokens' qkv are the first B rows
+    int KW = NKV * HS;
+    struct pair kc = pair_new_on(e, g, (size_t)B * T * KW, ACT),
+                vc = pair_new_on(e, g, (size_t)B * T * KW, ACT),
+                dec = pair_new_on(e, g, (size_t)B * NH * HS, ACT);
+    pair_randn(&kc, 1.0f);
+    pair_randn(&vc, 1.0f);
+    pair_poison(&dec);
+    struct kiln_attn_decode_args d_c = {dec.c, kc.c, vc.c, qkv.c, B,        T, T - 1,
+                                        NH,    NKV,  HS,   pos,   10000.0f, ld};
+    struct kiln_attn_decode_args d_g = {dec.g, kc.g, vc.g, qkv.g, B,        T, T - 1,
+                                        NH,    NKV,  HS,   pos,   10000.0f, ld};
+    e->cpu.ops->attention_decode(e->cpu.ctx, &d_c);
+    g->ops->attention_decode(g->ctx, &d_g);
+    check(e, "attention_decode", sh, "out", &dec, TOL_ATTN);
+    check(e, "attention_decode", sh, "kcache", &kc, TOL_BF16);
+    check(e, "attention_decode", sh, "vcache", &vc, TOL_BF16);
+    struct pair *all[] = {&qkv, &out, &lse, &dout, &dqkv, &kc, &vc, &dec};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        pair_free(all[i]);
+}
+
+// Row strides as the parallel block uses them (QKV + FCO, multiples of 8: the tiled kernels) and odd ones
+// (the warp-per-row kernels take over), on the default kernels in both backward modes and on KILN_ATTN=ref.
+static void test_strided_attention_matches_cpu(void **state) {
+    struct env *e = *state;
+    const char *attn[2] = {NULL, "ref"};
+    for (int k = 0; k < 2; k++) {
+        if (attn[k])
+            setenv("KILN_ATTN", attn[k], 1);
+        else
+            unsetenv("KILN_ATTN");
+        printf("strided attention: %s kernels\n", attn[k] ? attn[k] : "default");
+        strided_attention_case(e, &e->gpu, 2, 129, 4, 1, 64, KILN_POS_ROPE, 384 + 1024, 384 + 1024);
+        strided_attention_case(e, &e->gpu, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
+        strided_attention_case(e, &e->gpu, 2, 65, 4, 2, 64, KILN_POS_NONE, 512 + 7, 512 + 3);   // odd strides
+        strided_attention_case(e, &e->gpu, 1, 33, 4, 2, 32, KILN_POS_ROPE, 256 + 16, 256 + 16); // simple path
+    }
+    unsetenv("KILN_ATTN");
+    printf("strided attention: deterministic mode (two-kernel backward)\n");
+    strided_attention_case(e, &e->gpu_det, 2, 129, 6, 2, 64, KILN_POS_ROPE, 640 + 1024, 640 + 1024);
+    strided_attention_case(e, &e->gpu_det, 1, 100, 2, 1, 128, KILN_POS_ALIBI, 512 + 256, 512 + 256);
+    end_test(e);
+}
+
+// GELU and SwiGLU on the MLP's slice of [qkv | fc_pre] rows, and the matmul backward writing dfc into a slice
+// of [dqkv | dfc] with the DGELU aux read at the pre-activation's row stride (cuBLASLt's EPILOGUE_AUX_LD).
+static void test_strided_activations_match_cpu(void **state) {
+    struct env *e = *state;
+    int shapes[][4] = {
+        {7, 512, 384 + 512, 384}, {100, 768, 1024 + 768, 1024}, {33, 100, 300, 60}}; // N H ld off
+    for (int s = 0; s < 3; s++) {
+        int N = shapes[s][0], H = shapes[s][1], ld = shapes[s][2], off = shapes[s][3];
+        char sh[128];
+        snprintf(sh, sizeof(sh), "N=%d H=%d ld=%d off=%d", N, H, ld, off);
+        struct pair pre = pair_new(e, (size_t)N * ld, ACT), out = pair_new(e, (size_t)N * H, ACT);
+        float *h = slice_host(e, N, H, ld, off, 1);
+        pair_set(&pre, h);
+        free(h);
+        pair_poison(&out);
+        size_t eb = 2;
+        struct kiln_gelu_args g_c = {out.c, (float *)pre.c + off, N, H, ld};
+        struct kiln_gelu_args g_g = {out.g, (char *)pre.g + off * eb, N, H, ld};
+        RUN(e, gelu_forward, &g);
+        check(e, "gelu_forward", sh, "out", &out, TOL_BF16);
+
+        // swiglu: [gate | up] = 2H columns at off of rows sld wide
+        int sld = ld + H;
+        struct pair inp = pair_new(e, (size_t)N * sld, ACT), dinp = pair_new(e, (size_t)N * sld, ACT);
+        h = slice_host(e, N, 2 * H, sld, off, 1);
+        pair_set(&inp, h);
+        free(h);
+        pair_poison(&out);
+        pair_poison(&dinp);
+        struct kiln_swiglu_args s_c = {out.c, (float *)inp.c + off, N, H, sld};
+        struct kiln_swiglu_args s_g = {out.g, (char *)inp.g + off * eb, N, H, sld};
+        RUN(e, swiglu_forward, &s);
+        check(e, "swiglu_forward", sh, "out", &out, TOL_BF16);
+        pair_randn(&out, 1.0f); // dout
+        struct kiln_swiglu_back_args sb_c = {
+            (float *)dinp.c + off, out.c, (float *)inp.c + off, N, H, sld, sld};
+        struct kiln_swiglu_back_args sb_g = {
+            (char *)dinp.g + off * eb, out.g, (char *)inp.g + off * eb, N, H, sld, sld};
+        RUN(e, swiglu_backward, &sb);
+        check_slice(e, "swiglu_backward", sh, "dinp", &dinp, N, 2 * H, sld, off, TOL_BF16);
+
+        // matmul backward: dinp (N, H) into columns off.. of rows ld wide (=, and += which stages the DGELU
+        // result), gelu'(pre) read from the slice of `pre` at row stride ld
+        int OC = 256;
+        struct pair dout = pair_new(e, (size_t)N * OC, ACT), x = pair_new(e, (size_t)N * H, ACT);
+        struct pair w = pair_new(e, (size_t)OC * H, ACT), dw = pair_new(e, (size_t)OC * H, GRAD);
+        struct pair db = pair_new(e, OC, GRAD), mdinp = pair_new(e, (size_t)N * ld, ACT);
+        pair_randn(&dout, 1.0f);
+        pair_randn(&x, 1.0f);
+        pair_randn(&w, 1.0f / sqrtf((float)OC));
+        for (int acc = 0; acc <= 1; acc++) {
+            pair_fill(&dw, 0.0f);
+            pair_fill(&db, 0.0f);
+            h = slice_host(e, N, H, ld, off, acc);
+            pair_set(&mdinp, h);
+            free(h);
+            struct kiln_matmul_back_args m_c = {(float *)mdinp.c + off,
+                                                dw.c,
+                                                db.c,
+                                                dout.c,
+                                                x.c,
+                                                w.c,
+                                                (float *)pre.c + off,
+                                                N,
+                                                H,
+                                                OC,
+                                                acc,
+                                                0,
+                                                ld,
+                                                ld};
+            struct kiln_matmul_back_args m_g = {(char *)mdinp.g + off * eb,
+                                                dw.g,
+                                                db.g,
+                                                dout.g,
+                                                x.g,
+                                                w.g,
+                                                (char *)pre.g + off * eb,
+                                                N,
+                                                H,
+                                                OC,
+                                                acc,
+                                                0,
+                                                ld,
+                                                ld};
+            RUN(e, matmul_backward, &m);
+            char sh2[160];
+            snprintf(sh2, sizeof(sh2), "%s dinp%s*gelu'", sh, acc ? "+=" : "=");
+            check_slice(e, "matmul_backward", sh2, "dinp", &mdinp, N, H, ld, off, TOL_BF16);
+            check(e, "matmul_backward", sh2, "dweight", &dw, TOL_F32G);
+            check(e, "matmul_backward", sh2, "dbias", &db, TOL_F32G);
+        }
+        struct pair *all[] = {&pre, &out, &inp, &dinp, &dout, &x, &w, &dw, &db, &mdinp};
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+            pair_free(all[i]);
+    }
+    end_test(e);
+}
+
 static void test_attention_decode_matches_cpu(void **state) {
     struct env *e = *state;
     int cases[][6] = {
@@ -685,10 +904,10 @@ static void test_attention_decode_matches_cpu(void **state) {
         pair_randn(&kc, 1.0f); // earlier positions of the caches: same values on both sides
         pair_randn(&vc, 1.0f);
         pair_poison(&out);
-        struct kiln_attn_decode_args a_c = {out.c, kc.c, vc.c, qkv.c, B,        maxT,
-                                            pos,   NH,   NKV,  HS,    kinds[c], 10000.0f};
-        struct kiln_attn_decode_args a_g = {out.g, kc.g, vc.g, qkv.g, B,        maxT,
-                                            pos,   NH,   NKV,  HS,    kinds[c], 10000.0f};
+        struct kiln_attn_decode_args a_c = {out.c, kc.c, vc.c, qkv.c,    B,        maxT, pos,
+                                            NH,    NKV,  HS,   kinds[c], 10000.0f, 0};
+        struct kiln_attn_decode_args a_g = {out.g, kc.g, vc.g, qkv.g,    B,        maxT, pos,
+                                            NH,    NKV,  HS,   kinds[c], 10000.0f, 0};
         RUN(e, attention_decode, &a);
         check(e, "attention_decode", sh, "out", &out, TOL_ATTN);
         check(e, "attention_decode", sh, "kcache", &kc, TOL_BF16);
@@ -715,11 +934,12 @@ static void test_swiglu_and_add_match_cpu(void **state) {
         pair_randn(&inp, 2.0f);
         pair_poison(&out);
         pair_poison(&dinp);
-        struct kiln_swiglu_args a_c = {out.c, inp.c, N, H}, a_g = {out.g, inp.g, N, H};
+        struct kiln_swiglu_args a_c = {out.c, inp.c, N, H, 0}, a_g = {out.g, inp.g, N, H, 0};
         RUN(e, swiglu_forward, &a);
         check(e, "swiglu_forward", sh, "out", &out, TOL_BF16);
         pair_randn(&out, 1.0f);
-        struct kiln_swiglu_back_args b_c = {dinp.c, out.c, inp.c, N, H}, b_g = {dinp.g, out.g, inp.g, N, H};
+        struct kiln_swiglu_back_args b_c = {dinp.c, out.c, inp.c, N, H, 0, 0},
+                                     b_g = {dinp.g, out.g, inp.g, N, H, 0, 0};
         RUN(e, swiglu_backward, &b);
         check(e, "swiglu_backward", sh, "dinp", &dinp, TOL_BF16);
         // add, also in place (out aliases a)
@@ -875,7 +1095,7 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
     for (int run = 0; run < 2; run++) {
         g->ops->copy(g->ctx, dw.g, dw0.g, bdw);
         g->ops->zero(g->ctx, db.g, bdb);
-        struct kiln_matmul_back_args b = {dinp.g, dw.g, db.g, dout.g, inp.g, w.g, NULL, N, C, OC, 0, 0};
+        struct kiln_matmul_back_args b = {dinp.g, dw.g, db.g, dout.g, inp.g, w.g, NULL, N, C, OC, 0, 0, 0, 0};
         g->ops->matmul_backward(g->ctx, &b);
         if (run == 0) {
             snap_dw = malloc(bdw);
@@ -930,13 +1150,13 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
     struct pair lse = pair_new_on(e, g, (size_t)B * NH * T, F32),
                 dqkv = pair_new_on(e, g, (size_t)N * Wq, ACT);
     pair_randn(&qkv, 1.0f);
-    struct kiln_attn_args af = {aout.g, lse.g, qkv.g, B, T, NH, NH, HS, KILN_POS_ROPE, 10000.0f};
+    struct kiln_attn_args af = {aout.g, lse.g, qkv.g, B, T, NH, NH, HS, KILN_POS_ROPE, 10000.0f, 0};
     g->ops->attention_forward(g->ctx, &af);
     void *snap = malloc((size_t)N * Wq * 2);
     same = 1;
     for (int run = 0; run < 2; run++) {
-        struct kiln_attn_back_args ab = {dqkv.g, inp.g, qkv.g, aout.g, lse.g,         B,
-                                         T,      NH,    NH,    HS,     KILN_POS_ROPE, 10000.0f};
+        struct kiln_attn_back_args ab = {dqkv.g, inp.g, qkv.g, aout.g,        lse.g,    B, T,
+                                         NH,     NH,    HS,    KILN_POS_ROPE, 10000.0f, 0, 0};
         g->ops->attention_backward(g->ctx, &ab);
         if (run == 0)
             g->ops->download(g->ctx, snap, dqkv.g, (size_t)N * Wq * 2);
@@ -1014,6 +1234,8 @@ int main(void) {
         cmocka_unit_test(test_attention_paths_match_cpu),
         cmocka_unit_test(test_attention_backward_modes_match_cpu),
         cmocka_unit_test(test_attention_decode_matches_cpu),
+        cmocka_unit_test(test_strided_attention_matches_cpu),
+        cmocka_unit_test(test_strided_activations_match_cpu),
         cmocka_unit_test(test_swiglu_and_add_match_cpu),
         cmocka_unit_test(test_cross_entropy_matches_cpu),
         cmocka_unit_test(test_adamw_and_sum_squares_match_cpu),

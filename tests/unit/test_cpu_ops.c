@@ -270,8 +270,8 @@ static void test_matmul_gradients_match_finite_differences(void **state) {
     }
 }
 
-// Forward with the GELU epilogue (pre and out), and the backward's fused DGELU: with inp = gelu(pre),
-// matmul_backward(dinp_gelu_pre = pre) must give dL/dpre.
+// Forward with the GELU epilogue (pre and out), the GELU op, and the backward's fused DGELU: with
+// inp = gelu(pre), matmul_backward(dinp_gelu_pre = pre) must give dL/dpre.
 static void test_matmul_gelu_epilogue_and_dgelu_match_references(void **state) {
     int N = 6, IC = 23, OC = 13;
     float *inp = frand((size_t)N * IC, 1.5f), *w = frand((size_t)OC * IC, 0.5f), *b = frand(OC, 1);
@@ -293,6 +293,12 @@ static void test_matmul_gelu_epilogue_and_dgelu_match_references(void **state) {
         rout[k] = gelu_d(rpre[k]);
     check_vs_double(pre, rpre, (size_t)N * OC, 1e-5, "gelu matmul pre-activation");
     check_vs_double(out, rout, (size_t)N * OC, 1e-5, "gelu matmul output");
+    // the GELU op on its own (for a pre-activation a wider GEMM wrote) is the epilogue's GELU, bitwise
+    float *gout = falloc((size_t)N * OC);
+    struct kiln_gelu_args ga = {.out = gout, .inp = pre, .N = N, .H = OC};
+    g_be.ops->gelu_forward(g_be.ctx, &ga);
+    assert_memory_equal(gout, out, (size_t)N * OC * sizeof(float));
+    ffree(gout);
 
     // DGELU: the next layer's matmul reads x = gelu(pre_x)
     for (int acc = 0; acc < 2; acc++) {

@@ -1,5 +1,6 @@
 // The whole model on the CPU reference backend: gradients against finite differences for every architecture
-// option, recompute equivalence, KV-cache decoding against the full forward, seeded determinism.
+// option, recompute equivalence, the parallel block's fused input projection against its two-GEMM form,
+// KV-cache decoding against the full forward, seeded determinism.
 #include "test_util.h"
 
 #include "backend/backend.h"
@@ -146,15 +147,149 @@ static void test_architecture_options_gradients_match_finite_differences(void **
     check_gradients(&m, KILN_RECOMPUTE_BLOCK, "qk-norm+rms+gqa+rope, recompute=block");
 }
 
-// recompute must not change any number: the same ops run on the same inputs
-static void test_recompute_gives_identical_gradients(void **state) {
+// Parallel blocks whose QKV and MLP input projections fuse into one GEMM: C = 64 with 4 heads (HS = 16) keeps
+// QKV * C and QKV multiples of 64, so params.c stores [W_qkv; W_fc] and [b_qkv; b_fc] back to back.
+enum par_variant {
+    PAR_GELU_BIAS,
+    PAR_SWIGLU_GQA_ROPE,
+    PAR_GELU_GQA_ALIBI,
+    PAR_SWIGLU_BIAS_MHA,
+    PAR_GELU_MQA,
+    PAR_N
+};
+
+static const char *par_name[PAR_N] = {"gelu+bias (learned pos)", "swiglu+gqa+rope+rms, no bias",
+                                      "gelu+bias+gqa+alibi", "swiglu+bias, mha+rope",
+                                      "gelu+mqa+alibi, no bias"};
+
+static void parallel_config(struct kiln_model_config *m, enum par_variant v) {
+    tiny_config(m);
+    m->parallel_block = 1;
+    m->n_embd = 64;
+    m->n_head = 4;
+    m->bias = v == PAR_GELU_BIAS || v == PAR_GELU_GQA_ALIBI || v == PAR_SWIGLU_BIAS_MHA;
+    m->mlp_swiglu = v == PAR_SWIGLU_GQA_ROPE || v == PAR_SWIGLU_BIAS_MHA;
+    m->mlp_hidden = m->mlp_swiglu ? 40 : 0;
+    m->n_kv_head = v == PAR_SWIGLU_GQA_ROPE || v == PAR_GELU_GQA_ALIBI ? 2 : v == PAR_GELU_MQA ? 1 : 0;
+    m->pos = v == PAR_SWIGLU_GQA_ROPE || v == PAR_SWIGLU_BIAS_MHA ? KILN_POS_ROPE
+             : v == PAR_GELU_BIAS                                 ? KILN_POS_LEARNED
+                                                                  : KILN_POS_ALIBI;
+    m->norm_rms = v == PAR_SWIGLU_GQA_ROPE;
+}
+
+static void expect_fusion(struct kiln_gpt *g, int fwd, int bwd, const char *what) {
+    int f, b;
+    kiln_gpt_fused_projection(g, &f, &b);
+    if (f != fwd || b != bwd)
+        fail_msg("%s: fused projection forward %d backward %d, expected %d and %d", what, f, b, fwd, bwd);
+}
+
+static void test_parallel_fused_gradients_match_finite_differences(void **state) {
     struct kiln_model_config m;
-    tiny_config(&m);
+    for (int v = 0; v < PAR_N; v++) {
+        parallel_config(&m, (enum par_variant)v);
+        check_gradients(&m, KILN_RECOMPUTE_NONE, par_name[v]);
+    }
+    parallel_config(&m, PAR_SWIGLU_BIAS_MHA);
+    check_gradients(&m, KILN_RECOMPUTE_MLP, "swiglu+bias, recompute=mlp");
+    parallel_config(&m, PAR_GELU_BIAS);
+    check_gradients(&m, KILN_RECOMPUTE_BLOCK, "gelu+bias, recompute=block");
+    parallel_config(&m, PAR_SWIGLU_GQA_ROPE);
+    m.qk_norm = 1; // fusion off: q and k pass through their norms between projection and attention
+    check_gradients(&m, KILN_RECOMPUTE_NONE, "parallel+qk-norm (unfused)");
+}
+
+// Loss and every gradient of a model, after moving its parameters off GPT-2's init so that every path carries
+// signal. KILN_PARALLEL_FUSED=0 in the environment turns the fusion off for the model created here.
+static double loss_and_grads(const struct kiln_model_config *m, enum kiln_recompute rc, int fused,
+                             float *grad, const char *what) {
+    if (!fused)
+        setenv("KILN_PARALLEL_FUSED", "0", 1);
+    struct fixture f;
+    fixture_open(&f, m, rc, 21);
+    unsetenv("KILN_PARALLEL_FUSED");
+    expect_fusion(f.g, fused && rc != KILN_RECOMPUTE_MLP, fused, what);
+    const struct kiln_param_table *pt = kiln_gpt_params(f.g);
+    float *p = calloc(pt->total, sizeof(float));
+    kiln_gpt_get_params(f.g, p);
+    uint64_t s = 99;
+    for (int i = 0; i < pt->n; i++)
+        for (size_t j = 0; j < pt->p[i].count; j++)
+            p[pt->p[i].offset + j] += 0.3f * (test_rand_uniform(&s) - 0.5f);
+    kiln_gpt_set_params(f.g, p);
+    kiln_gpt_zero_grad(f.g);
+    double loss = kiln_gpt_forward(f.g, f.in, f.tgt, 1.0f / (float)(f.B * f.T - 1), 0.0f);
+    kiln_gpt_backward(f.g);
+    kiln_gpt_get_grads(f.g, grad);
+    free(p);
+    fixture_close(&f);
+    return loss;
+}
+
+// The fused projection is the two-GEMM parallel block reassociated: in fp32 the loss and every gradient
+// tensor agree to 1e-5 relative (the backward's dL/dln1 sums over QKV + FCO in one GEMM instead of two).
+static void test_parallel_fused_projection_matches_two_gemms(void **state) {
+    struct kiln_model_config m;
+    enum kiln_recompute rcs[] = {KILN_RECOMPUTE_NONE, KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_BLOCK};
+    const char *rc_name[] = {"none", "mlp", "block"};
+    for (int v = 0; v < PAR_N; v++)
+        for (int r = 0; r < 3; r++) {
+            parallel_config(&m, (enum par_variant)v);
+            struct kiln_param_table pt;
+            kiln_params_build(&pt, &m);
+            float *gf = calloc(pt.total, sizeof(float)), *gu = calloc(pt.total, sizeof(float));
+            char what[160];
+            snprintf(what, sizeof(what), "%s, recompute=%s", par_name[v], rc_name[r]);
+            double lf = loss_and_grads(&m, rcs[r], 1, gf, what);
+            double lu = loss_and_grads(&m, rcs[r], 0, gu, what);
+            if (!(fabs(lf - lu) <= 1e-5 * fabs(lu)))
+                fail_msg("%s: loss fused %.9f, two GEMMs %.9f", what, lf, lu);
+            double worst = 0;
+            for (int i = 0; i < pt.n; i++) {
+                double e = test_rel_err(gf + pt.p[i].offset, gu + pt.p[i].offset, pt.p[i].count);
+                if (!(e <= 1e-5))
+                    fail_msg("%s: gradient of %s differs by %.3e relative (tolerance 1e-5)", what,
+                             pt.p[i].name, e);
+                worst = e > worst ? e : worst;
+            }
+            fprintf(stderr, "[fused vs two gemms] %-44s loss rel %.1e, worst gradient rel %.1e\n", what,
+                    fabs(lf - lu) / fabs(lu), worst);
+            free(gf);
+            free(gu);
+            kiln_params_free(&pt);
+        }
+}
+
+// Where padding separates W_qkv from W_fc (or the biases), the parallel block keeps two GEMMs.
+static void test_parallel_block_falls_back_to_two_gemms_when_padding_separates_the_weights(void **state) {
+    struct kiln_model_config m;
+    parallel_config(&m, PAR_GELU_BIAS);
+    m.n_kv_head = 1; // QKV = 96: the weights touch (96 * 64 elements), the biases do not
+    struct kiln_param_table pt;
+    kiln_params_build(&pt, &m);
+    const int *ix = pt.layer[0];
+    assert_true(pt.p[ix[KILN_QKV_W]].offset + pt.p[ix[KILN_QKV_W]].count == pt.p[ix[KILN_FC_W]].offset);
+    assert_true(pt.p[ix[KILN_QKV_B]].offset + pt.p[ix[KILN_QKV_B]].count < pt.p[ix[KILN_FC_B]].offset);
+    kiln_params_free(&pt);
+    struct fixture f;
+    fixture_open(&f, &m, KILN_RECOMPUTE_NONE, 1);
+    expect_fusion(f.g, 0, 0, "mqa with biases");
+    fixture_close(&f);
+    m.bias = 0;
+    fixture_open(&f, &m, KILN_RECOMPUTE_NONE, 1);
+    expect_fusion(f.g, 1, 1, "mqa without biases");
+    fixture_close(&f);
+}
+
+// recompute must not change any number: the same ops run on the same inputs
+// (also for fused parallel blocks, whose --recompute=mlp forward runs two GEMMs: the CPU's GEMM gives each
+// element the same sums whatever the matrix's width)
+static void check_recompute_identical(const struct kiln_model_config *m) {
     float *ref = NULL;
     size_t total = 0;
     for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_BLOCK; rc++) {
         struct fixture f;
-        fixture_open(&f, &m, (enum kiln_recompute)rc, 3);
+        fixture_open(&f, m, (enum kiln_recompute)rc, 3);
         total = kiln_gpt_params(f.g)->total;
         float *grad = calloc(total, sizeof(float));
         kiln_gpt_zero_grad(f.g);
@@ -172,6 +307,16 @@ static void test_recompute_gives_identical_gradients(void **state) {
     free(ref);
 }
 
+static void test_recompute_gives_identical_gradients(void **state) {
+    struct kiln_model_config m;
+    tiny_config(&m);
+    check_recompute_identical(&m);
+    parallel_config(&m, PAR_GELU_BIAS);
+    check_recompute_identical(&m);
+    parallel_config(&m, PAR_SWIGLU_GQA_ROPE);
+    check_recompute_identical(&m);
+}
+
 // decoding token by token with the KV cache gives the logits of the full causal forward at each position
 static void check_decode(const struct kiln_model_config *mc);
 
@@ -183,6 +328,10 @@ static void test_kv_cache_decode_matches_full_forward(void **state) {
     m.qk_norm = 1;
     m.pos = KILN_POS_ROPE;
     m.n_kv_head = 2;
+    check_decode(&m);
+    parallel_config(&m, PAR_GELU_GQA_ALIBI); // decoding runs the fused projection too
+    check_decode(&m);
+    parallel_config(&m, PAR_SWIGLU_GQA_ROPE);
     check_decode(&m);
 }
 
@@ -248,10 +397,11 @@ static void grads_of(struct fixture *f, const int32_t *in, const int32_t *tgt, f
     kiln_gpt_get_grads(f->g, grad);
 }
 
-static void check_no_stale_gradients(const struct kiln_model_config *m, const char *what) {
+static void check_no_stale_gradients(const struct kiln_model_config *m, const char *what, int fused) {
     struct fixture a, b;
     fixture_open(&a, m, KILN_RECOMPUTE_NONE, 5);
     fixture_open(&b, m, KILN_RECOMPUTE_NONE, 5);
+    expect_fusion(a.g, fused, fused, what);
     size_t total = kiln_gpt_params(a.g)->total, n = (size_t)a.B * a.T;
     int32_t *in2 = malloc(n * sizeof(int32_t)), *tgt2 = malloc(n * sizeof(int32_t));
     for (size_t i = 0; i < n; i++) {
@@ -287,7 +437,7 @@ static void check_no_stale_gradients(const struct kiln_model_config *m, const ch
 static void test_first_micro_step_overwrites_every_gradient(void **state) {
     struct kiln_model_config m;
     tiny_config(&m);
-    check_no_stale_gradients(&m, "gpt2 (tied)");
+    check_no_stale_gradients(&m, "gpt2 (tied)", 0);
     m.tie_embeddings = 0;
     m.pos = KILN_POS_ROPE;
     m.norm_rms = 1;
@@ -295,11 +445,16 @@ static void test_first_micro_step_overwrites_every_gradient(void **state) {
     m.mlp_hidden = 24;
     m.n_kv_head = 2;
     m.qk_norm = 1;
-    check_no_stale_gradients(&m, "untied, rope, rms, swiglu, gqa, qk-norm");
+    check_no_stale_gradients(&m, "untied, rope, rms, swiglu, gqa, qk-norm", 0);
     tiny_config(&m);
     m.parallel_block = 1;
     m.pos = KILN_POS_ALIBI;
-    check_no_stale_gradients(&m, "parallel, alibi");
+    check_no_stale_gradients(&m, "parallel, alibi", 0); // QKV = 48 biases: two GEMMs
+    m.n_embd = 64; // wide enough for the fused input projection
+    check_no_stale_gradients(&m, "parallel, alibi, fused projection", 1);
+    m.mlp_swiglu = 1;
+    m.mlp_hidden = 128;
+    check_no_stale_gradients(&m, "parallel, swiglu, fused projection", 1);
 }
 
 static void test_same_seed_is_bitwise_identical_and_other_seed_differs(void **state) {
@@ -327,6 +482,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_gradients_match_finite_differences),
         cmocka_unit_test(test_architecture_options_gradients_match_finite_differences),
+        cmocka_unit_test(test_parallel_fused_gradients_match_finite_differences),
+        cmocka_unit_test(test_parallel_fused_projection_matches_two_gemms),
+        cmocka_unit_test(test_parallel_block_falls_back_to_two_gemms_when_padding_separates_the_weights),
         cmocka_unit_test(test_recompute_gives_identical_gradients),
         cmocka_unit_test(test_kv_cache_decode_matches_full_forward),
         cmocka_unit_test(test_same_seed_is_bitwise_identical_and_other_seed_differs),

@@ -8,6 +8,7 @@
 //   order,
 // so every gradient element has exactly one owner and a fixed summation order (no atomics).
 // RoPE is applied to a copy of q and k; gradients are computed in the rotated frame and rotated back.
+// qkv and dqkv rows may be slices of wider rows (strides in elements): every index below goes through them.
 #include "backend/cpu/cpu_internal.h"
 #include "util/error.h"
 
@@ -62,8 +63,9 @@ static float *rope_table(int T, int HS, float theta, float **sin_out) {
     return c;
 }
 
-// A copy of qkv (B, T, (NH + 2 NKV) HS) with q and k rotated, or the input itself when there is no RoPE.
-static const float *rotated_qkv(void *ctx, const float *qkv, int B, int T, int NH, int NKV, int HS,
+// A dense copy of qkv (B, T, (NH + 2 NKV) HS, rows *rs apart) with q and k rotated (*rs becomes the dense
+// width), or the input itself when there is no RoPE.
+static const float *rotated_qkv(void *ctx, const float *qkv, int *rs, int B, int T, int NH, int NKV, int HS,
                                 enum kiln_pos pos, float theta, float **owned) {
     *owned = NULL;
     if (pos != KILN_POS_ROPE)
@@ -72,7 +74,9 @@ static const float *rotated_qkv(void *ctx, const float *qkv, int B, int T, int N
     int W = (NH + 2 * NKV) * HS;
     float *r = malloc((size_t)B * T * W * sizeof(float));
     KILN_ASSERT(r);
-    memcpy(r, qkv, (size_t)B * T * W * sizeof(float));
+    for (size_t bt = 0; bt < (size_t)B * T; bt++)
+        memcpy(r + bt * W, qkv + bt * *rs, (size_t)W * sizeof(float));
+    *rs = W;
     float *sn;
     float *cs = rope_table(T, HS, theta, &sn);
 #pragma omp parallel for num_threads(kiln_cpu_threads(ctx))                                                  \
@@ -134,10 +138,10 @@ static float attend_row(const float *q, const float *k, const float *v, size_t k
 void kiln_cpu_attention_forward(void *ctx, const struct kiln_attn_args *a) {
     int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, HS = a->HS;
     KILN_ASSERT(NKV > 0 && NH % NKV == 0);
-    int W = (NH + 2 * NKV) * HS, group = NH / NKV;
+    int group = NH / NKV, W = a->qkv_stride ? a->qkv_stride : (NH + 2 * NKV) * HS;
     float scale = 1.0f / sqrtf((float)HS);
     float *owned;
-    const float *qkv = rotated_qkv(ctx, a->qkv, B, T, NH, NKV, HS, a->pos, a->rope_theta, &owned);
+    const float *qkv = rotated_qkv(ctx, a->qkv, &W, B, T, NH, NKV, HS, a->pos, a->rope_theta, &owned);
     float *out = a->out;
 #pragma omp parallel num_threads(kiln_cpu_threads(ctx)) if (KILN_CPU_PAR((double)B * NH * T * T * HS))
     {
@@ -161,10 +165,12 @@ void kiln_cpu_attention_forward(void *ctx, const struct kiln_attn_args *a) {
 void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a) {
     int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, HS = a->HS, nt = kiln_cpu_threads(ctx);
     KILN_ASSERT(NKV > 0 && NH % NKV == 0);
-    int W = (NH + 2 * NKV) * HS, group = NH / NKV, C = NH * HS;
+    int group = NH / NKV, C = NH * HS;
+    int W = a->qkv_stride ? a->qkv_stride : (NH + 2 * NKV) * HS;    // qkv rows (after rotated_qkv)
+    int DW = a->dqkv_stride ? a->dqkv_stride : (NH + 2 * NKV) * HS; // dqkv rows
     float scale = 1.0f / sqrtf((float)HS);
     float *owned;
-    const float *qkv = rotated_qkv(ctx, a->qkv, B, T, NH, NKV, HS, a->pos, a->rope_theta, &owned);
+    const float *qkv = rotated_qkv(ctx, a->qkv, &W, B, T, NH, NKV, HS, a->pos, a->rope_theta, &owned);
     const float *dout = a->dout, *out = a->out, *lse = a->lse;
     float *dqkv = a->dqkv;
     float *D = malloc((size_t)B * NH * T * sizeof(float) + 1); // (B, NH, T) dout . out
@@ -186,7 +192,7 @@ void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a)
             D[((size_t)b * NH + h) * T + t] = Dt;
             float slope = a->pos == KILN_POS_ALIBI ? kiln_cpu_alibi_slope(h, NH) : 0.0f;
             score_row(base + (size_t)t * W + h * HS, k, W, t, HS, scale, slope, scores);
-            float *dq = dqkv + ((size_t)b * T + t) * W + h * HS;
+            float *dq = dqkv + ((size_t)b * T + t) * DW + h * HS;
             for (int i = 0; i < HS; i++)
                 dq[i] = 0.0f;
             for (int s = 0; s <= t; s++) {
@@ -204,8 +210,8 @@ void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a)
             const float *base = qkv + (size_t)b * T * W;
             const float *ks = base + (size_t)s * W + (NH + kvh) * HS;
             const float *vs = base + (size_t)s * W + (NH + NKV + kvh) * HS;
-            float *dk = dqkv + ((size_t)b * T + s) * W + (NH + kvh) * HS;
-            float *dv = dqkv + ((size_t)b * T + s) * W + (NH + NKV + kvh) * HS;
+            float *dk = dqkv + ((size_t)b * T + s) * DW + (NH + kvh) * HS;
+            float *dv = dqkv + ((size_t)b * T + s) * DW + (NH + NKV + kvh) * HS;
             for (int i = 0; i < HS; i++)
                 dk[i] = dv[i] = 0.0f;
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
@@ -230,11 +236,11 @@ void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a)
     if (a->pos == KILN_POS_ROPE) { // back from the rotated frame
         float *sn;
         float *cs = rope_table(T, HS, a->rope_theta, &sn);
-#pragma omp parallel for num_threads(nt) schedule(static) if (KILN_CPU_PAR((double)B * T * W))
+#pragma omp parallel for num_threads(nt) schedule(static) if (KILN_CPU_PAR((double)B * T * DW))
         for (int bt = 0; bt < B * T; bt++) {
             int t = bt % T;
             for (int h = 0; h < NH + NKV; h++)
-                rope_apply(dqkv + (size_t)bt * W + h * HS, HS, cs + (size_t)t * (HS / 2),
+                rope_apply(dqkv + (size_t)bt * DW + h * HS, HS, cs + (size_t)t * (HS / 2),
                            sn + (size_t)t * (HS / 2), 1);
         }
         free(cs);
@@ -245,7 +251,7 @@ void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a)
 void kiln_cpu_attention_decode(void *ctx, const struct kiln_attn_decode_args *a) {
     int B = a->B, NH = a->NH, NKV = a->NKV, HS = a->HS, pos = a->pos, maxT = a->maxT;
     KILN_ASSERT(NKV > 0 && NH % NKV == 0 && pos >= 0 && pos < maxT);
-    int W = (NH + 2 * NKV) * HS, KW = NKV * HS, group = NH / NKV;
+    int W = a->qkv_stride ? a->qkv_stride : (NH + 2 * NKV) * HS, KW = NKV * HS, group = NH / NKV;
     int rope = a->pos_kind == KILN_POS_ROPE;
     float scale = 1.0f / sqrtf((float)HS);
     float *cs = malloc((size_t)(HS / 2 + 1) * sizeof(float)),

@@ -38,6 +38,7 @@ static const struct kiln_ops cpu_ops = {
     .attention_decode = kiln_cpu_attention_decode,
     .swiglu_forward = kiln_cpu_swiglu_forward,
     .swiglu_backward = kiln_cpu_swiglu_backward,
+    .gelu_forward = kiln_cpu_gelu_forward,
     .add = kiln_cpu_add,
     .cross_entropy = kiln_cpu_cross_entropy,
     .sum_squares = kiln_cpu_sum_squares,

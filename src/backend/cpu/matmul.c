@@ -1,4 +1,4 @@
-// CPU backend: a cache-blocked fp32 GEMM (BLIS-style packing) and the matmul ops built on it.
+// CPU backend: a cache-blocked fp32 GEMM (BLIS-style packing), the matmul ops built on it, and their GELU.
 //
 // Loop nest, for C (M, N) += A (M, K) @ B (K, N):
 //   for jc in N by NC:            pack B[pc:pc+KC, jc:jc+NC] into NR-wide panels (bpack, shared)
@@ -274,12 +274,15 @@ void kiln_cpu_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a) 
     int N = a->N, IC = a->IC, OC = a->OC;
     if (a->dinp) {
         // dinp (N, IC) = dout (N, OC) @ weight (OC, IC) [* gelu'(pre)]
+        int ldi = a->dinp_stride ? a->dinp_stride : IC, ldp = a->gelu_pre_stride ? a->gelu_pre_stride : IC;
         float *dst = a->dinp;
+        int ldd = ldi; // of dst
         float *tmp = NULL;
         if (a->dinp_gelu_pre && a->dinp_accumulate) { // (dout @ W) * gelu'(pre) is added, so stage it
             tmp = kiln_cpu_alloc(ctx, (size_t)N * IC * sizeof(float));
             KILN_ASSERT(tmp);
             dst = tmp;
+            ldd = IC;
         }
         struct kiln_cpu_gemm g = {.M = N,
                                   .N = IC,
@@ -291,7 +294,7 @@ void kiln_cpu_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a) 
                                   .ldb = IC,
                                   .tb = 0,
                                   .C = dst,
-                                  .ldc = IC,
+                                  .ldc = ldd,
                                   .accumulate = a->dinp_accumulate && !tmp};
         kiln_cpu_gemm(c, &g);
         if (a->dinp_gelu_pre) {
@@ -300,8 +303,8 @@ void kiln_cpu_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a) 
 #pragma omp parallel for num_threads(c->threads) schedule(static) if (KILN_CPU_PAR((double)N * IC))
             for (int n = 0; n < N; n++)
                 for (int i = 0; i < IC; i++) {
-                    size_t k = (size_t)n * IC + i;
-                    float v = dst[k] * gelu_grad(pre[k]);
+                    size_t k = (size_t)n * ldi + i;
+                    float v = dst[(size_t)n * ldd + i] * gelu_grad(pre[(size_t)n * ldp + i]);
                     dinp[k] = tmp ? dinp[k] + v : v;
                 }
         }
@@ -337,4 +340,15 @@ void kiln_cpu_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a) 
                 dbias[o] = a->grad_assign ? sum[o - o0] : dbias[o] + sum[o - o0];
         }
     }
+}
+
+// out = gelu(inp), inp rows inp_stride apart: the same GELU as the matmul epilogue above
+void kiln_cpu_gelu_forward(void *ctx, const struct kiln_gelu_args *a) {
+    int N = a->N, H = a->H, ld = a->inp_stride ? a->inp_stride : a->H;
+    const float *inp = a->inp;
+    float *out = a->out;
+#pragma omp parallel for num_threads(kiln_cpu_threads(ctx)) schedule(static) if (KILN_CPU_PAR((double)N * H))
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < H; i++)
+            out[(size_t)n * H + i] = gelu(inp[(size_t)n * ld + i]);
 }

@@ -28,15 +28,15 @@
 #define LN2 0.6931471805599453f
 
 struct attn_params {
-    const bf16 *qkv;                // (B, T, (NH + 2 NKV) HS)
+    const bf16 *qkv;                // (B, T, (NH + 2 NKV) HS), rows rs apart
     bf16 *out;                      // (B, T, NH HS)
     float *lse;                     // (B, NH, T)
     const bf16 *dout;               // (B, T, NH HS)
-    bf16 *dqkv;                     // (B, T, (NH + 2 NKV) HS)
+    bf16 *dqkv;                     // (B, T, (NH + 2 NKV) HS), rows drs apart
     float *dsum;                    // (B, NH, T): rowsum(dout * out)
     const float *cos_tab, *sin_tab; // (T, HS/2) each, NULL without RoPE
     int B, T, NH, NKV, HS;
-    int rs; // qkv row stride, (NH + 2 NKV) HS
+    int rs, drs; // qkv, dqkv row strides: (NH + 2 NKV) HS, or wider rows holding them (the parallel block)
     int alibi;
     float scale;      // 1/sqrt(HS)
     float scale_log2; // scale * log2(e)
@@ -341,9 +341,9 @@ static __global__ void __launch_bounds__(128) flash_bwd_dkdv_kernel(struct attn_
     }
     if (p.cos_tab)
         rope_back_frag<HS>(dk, kj[0], kj[1], p.T, p.cos_tab, p.sin_tab);
-    bf16 *dbase = p.dqkv + (size_t)b * p.T * p.rs;
-    store_frag<HS>(dbase + (p.NH + kvh) * HS, p.rs, kj[0], kj[1], p.T, dk, p.scale, p.scale);
-    store_frag<HS>(dbase + (p.NH + p.NKV + kvh) * HS, p.rs, kj[0], kj[1], p.T, dv, 1.0f, 1.0f);
+    bf16 *dbase = p.dqkv + (size_t)b * p.T * p.drs;
+    store_frag<HS>(dbase + (p.NH + kvh) * HS, p.drs, kj[0], kj[1], p.T, dk, p.scale, p.scale);
+    store_frag<HS>(dbase + (p.NH + p.NKV + kvh) * HS, p.drs, kj[0], kj[1], p.T, dv, 1.0f, 1.0f);
 }
 
 // dQ for 64 queries of one head: recomputes S and dP over the key tiles up to the diagonal.
@@ -395,7 +395,7 @@ template <int HS> static __global__ void __launch_bounds__(128) flash_bwd_dq_ker
     }
     if (p.cos_tab)
         rope_back_frag<HS>(dq, qi[0], qi[1], p.T, p.cos_tab, p.sin_tab);
-    store_frag<HS>(p.dqkv + (size_t)b * p.T * p.rs + h * HS, p.rs, qi[0], qi[1], p.T, dq, p.scale, p.scale);
+    store_frag<HS>(p.dqkv + (size_t)b * p.T * p.drs + h * HS, p.drs, qi[0], qi[1], p.T, dq, p.scale, p.scale);
 }
 
 // ---- simple path: any even HS <= 256, one warp per row
@@ -540,7 +540,7 @@ static __global__ void attn_bwd_dq_simple_kernel(struct attn_params p) {
         if (u * 32 + lane < HS)
             q[u * 32 + lane] = dq[u] * p.scale;
     __syncwarp();
-    bf16 *dqrow = p.dqkv + ((size_t)b * p.T + t) * p.rs + h * HS;
+    bf16 *dqrow = p.dqkv + ((size_t)b * p.T + t) * p.drs + h * HS;
     int half = HS / 2;
     for (int d = lane; d < HS; d += 32) {
         float x = q[d];
@@ -605,7 +605,7 @@ static __global__ void attn_bwd_dkdv_simple_kernel(struct attn_params p) {
         if (u * 32 + lane < HS)
             k[u * 32 + lane] = dk[u] * p.scale;
     __syncwarp();
-    bf16 *drow = p.dqkv + ((size_t)b * p.T + j) * p.rs;
+    bf16 *drow = p.dqkv + ((size_t)b * p.T + j) * p.drs;
     int half = HS / 2;
     for (int d = lane; d < HS; d += 32) {
         float x = k[d];
@@ -625,7 +625,7 @@ static __global__ void attn_bwd_dkdv_simple_kernel(struct attn_params p) {
 // ---------------------------------------------------------------------------------------------
 
 static struct attn_params attn_setup(struct cuda_ctx *c, int B, int T, int NH, int NKV, int HS,
-                                     enum kiln_pos pos, float theta, const void *qkv) {
+                                     enum kiln_pos pos, float theta, const void *qkv, int qkv_stride) {
     KILN_ASSERT(NKV > 0 && NH % NKV == 0 && HS % 2 == 0 && HS <= SIMPLE_MAX_HS);
     KILN_ASSERT((uintptr_t)qkv % 16 == 0);
     struct attn_params p;
@@ -636,13 +636,20 @@ static struct attn_params attn_setup(struct cuda_ctx *c, int B, int T, int NH, i
     p.NH = NH;
     p.NKV = NKV;
     p.HS = HS;
-    p.rs = (NH + 2 * NKV) * HS;
+    p.rs = qkv_stride ? qkv_stride : (NH + 2 * NKV) * HS;
+    p.drs = p.rs;
     p.alibi = pos == KILN_POS_ALIBI;
     p.scale = 1.0f / sqrtf((float)HS);
     p.scale_log2 = p.scale * LOG2E;
     if (pos == KILN_POS_ROPE)
         p.cos_tab = kiln_cuda_rope_table(c, T, HS, theta, &p.sin_tab);
     return p;
+}
+
+// The tiled kernels load rows in 16-byte chunks and store bf16 pairs: rows (of qkv and dqkv) must start on
+// 16-byte boundaries, i.e. strides a multiple of 8 elements. Other strides take the warp-per-row kernels.
+static int attn_tiled(const struct attn_params *p) {
+    return (p->HS == 64 || p->HS == 128) && p->rs % 8 == 0 && p->drs % 8 == 0;
 }
 
 // KILN_ATTN=ref selects these (first-generation) kernels for every head size; read on each call so that a
@@ -659,11 +666,12 @@ extern "C" void kiln_cuda_attention_forward(void *ctx, const struct kiln_attn_ar
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0);
     if (!attn_use_ref() && kiln_cuda_fa2_forward(c, a))
         return;
-    struct attn_params p = attn_setup(c, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, a->qkv);
+    struct attn_params p =
+        attn_setup(c, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, a->qkv, a->qkv_stride);
     p.out = (bf16 *)a->out;
     p.lse = a->lse;
     KILN_ASSERT((uintptr_t)a->out % 4 == 0);
-    if (a->HS == 64 || a->HS == 128) {
+    if (attn_tiled(&p)) {
         dim3 grid(KILN_CEIL_DIV(a->T, 64), a->B * a->NH);
         size_t smem = (size_t)3 * 64 * (a->HS + 8) * sizeof(bf16);
         if (a->HS == 64) {
@@ -687,17 +695,20 @@ extern "C" void kiln_cuda_attention_backward(void *ctx, const struct kiln_attn_b
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0);
     if (!attn_use_ref() && kiln_cuda_fa2_backward(c, a))
         return;
-    struct attn_params p = attn_setup(c, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, a->qkv);
+    struct attn_params p =
+        attn_setup(c, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, a->qkv, a->qkv_stride);
     p.out = (bf16 *)a->out;
     p.lse = (float *)a->lse;
     p.dout = (const bf16 *)a->dout;
     p.dqkv = (bf16 *)a->dqkv;
+    if (a->dqkv_stride)
+        p.drs = a->dqkv_stride;
     KILN_ASSERT((uintptr_t)a->dout % 16 == 0 && (uintptr_t)a->dqkv % 4 == 0);
     p.dsum = (float *)kiln_cuda_scratch(c, SCR_ATTN_D, (size_t)a->B * a->NH * a->T * sizeof(float));
     int rows = a->B * a->T * a->NH;
     attn_dsum_kernel<<<KILN_CEIL_DIV(rows, 8), 256, 0, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
-    if (a->HS == 64 || a->HS == 128) {
+    if (attn_tiled(&p)) {
         dim3 grid_kv(KILN_CEIL_DIV(a->T, 64), a->B * a->NKV), grid_q(KILN_CEIL_DIV(a->T, 64), a->B * a->NH);
         if (a->HS == 64) {
             size_t s1 = (size_t)(2 * 64 + 2 * 64) * (64 + 8) * sizeof(bf16) + 2 * 64 * sizeof(float);
@@ -729,21 +740,21 @@ extern "C" void kiln_cuda_attention_backward(void *ctx, const struct kiln_attn_b
 // -------------------------------------------------
 
 // writes the new token's k (rotated at position pos) and v into the caches
-static __global__ void attn_decode_store_kernel(bf16 *kc, bf16 *vc, const bf16 *qkv, int B, int maxT, int pos,
-                                                int NH, int NKV, int HS, const float *cos_tab,
+static __global__ void attn_decode_store_kernel(bf16 *kc, bf16 *vc, const bf16 *qkv, int rs, int B, int maxT,
+                                                int pos, int NH, int NKV, int HS, const float *cos_tab,
                                                 const float *sin_tab) {
     int i = blockIdx.x * blockDim.x + threadIdx.x; // (B, NKV*HS)
     if (i >= B * NKV * HS)
         return;
     int b = i / (NKV * HS), e = i % (NKV * HS), kvh = e / HS, d = e % HS;
-    const bf16 *row = qkv + (size_t)b * (NH + 2 * NKV) * HS;
+    const bf16 *row = qkv + (size_t)b * rs;
     size_t dst = ((size_t)b * maxT + pos) * NKV * HS + e;
     kc[dst] = f2bf(rot_elem(row + (NH + kvh) * HS, d, HS, pos, cos_tab, sin_tab));
     vc[dst] = row[(NH + NKV + kvh) * HS + d];
 }
 
-static __global__ void attn_decode_kernel(bf16 *out, const bf16 *kc, const bf16 *vc, const bf16 *qkv, int B,
-                                          int maxT, int pos, int NH, int NKV, int HS, int alibi,
+static __global__ void attn_decode_kernel(bf16 *out, const bf16 *kc, const bf16 *vc, const bf16 *qkv, int rs,
+                                          int B, int maxT, int pos, int NH, int NKV, int HS, int alibi,
                                           float scale_log2, const float *cos_tab, const float *sin_tab) {
     __shared__ float qs[4][SIMPLE_MAX_HS];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -751,7 +762,7 @@ static __global__ void attn_decode_kernel(bf16 *out, const bf16 *kc, const bf16 
     if (bh >= B * NH)
         return;
     int b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
-    const bf16 *row = qkv + (size_t)b * (NH + 2 * NKV) * HS;
+    const bf16 *row = qkv + (size_t)b * rs;
     warp_load_rot(qs[warp], row + h * HS, HS, pos, cos_tab, sin_tab, scale_log2);
     float o[SIMPLE_MAX_HS / 32];
     float slope2 = alibi ? alibi_slope(h, NH) * LOG2E : 0.0f;
@@ -769,14 +780,14 @@ extern "C" void kiln_cuda_attention_decode(void *ctx, const struct kiln_attn_dec
     const float *cos_tab = NULL, *sin_tab = NULL;
     if (a->pos_kind == KILN_POS_ROPE)
         cos_tab = kiln_cuda_rope_table(c, a->maxT, a->HS, a->rope_theta, &sin_tab);
-    int n = a->B * a->NKV * a->HS;
+    int n = a->B * a->NKV * a->HS, rs = a->qkv_stride ? a->qkv_stride : (a->NH + 2 * a->NKV) * a->HS;
     attn_decode_store_kernel<<<KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(
-        (bf16 *)a->kcache, (bf16 *)a->vcache, (const bf16 *)a->qkv, a->B, a->maxT, a->pos, a->NH, a->NKV,
+        (bf16 *)a->kcache, (bf16 *)a->vcache, (const bf16 *)a->qkv, rs, a->B, a->maxT, a->pos, a->NH, a->NKV,
         a->HS, cos_tab, sin_tab);
     CUDA_CHECK_LAUNCH();
     float scale_log2 = LOG2E / sqrtf((float)a->HS);
     attn_decode_kernel<<<KILN_CEIL_DIV(a->B * a->NH, 4), 128, 0, c->stream>>>(
-        (bf16 *)a->out, (const bf16 *)a->kcache, (const bf16 *)a->vcache, (const bf16 *)a->qkv, a->B, a->maxT,
-        a->pos, a->NH, a->NKV, a->HS, a->pos_kind == KILN_POS_ALIBI, scale_log2, cos_tab, sin_tab);
+        (bf16 *)a->out, (const bf16 *)a->kcache, (const bf16 *)a->vcache, (const bf16 *)a->qkv, rs, a->B,
+        a->maxT, a->pos, a->NH, a->NKV, a->HS, a->pos_kind == KILN_POS_ALIBI, scale_log2, cos_tab, sin_tab);
     CUDA_CHECK_LAUNCH();
 }

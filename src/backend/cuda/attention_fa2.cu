@@ -30,9 +30,9 @@ struct fa_params {
     float *lse;       // (B, NH, T)
     const bf16 *dout; // (B, T, NH HS)
     const float *dsum;
-    bf16 *dqkv;                     // (B, T, (NH + 2 NKV) HS)
+    bf16 *dqkv;                     // (B, T, (NH + 2 NKV) HS), rows rs apart
     const float *cos_tab, *sin_tab; // set in backward with RoPE: rotate dq, dk back
-    int B, T, NH, NKV, rs;          // rs: dqkv row stride
+    int B, T, NH, NKV, rs;          // rs: dqkv row stride ((NH + 2 NKV) HS, or wider: the parallel block)
     int alibi;
     float scale, scale_log2;
     float *dq_acc; // single-pass backward: unscaled dQ in the rotated frame, f32 (B, T, NH, HS), zeroed first
@@ -159,9 +159,10 @@ template <int HS> static __device__ __forceinline__ void zero_acc(float (*x)[4])
 // dt + HS/16 of the same thread.
 
 // ---- RoPE pre-rotation -----------------------------------------------------------------------------------
-// qr (B, T, NH, HS), kr (B, T, NKV, HS) = rotated q, k of qkv. One thread: 8 pairs (d, d + HS/2).
-static __global__ void fa_rope_kernel(bf16 *qr, bf16 *kr, const bf16 *qkv, int BT, int T, int NH, int NKV,
-                                      int HS, const float *ct, const float *st) {
+// qr (B, T, NH, HS), kr (B, T, NKV, HS) = rotated q, k of qkv (rows rs apart). One thread: 8 pairs (d, d +
+// HS/2).
+static __global__ void fa_rope_kernel(bf16 *qr, bf16 *kr, const bf16 *qkv, int rs, int BT, int T, int NH,
+                                      int NKV, int HS, const float *ct, const float *st) {
     int half = HS / 2, cph = half / 8, heads = NH + NKV;
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)BT * heads * cph)
@@ -171,7 +172,7 @@ static __global__ void fa_rope_kernel(bf16 *qr, bf16 *kr, const bf16 *qkv, int B
     int hh = (int)(r % heads);
     long bt = r / heads;
     int t = (int)(bt % T), d0 = c * 8;
-    const bf16 *src = qkv + bt * (long)(NH + 2 * NKV) * HS + (long)hh * HS;
+    const bf16 *src = qkv + bt * (long)rs + (long)hh * HS;
     bf16 *dst = hh < NH ? qr + (bt * NH + hh) * HS : kr + (bt * NKV + (hh - NH)) * HS;
     bf16x8 x, y, xo, yo;
     x.u = *(const uint4 *)(src + d0);
@@ -706,13 +707,20 @@ static int fa_al16(const void *p) {
     return ((uintptr_t)p & 15) == 0;
 }
 
-static int fa_applies(int HS, const void *p0, const void *p1, const void *p2) {
-    return (HS == 64 || HS == 128) && fa_al16(p0) && fa_al16(p1) && fa_al16(p2);
+// Rows are copied in 16-byte chunks (cp.async, uint4): row strides must be multiples of 8 elements.
+static int fa_applies(int HS, const void *p0, const void *p1, const void *p2, int rs) {
+    return (HS == 64 || HS == 128) && fa_al16(p0) && fa_al16(p1) && fa_al16(p2) && rs % 8 == 0;
 }
 
-// q, k, v pointers: straight from qkv, or (RoPE) rotated copies in scratch.
-static struct fa_params fa_setup(struct cuda_ctx *c, const void *qkv, int B, int T, int NH, int NKV, int HS,
-                                 enum kiln_pos pos, float theta, const float **ct, const float **st) {
+static int fa_stride(int stride, int NH, int NKV, int HS) {
+    return stride ? stride : (NH + 2 * NKV) * HS;
+}
+
+// q, k, v pointers: straight from qkv (rows qkv_rs apart), or (RoPE) rotated copies in scratch. p.rs (dqkv's
+// row stride) starts equal to qkv_rs.
+static struct fa_params fa_setup(struct cuda_ctx *c, const void *qkv, int qkv_rs, int B, int T, int NH,
+                                 int NKV, int HS, enum kiln_pos pos, float theta, const float **ct,
+                                 const float **st) {
     struct fa_params p;
     memset(&p, 0, sizeof(p));
     const bf16 *x = (const bf16 *)qkv;
@@ -720,7 +728,7 @@ static struct fa_params fa_setup(struct cuda_ctx *c, const void *qkv, int B, int
     p.T = T;
     p.NH = NH;
     p.NKV = NKV;
-    p.rs = (NH + 2 * NKV) * HS;
+    p.rs = qkv_rs;
     p.alibi = pos == KILN_POS_ALIBI;
     p.scale = 1.0f / sqrtf((float)HS);
     p.scale_log2 = p.scale * FA_LOG2E;
@@ -734,8 +742,8 @@ static struct fa_params fa_setup(struct cuda_ctx *c, const void *qkv, int B, int
         size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
         bf16 *qr = (bf16 *)kiln_cuda_scratch(c, SCR_ATTN_ROT, (nq + nk) * sizeof(bf16));
         long n = (long)B * T * (NH + NKV) * (HS / 16);
-        fa_rope_kernel<<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(qr, qr + nq, x, B * T, T, NH,
-                                                                               NKV, HS, *ct, *st);
+        fa_rope_kernel<<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(qr, qr + nq, x, qkv_rs, B * T,
+                                                                               T, NH, NKV, HS, *ct, *st);
         CUDA_CHECK_LAUNCH();
         p.q = qr;
         p.k = qr + nq;
@@ -756,11 +764,12 @@ static void fa_fwd_launch(struct cuda_ctx *c, const struct fa_params &p) {
 }
 
 extern "C" int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_args *a) {
-    if (!fa_applies(a->HS, a->qkv, a->out, a->qkv))
+    int rs = fa_stride(a->qkv_stride, a->NH, a->NKV, a->HS);
+    if (!fa_applies(a->HS, a->qkv, a->out, a->qkv, rs))
         return 0;
     const float *ct, *st;
     struct fa_params p =
-        fa_setup(c, a->qkv, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, &ct, &st);
+        fa_setup(c, a->qkv, rs, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, &ct, &st);
     p.out = (bf16 *)a->out;
     p.lse = a->lse;
     int v = fa_variant();
@@ -816,11 +825,14 @@ static void fa_bwd_fused_launch(struct cuda_ctx *c, const struct fa_params &p) {
 }
 
 extern "C" int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a) {
-    if (!fa_applies(a->HS, a->qkv, a->out, a->dout) || !fa_al16(a->dqkv))
+    int rs = fa_stride(a->qkv_stride, a->NH, a->NKV, a->HS),
+        drs = fa_stride(a->dqkv_stride, a->NH, a->NKV, a->HS);
+    if (!fa_applies(a->HS, a->qkv, a->out, a->dout, rs) || !fa_al16(a->dqkv) || drs % 8 != 0)
         return 0;
     const float *ct, *st;
     struct fa_params p =
-        fa_setup(c, a->qkv, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, &ct, &st);
+        fa_setup(c, a->qkv, rs, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, &ct, &st);
+    p.rs = drs;
     p.cos_tab = ct;
     p.sin_tab = st;
     p.lse = (float *)a->lse;

@@ -211,6 +211,7 @@ static const struct kiln_ops cuda_ops = {
     kiln_cuda_attention_decode,
     kiln_cuda_swiglu_forward,
     kiln_cuda_swiglu_backward,
+    kiln_cuda_gelu_forward,
     kiln_cuda_add,
     kiln_cuda_cross_entropy,
     kiln_cuda_sum_squares,

@@ -116,6 +116,7 @@ int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_args *a);
 int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a);
 void kiln_cuda_swiglu_forward(void *ctx, const struct kiln_swiglu_args *a);
 void kiln_cuda_swiglu_backward(void *ctx, const struct kiln_swiglu_back_args *a);
+void kiln_cuda_gelu_forward(void *ctx, const struct kiln_gelu_args *a); // matmul.cu, with the GELU epilogues
 void kiln_cuda_add(void *ctx, void *out, const void *a, const void *b, size_t n);
 void kiln_cuda_cross_entropy(void *ctx, const struct kiln_xent_args *a);
 double kiln_cuda_sum_squares(void *ctx, const void *grads, size_t n);

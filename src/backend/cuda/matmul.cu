@@ -13,6 +13,10 @@
 //
 // When cuBLASLt has no algorithm for a fused epilogue (odd leading dimensions, unsupported type mix), the op
 // falls back to a plain GEMM plus small kernels below, so every shape works.
+//
+// dinp and the DGELU aux may be column slices of wider rows (the parallel block's fused projection): their
+// leading dimensions are the row strides (ldd, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD), so nothing is copied.
+// The GELU of a slice that a wider GEMM wrote is gelu_forward, below.
 #include <math.h>
 #include <string.h>
 
@@ -295,11 +299,42 @@ static __global__ void bias_act_kernel(bf16 *y, bf16 *pre, const bf16 *bias, int
     y[i] = f2bf(gelu ? gelu_tanh(x) : x);
 }
 
-// y *= gelu'(pre), elementwise
-static __global__ void dgelu_kernel(bf16 *y, const bf16 *pre, size_t n) {
+// y *= gelu'(pre), elementwise over (N, IC) with rows ldy and ldp elements apart
+static __global__ void dgelu_kernel(bf16 *y, int ldy, const bf16 *pre, int ldp, int N, int IC) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        y[i] = f2bf(bf2f(y[i]) * gelu_tanh_grad(bf2f(pre[i])));
+    if (i >= (size_t)N * IC)
+        return;
+    size_t n = i / IC, c = i % IC;
+    bf16 *yi = y + n * ldy + c;
+    *yi = f2bf(bf2f(*yi) * gelu_tanh_grad(bf2f(pre[n * ldp + c])));
+}
+
+// dst += src over (N, IC): dst rows ldd apart, src dense; rounded as kiln_cuda_add rounds
+static __global__ void add_rows_kernel(bf16 *dst, int ldd, const bf16 *src, int N, int IC) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * IC)
+        return;
+    bf16 *d = dst + (i / IC) * ldd + i % IC;
+    *d = f2bf(bf2f(*d) + bf2f(src[i]));
+}
+
+// out (N, H) = gelu(inp), inp rows ld apart; from the bf16 pre-activation, as bias_act_kernel rounds it.
+// Eight elements per thread: one 16-byte load and store when vec (H and ld multiples of 8, both aligned).
+static __global__ void gelu_kernel(bf16 *out, const bf16 *inp, int ld, int N, int H, int vec) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8, n = (size_t)N * H;
+    if (i >= n)
+        return;
+    if (vec) {
+        bf16x8 x, y;
+        x.u = *(const uint4 *)(inp + (i / H) * ld + i % H);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            y.h[k] = f2bf(gelu_tanh(bf2f(x.h[k])));
+        *(uint4 *)(out + i) = y.u;
+    } else {
+        for (size_t k = i; k < i + 8 && k < n; k++)
+            out[k] = f2bf(gelu_tanh(bf2f(inp[(k / H) * ld + k % H])));
+    }
 }
 
 // ---- ops -----------------------------------------------------------------------------------------------
@@ -344,6 +379,18 @@ extern "C" void kiln_cuda_matmul_forward(void *ctx, const struct kiln_matmul_arg
             (bf16 *)a->out, (bf16 *)a->pre, (const bf16 *)a->bias, a->N, a->OC, a->act == KILN_ACT_GELU);
         CUDA_CHECK_LAUNCH();
     }
+}
+
+extern "C" void kiln_cuda_gelu_forward(void *ctx, const struct kiln_gelu_args *a) {
+    size_t n = (size_t)a->N * a->H;
+    if (n == 0)
+        return;
+    int ld = a->inp_stride ? a->inp_stride : a->H;
+    int vec = a->H % 8 == 0 && ld % 8 == 0 && ((uintptr_t)a->inp & 15) == 0 && ((uintptr_t)a->out & 15) == 0;
+    size_t threads = KILN_CEIL_DIV(n, 8);
+    gelu_kernel<<<(unsigned)KILN_CEIL_DIV(threads, 256), 256, 0, cuda_ctx_of(ctx)->stream>>>(
+        (bf16 *)a->out, (const bf16 *)a->inp, ld, a->N, a->H, vec);
+    CUDA_CHECK_LAUNCH();
 }
 
 // dweight (+)= inp^T-ish GEMM (f32), with dbias from the BGRADB epilogue
@@ -391,9 +438,13 @@ extern "C" void kiln_cuda_matmul_backward(void *ctx, const struct kiln_matmul_ba
     size_t n_inp = (size_t)a->N * a->IC;
     // ---- dinp = dout @ W (. gelu'(pre)) ----
     if (a->dinp) {
-        // with accumulate and gelu both set, dinp += (dout @ W) . gelu'(pre): computed into a temporary
+        int ldi = a->dinp_stride ? a->dinp_stride : a->IC;
+        int ldp = a->gelu_pre_stride ? a->gelu_pre_stride : a->IC;
+        // with accumulate and gelu both set, dinp += (dout @ W) . gelu'(pre): computed into a (dense)
+        // temporary
         int tmp = a->dinp_accumulate && a->dinp_gelu_pre;
         bf16 *dst = tmp ? (bf16 *)kiln_cuda_scratch(c, SCR_GEMM, n_inp * sizeof(bf16)) : (bf16 *)a->dinp;
+        int ldd = tmp ? a->IC : ldi; // of dst
         struct lt_gemm g;
         memset(&g, 0, sizeof(g));
         g.transa = CUBLAS_OP_N;
@@ -407,25 +458,30 @@ extern "C" void kiln_cuda_matmul_backward(void *ctx, const struct kiln_matmul_ba
         g.ldb = a->OC;
         g.C = dst;
         g.D = dst;
-        g.ldd = a->IC;
+        g.ldd = ldd;
         g.dtype = CUDA_R_16BF;
         g.beta = (a->dinp_accumulate && !tmp) ? 1.0f : 0.0f;
         g.epi = CUBLASLT_EPILOGUE_DEFAULT;
         if (a->dinp_gelu_pre) {
             g.epi = CUBLASLT_EPILOGUE_DGELU;
             g.aux = (void *)a->dinp_gelu_pre;
-            g.aux_ld = a->IC;
+            g.aux_ld = ldp;
         }
         if (lt_matmul(c, &g) != 0) {
             lt_matmul_plain(c, g);
             if (a->dinp_gelu_pre) {
                 dgelu_kernel<<<(unsigned)KILN_CEIL_DIV(n_inp, 256), 256, 0, c->stream>>>(
-                    dst, (const bf16 *)a->dinp_gelu_pre, n_inp);
+                    dst, ldd, (const bf16 *)a->dinp_gelu_pre, ldp, a->N, a->IC);
                 CUDA_CHECK_LAUNCH();
             }
         }
-        if (tmp)
+        if (tmp && ldi == a->IC) {
             kiln_cuda_add(ctx, a->dinp, a->dinp, dst, n_inp);
+        } else if (tmp) {
+            add_rows_kernel<<<(unsigned)KILN_CEIL_DIV(n_inp, 256), 256, 0, c->stream>>>((bf16 *)a->dinp, ldi,
+                                                                                        dst, a->N, a->IC);
+            CUDA_CHECK_LAUNCH();
+        }
     }
     matmul_dweight(c, a);
 }
