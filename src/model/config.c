@@ -81,7 +81,7 @@ static const struct opt OPTS[] = {
     {"device", OPT_ENUM, OFF(device), 0, 0, "auto cpu cuda", "compute backend"},
     {"threads", OPT_INT, OFF(threads), 0, 4096, NULL, "CPU threads (0 = all cores)"},
     {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, NULL, "bitwise-repeatable GPU kernels"},
-    {"recompute", OPT_ENUM, OFF(recompute), 0, 0, "none mlp block", "activation recompute"},
+    {"recompute", OPT_ENUM, OFF(recompute), 0, 0, "none mlp block act", "activation recompute"},
     {"peak-flops", OPT_DOUBLE, OFF(peak_flops), 0, 1e18, NULL, "peak FLOP/s for MFU (0 = from the GPU table)"},
     {"out", OPT_STR, OFF(out), 0, 0, NULL, "run directory for config, metrics and the model"},
     // checkpoints

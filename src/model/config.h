@@ -14,7 +14,8 @@
 #include "util/error.h"
 
 enum kiln_schedule { KILN_SCHED_COSINE = 0, KILN_SCHED_LINEAR, KILN_SCHED_CONSTANT, KILN_SCHED_WSD };
-enum kiln_recompute { KILN_RECOMPUTE_NONE = 0, KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_BLOCK };
+// act: only the MLP activation's output is recomputed (from its kept input), as torch.compile does
+enum kiln_recompute { KILN_RECOMPUTE_NONE = 0, KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_BLOCK, KILN_RECOMPUTE_ACT };
 
 struct kiln_model_config {
     int n_layer;        // L

@@ -189,11 +189,12 @@ static void acts_layout(struct acts *a, const struct dims *d, const struct kiln_
     int L = d->L, training = o->training;
     enum kiln_recompute rc = o->recompute;
     int per_layer = rc == KILN_RECOMPUTE_BLOCK ? 1 : L;
-    int mlp_slots = rc == KILN_RECOMPUTE_NONE ? L : 1;
+    int mlp_slots = rc == KILN_RECOMPUTE_NONE ? L : 1;                              // fc_act
+    int pre_slots = rc == KILN_RECOMPUTE_NONE || rc == KILN_RECOMPUTE_ACT ? L : 1; // fc_pre
     if (!training)
-        per_layer = mlp_slots = 1;
+        per_layer = mlp_slots = pre_slots = 1;
     size_t N = (size_t)d->N, f = sizeof(float), i = sizeof(int32_t);
-    // a fused forward keeps [qkv | fc_pre] in pre (mlp_slots == per_layer then); a fused backward has dpre
+    // a fused forward keeps [qkv | fc_pre] in pre (pre_slots == per_layer then); a fused backward has dpre
     size_t qkv = N * d->QKV, fc = N * d->FCO, pre = fu->fwd ? qkv + fc : 0, dpre = fu->on ? qkv + fc : 0;
 #define SET(b, n, s, eb) (a->b = (struct buf){NULL, (n), (s), (eb)})
     SET(x, N * d->C, training ? L + 1 : 2, ab);
@@ -214,7 +215,7 @@ static void acts_layout(struct acts *a, const struct dims *d, const struct kiln_
     SET(ln2, N * d->C, per_layer, ab);
     SET(mean2, N, per_layer, f);
     SET(rstd2, N, per_layer, f);
-    SET(fc_pre, pre ? 0 : fc, mlp_slots, ab);
+    SET(fc_pre, pre ? 0 : fc, pre_slots, ab);
     SET(fc_act, N * d->H, mlp_slots, ab);
     SET(ao, N * d->C, 1, ab);
     SET(mo, N * d->C, 1, ab);
@@ -463,9 +464,9 @@ static void matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp
 
 // The MLP of layer l after its input projection: fc_act = act(fc_pre) (rows of fc_pre `stride` elements
 // apart, 0 = FCO), then out = (or +=) self.c_proj(fc_act).
-static void mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *fc_pre, int stride,
-                        void *fc_act, void *out, int accumulate, int N) {
-    const int *ix = g->pt.layer[l];
+// fc_act = SwiGLU or GELU of fc_pre (rows stride apart, 0 = dense)
+static void mlp_activation(struct kiln_gpt *g, const struct dims *d, const void *fc_pre, int stride, void *fc_act,
+                           int N) {
     if (g->cfg.mlp_swiglu) {
         struct kiln_swiglu_args s = {.out = fc_act, .inp = fc_pre, .N = N, .H = d->H, .inp_stride = stride};
         g->ops->swiglu_forward(g->ctx, &s);
@@ -473,6 +474,12 @@ static void mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const v
         struct kiln_gelu_args s = {.out = fc_act, .inp = fc_pre, .N = N, .H = d->H, .inp_stride = stride};
         g->ops->gelu_forward(g->ctx, &s);
     }
+}
+
+static void mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *fc_pre, int stride,
+                        void *fc_act, void *out, int accumulate, int N) {
+    const int *ix = g->pt.layer[l];
+    mlp_activation(g, d, fc_pre, stride, fc_act, N);
     matmul_fwd(g, out, NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], N, d->H, d->C, KILN_ACT_NONE,
                accumulate);
 }
@@ -777,6 +784,11 @@ static void recompute_layer(struct kiln_gpt *g, const struct dims *d, int l) {
     } else if (g->opts.recompute == KILN_RECOMPUTE_MLP) {
         const void *inp = g->cfg.parallel_block ? buf_at(&a->ln1, l) : buf_at(&a->ln2, l);
         mlp_fwd(g, d, l, inp, buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0, d->N);
+    } else if (g->opts.recompute == KILN_RECOMPUTE_ACT) {
+        // the activation's output from its kept input: fc_pre, or the MLP slice of a fused block's [qkv | fc_pre]
+        int S = d->QKV + d->FCO;
+        const void *pre = g->fuse.fwd ? act_at(g, buf_at(&a->pre, l), (size_t)d->QKV) : buf_at(&a->fc_pre, l);
+        mlp_activation(g, d, pre, g->fuse.fwd ? S : 0, buf_at(&a->fc_act, l), d->N);
     }
 }
 

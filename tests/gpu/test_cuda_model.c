@@ -158,6 +158,12 @@ static void test_parallel_recompute_steps_match_cpu(void **state) {
     check_step_matches_cpu_rc(2, KILN_RECOMPUTE_MLP, "parallel+alibi, recompute=mlp");
     check_step_matches_cpu_rc(4, KILN_RECOMPUTE_BLOCK, "parallel+swiglu, recompute=block");
 }
+// --recompute=act: the GELU (or SwiGLU) output recomputed before each layer's backward, from the kept input
+static void test_activation_recompute_steps_match_cpu(void **state) {
+    check_step_matches_cpu_rc(0, KILN_RECOMPUTE_ACT, "gpt2, recompute=act");
+    check_step_matches_cpu_rc(1, KILN_RECOMPUTE_ACT, "llama-style, recompute=act");
+    check_step_matches_cpu_rc(2, KILN_RECOMPUTE_ACT, "parallel+alibi (fused), recompute=act");
+}
 static void test_qk_norm_step_matches_cpu(void **state) {
     check_step_matches_cpu(3, "qk-norm+rms+gqa+rope");
 }
@@ -262,6 +268,7 @@ int main(void) {
         cmocka_unit_test(test_parallel_alibi_step_matches_cpu),
         cmocka_unit_test(test_parallel_swiglu_step_matches_cpu),
         cmocka_unit_test(test_parallel_recompute_steps_match_cpu),
+        cmocka_unit_test(test_activation_recompute_steps_match_cpu),
         cmocka_unit_test(test_qk_norm_step_matches_cpu),
         cmocka_unit_test(test_training_follows_cpu_trajectory),
         cmocka_unit_test(test_gpu_training_is_bitwise_repeatable),

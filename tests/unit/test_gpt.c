@@ -287,7 +287,7 @@ static void test_parallel_block_falls_back_to_two_gemms_when_padding_separates_t
 static void check_recompute_identical(const struct kiln_model_config *m) {
     float *ref = NULL;
     size_t total = 0;
-    for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_BLOCK; rc++) {
+    for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_ACT; rc++) {
         struct fixture f;
         fixture_open(&f, m, (enum kiln_recompute)rc, 3);
         total = kiln_gpt_params(f.g)->total;
@@ -314,6 +314,10 @@ static void test_recompute_gives_identical_gradients(void **state) {
     parallel_config(&m, PAR_GELU_BIAS);
     check_recompute_identical(&m);
     parallel_config(&m, PAR_SWIGLU_GQA_ROPE);
+    check_recompute_identical(&m);
+    tiny_config(&m); // sequential SwiGLU: --recompute=act recomputes a SwiGLU
+    m.mlp_swiglu = 1;
+    m.mlp_hidden = 24;
     check_recompute_identical(&m);
 }
 
