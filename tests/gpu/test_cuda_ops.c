@@ -113,6 +113,17 @@ static void pair_poison(struct pair *p) {
     pair_fill(p, NAN);
 }
 
+// Gradient outputs: poisoned where the op assigns them (an unwritten element fails), random where it adds.
+static void grads_prefill(int assign, struct pair *dw, struct pair *db) {
+    if (assign) {
+        pair_poison(dw);
+        pair_poison(db);
+    } else {
+        pair_randn(dw, 1.0f);
+        pair_randn(db, 1.0f);
+    }
+}
+
 static float *pair_get(struct pair *p, int gpu) {
     float *h = malloc(p->n * sizeof(float) + 4);
     if (gpu)
@@ -383,14 +394,8 @@ static void test_norms_match_cpu(void **state) {
 
                 struct pair dinp = pair_new(e, nc, ACT), dw = pair_new(e, C, GRAD), db = pair_new(e, C, GRAD);
                 pair_randn(&dinp, 1.0f); // += outputs
-                int gassign = fused;      // dweight, dbias assigned (poisoned before) or added to
-                if (gassign) {
-                    pair_poison(&dw);
-                    pair_poison(&db);
-                } else {
-                    pair_randn(&dw, 1.0f);
-                    pair_randn(&db, 1.0f);
-                }
+                int gassign = fused;      // dweight, dbias assigned or added to
+                grads_prefill(gassign, &dw, &db);
                 pair_randn(&out, 1.0f); // dout
                 struct pair *x = fused ? &res_out : &inp;
                 struct kiln_norm_back_args b_c = {
@@ -472,14 +477,8 @@ static void test_matmul_matches_cpu(void **state) {
                 pair_randn(&dinp, 1.0f);
             else
                 pair_poison(&dinp);
-            int gassign = variant == 0 || variant == 2; // dweight, dbias assigned (poisoned before) or added to
-            if (gassign) {
-                pair_poison(&dw);
-                pair_poison(&db);
-            } else {
-                pair_randn(&dw, 1.0f);
-                pair_randn(&db, 1.0f);
-            }
+            int gassign = variant == 0 || variant == 2; // dweight, dbias assigned or added to
+            grads_prefill(gassign, &dw, &db);
             pair_randn(&gpre, 1.5f);
             pair_randn(&out, 1.0f); // dout
             struct kiln_matmul_back_args b_c = {

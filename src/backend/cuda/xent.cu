@@ -10,6 +10,34 @@
 
 #define XENT_THREADS 512
 
+// one logit into a thread's running (max, sum of exp(v - max))
+static __device__ __forceinline__ void online_add(float v, float &m, float &s) {
+    if (v > m) {
+        s = s * __expf(m - v) + 1.0f;
+        m = v;
+    } else {
+        s += __expf(v - m);
+    }
+}
+
+// The row's log-sum-exp from every thread's (m, s); thread 0 stores the loss.
+static __device__ __forceinline__ float row_lse(float m, float s, float xt, int t, float z_loss, float *loss,
+                                                float *sh) {
+    float M = block_max(m, sh);
+    float S = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - M), sh);
+    float lse = M + __logf(S);
+    if (threadIdx.x == 0)
+        *loss = t >= 0 ? lse - xt + z_loss * lse * lse : 0.0f;
+    return lse;
+}
+
+// dL/dlogit j of a row with target t (0 for padded columns and ignored rows). Takes the bf16 logit and
+// converts it only where needed: with a float argument, ptxas spilled the one-pass kernel's registers.
+static __device__ __forceinline__ float dlogit(bf16 x, int j, int t, int V, float lse, float scale, float dloss) {
+    return (t < 0 || j >= V) ? 0.0f : scale * __expf(bf2f(x) - lse) - (j == t ? dloss : 0.0f);
+}
+
+
 template <int VEC>
 static __global__ void __launch_bounds__(XENT_THREADS)
     xent_kernel(bf16 *logits, float *losses, const int32_t *targets, int V, int Vp, float dloss,
@@ -31,26 +59,15 @@ static __global__ void __launch_bounds__(XENT_THREADS)
             v[0] = bf2f(x[j0]);
         }
 #pragma unroll
-        for (int k = 0; k < VEC; k++) {
-            if (j0 + k >= V)
-                break;
-            if (v[k] > m) {
-                s = s * __expf(m - v[k]) + 1.0f;
-                m = v[k];
-            } else {
-                s += __expf(v[k] - m);
-            }
-        }
+        for (int k = 0; k < VEC; k++)
+            if (j0 + k < V)
+                online_add(v[k], m, s);
     }
     float xt = (t >= 0 && t < V) ? bf2f(x[t]) : 0.0f; // read before any thread overwrites the row
-    float M = block_max(m, sh);
-    float S = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - M), sh);
-    float lse = M + __logf(S);
-    if (threadIdx.x == 0)
-        losses[row] = t >= 0 ? lse - xt + z_loss * lse * lse : 0.0f;
+    float lse = row_lse(m, s, xt, t, z_loss, losses + row, sh);
     if (dloss == 0.0f)
         return;
-    __syncthreads(); // everyone has read x[t] (it was read before the barriers in block_sum; belt and braces)
+    __syncthreads(); // every thread read x[t] before the reductions: the row may be overwritten now
     float scale = dloss * (1.0f + 2.0f * z_loss * lse);
     for (int j0 = threadIdx.x * VEC; j0 < Vp; j0 += XENT_THREADS * VEC) {
         float v[VEC];
@@ -64,13 +81,8 @@ static __global__ void __launch_bounds__(XENT_THREADS)
         }
         float d[VEC];
 #pragma unroll
-        for (int k = 0; k < VEC; k++) {
-            int j = j0 + k;
-            if (t < 0 || j >= V)
-                d[k] = 0.0f;
-            else
-                d[k] = scale * __expf(v[k] - lse) - (j == t ? dloss : 0.0f);
-        }
+        for (int k = 0; k < VEC; k++)
+            d[k] = dlogit(f2bf(v[k]), j0 + k, t, V, lse, scale, dloss); // v[k] came from bf16: exact
         if (VEC == 8) {
             bf16x8 u;
             for (int k = 0; k < 8; k++)
@@ -107,23 +119,13 @@ static __global__ void __launch_bounds__(XENT_THREADS, 1)
         for (int k = 0; k < 8; k++) {
             if (j0 + k >= V)
                 break;
-            float v = bf2f(r[i].h[k]);
-            if (v > m) {
-                s = s * __expf(m - v) + 1.0f;
-                m = v;
-            } else {
-                s += __expf(v - m);
-            }
+            online_add(bf2f(r[i].h[k]), m, s);
         }
     }
-    float M = block_max(m, sh);
-    float S = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - M), sh);
-    float lse = M + __logf(S);
-    if (threadIdx.x == 0)
-        losses[row] = t >= 0 ? lse - xt + z_loss * lse * lse : 0.0f;
+    float lse = row_lse(m, s, xt, t, z_loss, losses + row, sh);
     if (dloss == 0.0f)
         return;
-    __syncthreads(); // x[t] was read by every thread before the reductions' barriers
+    __syncthreads(); // every thread read x[t] before the reductions: the row may be overwritten now
     float scale = dloss * (1.0f + 2.0f * z_loss * lse);
 #pragma unroll
     for (int i = 0; i < XENT_CHUNKS; i++) {
@@ -132,11 +134,8 @@ static __global__ void __launch_bounds__(XENT_THREADS, 1)
             break;
         bf16x8 u;
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            int j = j0 + k;
-            float d = (t < 0 || j >= V) ? 0.0f : scale * __expf(bf2f(r[i].h[k]) - lse) - (j == t ? dloss : 0.0f);
-            u.h[k] = f2bf(d);
-        }
+        for (int k = 0; k < 8; k++)
+            u.h[k] = f2bf(dlogit(r[i].h[k], j0 + k, t, V, lse, scale, dloss));
         *(uint4 *)(x + j0) = u.u;
     }
 }
