@@ -18,7 +18,8 @@ static int parse_validate(struct kiln_config *c, struct kiln_error *e, int argc,
 static void test_grad_dtype_defaults_to_auto_and_parses_its_values(void **state) {
     struct kiln_config c;
     struct kiln_error e;
-    assert_int_equal(parse_validate(&c, &e, 0, NULL), 0);
+    char *none[] = {NULL};
+    assert_int_equal(parse_validate(&c, &e, 0, none), 0);
     assert_int_equal(c.grad_dtype, KILN_GRAD_AUTO);
     const char *names[] = {"auto", "fp32", "bf16"};
     enum kiln_grad_dtype want[] = {KILN_GRAD_AUTO, KILN_GRAD_FP32, KILN_GRAD_BF16};
