@@ -9,6 +9,8 @@ struct kiln_backend_opts {
     int device_index;        // GPU ordinal (CUDA)
     int deterministic;       // bitwise-repeatable results (CUDA: no atomics in reductions)
     int threads;             // CPU threads, 0 = OpenMP default
+    enum kiln_dtype grad_dtype; // parameter gradients: KILN_F32 (0, the default), or KILN_BF16 (CUDA only;
+                                // for runs of one micro-step per optimizer step, which never add into them)
 };
 
 struct kiln_backend {
@@ -29,6 +31,9 @@ struct kiln_backend {
 int kiln_backend_open(const char *name, const struct kiln_backend_opts *opts, struct kiln_backend *out,
                       struct kiln_error *err);
 void kiln_backend_close(struct kiln_backend *b);
+// The backend that kiln_backend_open(name) would open: "cuda" or "cpu" for "auto", else name itself. Lets a
+// caller choose options by backend (the gradient dtype) before opening it.
+const char *kiln_backend_resolve(const char *name);
 
 // Compiled-in backends, e.g. "cpu cuda", and a description of the devices visible now (for `kiln info`).
 const char *kiln_backends_compiled(void);

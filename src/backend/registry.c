@@ -20,15 +20,22 @@ void kiln_backends_describe(FILE *f) {
 #endif
 }
 
+const char *kiln_backend_resolve(const char *name) {
+    if (strcmp(name, "auto") != 0)
+        return name;
+#ifdef KILN_CUDA
+    if (kiln_cuda_device_count() > 0)
+        return "cuda";
+#endif
+    return "cpu";
+}
+
 int kiln_backend_open(const char *name, const struct kiln_backend_opts *opts, struct kiln_backend *out,
                       struct kiln_error *err) {
     memset(out, 0, sizeof(*out));
+    name = kiln_backend_resolve(name);
     int want_cuda = strcmp(name, "cuda") == 0;
-    if (strcmp(name, "auto") == 0) {
-#ifdef KILN_CUDA
-        want_cuda = kiln_cuda_device_count() > 0;
-#endif
-    } else if (!want_cuda && strcmp(name, "cpu") != 0) {
+    if (!want_cuda && strcmp(name, "cpu") != 0) {
         return kiln_errorf(err, KILN_ERR_USAGE, "unknown device '%s' (--device): allowed values are cpu, cuda, auto",
                            name);
     }

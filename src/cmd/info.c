@@ -67,8 +67,12 @@ int cmd_info(int argc, char **argv) {
     printf("\n");
     kiln_gpt_plan(m, &go, KILN_F32, KILN_F32, 1, &plan);
     print_plan("cpu: f32 everything", &plan);
-    kiln_gpt_plan(m, &go, KILN_BF16, KILN_F32, 0, &plan);
-    print_plan("cuda: bf16 weights and activations, f32 master, gradients and AdamW", &plan);
+    // the gradient dtype a CUDA run of this config gets (the trainer makes the same choice)
+    enum kiln_dtype grad = kiln_config_grad_dtype(&cfg, "cuda");
+    kiln_gpt_plan(m, &go, KILN_BF16, grad, 0, &plan);
+    print_plan(grad == KILN_BF16 ? "cuda: bf16 weights, activations and gradients, f32 master and AdamW"
+                                 : "cuda: bf16 weights and activations, f32 master, gradients and AdamW",
+               &plan);
     printf("\n");
     kiln_backends_describe(stdout);
     return 0;

@@ -82,6 +82,8 @@ static const struct opt OPTS[] = {
     {"threads", OPT_INT, OFF(threads), 0, 4096, NULL, "CPU threads (0 = all cores)"},
     {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, NULL, "bitwise-repeatable GPU kernels"},
     {"recompute", OPT_ENUM, OFF(recompute), 0, 0, "none mlp block act", "activation recompute"},
+    {"grad-dtype", OPT_ENUM, OFF(grad_dtype), 0, 0, "auto fp32 bf16",
+     "parameter gradients (auto = bf16 on CUDA when a step is one micro-step, else fp32)"},
     {"peak-flops", OPT_DOUBLE, OFF(peak_flops), 0, 1e18, NULL, "peak FLOP/s for MFU (0 = from the GPU table)"},
     {"out", OPT_STR, OFF(out), 0, 0, NULL, "run directory for config, metrics and the model"},
     // checkpoints
@@ -582,7 +584,27 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
     if (c->total_batch_tokens && c->total_batch_tokens % bt)
         return kiln_errorf(err, KILN_ERR_USAGE, "total-batch %ld is not a multiple of batch*seq = %ld (--total-batch)",
                            c->total_batch_tokens, bt);
+    if (c->grad_dtype == KILN_GRAD_BF16 && kiln_config_micro_steps(c) > 1)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "grad-dtype bf16 with %d micro-steps per step (--grad-dtype): gradients would "
+                           "accumulate in bf16; use --grad-dtype=auto or fp32, or --total-batch=%ld",
+                           kiln_config_micro_steps(c), bt);
+    if (c->grad_dtype == KILN_GRAD_BF16 && !strcmp(c->device, "cpu"))
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "grad-dtype bf16 on device cpu (--grad-dtype): the cpu backend keeps fp32 gradients; "
+                           "use --grad-dtype=auto or fp32, or --device=cuda");
     return 0;
+}
+
+int kiln_config_micro_steps(const struct kiln_config *c) {
+    long bt = (long)c->batch_size * c->seq_len;
+    return c->total_batch_tokens ? (int)(c->total_batch_tokens / bt) : 1;
+}
+
+enum kiln_dtype kiln_config_grad_dtype(const struct kiln_config *c, const char *backend) {
+    if (c->grad_dtype == KILN_GRAD_AUTO)
+        return !strcmp(backend, "cuda") && kiln_config_micro_steps(c) == 1 ? KILN_BF16 : KILN_F32;
+    return c->grad_dtype == KILN_GRAD_BF16 ? KILN_BF16 : KILN_F32;
 }
 
 // ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@
 enum kiln_schedule { KILN_SCHED_COSINE = 0, KILN_SCHED_LINEAR, KILN_SCHED_CONSTANT, KILN_SCHED_WSD };
 // act: only the MLP activation's output is recomputed (from its kept input), as torch.compile does
 enum kiln_recompute { KILN_RECOMPUTE_NONE = 0, KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_BLOCK, KILN_RECOMPUTE_ACT };
+enum kiln_grad_dtype { KILN_GRAD_AUTO = 0, KILN_GRAD_FP32, KILN_GRAD_BF16 };
 
 struct kiln_model_config {
     int n_layer;        // L
@@ -78,6 +79,7 @@ struct kiln_config {
     int threads;          // CPU threads (0 = all)
     int deterministic;
     enum kiln_recompute recompute;
+    enum kiln_grad_dtype grad_dtype; // parameter gradients; kiln_config_grad_dtype resolves auto
     double peak_flops;    // override for MFU; 0 = from the device table
     char out[1024];       // run directory ("" = none)
 
@@ -112,6 +114,14 @@ int kiln_config_set(struct kiln_config *cfg, const char *name, const char *value
 
 // Checks cross-field constraints (heads divide dims, T <= block size, ...). Call after the vocab is known.
 int kiln_config_validate(const struct kiln_config *cfg, struct kiln_error *err);
+
+// Micro-steps per optimizer step: total-batch / (batch * seq), 1 without gradient accumulation.
+int kiln_config_micro_steps(const struct kiln_config *cfg);
+// The parameter-gradient dtype of a run on `backend` ("cpu" or "cuda", as kiln_backend_resolve names it):
+// KILN_BF16 when asked for, or for auto on CUDA with one micro-step per optimizer step (each gradient is then
+// written once per step and never summed in bf16); else KILN_F32. Validation refuses bf16 where it would
+// accumulate or where the device is the CPU.
+enum kiln_dtype kiln_config_grad_dtype(const struct kiln_config *cfg, const char *backend);
 
 // Writes every option as `name = value` (the format --config reads back).
 void kiln_config_write(const struct kiln_config *cfg, FILE *f);

@@ -336,9 +336,12 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
     }
 
     struct kiln_backend be;
-    struct kiln_backend_opts bo = {
-        .device_index = 0, .deterministic = cfg->deterministic, .threads = cfg->threads};
-    if ((rc = kiln_backend_open(cfg->device, &bo, &be, err))) {
+    const char *device = kiln_backend_resolve(cfg->device);
+    struct kiln_backend_opts bo = {.device_index = 0,
+                                   .deterministic = cfg->deterministic,
+                                   .threads = cfg->threads,
+                                   .grad_dtype = kiln_config_grad_dtype(cfg, device)};
+    if ((rc = kiln_backend_open(device, &bo, &be, err))) {
         run_data_free(&data);
         free(nan_steps);
         return rc;
@@ -382,7 +385,7 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
 
     int B = cfg->batch_size, T = cfg->seq_len;
     long bt = (long)B * T;
-    int accum = cfg->total_batch_tokens ? (int)(cfg->total_batch_tokens / bt) : 1;
+    int accum = kiln_config_micro_steps(cfg);
     double tokens_per_step = (double)bt * accum;
     double peak = cfg->peak_flops > 0 ? cfg->peak_flops : be.peak_flops;
     double fpt = kiln_model_flops_per_token(&cfg->model, pt->n_params, T, 0);
@@ -392,8 +395,9 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
     tgt = kiln_xmalloc((size_t)bt * sizeof(int32_t));
 
     if (!cfg->quiet) {
-        fprintf(stderr, "kiln: %s | %.2fM params | %s (%s) | B=%d T=%d accum=%d | %d steps\n", cfg->preset,
-                pt->n_params / 1e6, be.name, be.device_name, B, T, accum, cfg->max_steps);
+        fprintf(stderr, "kiln: %s | %.2fM params | %s (%s) | B=%d T=%d accum=%d | grads %s | %d steps\n",
+                cfg->preset, pt->n_params / 1e6, be.name, be.device_name, B, T, accum,
+                kiln_dtype_name(be.grad_dtype), cfg->max_steps);
     }
     struct kiln_progress prog;
     kiln_progress_begin(&prog, cfg->max_steps, !cfg->quiet);

@@ -9,6 +9,8 @@
 //   TOL_ATTN  2e-2  attention output (P is rounded to bf16 before P.V, as in FlashAttention)
 //   TOL_ATTNB 4e-2  attention gradients (each backend uses its own forward output and lse)
 //   TOL_F32G  5e-3  f32 parameter gradients computed from bf16 inputs (summation order only)
+//   TOL_BF16G 1e-2  bf16 parameter gradients (a third backend, opened with grad_dtype = KILN_BF16): the
+//                   summation order of TOL_F32G plus one rounding (2^-9) per write
 //   TOL_F32   1e-5  f32 optimizer state and master weights; f32 statistics (mean, rstd, lse, losses): 1e-3
 // Exit 77 (skipped) without a GPU.
 #include <math.h>
@@ -26,6 +28,7 @@
 #define TOL_ATTN 2e-2
 #define TOL_ATTNB 4e-2
 #define TOL_F32G 5e-3
+#define TOL_BF16G 1e-2
 #define TOL_F32 1e-5
 #define TOL_STAT 1e-3
 
@@ -33,6 +36,7 @@ enum kind { ACT, GRAD, F32, I32 };
 
 struct env {
     struct kiln_backend cpu, gpu, gpu_det; // gpu_det: deterministic mode
+    struct kiln_backend gpu_bf16g;         // parameter gradients in bf16
     uint64_t rng;
     int failures;
 };
@@ -44,7 +48,7 @@ struct pair {
     enum kind kind;
     enum kiln_dtype dc, dg;
     struct env *e;
-    struct kiln_backend *gb; // which GPU backend (gpu or gpu_det)
+    struct kiln_backend *gb; // which GPU backend (gpu, gpu_det or gpu_bf16g)
 };
 
 static enum kiln_dtype dtype_of(const struct kiln_backend *b, enum kind k) {
@@ -173,7 +177,7 @@ static double now_ms(void) {
 static int setup(void **state) {
     struct env *e = calloc(1, sizeof(*e));
     struct kiln_error err;
-    struct kiln_backend_opts o = {0, 0, 0};
+    struct kiln_backend_opts o = {0};
     if (kiln_backend_open("cpu", &o, &e->cpu, &err) || kiln_backend_open("cuda", &o, &e->gpu, &err)) {
         fprintf(stderr, "cannot open backends: %s\n", err.msg);
         return -1;
@@ -181,6 +185,11 @@ static int setup(void **state) {
     o.deterministic = 1;
     if (kiln_backend_open("cuda", &o, &e->gpu_det, &err)) {
         fprintf(stderr, "cannot open the deterministic cuda backend: %s\n", err.msg);
+        return -1;
+    }
+    struct kiln_backend_opts ob = {.grad_dtype = KILN_BF16};
+    if (kiln_backend_open("cuda", &ob, &e->gpu_bf16g, &err) || e->gpu_bf16g.grad_dtype != KILN_BF16) {
+        fprintf(stderr, "cannot open the cuda backend with bf16 gradients: %s\n", err.msg);
         return -1;
     }
     e->rng = test_seed();
@@ -197,16 +206,18 @@ static int teardown(void **state) {
     kiln_backend_close(&e->cpu);
     kiln_backend_close(&e->gpu);
     kiln_backend_close(&e->gpu_det);
+    kiln_backend_close(&e->gpu_bf16g);
     free(e);
     return 0;
 }
 
-#define RUN(e, field, args)                                                                                  \
+#define RUN_ON(e, g, field, args)                                                                            \
     do {                                                                                                     \
         (e)->cpu.ops->field((e)->cpu.ctx, (args##_c));                                                       \
-        (e)->gpu.ops->field((e)->gpu.ctx, (args##_g));                                                       \
-        (e)->gpu.ops->synchronize((e)->gpu.ctx);                                                             \
+        (g)->ops->field((g)->ctx, (args##_g));                                                               \
+        (g)->ops->synchronize((g)->ctx);                                                                     \
     } while (0)
+#define RUN(e, field, args) RUN_ON(e, &(e)->gpu, field, args)
 
 // ---- embedding -------------------------------------------------------------------------------------------
 
@@ -1065,6 +1076,227 @@ static void test_adamw_and_sum_squares_match_cpu(void **state) {
     end_test(e);
 }
 
+// ---- bf16 parameter gradients ----------------------------------------------------------------------------
+// The ops that write or read parameter gradients, on the backend opened with grad_dtype = KILN_BF16, against
+// the CPU's f32: assigned (the first micro-step's writes) and added to (the tied head and embedding table).
+
+static void test_bf16_gradients_of_matmul_backward_match_cpu(void **state) {
+    struct env *e = *state;
+    struct kiln_backend *g = &e->gpu_bf16g;
+    int shapes[][3] = {{1, 72, 72}, {100, 72, 288}, {257, 768, 2304}, {33, 100, 36}}; // N, IC, OC
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+        for (int variant = 0; variant < 3; variant++) { // 0: dW =, +dbias; 1: dW +=, +dbias; 2: dW =
+            int N = shapes[s][0], IC = shapes[s][1], OC = shapes[s][2];
+            int gassign = variant != 1, has_bias = variant != 2;
+            char sh[128];
+            snprintf(sh, sizeof(sh), "N=%d IC=%d OC=%d dW%s%s bf16", N, IC, OC,
+                     gassign ? "=" : "+=", has_bias ? " +dbias" : "");
+            struct pair inp = pair_new_on(e, g, (size_t)N * IC, ACT),
+                        w = pair_new_on(e, g, (size_t)OC * IC, ACT);
+            struct pair dout = pair_new_on(e, g, (size_t)N * OC, ACT),
+                        dinp = pair_new_on(e, g, (size_t)N * IC, ACT);
+            struct pair dw = pair_new_on(e, g, (size_t)OC * IC, GRAD), db = pair_new_on(e, g, OC, GRAD);
+            pair_randn(&inp, 1.0f);
+            pair_randn(&w, 1.0f / sqrtf((float)IC));
+            pair_randn(&dout, 1.0f);
+            pair_poison(&dinp);
+            if (gassign) {
+                pair_poison(&dw);
+                pair_poison(&db);
+            } else {
+                pair_randn(&dw, 1.0f);
+                pair_randn(&db, 1.0f);
+            }
+            struct kiln_matmul_back_args b_c = {.dinp = dinp.c,
+                                                .dweight = dw.c,
+                                                .dbias = has_bias ? db.c : NULL,
+                                                .dout = dout.c,
+                                                .inp = inp.c,
+                                                .weight = w.c,
+                                                .N = N,
+                                                .IC = IC,
+                                                .OC = OC,
+                                                .grad_assign = gassign};
+            struct kiln_matmul_back_args b_g = {.dinp = dinp.g,
+                                                .dweight = dw.g,
+                                                .dbias = has_bias ? db.g : NULL,
+                                                .dout = dout.g,
+                                                .inp = inp.g,
+                                                .weight = w.g,
+                                                .N = N,
+                                                .IC = IC,
+                                                .OC = OC,
+                                                .grad_assign = gassign};
+            RUN_ON(e, g, matmul_backward, &b);
+            check(e, "matmul_backward", sh, "dinp", &dinp, TOL_BF16);
+            check(e, "matmul_backward", sh, "dweight", &dw, TOL_BF16G);
+            if (has_bias)
+                check(e, "matmul_backward", sh, "dbias", &db, TOL_BF16G);
+            struct pair *all[] = {&inp, &w, &dout, &dinp, &dw, &db};
+            for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+                pair_free(all[i]);
+        }
+    end_test(e);
+}
+
+// C % 8 == 0 runs the one-kernel backward, C = 100 the row kernel and the separate column sums
+static void test_bf16_gradients_of_norm_backward_match_cpu(void **state) {
+    struct env *e = *state;
+    struct kiln_backend *g = &e->gpu_bf16g;
+    int shapes[][2] = {{7, 768}, {257, 100}, {4099, 1024}}; // N, C
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+        for (int rms = 0; rms <= 1; rms++)
+            for (int gassign = 0; gassign <= 1; gassign++) {
+                int N = shapes[s][0], C = shapes[s][1];
+                size_t nc = (size_t)N * C;
+                char sh[128];
+                snprintf(sh, sizeof(sh), "N=%d C=%d %s dW%s bf16", N, C, rms ? "rms" : "layernorm",
+                         gassign ? "=" : "+=");
+                struct pair x = pair_new_on(e, g, nc, ACT), dout = pair_new_on(e, g, nc, ACT);
+                struct pair dinp = pair_new_on(e, g, nc, ACT), w = pair_new_on(e, g, C, ACT);
+                struct pair mean = pair_new_on(e, g, N, F32), rstd = pair_new_on(e, g, N, F32);
+                struct pair dw = pair_new_on(e, g, C, GRAD), db = pair_new_on(e, g, C, GRAD);
+                pair_randn(&x, 1.0f);
+                pair_randn(&dout, 1.0f);
+                pair_randn(&dinp, 1.0f);
+                pair_randn(&w, 1.0f);
+                pair_randn(&mean,
+                           0.1f); // the same statistics on both sides: the backward is what is measured
+                float *hr = malloc((size_t)N * sizeof(float));
+                for (int r = 0; r < N; r++)
+                    hr[r] = 0.5f + test_rand_uniform(&e->rng);
+                pair_set(&rstd, hr);
+                free(hr);
+                if (gassign) {
+                    pair_poison(&dw);
+                    pair_poison(&db);
+                } else {
+                    pair_randn(&dw, 1.0f);
+                    pair_randn(&db, 1.0f);
+                }
+                struct kiln_norm_back_args b_c = {.dinp = dinp.c,
+                                                  .dweight = dw.c,
+                                                  .dbias = rms ? NULL : db.c,
+                                                  .dout = dout.c,
+                                                  .inp = x.c,
+                                                  .weight = w.c,
+                                                  .mean = rms ? NULL : mean.c,
+                                                  .rstd = rstd.c,
+                                                  .N = N,
+                                                  .C = C,
+                                                  .rms = rms,
+                                                  .grad_assign = gassign};
+                struct kiln_norm_back_args b_g = {.dinp = dinp.g,
+                                                  .dweight = dw.g,
+                                                  .dbias = rms ? NULL : db.g,
+                                                  .dout = dout.g,
+                                                  .inp = x.g,
+                                                  .weight = w.g,
+                                                  .mean = rms ? NULL : mean.g,
+                                                  .rstd = rstd.g,
+                                                  .N = N,
+                                                  .C = C,
+                                                  .rms = rms,
+                                                  .grad_assign = gassign};
+                RUN_ON(e, g, norm_backward, &b);
+                check(e, "norm_backward", sh, "dinp", &dinp, TOL_BF16);
+                check(e, "norm_backward", sh, "dweight", &dw, TOL_BF16G);
+                if (!rms)
+                    check(e, "norm_backward", sh, "dbias", &db, TOL_BF16G);
+                struct pair *all[] = {&x, &dout, &dinp, &w, &mean, &rstd, &dw, &db};
+                for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+                    pair_free(all[i]);
+            }
+    end_test(e);
+}
+
+// Zeroed tables (as kiln_gpt_zero_grad leaves them), then two backward passes: the second adds to bf16 values
+static void test_bf16_gradients_of_embedding_backward_match_cpu(void **state) {
+    struct env *e = *state;
+    struct kiln_backend *g = &e->gpu_bf16g;
+    int shapes[][4] = {{4, 100, 768, 1}, {3, 257, 100, 0}, {8, 1000, 64, 1}}; // B, T, C, learned
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], learned = shapes[s][3], Vp = 1024,
+            N = B * T;
+        char sh[128];
+        snprintf(sh, sizeof(sh), "B=%d T=%d C=%d Vp=%d %s bf16", B, T, C, Vp, learned ? "wpe" : "no-wpe");
+        struct pair tok = pair_new_on(e, g, N, I32), dout = pair_new_on(e, g, (size_t)N * C, ACT);
+        struct pair dwte = pair_new_on(e, g, (size_t)Vp * C, GRAD),
+                    dwpe = pair_new_on(e, g, (size_t)T * C, GRAD);
+        float *ht = malloc((size_t)N * sizeof(float));
+        int32_t *hti = malloc((size_t)N * sizeof(int32_t));
+        for (int i = 0; i < N; i++) { // a small id range so that tokens repeat
+            hti[i] = (int32_t)(test_rand_u64(&e->rng) % (uint64_t)(i % 3 ? 1000 : 17));
+            ht[i] = (float)hti[i];
+        }
+        pair_set(&tok, ht);
+        pair_randn(&dout, 1.0f);
+        pair_fill(&dwte, 0.0f);
+        pair_fill(&dwpe, 0.0f);
+        for (int pass = 0; pass < 2; pass++) {
+            struct kiln_embed_back_args b_c = {dwte.c, learned ? dwpe.c : NULL, dout.c, tok.c, hti, B, T, C};
+            struct kiln_embed_back_args b_g = {dwte.g, learned ? dwpe.g : NULL, dout.g, tok.g, hti, B, T, C};
+            RUN_ON(e, g, embed_backward, &b);
+        }
+        check(e, "embed_backward", sh, "dwte", &dwte, TOL_BF16G);
+        if (learned)
+            check(e, "embed_backward", sh, "dwpe", &dwpe, TOL_BF16G);
+        free(ht);
+        free(hti);
+        struct pair *all[] = {&tok, &dout, &dwte, &dwpe};
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+            pair_free(all[i]);
+    }
+    end_test(e);
+}
+
+// bf16 gradients are read exactly (the CPU gets the same rounded values), so the f32 tolerances hold
+static void test_bf16_gradients_in_adamw_and_sum_squares_match_cpu(void **state) {
+    struct env *e = *state;
+    struct kiln_backend *g = &e->gpu_bf16g;
+    size_t P = 100000;
+    struct kiln_param_span spans[] = {
+        {0, 7, 1}, {7, 30000, 1}, {30007, 1, 0}, {30008, 4096, 0}, {34104, 65896, 1}};
+    struct pair params = pair_new_on(e, g, P, F32), weights = pair_new_on(e, g, P, ACT);
+    struct pair grads = pair_new_on(e, g, P, GRAD), m = pair_new_on(e, g, P, F32),
+                v = pair_new_on(e, g, P, F32);
+    pair_randn(&params, 1.0f);
+    pair_fill(&m, 0.0f);
+    pair_fill(&v, 0.0f);
+    pair_poison(&weights);
+    for (int step = 1; step <= 3; step++) {
+        pair_randn(&grads, 0.01f);
+        struct kiln_adamw_args a_c = {params.c, weights.c, grads.c, m.c,  v.c,  spans, 5, 3e-4f,
+                                      0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  0, 1234};
+        struct kiln_adamw_args a_g = a_c;
+        a_g.params = params.g;
+        a_g.weights = weights.g;
+        a_g.grads = grads.g;
+        a_g.m = m.g;
+        a_g.v = v.g;
+        RUN_ON(e, g, adamw, &a);
+        char sh[64];
+        snprintf(sh, sizeof(sh), "P=%zu spans=5 step=%d bf16 grads", P, step);
+        check(e, "adamw", sh, "params", &params, TOL_F32);
+        check(e, "adamw", sh, "m", &m, TOL_F32);
+        check(e, "adamw", sh, "v", &v, TOL_F32);
+        check(e, "adamw", sh, "weights", &weights, TOL_BF16);
+    }
+    double sc = e->cpu.ops->sum_squares(e->cpu.ctx, grads.c, P), sg = g->ops->sum_squares(g->ctx, grads.g, P);
+    double err = fabs(sg - sc) / sc;
+    printf("%-16s %-44s %-8s rel_err %.2e  tol %.0e  %s\n", "sum_squares", "n=100000 bf16", "sum", err, 1e-6,
+           err <= 1e-6 ? "PASS" : "FAIL");
+    if (!(err <= 1e-6))
+        e->failures++;
+    float nanv = NAN;
+    g->ops->upload_f32(g->ctx, (char *)grads.g + 2 * 777, KILN_BF16, &nanv, 1);
+    expect(e, !isfinite(g->ops->sum_squares(g->ctx, grads.g, P)), "sum_squares", "bf16 NaN -> non-finite");
+    struct pair *all[] = {&params, &weights, &grads, &m, &v};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        pair_free(all[i]);
+    end_test(e);
+}
+
 // ---- determinism -----------------------------------------------------------------------------------------
 
 // Runs fn twice on the deterministic backend from the same inputs; the outputs must be bitwise identical.
@@ -1240,6 +1472,10 @@ int main(void) {
         cmocka_unit_test(test_swiglu_and_add_match_cpu),
         cmocka_unit_test(test_cross_entropy_matches_cpu),
         cmocka_unit_test(test_adamw_and_sum_squares_match_cpu),
+        cmocka_unit_test(test_bf16_gradients_of_matmul_backward_match_cpu),
+        cmocka_unit_test(test_bf16_gradients_of_norm_backward_match_cpu),
+        cmocka_unit_test(test_bf16_gradients_of_embedding_backward_match_cpu),
+        cmocka_unit_test(test_bf16_gradients_in_adamw_and_sum_squares_match_cpu),
         cmocka_unit_test(test_deterministic_mode_is_bitwise_repeatable),
         cmocka_unit_test(test_out_of_memory_returns_null_and_backend_still_works),
     };

@@ -63,6 +63,12 @@ int kiln_cpu_backend_open(const struct kiln_backend_opts *opts, struct kiln_back
     if (opts && opts->threads < 0)
         return kiln_errorf(err, KILN_ERR_USAGE, "threads %d (--threads): must be >= 0; 0 uses all cores",
                            opts->threads);
+    // the reference computes in fp32 throughout; bf16 gradients are a CUDA memory and bandwidth saving
+    if (opts && opts->grad_dtype != KILN_F32)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "grad-dtype %s (--grad-dtype): the cpu backend keeps fp32 gradients; use "
+                           "--grad-dtype=auto or fp32, or --device=cuda",
+                           kiln_dtype_name(opts->grad_dtype));
     if (opts && opts->threads > 0)
         omp_set_num_threads(threads);
     struct kiln_cpu_ctx *c = calloc(1, sizeof(*c));

@@ -1,7 +1,8 @@
 // Multi-tensor AdamW over spans of the flat f32 parameter buffer, writing the bf16 compute copy (optionally
 // with seeded stochastic rounding), and the deterministic sum of squares used for global-norm clipping.
-// AdamW bytes per parameter: 4 (grad) + 3*4*2 (p, m, v read+write) + 2 (bf16 copy) = 30 B, ~15 FLOPs:
-// memory bound; 124M params -> 3.7 GB -> ~1.2 ms at 3 TB/s.
+// AdamW bytes per parameter: 4 (grad; 2 in bf16) + 3*4*2 (p, m, v read+write) + 2 (bf16 copy) = 30 B (28),
+// ~15 FLOPs: memory bound; 124M params -> 3.7 GB -> ~1.2 ms at 3 TB/s. Both kernels are templates on the
+// gradient type G (float or bf16) and compute in f32 (f64 for the sum of squares) either way.
 #include <math.h>
 #include <string.h>
 
@@ -36,8 +37,9 @@ static __device__ __forceinline__ bf16 bf16_stochastic(float f, uint32_t r) {
     return __float2bfloat16_rz(__uint_as_float(u));
 }
 
+template <typename G>
 static __global__ void __launch_bounds__(ADAM_THREADS)
-    adamw_kernel(float *params, bf16 *weights, const float *grads, float *m, float *v,
+    adamw_kernel(float *params, bf16 *weights, const G *grads, float *m, float *v,
                  const struct kiln_param_span *spans, const int2 *blocks, struct adam_consts k) {
     int2 e = blocks[blockIdx.x];
     struct kiln_param_span sp = spans[e.x];
@@ -46,7 +48,7 @@ static __global__ void __launch_bounds__(ADAM_THREADS)
         if (j >= sp.count)
             break;
         size_t idx = sp.offset + j;
-        float g = grads[idx] * k.grad_scale;
+        float g = grad_load(grads + idx) * k.grad_scale;
         float mi = k.beta1 * m[idx] + (1.0f - k.beta1) * g;
         float vi = k.beta2 * v[idx] + (1.0f - k.beta2) * g * g;
         m[idx] = mi;
@@ -110,9 +112,14 @@ extern "C" void kiln_cuda_adamw(void *ctx, const struct kiln_adamw_args *a) {
     k.inv_sqrt_bc2 = (float)(1.0 / sqrt(1.0 - pow(a->beta2, a->step)));
     k.sr = a->stochastic_rounding;
     k.seed = a->seed;
-    adamw_kernel<<<c->adam_n_blocks, ADAM_THREADS, 0, c->stream>>>(a->params, (bf16 *)a->weights,
-                                                                   (const float *)a->grads, a->m, a->v,
-                                                                   c->adam_spans_dev, c->adam_blocks, k);
+    if (c->grad_dtype == KILN_BF16)
+        adamw_kernel<<<c->adam_n_blocks, ADAM_THREADS, 0, c->stream>>>(a->params, (bf16 *)a->weights,
+                                                                       (const bf16 *)a->grads, a->m, a->v,
+                                                                       c->adam_spans_dev, c->adam_blocks, k);
+    else
+        adamw_kernel<<<c->adam_n_blocks, ADAM_THREADS, 0, c->stream>>>(a->params, (bf16 *)a->weights,
+                                                                       (const float *)a->grads, a->m, a->v,
+                                                                       c->adam_spans_dev, c->adam_blocks, k);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -121,12 +128,12 @@ extern "C" void kiln_cuda_adamw(void *ctx, const struct kiln_adamw_args *a) {
 #define SUMSQ_BLOCKS 1024
 #define SUMSQ_THREADS 256
 
-static __global__ void sumsq_kernel(double *partial, const float *x, size_t n) {
+template <typename G> static __global__ void sumsq_kernel(double *partial, const G *x, size_t n) {
     __shared__ double sh[SUMSQ_THREADS];
     double s = 0.0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        double v = x[i];
+        double v = grad_load(x + i);
         s += v * v;
     }
     sh[threadIdx.x] = s;
@@ -145,7 +152,10 @@ extern "C" double kiln_cuda_sum_squares(void *ctx, const void *grads, size_t n) 
     if (n == 0)
         return 0.0;
     double *d = (double *)kiln_cuda_scratch(c, SCR_SUMSQ, SUMSQ_BLOCKS * sizeof(double));
-    sumsq_kernel<<<SUMSQ_BLOCKS, SUMSQ_THREADS, 0, c->stream>>>(d, (const float *)grads, n);
+    if (c->grad_dtype == KILN_BF16)
+        sumsq_kernel<<<SUMSQ_BLOCKS, SUMSQ_THREADS, 0, c->stream>>>(d, (const bf16 *)grads, n);
+    else
+        sumsq_kernel<<<SUMSQ_BLOCKS, SUMSQ_THREADS, 0, c->stream>>>(d, (const float *)grads, n);
     CUDA_CHECK_LAUNCH();
     double h[SUMSQ_BLOCKS];
     CUDA_CHECK(cudaMemcpyAsync(h, d, sizeof(h), cudaMemcpyDeviceToHost, c->stream));

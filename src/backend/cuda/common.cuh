@@ -1,8 +1,10 @@
 // Shared pieces of the CUDA backend: the context, check macros, bf16 helpers, scratch buffers, and the
 // extern "C" launchers each op file provides (backend.cu puts them in the ops table).
 //
-// Precision (issue 4): activations and compute weights are bf16; everything accumulates in fp32; parameter
-// gradients, master weights and AdamW state are fp32.
+// Precision (issue 4): activations and compute weights are bf16; everything accumulates in fp32; master
+// weights and AdamW state are fp32. Parameter gradients are fp32, or bf16 when the context was opened with
+// grad_dtype = KILN_BF16 (runs of one micro-step: each gradient is rounded once, never summed in bf16 across
+// micro-steps). Kernels that touch them are templates on the gradient type (float or bf16, grad_load/store).
 #ifndef KILN_BACKEND_CUDA_COMMON_CUH
 #define KILN_BACKEND_CUDA_COMMON_CUH
 
@@ -47,7 +49,7 @@ static inline void kiln_cublas_check_at(cublasStatus_t s, const char *file, int 
 // ---- context -----------------------------------------------------------------------------------------
 enum cuda_scratch_slot {
     SCR_COLSUM = 0, // column-sum partials (norm backward, bias grads): (chunks, 2*C) f32
-    SCR_BIASGRAD,   // cuBLASLt BGRADB output before it is added to dbias: (OC) f32
+    SCR_BIASGRAD,   // cuBLASLt BGRADB output before it is added to dbias: (OC) grad dtype
     SCR_GEMM,       // bf16 temporary for unfused matmul epilogues: (N, OC)
     SCR_ATTN_D,     // attention backward rowsum(dO * O): (B, NH, T) f32
     SCR_EMBED,      // embedding backward: sorted token/position keys (u64)
@@ -60,6 +62,7 @@ enum cuda_scratch_slot {
 struct cuda_ctx {
     int device;
     int deterministic;
+    enum kiln_dtype grad_dtype; // of parameter gradients: KILN_F32 or KILN_BF16
     cudaStream_t stream;
     cudaDeviceProp prop;
     cublasLtHandle_t lt;
@@ -121,9 +124,9 @@ void kiln_cuda_add(void *ctx, void *out, const void *a, const void *b, size_t n)
 void kiln_cuda_cross_entropy(void *ctx, const struct kiln_xent_args *a);
 double kiln_cuda_sum_squares(void *ctx, const void *grads, size_t n);
 void kiln_cuda_adamw(void *ctx, const struct kiln_adamw_args *a);
-// column sums (norm.cu): out[c] += sum_r x[r, c] (= when assign) for bf16 x (N, C), deterministic
-// (fixed-order partials)
-void kiln_cuda_colsum_bf16(struct cuda_ctx *c, float *out, const bf16 *x, int N, int C, int assign);
+// column sums (norm.cu): out[c] += sum_r x[r, c] (= when assign) for bf16 x (N, C) into a parameter gradient
+// (grad dtype), deterministic (fixed-order partials)
+void kiln_cuda_colsum_bf16(struct cuda_ctx *c, void *out, const bf16 *x, int N, int C, int assign);
 void kiln_cuda_add_f32(struct cuda_ctx *c, float *out, const float *x, int n); // out += x
 void kiln_cuda_matmul_cache_free(struct cuda_ctx *c); // matmul.cu: the cuBLASLt descriptor cache
 #ifdef __cplusplus
@@ -170,6 +173,21 @@ static __device__ __forceinline__ float bf2f(bf16 x) {
 }
 static __device__ __forceinline__ bf16 f2bf(float x) {
     return __float2bfloat16_rn(x);
+}
+
+// Parameter gradients of either dtype: loads widen to f32, stores round to nearest (the f32 forms are plain
+// loads and stores, so the f32 path's numbers do not change).
+static __device__ __forceinline__ float grad_load(const float *p) {
+    return *p;
+}
+static __device__ __forceinline__ float grad_load(const bf16 *p) {
+    return bf2f(*p);
+}
+static __device__ __forceinline__ void grad_store(float *p, float v) {
+    *p = v;
+}
+static __device__ __forceinline__ void grad_store(bf16 *p, float v) {
+    *p = f2bf(v);
 }
 
 // 16-byte vector of 8 bf16

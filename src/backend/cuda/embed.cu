@@ -1,7 +1,8 @@
 // Token + position embedding. Forward: out = wte[token] + wpe[t]. Bytes: 6*B*T*C; memory bound.
 // Backward: dwte[token] += dout rows, dwpe[t] += sum over b. Deterministic without atomics and without the
 // host: the positions are sorted by token on the device and each token's rows are summed in position order.
-// Bytes: 2*B*T*C read + 8*(distinct tokens)*C f32 rmw.
+// Bytes: 2*B*T*C read + 8*(distinct tokens)*C gradient read-modify-write in f32, 4*(distinct tokens)*C in bf16
+// (a run's sum is formed in f32, added to the stored value and rounded once).
 #include <string.h>
 
 #include "backend/cuda/common.cuh"
@@ -93,7 +94,8 @@ static __global__ void emb_bitonic_global(uint64_t *keys, int P, int k, int j) {
 }
 
 // thread (i, column chunk c): if sorted key i starts a run, dwte[token] += sum of the run's rows, in order
-static __global__ void emb_runs_kernel(float *dwte, const bf16 *dout, const uint64_t *keys, int N, int C,
+template <typename G>
+static __global__ void emb_runs_kernel(G *dwte, const bf16 *dout, const uint64_t *keys, int N, int C,
                                        int vec) {
     int V = vec ? 8 : 1, nc = C / V;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -116,19 +118,44 @@ static __global__ void emb_runs_kernel(float *dwte, const bf16 *dout, const uint
             s[0] += bf2f(*row);
         }
     }
-    float *d = dwte + (size_t)tok * C + c;
+    G *d = dwte + (size_t)tok * C + c;
     for (int k = 0; k < V; k++)
-        d[k] += s[k];
+        grad_store(d + k, grad_load(d + k) + s[k]);
 }
 
-static __global__ void embed_backward_wpe_kernel(float *dwpe, const bf16 *dout, int B, int T, int C) {
+template <typename G>
+static __global__ void embed_backward_wpe_kernel(G *dwpe, const bf16 *dout, int B, int T, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; // in (T, C)
     if (i >= (size_t)T * C)
         return;
     float s = 0.0f;
     for (int b = 0; b < B; b++)
         s += bf2f(dout[(size_t)b * T * C + i]);
-    dwpe[i] += s;
+    grad_store(dwpe + i, grad_load(dwpe + i) + s);
+}
+
+// dwpe (grad dtype) += sum over b of dout
+static void embed_backward_wpe(struct cuda_ctx *c, void *dwpe, const bf16 *dout, int B, int T, int C) {
+    size_t n = (size_t)T * C;
+    unsigned grid = (unsigned)KILN_CEIL_DIV(n, 256);
+    if (c->grad_dtype == KILN_BF16)
+        embed_backward_wpe_kernel<<<grid, 256, 0, c->stream>>>((bf16 *)dwpe, dout, B, T, C);
+    else
+        embed_backward_wpe_kernel<<<grid, 256, 0, c->stream>>>((float *)dwpe, dout, B, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dwte (grad dtype) += the runs of sorted keys
+static void embed_backward_runs(struct cuda_ctx *c, void *dwte, const bf16 *dout, const uint64_t *keys, int N,
+                                int C) {
+    int vec = C % 8 == 0 && ((uintptr_t)dout % 16) == 0;
+    size_t threads = (size_t)N * (C / (vec ? 8 : 1));
+    unsigned grid = (unsigned)KILN_CEIL_DIV(threads, 256);
+    if (c->grad_dtype == KILN_BF16)
+        emb_runs_kernel<<<grid, 256, 0, c->stream>>>((bf16 *)dwte, dout, keys, N, C, vec);
+    else
+        emb_runs_kernel<<<grid, 256, 0, c->stream>>>((float *)dwte, dout, keys, N, C, vec);
+    CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void kiln_cuda_embed_backward(void *ctx, const struct kiln_embed_back_args *a) {
@@ -136,12 +163,8 @@ extern "C" void kiln_cuda_embed_backward(void *ctx, const struct kiln_embed_back
     int N = a->B * a->T;
     if (N == 0)
         return;
-    if (a->dwpe) {
-        size_t n = (size_t)a->T * a->C;
-        embed_backward_wpe_kernel<<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(
-            (float *)a->dwpe, (const bf16 *)a->dout, a->B, a->T, a->C);
-        CUDA_CHECK_LAUNCH();
-    }
+    if (a->dwpe)
+        embed_backward_wpe(c, a->dwpe, (const bf16 *)a->dout, a->B, a->T, a->C);
     KILN_ASSERT(N <= (1 << 30));
     int P = 2;
     while (P < N)
@@ -160,9 +183,5 @@ extern "C" void kiln_cuda_embed_backward(void *ctx, const struct kiln_embed_back
         emb_bitonic_local<<<P / cs, cs / 2, 0, c->stream>>>(keys, cs, 1, k);
         CUDA_CHECK_LAUNCH();
     }
-    int vec = a->C % 8 == 0 && ((uintptr_t)a->dout % 16) == 0;
-    size_t threads = (size_t)N * (a->C / (vec ? 8 : 1));
-    emb_runs_kernel<<<(unsigned)KILN_CEIL_DIV(threads, 256), 256, 0, c->stream>>>(
-        (float *)a->dwte, (const bf16 *)a->dout, keys, N, a->C, vec);
-    CUDA_CHECK_LAUNCH();
+    embed_backward_runs(c, a->dwte, (const bf16 *)a->dout, keys, N, a->C);
 }

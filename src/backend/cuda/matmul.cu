@@ -1,5 +1,6 @@
 // Matmuls through cuBLASLt with fused epilogues (bias, GELU with the pre-activation saved as aux, DGELU,
-// BGRADB), in bf16 with fp32 accumulation. Parameter gradients (dweight, dbias) are f32 and accumulate.
+// BGRADB), in bf16 with fp32 accumulation. Parameter gradients (dweight, dbias) have the context's grad dtype
+// (f32, or bf16: the GEMM rounds its fp32 result once) and accumulate.
 //
 // Layout: kiln's row-major X (N, IC) is, for column-major cuBLAS, X^T (IC, N) with ld = IC. So
 //   forward   out^T (OC, N)  = W^T^T (OC, IC) . X^T (IC, N):  A = W (IC x OC, ld IC) op T, B = X^T op N
@@ -8,8 +9,9 @@
 // The bias is a vector over D's rows (m); BGRADB reduces op(B) over k, i.e. dbias = sum over rows of dout.
 //
 // FLOPs: forward 2*N*IC*OC; backward 4*N*IC*OC (dinp + dweight). Bytes (bf16): 2*(N*IC + IC*OC + N*OC) per
-// GEMM, plus 4*IC*OC twice for the f32 dweight read-modify-write. At N=32k, IC=768, OC=3072 the forward is
-// 155 GFLOP against 250 MB: compute bound (AI ~600 FLOP/byte), so the floor is the tensor-core peak.
+// GEMM, plus 4*IC*OC twice for the f32 dweight read-modify-write (2*IC*OC twice with bf16 gradients). At
+// N=32k, IC=768, OC=3072 the forward is 155 GFLOP against 250 MB: compute bound (AI ~600 FLOP/byte), so the
+// floor is the tensor-core peak.
 //
 // When cuBLASLt has no algorithm for a fused epilogue (odd leading dimensions, unsupported type mix), the op
 // falls back to a plain GEMM plus small kernels below, so every shape works.
@@ -393,7 +395,15 @@ extern "C" void kiln_cuda_gelu_forward(void *ctx, const struct kiln_gelu_args *a
     CUDA_CHECK_LAUNCH();
 }
 
-// dweight (+)= inp^T-ish GEMM (f32), with dbias from the BGRADB epilogue
+// out += x over n parameter-gradient elements (grad dtype); the bf16 sum is formed in f32 and rounded once
+static void grad_add(struct cuda_ctx *c, void *out, const void *x, int n) {
+    if (c->grad_dtype == KILN_BF16)
+        kiln_cuda_add(c, out, out, x, (size_t)n);
+    else
+        kiln_cuda_add_f32(c, (float *)out, (const float *)x, n);
+}
+
+// dweight (+)= inp^T-ish GEMM (grad dtype), with dbias from the BGRADB epilogue
 static void matmul_dweight(struct cuda_ctx *c, const struct kiln_matmul_back_args *a) {
     struct lt_gemm g;
     memset(&g, 0, sizeof(g));
@@ -409,26 +419,28 @@ static void matmul_dweight(struct cuda_ctx *c, const struct kiln_matmul_back_arg
     g.C = a->dweight;
     g.D = a->dweight;
     g.ldd = a->IC;
-    g.dtype = CUDA_R_32F;
+    // cuBLASLt's bias gradient has the output's type (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE)
+    g.dtype = c->grad_dtype == KILN_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     g.beta = a->grad_assign ? 0.0f : 1.0f;
     g.epi = CUBLASLT_EPILOGUE_DEFAULT;
-    float *bgrad = NULL;
+    void *bgrad = NULL;
     if (a->dbias) {
         // BGRADB overwrites its output: straight into dbias when assigning, else into scratch, then added
-        bgrad = a->grad_assign ? (float *)a->dbias
-                               : (float *)kiln_cuda_scratch(c, SCR_BIASGRAD, (size_t)a->OC * sizeof(float));
+        bgrad = a->grad_assign
+                    ? a->dbias
+                    : kiln_cuda_scratch(c, SCR_BIASGRAD, (size_t)a->OC * kiln_dtype_bytes(c->grad_dtype));
         g.epi = CUBLASLT_EPILOGUE_BGRADB;
         g.bias = bgrad;
-        g.bias_dtype = CUDA_R_32F;
+        g.bias_dtype = g.dtype;
     }
     if (lt_matmul(c, &g) == 0) {
         if (a->dbias && !a->grad_assign)
-            kiln_cuda_add_f32(c, (float *)a->dbias, bgrad, a->OC);
+            grad_add(c, a->dbias, bgrad, a->OC);
         return;
     }
     lt_matmul_plain(c, g);
     if (a->dbias)
-        kiln_cuda_colsum_bf16(c, (float *)a->dbias, (const bf16 *)a->dout, a->N, a->OC, a->grad_assign);
+        kiln_cuda_colsum_bf16(c, a->dbias, (const bf16 *)a->dout, a->N, a->OC, a->grad_assign);
 }
 
 extern "C" void kiln_cuda_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a) {

@@ -232,10 +232,11 @@ static __global__ void colsum_partial_kernel(float *part_w, float *part_b, const
     }
 }
 
-// dw[c] (+)= sum_k part_w[k, c], db[c] (+)= sum_k part_b[k, c] (= when assign). Block (32, 8): thread
-// (x, y) adds chunks y, y+8, ... of column blockIdx.x*32 + x in order, then row y == 0 adds the 8 sums in
-// order: deterministic.
-static __global__ void colsum_reduce_kernel(float *dw, float *db, const float *part_w, const float *part_b,
+// dw[c] (+)= sum_k part_w[k, c], db[c] (+)= sum_k part_b[k, c] (= when assign), G the gradient type (the sum
+// is f32 and rounded once into bf16). Block (32, 8): thread (x, y) adds chunks y, y+8, ... of column
+// blockIdx.x*32 + x in order, then row y == 0 adds the 8 sums in order: deterministic.
+template <typename G>
+static __global__ void colsum_reduce_kernel(G *dw, G *db, const float *part_w, const float *part_b,
                                             int chunks, int C, int assign) {
     __shared__ float sw[8][33], sb[8][33];
     int col = blockIdx.x * 32 + threadIdx.x, y = threadIdx.y;
@@ -258,20 +259,26 @@ static __global__ void colsum_reduce_kernel(float *dw, float *db, const float *p
         b += sb[k][threadIdx.x];
     }
     if (dw)
-        dw[col] = assign ? w : dw[col] + w;
+        grad_store(dw + col, assign ? w : grad_load(dw + col) + w);
     if (db)
-        db[col] = assign ? b : db[col] + b;
+        grad_store(db + col, assign ? b : grad_load(db + col) + b);
 }
 
-static void colsum_reduce(struct cuda_ctx *c, float *dw, float *db, const float *part_w, const float *part_b,
+// dw, db: parameter gradients of the context's grad dtype (or NULL)
+static void colsum_reduce(struct cuda_ctx *c, void *dw, void *db, const float *part_w, const float *part_b,
                           int chunks, int C, int assign) {
-    colsum_reduce_kernel<<<KILN_CEIL_DIV(C, 32), dim3(32, 8), 0, c->stream>>>(dw, db, part_w, part_b, chunks, C,
-                                                                              assign);
+    dim3 grid(KILN_CEIL_DIV(C, 32)), block(32, 8);
+    if (c->grad_dtype == KILN_BF16)
+        colsum_reduce_kernel<<<grid, block, 0, c->stream>>>((bf16 *)dw, (bf16 *)db, part_w, part_b, chunks, C,
+                                                            assign);
+    else
+        colsum_reduce_kernel<<<grid, block, 0, c->stream>>>((float *)dw, (float *)db, part_w, part_b, chunks,
+                                                            C, assign);
     CUDA_CHECK_LAUNCH();
 }
 
 // dw (+)= colsum(dout * xhat) (when x), db (+)= colsum(dout) (when db); = when assign
-static void colsums(struct cuda_ctx *c, float *dw, float *db, const bf16 *dout, const bf16 *x,
+static void colsums(struct cuda_ctx *c, void *dw, void *db, const bf16 *dout, const bf16 *x,
                     const float *mean, const float *rstd, int rms, int N, int C, int ld, int assign) {
     int vec = C % 8 == 0 && ld % 8 == 0 && ((uintptr_t)dout | (uintptr_t)x) % 16 == 0;
     int bt = vec ? 128 : 256, bx = KILN_CEIL_DIV(C, bt * (vec ? 8 : 1));
@@ -396,11 +403,12 @@ static int norm_backward_fused(struct cuda_ctx *c, const struct kiln_norm_back_a
         (bf16 *)a->dinp, part_w, part_b, (const bf16 *)a->dout, (const bf16 *)a->inp, (const bf16 *)a->weight,
         mean, a->rstd, a->N, C, CP, ld, a->rms, a->dinp_assign, R);
     CUDA_CHECK_LAUNCH();
-    colsum_reduce(c, (float *)a->dweight, (float *)a->dbias, part_w, part_b, chunks, C, a->grad_assign);
+    colsum_reduce(c, a->dweight, a->dbias, part_w, part_b, chunks, C, a->grad_assign);
     return 0;
 }
 
-extern "C" void kiln_cuda_colsum_bf16(struct cuda_ctx *c, float *out, const bf16 *x, int N, int C, int assign) {
+extern "C" void kiln_cuda_colsum_bf16(struct cuda_ctx *c, void *out, const bf16 *x, int N, int C,
+                                      int assign) {
     if (N == 0 || C == 0)
         return;
     colsums(c, NULL, out, x, NULL, NULL, NULL, 1, N, C, C, assign);
@@ -429,6 +437,6 @@ extern "C" void kiln_cuda_norm_backward(void *ctx, const struct kiln_norm_back_a
                                           (const bf16 *)a->weight, mean, a->rstd, a->N, a->C, ld, a->rms,
                                           a->dinp_assign);
     CUDA_CHECK_LAUNCH();
-    colsums(c, (float *)a->dweight, (float *)a->dbias, (const bf16 *)a->dout, (const bf16 *)a->inp, mean,
-            a->rstd, a->rms, a->N, a->C, ld, a->grad_assign);
+    colsums(c, a->dweight, a->dbias, (const bf16 *)a->dout, (const bf16 *)a->inp, mean, a->rstd, a->rms, a->N,
+            a->C, ld, a->grad_assign);
 }
