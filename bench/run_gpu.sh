@@ -5,6 +5,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-bench}
+RUNS=${RUNS:-$OUT} # run directories (metrics.jsonl); RUNS=/tmp/... keeps them out of $OUT
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 stages=${*:-all}
@@ -46,13 +47,13 @@ if has kiln; then
     name=$1 preset=$2 B=$3
     shift 3
     timeout 240 "$BUILD/kiln" train --preset="$preset" "$@" --data=random --batch="$B" --seq=1024 --max-steps=30 \
-      --warmup=10 --device=cuda --eval-every=0 --checkpoint=0 --quiet --out="$OUT/run_$name" >"$OUT/kiln_$name.log" 2>&1
+      --warmup=10 --device=cuda --eval-every=0 --checkpoint=0 --quiet --out="$RUNS/run_$name" >"$OUT/kiln_$name.log" 2>&1
     rc=$?
     if [ $rc -ne 0 ]; then echo "| $name | failed (exit $rc): $(tail -1 "$OUT/kiln_$name.log") |" >>"$OUT/kiln_table.md"; continue; fi
-    read -r ms mfu mem loss < <(median_ms "$OUT/run_$name/metrics.jsonl")
+    read -r ms mfu mem loss < <(median_ms "$RUNS/run_$name/metrics.jsonl")
     tok=$(python3 -c "print(round($B*1024/($ms/1e3)))")
     echo "| $name B=$B | $ms | $tok | $mfu | $mem | $loss |" >>"$OUT/kiln_table.md"
-    rm -f "$OUT/run_$name/model.safetensors"
+    rm -f "$RUNS/run_$name/model.safetensors"
   done
 fi
 if has family; then
@@ -63,10 +64,10 @@ if has family; then
     local name=$1
     shift
     timeout 240 "$BUILD/kiln" train "$@" --data=random --max-steps=30 --warmup=10 --device=cuda --eval-every=0 \
-      --checkpoint=0 --quiet --out="$OUT/run_$name" >"$OUT/kiln_$name.log" 2>&1 || { echo "| kiln $name | failed |" >>"$OUT/family_table.md"; return; }
-    read -r ms mfu mem loss < <(median_ms "$OUT/run_$name/metrics.jsonl")
+      --checkpoint=0 --quiet --out="$RUNS/run_$name" >"$OUT/kiln_$name.log" 2>&1 || { echo "| kiln $name | failed |" >>"$OUT/family_table.md"; return; }
+    read -r ms mfu mem loss < <(median_ms "$RUNS/run_$name/metrics.jsonl")
     echo "| kiln $name | $ms | $(python3 -c "print(round($TOKENS/($ms/1e3)))") | $mfu | $mem |" >>"$OUT/family_table.md"
-    rm -f "$OUT/run_$name/model.safetensors"
+    rm -f "$RUNS/run_$name/model.safetensors"
   }
   TOKENS=8192 fam llama-1b --preset=llama-1b --batch=4 --seq=2048
   TOKENS=8192 fam 1.3b-seq --preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --batch=8 --seq=1024
