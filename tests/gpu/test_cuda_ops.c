@@ -1100,13 +1100,7 @@ static void test_bf16_gradients_of_matmul_backward_match_cpu(void **state) {
             pair_randn(&w, 1.0f / sqrtf((float)IC));
             pair_randn(&dout, 1.0f);
             pair_poison(&dinp);
-            if (gassign) {
-                pair_poison(&dw);
-                pair_poison(&db);
-            } else {
-                pair_randn(&dw, 1.0f);
-                pair_randn(&db, 1.0f);
-            }
+            grads_prefill(gassign, &dw, &db);
             struct kiln_matmul_back_args b_c = {.dinp = dinp.c,
                                                 .dweight = dw.c,
                                                 .dbias = has_bias ? db.c : NULL,
@@ -1167,13 +1161,7 @@ static void test_bf16_gradients_of_norm_backward_match_cpu(void **state) {
                     hr[r] = 0.5f + test_rand_uniform(&e->rng);
                 pair_set(&rstd, hr);
                 free(hr);
-                if (gassign) {
-                    pair_poison(&dw);
-                    pair_poison(&db);
-                } else {
-                    pair_randn(&dw, 1.0f);
-                    pair_randn(&db, 1.0f);
-                }
+                grads_prefill(gassign, &dw, &db);
                 struct kiln_norm_back_args b_c = {.dinp = dinp.c,
                                                   .dweight = dw.c,
                                                   .dbias = rms ? NULL : db.c,
