@@ -309,14 +309,46 @@ static __device__ __forceinline__ int acc_index(int c) {
     return (((c >> 8) * 8 + (c & 7)) << 5) + ((c >> 3) & 31);
 }
 
-static __global__ void __launch_bounds__(256)
+// Pass 2 over the 8 columns at i of one row: dinp (=, or +=), and the row's dout*xhat and dout added to sw, sb.
+static __device__ __forceinline__ void row_chunk_back(bf16 *dinp, const bf16 *dout, const bf16 *inp,
+                                                      const bf16 *weight, size_t base, int i, float mean,
+                                                      float rstd, float s_dn, float s_dnx, int assign, float *sw,
+                                                      float *sb) {
+    float d[8], x[8], w[8], g[8];
+    ldv<8>(dout + base + i, d);
+    ldv<8>(inp + base + i, x);
+    ldv<8>(weight + i, w);
+    if (!assign)
+        ldv<8>(dinp + base + i, g);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float xhat = (x[k] - mean) * rstd;
+        float dx = rstd * (d[k] * w[k] - s_dn - xhat * s_dnx);
+        g[k] = assign ? dx : g[k] + dx;
+        sw[k] += d[k] * xhat;
+        sb[k] += d[k];
+    }
+    stv<8>(dinp + base + i, g);
+}
+
+// J > 0 (C <= 256 J): a lane's running sums stay in registers until the rows are done, then go to its warp's
+// shared slice once. J == 0 (any C): they live in the shared slice throughout. Both add the same values in the
+// same order, so the results are the same bit for bit.
+template <int J>
+static __global__ void __launch_bounds__(256, 2)
     norm_backward_fused_kernel(bf16 *dinp, float *part_w, float *part_b, const bf16 *dout, const bf16 *inp,
                                const bf16 *weight, const float *mean_in, const float *rstd_in, int N, int C,
                                int CP, int ld, int rms, int assign, int R) {
     extern __shared__ float acc[]; // [warps][2][CP]: dw then db sums
     int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float *aw = acc + (size_t)warp * 2 * CP, *ab = aw + CP;
-    for (int i = lane * 8; i < C; i += 256)
+    float rw[J > 0 ? J : 1][8], rb[J > 0 ? J : 1][8];
+#pragma unroll
+    for (int j = 0; j < (J > 0 ? J : 1); j++)
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            rw[j][k] = rb[j][k] = 0.0f;
+    for (int i = lane * 8; i < C && J == 0; i += 256)
 #pragma unroll
         for (int k = 0; k < 8; k++)
             aw[acc_index(i + k)] = ab[acc_index(i + k)] = 0.0f;
@@ -339,25 +371,37 @@ static __global__ void __launch_bounds__(256)
         }
         s_dn = rms ? 0.0f : warp_sum(s_dn) / C;
         s_dnx = warp_sum(s_dnx) / C;
-        for (int i = lane * 8; i < C; i += 256) {
-            float d[8], x[8], w[8], g[8];
-            ldv<8>(dout + base + i, d);
-            ldv<8>(inp + base + i, x);
-            ldv<8>(weight + i, w);
-            if (!assign)
-                ldv<8>(dinp + base + i, g);
+        if (J > 0) {
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float xhat = (x[k] - mean) * rstd;
-                float dx = rstd * (d[k] * w[k] - s_dn - xhat * s_dnx);
-                g[k] = assign ? dx : g[k] + dx;
-                int ai = acc_index(i + k);
-                aw[ai] += d[k] * xhat;
-                ab[ai] += d[k];
+            for (int j = 0; j < (J > 0 ? J : 1); j++)
+                if (lane * 8 + 256 * j < C)
+                    row_chunk_back(dinp, dout, inp, weight, base, lane * 8 + 256 * j, mean, rstd, s_dn, s_dnx,
+                                   assign, rw[j], rb[j]);
+        } else {
+            for (int i = lane * 8; i < C; i += 256) {
+                float sw[8], sb[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    sw[k] = aw[acc_index(i + k)];
+                    sb[k] = ab[acc_index(i + k)];
+                }
+                row_chunk_back(dinp, dout, inp, weight, base, i, mean, rstd, s_dn, s_dnx, assign, sw, sb);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    aw[acc_index(i + k)] = sw[k];
+                    ab[acc_index(i + k)] = sb[k];
+                }
             }
-            stv<8>(dinp + base + i, g);
         }
     }
+#pragma unroll
+    for (int j = 0; j < (J > 0 ? J : 0); j++)
+        if (lane * 8 + 256 * j < C)
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                aw[acc_index(lane * 8 + 256 * j + k)] = rw[j][k];
+                ab[acc_index(lane * 8 + 256 * j + k)] = rb[j][k];
+            }
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) { // warps in order
         int ai = acc_index(c);
@@ -372,6 +416,9 @@ static __global__ void __launch_bounds__(256)
 }
 
 // Launches the fused backward; returns 0 when the shape does not suit it (then nothing ran).
+typedef void (*norm_bwd_kernel_t)(bf16 *, float *, float *, const bf16 *, const bf16 *, const bf16 *,
+                                  const float *, const float *, int, int, int, int, int, int, int);
+
 static int norm_backward_fused(struct cuda_ctx *c, const struct kiln_norm_back_args *a, const float *mean, int ld) {
     const size_t smem_max = 200 << 10; // of the H100's 227 KiB a block may have
     int C = a->C, CP = KILN_CEIL_DIV(C, 256) * 256;
@@ -379,16 +426,19 @@ static int norm_backward_fused(struct cuda_ctx *c, const struct kiln_norm_back_a
     int warps = (int)(smem_max / per_warp) < 8 ? (int)(smem_max / per_warp) : 8;
     if (warps < 2)
         return -1;
+    static const norm_bwd_kernel_t kernels[5] = {norm_backward_fused_kernel<0>, norm_backward_fused_kernel<1>,
+                                                 norm_backward_fused_kernel<2>, norm_backward_fused_kernel<3>,
+                                                 norm_backward_fused_kernel<4>};
+    norm_bwd_kernel_t kernel = kernels[CP / 256 <= 4 ? CP / 256 : 0]; // registers up to C = 1024
     size_t smem = warps * per_warp;
-    static size_t smem_set = 0; // the opt-in above 48 KiB is per function, process-wide
-    if (smem > 48 << 10 && smem > smem_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(norm_backward_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
-        smem_set = smem;
+    static size_t smem_set[5] = {0}; // the opt-in above 48 KiB is per function, process-wide
+    int ki = CP / 256 <= 4 ? CP / 256 : 0;
+    if (smem > 48 << 10 && smem > smem_set[ki]) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        smem_set[ki] = smem;
     }
-    int per_sm = (int)((c->prop.sharedMemPerMultiprocessor - 1024) / (smem + 1024));
-    if (per_sm > 2048 / (32 * warps))
-        per_sm = 2048 / (32 * warps);
+    int per_sm = 0; // blocks that fit on one SM at once (registers and shared memory)
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * warps, smem));
     if (per_sm < 1)
         per_sm = 1;
     // one wave of blocks; chunks of at least 2 rows per warp keep the partials small next to the rows
@@ -399,9 +449,9 @@ static int norm_backward_fused(struct cuda_ctx *c, const struct kiln_norm_back_a
     chunks = KILN_CEIL_DIV(a->N, R);
     float *part = (float *)kiln_cuda_scratch(c, SCR_COLSUM, (size_t)chunks * C * 2 * sizeof(float));
     float *part_w = part, *part_b = part + (size_t)chunks * C;
-    norm_backward_fused_kernel<<<chunks, 32 * warps, smem, c->stream>>>(
-        (bf16 *)a->dinp, part_w, part_b, (const bf16 *)a->dout, (const bf16 *)a->inp, (const bf16 *)a->weight,
-        mean, a->rstd, a->N, C, CP, ld, a->rms, a->dinp_assign, R);
+    kernel<<<chunks, 32 * warps, smem, c->stream>>>((bf16 *)a->dinp, part_w, part_b, (const bf16 *)a->dout,
+                                                    (const bf16 *)a->inp, (const bf16 *)a->weight, mean, a->rstd,
+                                                    a->N, C, CP, ld, a->rms, a->dinp_assign, R);
     CUDA_CHECK_LAUNCH();
     colsum_reduce(c, a->dweight, a->dbias, part_w, part_b, chunks, C, a->grad_assign);
     return 0;
