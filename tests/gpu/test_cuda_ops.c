@@ -324,7 +324,8 @@ static void test_strided_norms_match_cpu(void **state) {
 
 static void test_norms_match_cpu(void **state) {
     struct env *e = *state;
-    int shapes[][2] = {{1, 72}, {7, 768}, {100, 72}, {257, 100}, {64, 1600}, {4099, 1024}, {513, 512}, {301, 4096}}; // N, C
+    int shapes[][2] = {{1, 72},     {7, 768},     {100, 72},  {257, 100},
+                       {64, 1600}, {4099, 1024}, {513, 512}, {301, 4096}}; // N, C
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
         for (int rms = 0; rms <= 1; rms++)
             for (int fused = 0; fused <= 1; fused++) {
