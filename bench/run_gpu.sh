@@ -2,6 +2,7 @@
 # One GPU call (see docs/benchmarks.md): build, run the GPU tests, time kiln at the PyTorch baseline's shapes.
 #   bash bench/run_gpu.sh [build|test|kiln|torch|all]...     (default: all)
 # Logs go to $OUT (the device tool's folder) or /tmp/kiln-bench; the short table is printed last.
+# ONLY="350m 1.5b" times only those kiln shapes.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-bench}
@@ -46,6 +47,7 @@ if has kiln; then
     set -- $s
     name=$1 preset=$2 B=$3
     shift 3
+    [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]] && continue
     timeout 240 "$BUILD/kiln" train --preset="$preset" "$@" --data=random --batch="$B" --seq=1024 --max-steps=30 \
       --warmup=10 --device=cuda --eval-every=0 --checkpoint=0 --quiet --out="$RUNS/run_$name" >"$OUT/kiln_$name.log" 2>&1
     rc=$?
