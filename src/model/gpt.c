@@ -676,13 +676,23 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
 // ----------------------------------------------------------------------------
 // backward: the mirror of forward
 
-static void norm_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const void *inp, const float *mean,
-                     const float *rstd, int wi, int bi, int N, int dinp_assign) {
+// dres is the residual stream's gradient. The projections that add into the stream there have dres as their
+// output gradient, so their biases' gradients (parameter indices rb0, rb1; -1: none) are dres's column sums:
+// the norm backward adds them as it leaves dres, and those projections' backward skips them (no extra pass).
+static void norm_bwd(struct kiln_gpt *g, void *dres, const void *dout, const void *inp, const float *mean,
+                     const float *rstd, int wi, int bi, int N, int dinp_assign, int rb0, int rb1) {
     struct kiln_norm_back_args a = {
-        .dinp = dinp, .dweight = G(g, wi), .dbias = G(g, bi), .dout = dout, .inp = inp, .weight = W(g, wi),
+        .dinp = dres, .dweight = G(g, wi), .dbias = G(g, bi), .dout = dout, .inp = inp, .weight = W(g, wi),
         .mean = g->cfg.norm_rms ? NULL : mean, .rstd = rstd, .N = N, .C = g->cfg.n_embd, .rms = g->cfg.norm_rms,
-        .dinp_assign = dinp_assign, .grad_assign = g->grads_fresh};
+        .dinp_assign = dinp_assign, .grad_assign = g->grads_fresh, .dres_bias = {G(g, rb0), G(g, rb1)}};
     g->ops->norm_backward(g->ctx, &a);
+}
+
+// The output-projection biases of layer l (-1 where there is no such layer): what the norm backward below
+// the layer's output fills in. Parallel blocks have two; a sequential block's MLP projection alone adds there.
+static void proj_biases(const struct kiln_gpt *g, int l, int *rb0, int *rb1) {
+    *rb0 = l < 0 ? -1 : g->pt.layer[l][KILN_MLPO_B];
+    *rb1 = l < 0 || !g->cfg.parallel_block ? -1 : g->pt.layer[l][KILN_ATTNO_B];
 }
 
 static void matmul_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const void *inp, int wi, int bi, int N,
@@ -694,21 +704,20 @@ static void matmul_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const v
 }
 
 // Backward of mlp_act_fwd, given dout = dL/d(mlp output): dfc = dL/d(fc_pre), rows dfc_stride apart (fc_pre's
-// pre_stride; 0 = FCO).
+// pre_stride; 0 = FCO). The projection bias's gradient comes from the norm backward that left dout (norm_bwd).
 static void mlp_act_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, const void *fc_pre,
                         int pre_stride, void *dfc, int dfc_stride) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     const void *fc_act = buf_at(&a->fc_act, l);
     if (g->cfg.mlp_swiglu) {
-        matmul_bwd(g, a->dhid.p, dout, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], d->N, d->H, d->C, NULL, 0);
+        matmul_bwd(g, a->dhid.p, dout, fc_act, ix[KILN_MLPO_W], -1, d->N, d->H, d->C, NULL, 0);
         struct kiln_swiglu_back_args s = {.dinp = dfc, .dout = a->dhid.p, .inp = fc_pre, .N = d->N, .H = d->H,
                                           .inp_stride = pre_stride, .dinp_stride = dfc_stride};
         g->ops->swiglu_backward(g->ctx, &s);
     } else {
         // dfc = (dout @ W_proj) * gelu'(fc_pre), fused into the projection's backward
-        struct kiln_matmul_back_args m = {.dinp = dfc, .dweight = G(g, ix[KILN_MLPO_W]),
-                                          .dbias = G(g, ix[KILN_MLPO_B]), .dout = dout, .inp = fc_act,
+        struct kiln_matmul_back_args m = {.dinp = dfc, .dweight = G(g, ix[KILN_MLPO_W]), .dout = dout, .inp = fc_act,
                                           .weight = W(g, ix[KILN_MLPO_W]), .dinp_gelu_pre = fc_pre, .N = d->N,
                                           .IC = d->H, .OC = d->C, .grad_assign = g->grads_fresh,
                                           .dinp_stride = dfc_stride, .gelu_pre_stride = pre_stride};
@@ -731,8 +740,8 @@ static void attn_core_bwd(struct kiln_gpt *g, const struct dims *d, int l, const
                           int qkv_stride, void *dqkv, int dqkv_stride) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
-    matmul_bwd(g, a->datty.p, dout, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO, d->C, NULL,
-               0);
+    // the bias's gradient comes from the norm backward that left dout (norm_bwd)
+    matmul_bwd(g, a->datty.p, dout, buf_at(&a->atty, l), ix[KILN_ATTNO_W], -1, d->N, d->AO, d->C, NULL, 0);
     struct kiln_attn_back_args ab = {.dqkv = dqkv, .dout = a->datty.p, .qkv = qkv, .out = buf_at(&a->atty, l),
                                      .lse = buf_at(&a->lse, l), .B = d->B, .T = d->T, .NH = d->NH,
                                      .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
@@ -799,8 +808,10 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
     void *dres = a->dres.p; // dL/dx, the residual stream's gradient, flowing down the layers
 
     // final norm: dres = dL/dx[L]
+    int rb0, rb1;
+    proj_biases(g, d.L - 1, &rb0, &rb1);
     norm_bwd(g, dres, a->dln.p, buf_at(&a->x, d.L), buf_at(&a->mean1, d.L), buf_at(&a->rstd1, d.L), g->pt.lnf_w,
-             g->pt.lnf_b, d.N, 1);
+             g->pt.lnf_b, d.N, 1, rb0, rb1);
 
     for (int l = d.L - 1; l >= 0; l--) {
         const int *ix = g->pt.layer[l];
@@ -815,12 +826,13 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
             // x' = h + mlp(ln2(h)): dres is dL/dx' = dL/d(mlp out); then dres += ln2 backward -> dL/dh
             mlp_bwd(g, &d, l, buf_at(&a->ln2, l), dres, a->dln.p, 0);
             norm_bwd(g, dres, a->dln.p, buf_at(&a->mid, l), buf_at(&a->mean2, l), buf_at(&a->rstd2, l),
-                     ix[KILN_LN2_W], ix[KILN_LN2_B], d.N, 0);
+                     ix[KILN_LN2_W], ix[KILN_LN2_B], d.N, 0, ix[KILN_ATTNO_B], -1);
             // h = x + attn(ln1(x))
             attn_bwd(g, &d, l, dres, a->dln.p, 0);
         }
+        proj_biases(g, l - 1, &rb0, &rb1);
         norm_bwd(g, dres, a->dln.p, buf_at(&a->x, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), ix[KILN_LN1_W],
-                 ix[KILN_LN1_B], d.N, 0);
+                 ix[KILN_LN1_B], d.N, 0, rb0, rb1);
     }
     struct kiln_embed_back_args eb = {.dwte = G(g, g->pt.wte), .dwpe = G(g, g->pt.wpe), .dout = dres,
                                       .tokens = a->tokens.p, .tokens_host = g->tokens_host, .B = d.B, .T = d.T,

@@ -80,7 +80,10 @@ struct kiln_norm_back_args {
     int rms;
     int stride;         // elements between consecutive rows of dinp, dout and inp (0 = C)
     int dinp_assign;    // dinp = instead of dinp +=
-    int grad_assign;    // dweight, dbias = instead of += (the first write of a step: no zeroing pass)
+    int grad_assign;    // dweight, dbias, dres_bias = instead of += (the first write of a step: no zeroing pass)
+    void *dres_bias[2]; // grad (C) or NULL each: += the column sums of dinp as this op leaves it. dinp is the
+                        // residual stream's gradient, so these are the gradients of the biases of the
+                        // projections that add into the stream there (a parallel block has two)
 };
 
 // out = act(inp @ weight^T + bias). With act == GELU, pre receives inp @ weight^T + bias.

@@ -405,23 +405,32 @@ static void test_norms_match_cpu(void **state) {
                 }
 
                 struct pair dinp = pair_new(e, nc, ACT), dw = pair_new(e, C, GRAD), db = pair_new(e, C, GRAD);
+                struct pair rb0 = pair_new(e, C, GRAD), rb1 = pair_new(e, C, GRAD); // residual-stream biases
                 pair_randn(&dinp, 1.0f); // += outputs
                 int gassign = fused;      // dweight, dbias assigned or added to
                 grads_prefill(gassign, &dw, &db);
+                grads_prefill(gassign, &rb0, &rb1);
                 pair_randn(&out, 1.0f); // dout
                 struct pair *x = fused ? &res_out : &inp;
+                // both residual-bias outputs with LayerNorm, the first alone with RMSNorm
                 struct kiln_norm_back_args b_c = {
-                    dinp.c, dw.c, rms ? NULL : db.c, out.c, x->c, w.c, rms ? NULL : mean.c, rstd.c, N,
-                    C,      rms, 0, 0, gassign};
+                    dinp.c, dw.c,    rms ? NULL : db.c, out.c, x->c,   w.c, rms ? NULL : mean.c,
+                    rstd.c, N,       C,                 rms,   0,      0,   gassign,
+                    {rb0.c, rms ? NULL : rb1.c}};
                 struct kiln_norm_back_args b_g = {
-                    dinp.g, dw.g, rms ? NULL : db.g, out.g, x->g, w.g, rms ? NULL : mean.g, rstd.g, N,
-                    C,      rms, 0, 0, gassign};
+                    dinp.g, dw.g,    rms ? NULL : db.g, out.g, x->g,   w.g, rms ? NULL : mean.g,
+                    rstd.g, N,       C,                 rms,   0,      0,   gassign,
+                    {rb0.g, rms ? NULL : rb1.g}};
                 RUN(e, norm_backward, &b);
                 check(e, "norm_backward", sh, "dinp", &dinp, TOL_BF16);
                 check(e, "norm_backward", sh, "dweight", &dw, TOL_F32G);
                 if (!rms)
                     check(e, "norm_backward", sh, "dbias", &db, TOL_F32G);
-                struct pair *all[] = {&inp, &res, &res_out, &out, &w, &bias, &mean, &rstd, &dinp, &dw, &db};
+                check(e, "norm_backward", sh, "dres_bias0", &rb0, TOL_F32G);
+                if (!rms)
+                    check(e, "norm_backward", sh, "dres_bias1", &rb1, TOL_F32G);
+                struct pair *all[] = {&inp, &res,  &res_out, &out, &w,   &bias, &mean,
+                                      &rstd, &dinp, &dw,      &db,  &rb0, &rb1};
                 for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
                     pair_free(all[i]);
             }
@@ -1134,11 +1143,12 @@ static void test_bf16_gradients_of_matmul_backward_match_cpu(void **state) {
     end_test(e);
 }
 
-// C % 8 == 0 runs the one-kernel backward, C = 100 the row kernel and the separate column sums
+// C % 8 == 0 runs the one-kernel backward (the tile kernel up to C = 2048, the wide kernel and a second pass
+// for dres_bias above), C = 100 the row kernel and the separate column sums
 static void test_bf16_gradients_of_norm_backward_match_cpu(void **state) {
     struct env *e = *state;
     struct kiln_backend *g = &e->gpu_bf16g;
-    int shapes[][2] = {{7, 768}, {257, 100}, {4099, 1024}}; // N, C
+    int shapes[][2] = {{7, 768}, {257, 100}, {4099, 1024}, {300, 1600}, {33, 4096}}; // N, C
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
         for (int rms = 0; rms <= 1; rms++)
             for (int gassign = 0; gassign <= 1; gassign++) {
@@ -1151,6 +1161,7 @@ static void test_bf16_gradients_of_norm_backward_match_cpu(void **state) {
                 struct pair dinp = pair_new_on(e, g, nc, ACT), w = pair_new_on(e, g, C, ACT);
                 struct pair mean = pair_new_on(e, g, N, F32), rstd = pair_new_on(e, g, N, F32);
                 struct pair dw = pair_new_on(e, g, C, GRAD), db = pair_new_on(e, g, C, GRAD);
+                struct pair rb = pair_new_on(e, g, C, GRAD), rb_unused = pair_new_on(e, g, C, GRAD);
                 pair_randn(&x, 1.0f);
                 pair_randn(&dout, 1.0f);
                 pair_randn(&dinp, 1.0f);
@@ -1163,6 +1174,7 @@ static void test_bf16_gradients_of_norm_backward_match_cpu(void **state) {
                 pair_set(&rstd, hr);
                 free(hr);
                 grads_prefill(gassign, &dw, &db);
+                grads_prefill(gassign, &rb, &rb_unused);
                 struct kiln_norm_back_args b_c = {.dinp = dinp.c,
                                                   .dweight = dw.c,
                                                   .dbias = rms ? NULL : db.c,
@@ -1174,7 +1186,8 @@ static void test_bf16_gradients_of_norm_backward_match_cpu(void **state) {
                                                   .N = N,
                                                   .C = C,
                                                   .rms = rms,
-                                                  .grad_assign = gassign};
+                                                  .grad_assign = gassign,
+                                                  .dres_bias = {rb.c}};
                 struct kiln_norm_back_args b_g = {.dinp = dinp.g,
                                                   .dweight = dw.g,
                                                   .dbias = rms ? NULL : db.g,
@@ -1186,13 +1199,15 @@ static void test_bf16_gradients_of_norm_backward_match_cpu(void **state) {
                                                   .N = N,
                                                   .C = C,
                                                   .rms = rms,
-                                                  .grad_assign = gassign};
+                                                  .grad_assign = gassign,
+                                                  .dres_bias = {rb.g}};
                 RUN_ON(e, g, norm_backward, &b);
                 check(e, "norm_backward", sh, "dinp", &dinp, TOL_BF16);
                 check(e, "norm_backward", sh, "dweight", &dw, TOL_BF16G);
                 if (!rms)
                     check(e, "norm_backward", sh, "dbias", &db, TOL_BF16G);
-                struct pair *all[] = {&x, &dout, &dinp, &w, &mean, &rstd, &dw, &db};
+                check(e, "norm_backward", sh, "dres_bias", &rb, TOL_BF16G);
+                struct pair *all[] = {&x, &dout, &dinp, &w, &mean, &rstd, &dw, &db, &rb, &rb_unused};
                 for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
                     pair_free(all[i]);
             }
@@ -1340,21 +1355,22 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
     struct pair mean = pair_new_on(e, g, N, F32), rstd = pair_new_on(e, g, N, F32),
                 nw = pair_new_on(e, g, C, ACT);
     struct pair nout = pair_new_on(e, g, (size_t)N * C, ACT), ndw = pair_new_on(e, g, C, GRAD),
-                ndb = pair_new_on(e, g, C, GRAD);
+                ndb = pair_new_on(e, g, C, GRAD), nrb = pair_new_on(e, g, C, GRAD);
     pair_randn(&nw, 1.0f);
     struct kiln_norm_args nf = {nout.g, mean.g, rstd.g, NULL, inp.g, NULL, nw.g, NULL, N, C, 0, 1e-5f, 0};
     g->ops->norm_forward(g->ctx, &nf);
-    void *snaps[3] = {0};
-    size_t nb[3] = {(size_t)N * C * 2, (size_t)C * 4, (size_t)C * 4};
-    void *ptrs[3] = {dinp.g, ndw.g, ndb.g};
+    void *snaps[4] = {0};
+    size_t nb[4] = {(size_t)N * C * 2, (size_t)C * 4, (size_t)C * 4, (size_t)C * 4};
+    void *ptrs[4] = {dinp.g, ndw.g, ndb.g, nrb.g};
     same = 1;
     for (int run = 0; run < 2; run++) {
-        g->ops->zero(g->ctx, dinp.g, nb[0]);
-        g->ops->zero(g->ctx, ndw.g, nb[1]);
-        g->ops->zero(g->ctx, ndb.g, nb[2]);
-        struct kiln_norm_back_args b = {dinp.g, ndw.g, ndb.g, nout.g, inp.g, nw.g, mean.g, rstd.g, N, C, 0, 0, 0, 0};
+        for (int i = 0; i < 4; i++)
+            g->ops->zero(g->ctx, ptrs[i], nb[i]);
+        struct kiln_norm_back_args b = {dinp.g, ndw.g, ndb.g, nout.g, inp.g, nw.g, mean.g,
+                                        rstd.g, N,     C,     0,      0,     0,    0,
+                                        {nrb.g, NULL}};
         g->ops->norm_backward(g->ctx, &b);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             if (run == 0) {
                 snaps[i] = malloc(nb[i]);
                 g->ops->download(g->ctx, snaps[i], ptrs[i], nb[i]);
@@ -1363,8 +1379,8 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
             }
         }
     }
-    expect(e, same, "determinism", "norm_backward dinp/dweight/dbias bitwise");
-    for (int i = 0; i < 3; i++)
+    expect(e, same, "determinism", "norm_backward dinp/dweight/dbias/dres_bias bitwise");
+    for (int i = 0; i < 4; i++)
         free(snaps[i]);
 
     // attention backward
@@ -1413,7 +1429,7 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
     free(hti);
     free(ht);
     struct pair *all[] = {&inp,  &w,   &dout, &dw,  &db,   &dinp, &dw0,  &mean, &rstd, &nw,
-                          &nout, &ndw, &ndb,  &qkv, &aout, &lse,  &dqkv, &tok,  &dwte};
+                          &nout, &ndw, &ndb,  &nrb, &qkv, &aout, &lse,  &dqkv, &tok,  &dwte};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         pair_free(all[i]);
     end_test(e);

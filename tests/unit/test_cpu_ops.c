@@ -380,6 +380,8 @@ static void check_norm(int rms, int with_bias, int fused) {
           *res_out = falloc((size_t)N * C);
     float *dinp = frand((size_t)N * C, 1), *dw = frand(C, 1), *db = frand(C, 1);
     double *dinp0 = d_of(dinp, (size_t)N * C), *dw0 = d_of(dw, C), *db0 = d_of(db, C);
+    float *rb[2] = {frand(C, 1), frand(C, 1)}; // residual-stream bias gradients (+=): the second with bias only
+    double *rb0[2] = {d_of(rb[0], C), d_of(rb[1], C)};
     struct kiln_norm_args fa = {.out = out,
                                 .mean = rms ? NULL : mean,
                                 .rstd = rstd,
@@ -403,8 +405,19 @@ static void check_norm(int rms, int with_bias, int fused) {
                                      .rstd = rstd,
                                      .N = N,
                                      .C = C,
-                                     .rms = rms};
+                                     .rms = rms,
+                                     .dres_bias = {rb[0], with_bias ? rb[1] : NULL}};
     g_be.ops->norm_backward(g_be.ctx, &ba);
+    for (int k = 0; k < 2; k++) { // dres_bias += column sums of dinp as the op left it
+        for (int i = 0; i < C; i++) {
+            double sum = rb0[k][i];
+            for (int n = 0; n < N && (k == 0 || with_bias); n++)
+                sum += dinp[(size_t)n * C + i];
+            assert_true(fabs(rb[k][i] - sum) <= 1e-5 * (1 + fabs(sum)));
+        }
+        free(rb0[k]);
+        ffree(rb[k]);
+    }
 
     struct norm_fd s = {d_of(inp, (size_t)N * C),
                         fused ? d_of(res, (size_t)N * C) : NULL,

@@ -48,7 +48,8 @@ void kiln_cpu_norm_forward(void *ctx, const struct kiln_norm_args *a) {
 // With xhat = (x - mean) * rstd and g = dout * weight (per row):
 //   LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 //   RMSNorm:   dx = rstd * (g - xhat * mean(g * xhat))
-//   dweight += sum over rows of dout * xhat;  dbias += sum over rows of dout.
+//   dweight += sum over rows of dout * xhat;  dbias += sum over rows of dout;
+//   dres_bias[k] += sum over rows of dinp as this op leaves it.
 void kiln_cpu_norm_backward(void *ctx, const struct kiln_norm_back_args *a) {
     int N = a->N, C = a->C, nt = kiln_cpu_threads(ctx);
     size_t ld = a->stride ? (size_t)a->stride : (size_t)C; // row stride
@@ -96,6 +97,22 @@ void kiln_cpu_norm_backward(void *ctx, const struct kiln_norm_back_args *a) {
             dw[i] = a->grad_assign ? sw[i - c0] : dw[i] + sw[i - c0];
             if (db)
                 db[i] = a->grad_assign ? sb[i - c0] : db[i] + sb[i - c0];
+        }
+    }
+    if (!a->dres_bias[0] && !a->dres_bias[1])
+        return;
+    // the residual-stream biases: column sums of the finished dinp, rows in order (as a matmul's dbias)
+#pragma omp parallel for num_threads(nt) schedule(static) if (KILN_CPU_PAR((double)N * C))
+    for (int bk = 0; bk < n_blocks; bk++) {
+        int c0 = bk * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
+        float sum[64] = {0};
+        for (int n = 0; n < N; n++)
+            for (int i = c0; i < c1; i++)
+                sum[i - c0] += dinp[(size_t)n * ld + i];
+        for (int k = 0; k < 2; k++) {
+            float *rb = a->dres_bias[k];
+            for (int i = c0; i < c1 && rb; i++)
+                rb[i] = a->grad_assign ? sum[i - c0] : rb[i] + sum[i - c0];
         }
     }
 }

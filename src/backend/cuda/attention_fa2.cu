@@ -38,22 +38,6 @@ struct fa_params {
     float *dq_acc; // single-pass backward: unscaled dQ in the rotated frame, f32 (B, T, NH, HS), zeroed first
 };
 
-// ---- PTX helpers ------------------------------------------------------------------------------------------
-
-// 16 bytes global -> shared, bypassing L1; valid == 0 writes 16 zero bytes and reads nothing.
-static __device__ __forceinline__ void cp_async16(bf16 *s, const bf16 *g, int valid) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(n) : "memory");
-}
-static __device__ __forceinline__ void cp_async_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// wait until at most N of this thread's groups are pending
-template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // ---- fragment loads (m16n8k16 bf16, row.col)
 // ---------------------------------------------------------------- A (16 x 16) at rows r0.., columns k0.. of
 // a row-major smem tile: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) in the order a0 (r, k), a1 (r+8, k),

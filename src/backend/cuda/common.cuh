@@ -136,6 +136,20 @@ void kiln_cuda_matmul_cache_free(struct cuda_ctx *c); // matmul.cu: the cuBLASLt
 // ---- device helpers ---------------------------------------------------------------------------------
 #define KILN_CEIL_DIV(a, b) (((a) + (b)-1) / (b))
 
+// 16 bytes global -> shared, bypassing L1; valid == 0 writes 16 zero bytes and reads nothing.
+static __device__ __forceinline__ void cp_async16(bf16 *s, const bf16 *g, int valid) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// wait until at most N of this thread's groups are pending
+template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -403,7 +403,19 @@ static void grad_add(struct cuda_ctx *c, void *out, const void *x, int n) {
         kiln_cuda_add_f32(c, (float *)out, (const float *)x, n);
 }
 
-// dweight (+)= inp^T-ish GEMM (grad dtype), with dbias from the BGRADB epilogue
+// Where a matmul's bias gradient comes from: kiln's column-sum kernel (default), or cuBLASLt's BGRADB epilogue
+// (KILN_BGRAD=lt), which runs as a separate reduction kernel over dout anyway (globalKernelBgradAB in a
+// profile), not fused into the GEMM.
+static int bgrad_from_lt(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("KILN_BGRAD");
+        v = s && strcmp(s, "lt") == 0;
+    }
+    return v;
+}
+
+// dweight (+)= inp^T-ish GEMM (grad dtype), with dbias from kiln's column sums or the BGRADB epilogue
 static void matmul_dweight(struct cuda_ctx *c, const struct kiln_matmul_back_args *a) {
     struct lt_gemm g;
     memset(&g, 0, sizeof(g));
@@ -424,6 +436,11 @@ static void matmul_dweight(struct cuda_ctx *c, const struct kiln_matmul_back_arg
     g.beta = a->grad_assign ? 0.0f : 1.0f;
     g.epi = CUBLASLT_EPILOGUE_DEFAULT;
     void *bgrad = NULL;
+    if (a->dbias && !bgrad_from_lt()) {
+        lt_matmul_plain(c, g);
+        kiln_cuda_colsum_bf16(c, a->dbias, (const bf16 *)a->dout, a->N, a->OC, a->grad_assign);
+        return;
+    }
     if (a->dbias) {
         // BGRADB overwrites its output: straight into dbias when assigning, else into scratch, then added
         bgrad = a->grad_assign

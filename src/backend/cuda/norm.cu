@@ -105,6 +105,81 @@ static __global__ void norm_forward_kernel(bf16 *out, float *mean_out, float *rs
     }
 }
 
+// The forward for C <= 2048 (C % 8 == 0, 16-byte aligned rows): as norm_forward_kernel<8>, but each warp's
+// row (inp, res_in) arrives in shared memory by cp.async, all of a lane's chunks in flight at once, and the
+// three passes (sum, variance, output) read it from there instead of from L1/L2.
+static __global__ void __launch_bounds__(256)
+    norm_forward_tile_kernel(bf16 *out, float *mean_out, float *rstd_out, bf16 *res_out, const bf16 *inp,
+                             const bf16 *res_in, const bf16 *weight, const bf16 *bias, int N, int C, int ld,
+                             int rms, float eps) {
+    extern __shared__ float4 smem4[];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int row = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (row >= N)
+        return; // whole warps exit together: no block-level barrier below
+    bf16 *sx = (bf16 *)smem4 + (size_t)warp * 2 * C, *sr = sx + C;
+    size_t base = (size_t)row * ld;
+    for (int i = lane * 8; i < C; i += 256) {
+        cp_async16(sx + i, inp + base + i, 1);
+        if (res_in)
+            cp_async16(sr + i, res_in + base + i, 1);
+    }
+    cp_async_commit();
+    cp_async_wait<0>(); // a lane reads back only the chunks it copied
+    float s = 0.0f;
+    for (int i = lane * 8; i < C; i += 256) {
+        float x[8];
+        ldv<8>(sx + i, x);
+        if (res_in) {
+            float r[8];
+            ldv<8>(sr + i, r);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                x[k] = x[k] + r[k];
+            stv<8>(sx + i, x); // x rounded to bf16, as res_out stores it
+            ldv<8>(sx + i, x);
+        }
+        if (res_out)
+            stv<8>(res_out + base + i, x);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            s += rms ? x[k] * x[k] : x[k];
+    }
+    s = warp_sum(s);
+    float mean = 0.0f, rstd;
+    if (rms) {
+        rstd = rsqrtf(s / C + eps);
+    } else {
+        mean = s / C;
+        float v = 0.0f; // second pass: numerically safer than E[x^2] - mean^2
+        for (int i = lane * 8; i < C; i += 256) {
+            float x[8];
+            ldv<8>(sx + i, x);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v += (x[k] - mean) * (x[k] - mean);
+        }
+        v = warp_sum(v);
+        rstd = rsqrtf(v / C + eps);
+    }
+    for (int i = lane * 8; i < C; i += 256) {
+        float x[8], w[8], b[8], o[8];
+        ldv<8>(sx + i, x);
+        ldv<8>(weight + i, w);
+        if (bias)
+            ldv<8>(bias + i, b);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            o[k] = (x[k] - mean) * rstd * w[k] + (bias ? b[k] : 0.0f);
+        stv<8>(out + base + i, o);
+    }
+    if (lane == 0) {
+        if (mean_out)
+            mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+}
+
 extern "C" void kiln_cuda_norm_forward(void *ctx, const struct kiln_norm_args *a) {
     struct cuda_ctx *c = cuda_ctx_of(ctx);
     if (a->N == 0)
@@ -118,7 +193,18 @@ extern "C" void kiln_cuda_norm_forward(void *ctx, const struct kiln_norm_args *a
     int rows_per_block = 8;
     unsigned grid = KILN_CEIL_DIV(a->N, rows_per_block);
     float *mean = a->rms ? NULL : a->mean;
-    if (vec)
+    if (vec && a->C <= 2048) {
+        size_t smem = (size_t)rows_per_block * 2 * a->C * sizeof(bf16);
+        static size_t smem_set = 0; // the opt-in above 48 KiB is per function, process-wide
+        if (smem > 48 << 10 && smem > smem_set) {
+            CUDA_CHECK(cudaFuncSetAttribute(norm_forward_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem));
+            smem_set = smem;
+        }
+        norm_forward_tile_kernel<<<grid, 32 * rows_per_block, smem, c->stream>>>(
+            (bf16 *)a->out, mean, a->rstd, (bf16 *)a->res_out, (const bf16 *)a->inp, (const bf16 *)a->res_in,
+            (const bf16 *)a->weight, (const bf16 *)a->bias, a->N, a->C, ld, a->rms, a->eps);
+    } else if (vec)
         norm_forward_kernel<8><<<grid, 32 * rows_per_block, 0, c->stream>>>(
             (bf16 *)a->out, mean, a->rstd, (bf16 *)a->res_out, (const bf16 *)a->inp, (const bf16 *)a->res_in,
             (const bf16 *)a->weight, (const bf16 *)a->bias, a->N, a->C, ld, a->rms, a->eps);
@@ -173,11 +259,25 @@ static __global__ void norm_backward_dinp_kernel(bf16 *dinp, const bf16 *dout, c
     }
 }
 
+template <int V>
+static __device__ __forceinline__ void colsum_load(const bf16 *p, bf16 *v) {
+    if (V == 8) {
+        bf16x8 t;
+        t.u = *(const uint4 *)p;
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            v[k] = t.h[k];
+    } else {
+        v[0] = *p;
+    }
+}
+
 // Per-chunk column partial sums over rows [chunk*R, chunk*R + R):
 //   part_b[chunk, c] = sum dout[r, c];  part_w[chunk, c] = sum dout[r, c] * xhat[r, c]  (when x != NULL)
 // V = 8: each thread owns 8 adjacent columns and reads them with one 16-byte load per row (C % 8 == 0, rows
 // 16-byte aligned); V = 1: one column per thread. The order of the sums (rows in order within a chunk, chunks
 // in order in the reduce) does not depend on V's launch geometry: deterministic either way.
+// Rows are taken 4 at a time, their loads issued together (the sums still add the rows in order).
 template <int V>
 static __global__ void colsum_partial_kernel(float *part_w, float *part_b, const bf16 *dout, const bf16 *x,
                                              const float *mean_in, const float *rstd_in, int rms, int N,
@@ -191,38 +291,33 @@ static __global__ void colsum_partial_kernel(float *part_w, float *part_b, const
 #pragma unroll
     for (int k = 0; k < V; k++)
         sw[k] = sb[k] = 0.0f;
-    for (int r = r0; r < r1; r++) {
-        size_t o = (size_t)r * ld + col;
-        bf16 d[V], xv[V];
-        if (V == 8) {
-            bf16x8 t;
-            t.u = *(const uint4 *)(dout + o);
+    for (int r = r0; r < r1; r += 4) {
+        int nr = min(4, r1 - r);
+        bf16 d[4][V], xv[4][V];
 #pragma unroll
-            for (int k = 0; k < V; k++)
-                d[k] = t.h[k];
-            if (x) {
-                t.u = *(const uint4 *)(x + o);
-#pragma unroll
-                for (int k = 0; k < V; k++)
-                    xv[k] = t.h[k];
+        for (int u = 0; u < 4; u++)
+            if (u < nr) {
+                size_t o = (size_t)(r + u) * ld + col;
+                colsum_load<V>(dout + o, d[u]);
+                if (x)
+                    colsum_load<V>(x + o, xv[u]);
             }
-        } else {
-            d[0] = dout[o];
-            if (x)
-                xv[0] = x[o];
-        }
-        float m = 0.0f, rs = 0.0f;
-        if (x) {
-            m = rms ? 0.0f : mean_in[r];
-            rs = rstd_in[r];
-        }
 #pragma unroll
-        for (int k = 0; k < V; k++) {
-            float dd = bf2f(d[k]);
-            sb[k] += dd;
-            if (x)
-                sw[k] += dd * (bf2f(xv[k]) - m) * rs;
-        }
+        for (int u = 0; u < 4; u++)
+            if (u < nr) {
+                float m = 0.0f, rs = 0.0f;
+                if (x) {
+                    m = rms ? 0.0f : mean_in[r + u];
+                    rs = rstd_in[r + u];
+                }
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    float dd = bf2f(d[u][k]);
+                    sb[k] += dd;
+                    if (x)
+                        sw[k] += dd * (bf2f(xv[u][k]) - m) * rs;
+                }
+            }
     }
 #pragma unroll
     for (int k = 0; k < V; k++) {
@@ -232,58 +327,64 @@ static __global__ void colsum_partial_kernel(float *part_w, float *part_b, const
     }
 }
 
-// dw[c] (+)= sum_k part_w[k, c], db[c] (+)= sum_k part_b[k, c] (= when assign), G the gradient type (the sum
-// is f32 and rounded once into bf16). Block (32, 8): thread (x, y) adds chunks y, y+8, ... of column
-// blockIdx.x*32 + x in order, then row y == 0 adds the 8 sums in order: deterministic.
+// Where the column sums go: plane 0 of the partials (dout*xhat) into w, plane 1 (dout) into b[0] and b[1],
+// plane 2 (the finished dinp, fused backward only) into s[0] and s[1]; NULL ones are skipped. Gradients of the
+// context's grad dtype.
+struct colsum_dst {
+    void *w, *b[2], *s[2];
+};
+
+template <typename G> static __device__ __forceinline__ void colsum_put(void *dst, int col, float v, int assign) {
+    G *p = (G *)dst + col;
+    grad_store(p, assign ? v : grad_load(p) + v);
+}
+
+// dst[c] (+)= sum_k part[plane][k, c] for each plane (= when assign), part = [planes][chunks][C] f32, rounded
+// once into G. Block (32, 8): thread (x, y) adds chunks y, y+8, ... of column blockIdx.x*32 + x in order, then
+// row y == 0 adds the 8 sums in order: deterministic.
 template <typename G>
-static __global__ void colsum_reduce_kernel(G *dw, G *db, const float *part_w, const float *part_b,
-                                            int chunks, int C, int assign) {
-    __shared__ float sw[8][33], sb[8][33];
+static __global__ void colsum_reduce_kernel(struct colsum_dst dst, const float *part, int planes, int chunks,
+                                            int C, int assign) {
+    __shared__ float sh[3][8][33];
     int col = blockIdx.x * 32 + threadIdx.x, y = threadIdx.y;
-    float w = 0.0f, b = 0.0f;
-    if (col < C)
-        for (int k = y; k < chunks; k += 8) {
-            if (dw)
-                w += part_w[(size_t)k * C + col];
-            if (db)
-                b += part_b[(size_t)k * C + col];
-        }
-    sw[y][threadIdx.x] = w;
-    sb[y][threadIdx.x] = b;
+    for (int p = 0; p < planes; p++) {
+        float v = 0.0f;
+        if (col < C)
+            for (int k = y; k < chunks; k += 8)
+                v += part[((size_t)p * chunks + k) * C + col];
+        sh[p][y][threadIdx.x] = v;
+    }
     __syncthreads();
     if (y != 0 || col >= C)
         return;
-    w = b = 0.0f;
-    for (int k = 0; k < 8; k++) {
-        w += sw[k][threadIdx.x];
-        b += sb[k][threadIdx.x];
+    for (int p = 0; p < planes; p++) {
+        float v = 0.0f;
+        for (int k = 0; k < 8; k++)
+            v += sh[p][k][threadIdx.x];
+        void *out[2] = {p == 0 ? dst.w : p == 1 ? dst.b[0] : dst.s[0], p == 1 ? dst.b[1] : p == 2 ? dst.s[1] : NULL};
+        for (int o = 0; o < 2; o++)
+            if (out[o])
+                colsum_put<G>(out[o], col, v, assign);
     }
-    if (dw)
-        grad_store(dw + col, assign ? w : grad_load(dw + col) + w);
-    if (db)
-        grad_store(db + col, assign ? b : grad_load(db + col) + b);
 }
 
-// dw, db: parameter gradients of the context's grad dtype (or NULL)
-static void colsum_reduce(struct cuda_ctx *c, void *dw, void *db, const float *part_w, const float *part_b,
-                          int chunks, int C, int assign) {
+static void colsum_reduce(struct cuda_ctx *c, struct colsum_dst dst, const float *part, int planes, int chunks,
+                          int C, int assign) {
     dim3 grid(KILN_CEIL_DIV(C, 32)), block(32, 8);
     if (c->grad_dtype == KILN_BF16)
-        colsum_reduce_kernel<<<grid, block, 0, c->stream>>>((bf16 *)dw, (bf16 *)db, part_w, part_b, chunks, C,
-                                                            assign);
+        colsum_reduce_kernel<bf16><<<grid, block, 0, c->stream>>>(dst, part, planes, chunks, C, assign);
     else
-        colsum_reduce_kernel<<<grid, block, 0, c->stream>>>((float *)dw, (float *)db, part_w, part_b, chunks,
-                                                            C, assign);
+        colsum_reduce_kernel<float><<<grid, block, 0, c->stream>>>(dst, part, planes, chunks, C, assign);
     CUDA_CHECK_LAUNCH();
 }
 
-// dw (+)= colsum(dout * xhat) (when x), db (+)= colsum(dout) (when db); = when assign
-static void colsums(struct cuda_ctx *c, void *dw, void *db, const bf16 *dout, const bf16 *x,
+// dst.w (+)= colsum(dout * xhat) (when x), dst.b[] (+)= colsum(dout); = when assign
+static void colsums(struct cuda_ctx *c, struct colsum_dst dst, const bf16 *dout, const bf16 *x,
                     const float *mean, const float *rstd, int rms, int N, int C, int ld, int assign) {
     int vec = C % 8 == 0 && ld % 8 == 0 && ((uintptr_t)dout | (uintptr_t)x) % 16 == 0;
     int bt = vec ? 128 : 256, bx = KILN_CEIL_DIV(C, bt * (vec ? 8 : 1));
-    // enough chunks to fill the GPU ~4x, at least 32 rows each; depends only on shapes and the device
-    int chunks = KILN_CEIL_DIV(4 * c->prop.multiProcessorCount, bx);
+    // enough chunks to fill the GPU ~8x, at least 32 rows each; depends only on shapes and the device
+    int chunks = KILN_CEIL_DIV(8 * c->prop.multiProcessorCount, bx);
     if (chunks > KILN_CEIL_DIV(N, 32))
         chunks = KILN_CEIL_DIV(N, 32);
     if (chunks < 1)
@@ -300,55 +401,26 @@ static void colsums(struct cuda_ctx *c, void *dw, void *db, const bf16 *dout, co
         colsum_partial_kernel<1>
             <<<grid, bt, 0, c->stream>>>(part_w, part_b, dout, x, mean, rstd, rms, N, C, ld, R);
     CUDA_CHECK_LAUNCH();
-    colsum_reduce(c, x ? dw : NULL, db, part_w, part_b, chunks, C, assign);
+    if (!x)
+        dst.w = NULL;
+    colsum_reduce(c, dst, part, 2, chunks, C, assign);
 }
 
-// The fused backward (header). Lane l of a warp owns columns 256*j + 8*l + k (k < 8); its running sums live in
-// shared memory at [(8*j + k)*32 + l] of its warp's slice (conflict-free), padded to CP = 256*ceil(C/256).
+// The wide-row fused backward (C > 2048). Lane l of a warp owns columns 256*j + 8*l + k (k < 8); its running
+// sums live in shared memory at [(8*j + k)*32 + l] of its warp's slice (conflict-free), padded to
+// CP = 256*ceil(C/256).
 static __device__ __forceinline__ int acc_index(int c) {
     return (((c >> 8) * 8 + (c & 7)) << 5) + ((c >> 3) & 31);
 }
 
-// Pass 2 over the 8 columns at i of one row: dinp (=, or +=), and the row's dout*xhat and dout added to sw, sb.
-static __device__ __forceinline__ void row_chunk_back(bf16 *dinp, const bf16 *dout, const bf16 *inp,
-                                                      const bf16 *weight, size_t base, int i, float mean,
-                                                      float rstd, float s_dn, float s_dnx, int assign, float *sw,
-                                                      float *sb) {
-    float d[8], x[8], w[8], g[8];
-    ldv<8>(dout + base + i, d);
-    ldv<8>(inp + base + i, x);
-    ldv<8>(weight + i, w);
-    if (!assign)
-        ldv<8>(dinp + base + i, g);
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        float xhat = (x[k] - mean) * rstd;
-        float dx = rstd * (d[k] * w[k] - s_dn - xhat * s_dnx);
-        g[k] = assign ? dx : g[k] + dx;
-        sw[k] += d[k] * xhat;
-        sb[k] += d[k];
-    }
-    stv<8>(dinp + base + i, g);
-}
-
-// J > 0 (C <= 256 J): a lane's running sums stay in registers until the rows are done, then go to its warp's
-// shared slice once. J == 0 (any C): they live in the shared slice throughout. Both add the same values in the
-// same order, so the results are the same bit for bit.
-template <int J>
-static __global__ void __launch_bounds__(256, 2)
-    norm_backward_fused_kernel(bf16 *dinp, float *part_w, float *part_b, const bf16 *dout, const bf16 *inp,
-                               const bf16 *weight, const float *mean_in, const float *rstd_in, int N, int C,
-                               int CP, int ld, int rms, int assign, int R) {
+static __global__ void __launch_bounds__(256)
+    norm_backward_wide_kernel(bf16 *dinp, float *part_w, float *part_b, const bf16 *dout, const bf16 *inp,
+                              const bf16 *weight, const float *mean_in, const float *rstd_in, int N, int C,
+                              int CP, int ld, int rms, int assign, int R) {
     extern __shared__ float acc[]; // [warps][2][CP]: dw then db sums
     int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float *aw = acc + (size_t)warp * 2 * CP, *ab = aw + CP;
-    float rw[J > 0 ? J : 1][8], rb[J > 0 ? J : 1][8];
-#pragma unroll
-    for (int j = 0; j < (J > 0 ? J : 1); j++)
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            rw[j][k] = rb[j][k] = 0.0f;
-    for (int i = lane * 8; i < C && J == 0; i += 256)
+    for (int i = lane * 8; i < C; i += 256)
 #pragma unroll
         for (int k = 0; k < 8; k++)
             aw[acc_index(i + k)] = ab[acc_index(i + k)] = 0.0f;
@@ -371,37 +443,25 @@ static __global__ void __launch_bounds__(256, 2)
         }
         s_dn = rms ? 0.0f : warp_sum(s_dn) / C;
         s_dnx = warp_sum(s_dnx) / C;
-        if (J > 0) {
-#pragma unroll
-            for (int j = 0; j < (J > 0 ? J : 1); j++)
-                if (lane * 8 + 256 * j < C)
-                    row_chunk_back(dinp, dout, inp, weight, base, lane * 8 + 256 * j, mean, rstd, s_dn, s_dnx,
-                                   assign, rw[j], rb[j]);
-        } else {
-            for (int i = lane * 8; i < C; i += 256) {
-                float sw[8], sb[8];
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    sw[k] = aw[acc_index(i + k)];
-                    sb[k] = ab[acc_index(i + k)];
-                }
-                row_chunk_back(dinp, dout, inp, weight, base, i, mean, rstd, s_dn, s_dnx, assign, sw, sb);
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    aw[acc_index(i + k)] = sw[k];
-                    ab[acc_index(i + k)] = sb[k];
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < (J > 0 ? J : 0); j++)
-        if (lane * 8 + 256 * j < C)
+        for (int i = lane * 8; i < C; i += 256) {
+            float d[8], x[8], w[8], g[8];
+            ldv<8>(dout + base + i, d);
+            ldv<8>(inp + base + i, x);
+            ldv<8>(weight + i, w);
+            if (!assign)
+                ldv<8>(dinp + base + i, g);
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                aw[acc_index(lane * 8 + 256 * j + k)] = rw[j][k];
-                ab[acc_index(lane * 8 + 256 * j + k)] = rb[j][k];
+                float xhat = (x[k] - mean) * rstd;
+                float dx = rstd * (d[k] * w[k] - s_dn - xhat * s_dnx);
+                g[k] = assign ? dx : g[k] + dx;
+                int ai = acc_index(i + k);
+                aw[ai] += d[k] * xhat;
+                ab[ai] += d[k];
             }
+            stv<8>(dinp + base + i, g);
+        }
+    }
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) { // warps in order
         int ai = acc_index(c);
@@ -415,24 +475,142 @@ static __global__ void __launch_bounds__(256, 2)
     }
 }
 
-// Launches the fused backward; returns 0 when the shape does not suit it (then nothing ran).
-typedef void (*norm_bwd_kernel_t)(bf16 *, float *, float *, const bf16 *, const bf16 *, const bf16 *,
-                                  const float *, const float *, int, int, int, int, int, int, int);
+// The fused backward for C <= 2048 (C % 8 == 0). A block owns rows [blockIdx.x*R, +R) and takes them in
+// tiles of one row per warp, in two phases per tile:
+//   A (warp per row): the row's dout and x (and dinp when adding) arrive in the tile in shared memory by
+//     cp.async, all of a lane's 16-byte chunks in flight at once (no registers held); the row's two
+//     reductions give dinp, which is written to memory and, as stored (bf16), back into the tile.
+//   B (thread per 8 columns; RL = blockDim / (C/8) row lanes): each thread adds its columns' dout*xhat, dout
+//     and dinp over its lane's rows of the tile, in registers.
+// At the end the row lanes are added in order (through shared memory) into one partial row per block and
+// plane: [3][chunks][C] = dout*xhat, dout, dinp. Bitwise deterministic for a given shape and device.
+// DRAM traffic is the floor (dout, x once; dinp read-modify-write); shared memory carries the transpose.
+static __global__ void __launch_bounds__(256)
+    norm_backward_tile_kernel(bf16 *dinp, float *part, const bf16 *dout, const bf16 *inp, const bf16 *weight,
+                              const float *mean_in, const float *rstd_in, int N, int C, int ld, int rms,
+                              int assign, int R, int chunks, int dres_sum) {
+    extern __shared__ float4 smem4[];
+    int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float *t_mean = (float *)smem4, *t_rstd = t_mean + warps;
+    bf16 *td = (bf16 *)(t_rstd + warps + (-2 * warps & 3)); // 16-byte aligned: tile rows of dout, x, dinp
+    bf16 *tx = td + (size_t)warps * C, *tg = tx + (size_t)warps * C;
+    bf16 *rd = td + (size_t)warp * C, *rx = tx + (size_t)warp * C, *rg = tg + (size_t)warp * C; // this warp's
+    int G = C >> 3, RL = blockDim.x / G, cg = threadIdx.x % G, rl = threadIdx.x / G;
+    float aw[8], ab[8], as[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        aw[k] = ab[k] = as[k] = 0.0f;
+    int r0 = blockIdx.x * R, r1 = min(N, r0 + R);
+    for (int t0 = r0; t0 < r1; t0 += warps) {
+        int row = t0 + warp;
+        if (row < r1) { // phase A
+            size_t base = (size_t)row * ld;
+            for (int i = lane * 8; i < C; i += 256) {
+                cp_async16(rd + i, dout + base + i, 1);
+                cp_async16(rx + i, inp + base + i, 1);
+                if (!assign)
+                    cp_async16(rg + i, dinp + base + i, 1);
+            }
+            cp_async_commit();
+            float mean = rms ? 0.0f : mean_in[row], rstd = rstd_in[row];
+            cp_async_wait<0>(); // a lane reads back only the chunks it copied
+            float s_dn = 0.0f, s_dnx = 0.0f;
+            for (int i = lane * 8; i < C; i += 256) {
+                float d[8], x[8], w[8];
+                ldv<8>(rd + i, d);
+                ldv<8>(rx + i, x);
+                ldv<8>(weight + i, w);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float dn = d[k] * w[k];
+                    s_dn += dn;
+                    s_dnx += dn * (x[k] - mean) * rstd;
+                }
+            }
+            s_dn = rms ? 0.0f : warp_sum(s_dn) / C;
+            s_dnx = warp_sum(s_dnx) / C;
+            for (int i = lane * 8; i < C; i += 256) {
+                float d[8], x[8], w[8], g[8];
+                ldv<8>(rd + i, d);
+                ldv<8>(rx + i, x);
+                ldv<8>(weight + i, w);
+                if (!assign)
+                    ldv<8>(rg + i, g);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float dx = rstd * (d[k] * w[k] - s_dn - (x[k] - mean) * rstd * s_dnx);
+                    g[k] = assign ? dx : g[k] + dx;
+                }
+                stv<8>(dinp + base + i, g);
+                if (dres_sum)
+                    stv<8>(rg + i, g);
+            }
+            if (lane == 0) {
+                t_mean[warp] = mean;
+                t_rstd[warp] = rstd;
+            }
+        }
+        __syncthreads();
+        int rows = min(warps, r1 - t0);
+        if (rl < RL) // phase B
+            for (int r = rl; r < rows; r += RL) {
+                float d[8], x[8], g[8] = {0};
+                ldv<8>(td + (size_t)r * C + cg * 8, d);
+                ldv<8>(tx + (size_t)r * C + cg * 8, x);
+                if (dres_sum)
+                    ldv<8>(tg + (size_t)r * C + cg * 8, g);
+                float mean = t_mean[r], rstd = t_rstd[r];
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    aw[k] += d[k] * ((x[k] - mean) * rstd);
+                    ab[k] += d[k];
+                    as[k] += g[k];
+                }
+            }
+        __syncthreads();
+    }
+    // row lanes in order: [RL][3][C] f32 over the tile's space (sized for it at launch)
+    float *red = (float *)smem4;
+    if (rl < RL)
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            red[((size_t)rl * 3 + 0) * C + cg * 8 + k] = aw[k];
+            red[((size_t)rl * 3 + 1) * C + cg * 8 + k] = ab[k];
+            red[((size_t)rl * 3 + 2) * C + cg * 8 + k] = as[k];
+        }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        for (int p = 0; p < 2 + dres_sum; p++) {
+            float v = 0.0f;
+            for (int l = 0; l < RL; l++)
+                v += red[((size_t)l * 3 + p) * C + c];
+            part[((size_t)p * chunks + blockIdx.x) * C + c] = v;
+        }
+}
 
+// Launches a fused backward (the tile kernel up to C = 2048, the wide one above); returns -1 when the shape
+// suits neither (then nothing ran). Writes the norm's gradients and, where asked (dres_bias), dinp's column
+// sums.
 static int norm_backward_fused(struct cuda_ctx *c, const struct kiln_norm_back_args *a, const float *mean, int ld) {
     const size_t smem_max = 200 << 10; // of the H100's 227 KiB a block may have
-    int C = a->C, CP = KILN_CEIL_DIV(C, 256) * 256;
-    size_t per_warp = (size_t)2 * CP * sizeof(float);
-    int warps = (int)(smem_max / per_warp) < 8 ? (int)(smem_max / per_warp) : 8;
-    if (warps < 2)
-        return -1;
-    static const norm_bwd_kernel_t kernels[5] = {norm_backward_fused_kernel<0>, norm_backward_fused_kernel<1>,
-                                                 norm_backward_fused_kernel<2>, norm_backward_fused_kernel<3>,
-                                                 norm_backward_fused_kernel<4>};
-    norm_bwd_kernel_t kernel = kernels[CP / 256 <= 4 ? CP / 256 : 0]; // registers up to C = 1024
-    size_t smem = warps * per_warp;
-    static size_t smem_set[5] = {0}; // the opt-in above 48 KiB is per function, process-wide
-    int ki = CP / 256 <= 4 ? CP / 256 : 0;
+    int C = a->C, warps = 8, tile = C <= 2048, dres_sum = a->dres_bias[0] || a->dres_bias[1];
+    static size_t smem_set[2] = {0}; // the opt-in above 48 KiB is per function, process-wide
+    const void *kernel;
+    size_t smem;
+    int ki = tile;
+    if (tile) {
+        size_t rows = 2 * warps * sizeof(float) + 16 + (size_t)3 * warps * C * sizeof(bf16);
+        size_t red = (size_t)(256 / (C / 8)) * 3 * C * sizeof(float);
+        smem = rows > red ? rows : red;
+        kernel = (const void *)norm_backward_tile_kernel;
+    } else {
+        size_t per_warp = (size_t)2 * KILN_CEIL_DIV(C, 256) * 256 * sizeof(float);
+        warps = (int)(smem_max / per_warp) < 8 ? (int)(smem_max / per_warp) : 8;
+        if (warps < 2)
+            return -1;
+        smem = warps * per_warp;
+        kernel = (const void *)norm_backward_wide_kernel;
+    }
     if (smem > 48 << 10 && smem > smem_set[ki]) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         smem_set[ki] = smem;
@@ -447,13 +625,26 @@ static int norm_backward_fused(struct cuda_ctx *c, const struct kiln_norm_back_a
         chunks = KILN_CEIL_DIV(a->N, 2 * warps);
     int R = KILN_CEIL_DIV(a->N, chunks);
     chunks = KILN_CEIL_DIV(a->N, R);
-    float *part = (float *)kiln_cuda_scratch(c, SCR_COLSUM, (size_t)chunks * C * 2 * sizeof(float));
-    float *part_w = part, *part_b = part + (size_t)chunks * C;
-    kernel<<<chunks, 32 * warps, smem, c->stream>>>((bf16 *)a->dinp, part_w, part_b, (const bf16 *)a->dout,
-                                                    (const bf16 *)a->inp, (const bf16 *)a->weight, mean, a->rstd,
-                                                    a->N, C, CP, ld, a->rms, a->dinp_assign, R);
+    float *part = (float *)kiln_cuda_scratch(c, SCR_COLSUM, (size_t)chunks * C * 3 * sizeof(float));
+    struct colsum_dst dst = {a->dweight, {a->dbias, NULL}, {a->dres_bias[0], a->dres_bias[1]}};
+    if (tile) {
+        norm_backward_tile_kernel<<<chunks, 32 * warps, smem, c->stream>>>(
+            (bf16 *)a->dinp, part, (const bf16 *)a->dout, (const bf16 *)a->inp, (const bf16 *)a->weight, mean,
+            a->rstd, a->N, C, ld, a->rms, a->dinp_assign, R, chunks, dres_sum);
+        CUDA_CHECK_LAUNCH();
+        colsum_reduce(c, dst, part, 2 + dres_sum, chunks, C, a->grad_assign);
+        return 0;
+    }
+    norm_backward_wide_kernel<<<chunks, 32 * warps, smem, c->stream>>>(
+        (bf16 *)a->dinp, part, part + (size_t)chunks * C, (const bf16 *)a->dout, (const bf16 *)a->inp,
+        (const bf16 *)a->weight, mean, a->rstd, a->N, C, KILN_CEIL_DIV(C, 256) * 256, ld, a->rms, a->dinp_assign,
+        R);
     CUDA_CHECK_LAUNCH();
-    colsum_reduce(c, a->dweight, a->dbias, part_w, part_b, chunks, C, a->grad_assign);
+    dst.s[0] = dst.s[1] = NULL;
+    colsum_reduce(c, dst, part, 2, chunks, C, a->grad_assign);
+    if (dres_sum) // a second pass over the finished dinp
+        colsums(c, (struct colsum_dst){NULL, {a->dres_bias[0], a->dres_bias[1]}, {NULL, NULL}},
+                (const bf16 *)a->dinp, NULL, NULL, NULL, 1, a->N, C, ld, a->grad_assign);
     return 0;
 }
 
@@ -461,7 +652,7 @@ extern "C" void kiln_cuda_colsum_bf16(struct cuda_ctx *c, void *out, const bf16 
                                       int assign) {
     if (N == 0 || C == 0)
         return;
-    colsums(c, NULL, out, x, NULL, NULL, NULL, 1, N, C, C, assign);
+    colsums(c, (struct colsum_dst){NULL, {out, NULL}, {NULL, NULL}}, x, NULL, NULL, NULL, 1, N, C, C, assign);
 }
 
 extern "C" void kiln_cuda_norm_backward(void *ctx, const struct kiln_norm_back_args *a) {
@@ -487,6 +678,9 @@ extern "C" void kiln_cuda_norm_backward(void *ctx, const struct kiln_norm_back_a
                                           (const bf16 *)a->weight, mean, a->rstd, a->N, a->C, ld, a->rms,
                                           a->dinp_assign);
     CUDA_CHECK_LAUNCH();
-    colsums(c, a->dweight, a->dbias, (const bf16 *)a->dout, (const bf16 *)a->inp, mean, a->rstd, a->rms, a->N,
-            a->C, ld, a->grad_assign);
+    colsums(c, (struct colsum_dst){a->dweight, {a->dbias, NULL}, {NULL, NULL}}, (const bf16 *)a->dout,
+            (const bf16 *)a->inp, mean, a->rstd, a->rms, a->N, a->C, ld, a->grad_assign);
+    if (a->dres_bias[0] || a->dres_bias[1])
+        colsums(c, (struct colsum_dst){NULL, {a->dres_bias[0], a->dres_bias[1]}, {NULL, NULL}},
+                (const bf16 *)a->dinp, NULL, NULL, NULL, 1, a->N, a->C, ld, a->grad_assign);
 }
