@@ -340,18 +340,22 @@ template <typename G> static __device__ __forceinline__ void colsum_put(void *ds
 }
 
 // dst[c] (+)= sum_k part[plane][k, c] for each plane (= when assign), part = [planes][chunks][C] f32, rounded
-// once into G. Block (32, 8): thread (x, y) adds chunks y, y+8, ... of column blockIdx.x*32 + x in order, then
-// row y == 0 adds the 8 sums in order: deterministic.
+// once into G. Block (8, 64): thread (x, y) adds chunks y, y+64, ... of column blockIdx.x*8 + x in order (four
+// loads in flight), then row y == 0 adds the 64 sums in order: deterministic. Eight columns a block (32-byte
+// sectors) spread the few MB of partials over C/8 blocks: at C = 1024, 128 SMs rather than 32.
 template <typename G>
-static __global__ void colsum_reduce_kernel(struct colsum_dst dst, const float *part, int planes, int chunks,
-                                            int C, int assign) {
-    __shared__ float sh[3][8][33];
-    int col = blockIdx.x * 32 + threadIdx.x, y = threadIdx.y;
+static __global__ void __launch_bounds__(512)
+    colsum_reduce_kernel(struct colsum_dst dst, const float *part, int planes, int chunks, int C, int assign) {
+    __shared__ float sh[3][64][9];
+    int col = blockIdx.x * 8 + threadIdx.x, y = threadIdx.y;
     for (int p = 0; p < planes; p++) {
         float v = 0.0f;
-        if (col < C)
-            for (int k = y; k < chunks; k += 8)
-                v += part[((size_t)p * chunks + k) * C + col];
+        if (col < C) {
+            const float *q = part + (size_t)p * chunks * C + col;
+#pragma unroll 4
+            for (int k = y; k < chunks; k += 64)
+                v += q[(size_t)k * C];
+        }
         sh[p][y][threadIdx.x] = v;
     }
     __syncthreads();
@@ -359,7 +363,7 @@ static __global__ void colsum_reduce_kernel(struct colsum_dst dst, const float *
         return;
     for (int p = 0; p < planes; p++) {
         float v = 0.0f;
-        for (int k = 0; k < 8; k++)
+        for (int k = 0; k < 64; k++)
             v += sh[p][k][threadIdx.x];
         void *out[2] = {p == 0 ? dst.w : p == 1 ? dst.b[0] : dst.s[0], p == 1 ? dst.b[1] : p == 2 ? dst.s[1] : NULL};
         for (int o = 0; o < 2; o++)
@@ -370,7 +374,7 @@ static __global__ void colsum_reduce_kernel(struct colsum_dst dst, const float *
 
 static void colsum_reduce(struct cuda_ctx *c, struct colsum_dst dst, const float *part, int planes, int chunks,
                           int C, int assign) {
-    dim3 grid(KILN_CEIL_DIV(C, 32)), block(32, 8);
+    dim3 grid(KILN_CEIL_DIV(C, 8)), block(8, 64);
     if (c->grad_dtype == KILN_BF16)
         colsum_reduce_kernel<bf16><<<grid, block, 0, c->stream>>>(dst, part, planes, chunks, C, assign);
     else
