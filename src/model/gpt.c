@@ -153,18 +153,25 @@ static struct dims dims_of(const struct kiln_model_config *m, int B, int T) {
     return d;
 }
 
-static int classifier_rows_for(const struct dims *d, size_t act_bytes) {
-    // Chunk the LM head so its logits never exceed 1 GiB: the full (N, Vp) matrix is the largest activation
-    // of a small model (PyTorch keeps it whole, in f32: 6.6 GB for GPT-2 124M at B=32, T=1024). Each chunk
-    // re-reads and re-writes the head's gradient, so chunks should not be much smaller than this (on the H100
-    // 256 MiB chunks cost GPT-2 124M about 1 ms per step more).
-    size_t row_bytes = (size_t)d->Vp * act_bytes;
-    size_t rows = ((size_t)1 << 30) / row_bytes;
-    if (rows < 64)
-        rows = 64;
-    if (rows > (size_t)d->N)
-        rows = (size_t)d->N;
-    return (int)rows;
+// Rows per classifier chunk, given the bytes of scratch that the logits chunk overlaps for free. The full
+// (N, Vp) logits are the largest activation of a small model (PyTorch keeps them whole, in f32: 6.6 GB for
+// GPT-2 124M at B=32, T=1024), so the head runs in row chunks: as large as that free region, but at least
+// 256 MiB (each chunk re-reads and re-writes the head's gradient: on the H100 256 MiB chunks cost GPT-2 124M
+// about 1 ms per step more than 1 GiB ones), at most 1 GiB, and never under 64 rows. Then the rows are
+// spread evenly over the chunks that takes, so the last chunk is no sliver and the buffer no larger than it
+// needs. KILN_CLASSIFIER_ROWS=n sets the rows outright (tests: several chunks at tiny shapes; benchmarks:
+// what a chunk costs).
+static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t free_bytes) {
+    const char *env = getenv("KILN_CLASSIFIER_ROWS");
+    int set = env ? atoi(env) : 0;
+    if (set > 0)
+        return set < d->N ? set : d->N;
+    size_t row_bytes = (size_t)d->Vp * act_bytes, N = (size_t)d->N, rows = free_bytes / row_bytes;
+    size_t lo = ((size_t)256 << 20) / row_bytes, hi = ((size_t)1 << 30) / row_bytes;
+    rows = rows < lo ? lo : rows > hi ? hi : rows;
+    rows = rows < 64 ? 64 : rows;
+    size_t chunks = (N + rows - 1) / rows;
+    return (int)((N + chunks - 1) / chunks);
 }
 
 static int adjacent(const struct kiln_param_table *pt, int first, int second) {
@@ -308,7 +315,7 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
             SET(dhid, N * d->H, 1, ab);
     }
     size_t logits_at, end = scratch_layout(a, training, fu->on, &logits_at);
-    *rows = classifier_rows_for(d, ab);
+    *rows = classifier_rows_for(d, ab, end - logits_at);
     SET(logits, (size_t)*rows * d->Vp, 1, ab);
 #undef SET
     end = max_size(end, place(&a->logits, logits_at));
