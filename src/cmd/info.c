@@ -10,13 +10,16 @@
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-static void print_plan(const char *label, const struct kiln_mem_plan *p) {
+static void print_plan(const char *label, const struct kiln_mem_plan *p, int tokens) {
     printf("memory (%s):\n", label);
     printf("  parameters (f32 master)  %9.3f GiB\n", p->params_bytes / GIB);
     printf("  compute weights          %9.3f GiB\n", p->weights_bytes / GIB);
     printf("  gradients                %9.3f GiB\n", p->grads_bytes / GIB);
     printf("  optimizer (AdamW m, v)   %9.3f GiB\n", p->optim_bytes / GIB);
     printf("  activations              %9.3f GiB\n", p->acts_bytes / GIB);
+    printf("    of which shared scratch %8.3f GiB (the LM head in %d chunks of at most %d rows)\n",
+           p->scratch_bytes / GIB, (tokens + p->classifier_rows - 1) / p->classifier_rows,
+           p->classifier_rows);
     printf("  total                    %9.3f GiB\n", p->total_bytes / GIB);
 }
 
@@ -66,13 +69,13 @@ int cmd_info(int argc, char **argv) {
     struct kiln_mem_plan plan;
     printf("\n");
     kiln_gpt_plan(m, &go, KILN_F32, KILN_F32, 1, &plan);
-    print_plan("cpu: f32 everything", &plan);
+    print_plan("cpu: f32 everything", &plan, go.B * go.T);
     // the gradient dtype a CUDA run of this config gets (the trainer makes the same choice)
     enum kiln_dtype grad = kiln_config_grad_dtype(&cfg, "cuda");
     kiln_gpt_plan(m, &go, KILN_BF16, grad, 0, &plan);
     print_plan(grad == KILN_BF16 ? "cuda: bf16 weights, activations and gradients, f32 master and AdamW"
                                  : "cuda: bf16 weights and activations, f32 master, gradients and AdamW",
-               &plan);
+               &plan, go.B * go.T);
     printf("\n");
     kiln_backends_describe(stdout);
     return 0;

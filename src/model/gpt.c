@@ -28,6 +28,8 @@ struct buf {
     size_t elems; // per slot
     int slots;
     size_t elem_bytes;
+    int in_arena; // scratch: p points `offset` bytes into the arena instead of to an allocation of its own
+    size_t offset;
 };
 
 static void *buf_at(const struct buf *b, int l) {
@@ -56,11 +58,12 @@ struct acts {
     struct buf rstd2;  // f32 L x (N)
     struct buf fc_pre; // act L x (N, FCO): pre-GELU, or the [gate | up] input of SwiGLU
     struct buf fc_act; // act L x (N, H): the MLP's hidden activation
-    // scratch, one slot each
+    // scratch, one slot each, in one arena where buffers never live at the same time share memory
+    // (scratch_layout says which)
     struct buf ao;     // act (N, C): attention branch output (parallel: both branches)
     struct buf mo;     // act (N, C): MLP branch output
-    struct buf dres;   // act (N, C): gradient of the residual stream
-    struct buf dln;    // act (N, C): gradient of a norm output (also dlnf from the classifier)
+    struct buf dres;   // act (N, C): gradient of the residual stream (training only)
+    struct buf dln;    // act (N, C): gradient of a norm output (also dlnf from the classifier; training only)
     struct buf dpre;   // act (N, QKV + FCO): [dqkv | dfc] of a fused parallel block (then dqkv, dfc empty)
     struct buf dqkv;   // act (N, QKV)
     struct buf dqkv_raw; // act (N, QKV): gradient before QK-norm (QK-norm only)
@@ -68,6 +71,7 @@ struct acts {
     struct buf dfc;    // act (N, FCO)
     struct buf dhid;   // act (N, H): SwiGLU only, gradient of the hidden activation
     struct buf logits; // act (rows, Vp): one chunk of the classifier
+    // allocations of their own
     struct buf losses; // f32 (N)
     struct buf tokens; // i32 (N)
     struct buf targets;// i32 (N)
@@ -110,6 +114,7 @@ struct kiln_gpt {
 
     struct fusion fuse;
     struct acts a;
+    void *arena;         // the scratch buffers of a point into it
     int classifier_rows; // rows per classifier chunk
     int32_t *tokens_host; // (N) last inputs, for the embedding backward
     float *losses_host;
@@ -148,18 +153,25 @@ static struct dims dims_of(const struct kiln_model_config *m, int B, int T) {
     return d;
 }
 
-static int classifier_rows_for(const struct dims *d, size_t act_bytes) {
-    // Chunk the LM head so its logits never exceed 1 GiB: the full (N, Vp) matrix is the largest activation
-    // of a small model (PyTorch keeps it whole, in f32: 6.6 GB for GPT-2 124M at B=32, T=1024). Each chunk
-    // re-reads and re-writes the head's gradient, so chunks should not be much smaller than this (on the H100
-    // 256 MiB chunks cost GPT-2 124M about 1 ms per step more).
-    size_t row_bytes = (size_t)d->Vp * act_bytes;
-    size_t rows = ((size_t)1 << 30) / row_bytes;
-    if (rows < 64)
-        rows = 64;
-    if (rows > (size_t)d->N)
-        rows = (size_t)d->N;
-    return (int)rows;
+// Rows per classifier chunk, given the bytes of scratch that the logits chunk overlaps for free. The full
+// (N, Vp) logits are the largest activation of a small model (PyTorch keeps them whole, in f32: 6.6 GB for
+// GPT-2 124M at B=32, T=1024), so the head runs in row chunks: as large as that free region, but at least
+// 256 MiB (each chunk re-reads and re-writes the head's gradient: on the H100 256 MiB chunks cost GPT-2 124M
+// about 1 ms per step more than 1 GiB ones), at most 1 GiB, and never under 64 rows. Then the rows are
+// spread evenly over the chunks that takes, so the last chunk is no sliver and the buffer no larger than it
+// needs. KILN_CLASSIFIER_ROWS=n sets the rows outright (tests: several chunks at tiny shapes; benchmarks:
+// what a chunk costs).
+static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t free_bytes) {
+    const char *env = getenv("KILN_CLASSIFIER_ROWS");
+    int set = env ? atoi(env) : 0;
+    if (set > 0)
+        return set < d->N ? set : d->N;
+    size_t row_bytes = (size_t)d->Vp * act_bytes, N = (size_t)d->N, rows = free_bytes / row_bytes;
+    size_t lo = ((size_t)256 << 20) / row_bytes, hi = ((size_t)1 << 30) / row_bytes;
+    rows = rows < lo ? lo : rows > hi ? hi : rows;
+    rows = rows < 64 ? 64 : rows;
+    size_t chunks = (N + rows - 1) / rows;
+    return (int)((N + chunks - 1) / chunks);
 }
 
 static int adjacent(const struct kiln_param_table *pt, int first, int second) {
@@ -182,9 +194,78 @@ static struct fusion fusion_of(const struct kiln_model_config *m, const struct k
     return f;
 }
 
-// Lays out the activation buffers (sizes only). Shared by the plan and the allocation so they cannot drift.
-static void acts_layout(struct acts *a, const struct dims *d, const struct kiln_gpt_opts *o,
-                        const struct fusion *fu, size_t ab, int classifier_rows) {
+// ----------------------------------------------------------------------------
+// the scratch arena
+//
+// The one-slot scratch buffers share one allocation. Which of them are live at once (one stream: the order
+// of the code is the order on the device):
+//   forward, each layer    ao, then mo: a sequential block's ln2 consumes ao before its MLP writes mo, and a
+//                          parallel block accumulates both branches in ao. So ao and mo share.
+//   classifier             the logits chunk, and dln = dL/dlnf, filled chunk by chunk and read by backward's
+//                          first op.
+//   backward               dres, from the final norm's backward to the embedding's. Per layer, with dres:
+//     recompute            ao, mo (block, mlp): nothing else of the scratch is live yet.
+//     MLP                  dhid -> dfc -> dln, each read to write the next (dhid with dfc, dfc with dln).
+//     attention            datty -> dqkv -> dqkv_raw -> dln likewise; in a parallel block dln is live
+//                          throughout, as attention's input gradient adds to the MLP's.
+//     fused parallel       dhid -> dpre's MLP slice, datty -> dpre's attention slice, dpre -> dln.
+//     norms                dln -> dres.
+// Hence the layout: [dln | dres | one layer: ao and mo, or its backward scratch], with the logits chunk over
+// dres and the layer region (dead during the classifier: the layers are done and backward has not begun).
+// Without training there is no backward: [ao and mo], with the logits chunk over them.
+// KILN_SCRATCH_SHARED=0 gives every buffer a range of its own (tests compare both; the chunk rows stay).
+
+#define ARENA_ALIGN 256 // bytes: every buffer in the arena starts aligned for vector loads and cuBLASLt
+
+static size_t align_up(size_t n) {
+    return (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+}
+
+// puts b at offset; returns the offset after it
+static size_t place(struct buf *b, size_t offset) {
+    b->in_arena = 1;
+    b->offset = offset;
+    return offset + align_up(buf_bytes(b));
+}
+
+static size_t max_size(size_t a, size_t b) {
+    return a > b ? a : b;
+}
+
+// Places the scratch buffers but the logits chunk (all sized); returns the arena's end so far and, in
+// *logits_at, where the logits chunk goes: it may take the rest for free.
+static size_t scratch_layout(struct acts *a, int training, int fused, size_t *logits_at) {
+    size_t after_dln = training ? place(&a->dln, 0) : 0;
+    size_t layer = training ? place(&a->dres, after_dln) : 0;
+    size_t end = max_size(place(&a->ao, layer), place(&a->mo, layer));
+    if (training && fused) {
+        size_t after = place(&a->dpre, layer);        // [dqkv | dfc]
+        end = max_size(end, place(&a->dhid, after));  // read to write dpre's MLP slice
+        end = max_size(end, place(&a->datty, after)); // then read to write its attention slice
+    } else if (training) {
+        end = max_size(end, place(&a->dhid, place(&a->dfc, layer))); // the MLP
+        size_t after = place(&a->dqkv, layer);                       // then the attention
+        end = max_size(end, place(&a->datty, after));
+        end = max_size(end, place(&a->dqkv_raw, after)); // written once datty is read
+    }
+    *logits_at = after_dln;
+    return end;
+}
+
+// every scratch buffer in a range of its own (KILN_SCRATCH_SHARED=0); returns the arena's bytes
+static size_t scratch_apart(struct acts *a) {
+    struct buf *bufs = (struct buf *)a;
+    size_t end = 0;
+    for (size_t i = 0; i < N_ACT_BUFS; i++)
+        if (bufs[i].in_arena)
+            end = place(&bufs[i], end);
+    return end;
+}
+
+// Lays out the activation buffers: sizes, and offsets in the scratch arena. Shared by the plan and the
+// allocation so they cannot drift. Returns the arena's bytes, and the rows per classifier chunk in *rows.
+static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const struct kiln_gpt_opts *o,
+                          const struct fusion *fu, size_t ab) {
     memset(a, 0, sizeof(*a));
     int L = d->L, training = o->training;
     enum kiln_recompute rc = o->recompute;
@@ -196,7 +277,7 @@ static void acts_layout(struct acts *a, const struct dims *d, const struct kiln_
     size_t N = (size_t)d->N, f = sizeof(float), i = sizeof(int32_t);
     // a fused forward keeps [qkv | fc_pre] in pre (pre_slots == per_layer then); a fused backward has dpre
     size_t qkv = N * d->QKV, fc = N * d->FCO, pre = fu->fwd ? qkv + fc : 0, dpre = fu->on ? qkv + fc : 0;
-#define SET(b, n, s, eb) (a->b = (struct buf){NULL, (n), (s), (eb)})
+#define SET(b, n, s, eb) (a->b = (struct buf){.elems = (n), .slots = (s), .elem_bytes = (eb)})
     SET(x, N * d->C, training ? L + 1 : 2, ab);
     SET(ln1, N * d->C, (rc == KILN_RECOMPUTE_BLOCK || !training) ? 2 : L + 1, ab);
     SET(mean1, N, L + 1, f);
@@ -219,12 +300,11 @@ static void acts_layout(struct acts *a, const struct dims *d, const struct kiln_
     SET(fc_act, N * d->H, mlp_slots, ab);
     SET(ao, N * d->C, 1, ab);
     SET(mo, N * d->C, 1, ab);
-    SET(dln, N * d->C, 1, ab);
-    SET(logits, (size_t)classifier_rows * d->Vp, 1, ab);
     SET(losses, N, 1, f);
     SET(tokens, N, 1, i);
     SET(targets, N, 1, i);
     if (training) {
+        SET(dln, N * d->C, 1, ab);
         SET(dres, N * d->C, 1, ab);
         SET(dpre, dpre, 1, ab);
         SET(dqkv, dpre ? 0 : qkv, 1, ab);
@@ -234,7 +314,13 @@ static void acts_layout(struct acts *a, const struct dims *d, const struct kiln_
         if (d->FCO != d->H)
             SET(dhid, N * d->H, 1, ab);
     }
+    size_t logits_at, end = scratch_layout(a, training, fu->on, &logits_at);
+    *rows = classifier_rows_for(d, ab, end - logits_at);
+    SET(logits, (size_t)*rows * d->Vp, 1, ab);
 #undef SET
+    end = max_size(end, place(&a->logits, logits_at));
+    const char *env = getenv("KILN_SCRATCH_SHARED");
+    return env && strcmp(env, "0") == 0 ? scratch_apart(a) : end;
 }
 
 void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
@@ -245,17 +331,19 @@ void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts
     size_t ab = kiln_dtype_bytes(act);
     struct fusion fu = fusion_of(m, &pt, o);
     struct acts a;
-    acts_layout(&a, &d, o, &fu, ab, classifier_rows_for(&d, ab));
     memset(plan, 0, sizeof(*plan));
+    plan->scratch_bytes = acts_layout(&a, &plan->classifier_rows, &d, o, &fu, ab);
     plan->params_bytes = pt.total * sizeof(float);
     plan->weights_bytes = weights_alias_master ? 0 : pt.total * ab;
     if (o->training) {
         plan->grads_bytes = pt.total * kiln_dtype_bytes(grad);
         plan->optim_bytes = 2 * pt.total * sizeof(float);
     }
+    plan->acts_bytes = plan->scratch_bytes;
     struct buf *bufs = (struct buf *)&a;
     for (size_t i = 0; i < N_ACT_BUFS; i++)
-        plan->acts_bytes += buf_bytes(&bufs[i]);
+        if (!bufs[i].in_arena)
+            plan->acts_bytes += buf_bytes(&bufs[i]);
     plan->total_bytes =
         plan->params_bytes + plan->weights_bytes + plan->grads_bytes + plan->optim_bytes + plan->acts_bytes;
     kiln_params_free(&pt);
@@ -317,10 +405,9 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
     kiln_params_build(&g->pt, m);
     kiln_gpt_plan(m, o, be->act_dtype, be->grad_dtype, be->weights_alias_master, &g->plan);
     struct dims d = dims_of(m, o->B, o->T);
-    size_t ab = kiln_dtype_bytes(be->act_dtype);
-    g->classifier_rows = classifier_rows_for(&d, ab);
     g->fuse = fusion_of(m, &g->pt, o);
-    acts_layout(&g->a, &d, o, &g->fuse, ab, g->classifier_rows);
+    size_t arena_bytes =
+        acts_layout(&g->a, &g->classifier_rows, &d, o, &g->fuse, kiln_dtype_bytes(be->act_dtype));
     *out = g;
 
     int rc = gpt_alloc(g, (void **)&g->params, g->plan.params_bytes, err);
@@ -337,9 +424,15 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
         if (!rc)
             rc = gpt_alloc(g, (void **)&g->v, g->plan.optim_bytes / 2, err);
     }
+    if (!rc)
+        rc = gpt_alloc(g, &g->arena, arena_bytes, err);
     struct buf *bufs = (struct buf *)&g->a;
-    for (size_t i = 0; i < N_ACT_BUFS && !rc; i++)
-        rc = gpt_alloc(g, &bufs[i].p, buf_bytes(&bufs[i]), err);
+    for (size_t i = 0; i < N_ACT_BUFS && !rc; i++) {
+        if (!bufs[i].in_arena)
+            rc = gpt_alloc(g, &bufs[i].p, buf_bytes(&bufs[i]), err);
+        else if (buf_bytes(&bufs[i]))
+            bufs[i].p = (char *)g->arena + bufs[i].offset;
+    }
     if (rc) {
         kiln_gpt_free(g);
         *out = NULL;
@@ -362,7 +455,10 @@ void kiln_gpt_free(struct kiln_gpt *g) {
         return;
     struct buf *bufs = (struct buf *)&g->a;
     for (size_t i = 0; i < N_ACT_BUFS; i++)
-        free_buf(g, &bufs[i]);
+        if (!bufs[i].in_arena)
+            free_buf(g, &bufs[i]);
+    if (g->arena)
+        g->ops->free(g->ctx, g->arena);
     struct buf *dec[] = {&g->dec.k,      &g->dec.v,      &g->dec.x,      &g->dec.ln,     &g->dec.pre,
                          &g->dec.qkv,    &g->dec.qkv_raw, &g->dec.atty,  &g->dec.ao,     &g->dec.fc_pre,
                          &g->dec.fc_act, &g->dec.logits, &g->dec.mean,   &g->dec.rstd,   &g->dec.tokens};
@@ -873,7 +969,7 @@ int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error
     size_t qkv = (size_t)B * d.QKV, fc = (size_t)B * d.FCO, pre = g->fuse.on ? qkv + fc : 0;
     dc->B = B;
     dc->maxT = maxT;
-#define SET(b, n, s, eb) (dc->b = (struct buf){NULL, (n), (s), (eb)})
+#define SET(b, n, s, eb) (dc->b = (struct buf){.elems = (n), .slots = (s), .elem_bytes = (eb)})
     SET(k, kv, d.L, ab);
     SET(v, kv, d.L, ab);
     SET(x, (size_t)B * d.C, 1, ab);

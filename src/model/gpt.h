@@ -15,7 +15,9 @@ struct kiln_mem_plan {
     size_t weights_bytes; // compute copy in act dtype (0 when it aliases the master weights)
     size_t grads_bytes;
     size_t optim_bytes;   // AdamW m and v
-    size_t acts_bytes;    // activations kept for backward, plus scratch
+    size_t acts_bytes;    // activations kept for backward, plus the scratch arena
+    size_t scratch_bytes; // of acts_bytes: the arena, where one-slot buffers never live at once share memory
+    int classifier_rows;  // rows per chunk of the LM head, whose logits chunk is in the arena
     size_t total_bytes;
 };
 

@@ -1,8 +1,8 @@
 // The whole model on CUDA (bf16 mixed precision) against the CPU fp32 reference: loss and gradients of one
 // step (parallel blocks with their fused input projection among them), a 50-step training trajectory on Tiny
-// Shakespeare, bitwise determinism, and the out-of-memory message; with bf16 parameter gradients (a backend
-// opened with grad_dtype = KILN_BF16), one step against the CPU and a trajectory against fp32 gradients'.
-// Exits 77 (skipped) where no GPU is present.
+// Shakespeare, bitwise determinism, the shared scratch against buffers apart, and the out-of-memory message;
+// with bf16 parameter gradients (a backend opened with grad_dtype = KILN_BF16), one step against the CPU and
+// a trajectory against fp32 gradients'. Exits 77 (skipped) where no GPU is present.
 #include "test_util.h"
 
 #include "backend/backend.h"
@@ -266,6 +266,66 @@ static void test_gpu_training_is_bitwise_repeatable(void **state) {
     free(p2);
 }
 
+// Two micro-steps on different batches (the second adds its gradients to the first's): both losses and the
+// gradients, for a model created with the environment as it is.
+static void scratch_steps(int variant, enum kiln_recompute rc, double loss[2], float *grad) {
+    struct kiln_model_config m;
+    small_config(&m, variant);
+    int B = 4, T = 100;
+    struct kiln_gpt *g = make_rc(&gpu, &m, B, T, rc);
+    int32_t *in = malloc(sizeof(int32_t) * B * T), *tgt = malloc(sizeof(int32_t) * B * T);
+    uint64_t s = 77;
+    kiln_gpt_zero_grad(g);
+    for (int k = 0; k < 2; k++) {
+        text_batch(B, T, &s, in, tgt);
+        loss[k] = kiln_gpt_forward(g, in, tgt, 1.0f / (2 * B * T), 0.0f);
+        kiln_gpt_backward(g);
+    }
+    kiln_gpt_get_grads(g, grad);
+    free(in);
+    free(tgt);
+    kiln_gpt_free(g);
+}
+
+// The scratch buffers that share memory (gpt.c's scratch arena) change no number on CUDA either: bit for bit
+// what every buffer apart gives (KILN_SCRATCH_SHARED=0, deterministic mode), in every block type and
+// recompute mode, with the LM head in one chunk and in three.
+static void test_shared_scratch_changes_no_number(void **state) {
+    const char *rc_name[] = {"none", "mlp", "block", "act"};
+    for (int v = 0; v <= 4; v++) {
+        struct kiln_model_config m;
+        small_config(&m, v);
+        struct kiln_param_table pt;
+        kiln_params_build(&pt, &m);
+        float *gs = malloc(pt.total * sizeof(float)), *ga = malloc(pt.total * sizeof(float));
+        for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_ACT; rc++)
+            for (int chunked = 0; chunked < 2; chunked++) {
+                if (chunked)
+                    setenv("KILN_CLASSIFIER_ROWS", "150", 1); // 400 rows: 150 + 150 + 100
+                double ls[2], la[2];
+                scratch_steps(v, (enum kiln_recompute)rc, ls, gs);
+                setenv("KILN_SCRATCH_SHARED", "0", 1);
+                scratch_steps(v, (enum kiln_recompute)rc, la, ga);
+                unsetenv("KILN_SCRATCH_SHARED");
+                unsetenv("KILN_CLASSIFIER_ROWS");
+                fprintf(stderr,
+                        "[scratch] variant %d, recompute=%s, %d chunk(s): loss %.6f shared, %.6f apart\n", v,
+                        rc_name[rc], chunked ? 3 : 1, ls[1], la[1]);
+                if (memcmp(ls, la, sizeof(ls)) != 0)
+                    fail_msg("variant %d, recompute=%s: losses %.9g %.9g shared, %.9g %.9g apart", v,
+                             rc_name[rc], ls[0], ls[1], la[0], la[1]);
+                for (int i = 0; i < pt.n; i++)
+                    if (memcmp(gs + pt.p[i].offset, ga + pt.p[i].offset, pt.p[i].count * sizeof(float)) != 0)
+                        fail_msg("variant %d, recompute=%s, %d chunk(s): the gradient of %s differs with the "
+                                 "scratch shared",
+                                 v, rc_name[rc], chunked ? 3 : 1, pt.p[i].name);
+            }
+        free(gs);
+        free(ga);
+        kiln_params_free(&pt);
+    }
+}
+
 // An impossible plan is an error quoting the plan, not a crash; the backend keeps working afterwards.
 static void test_out_of_memory_is_a_clear_error(void **state) {
     struct kiln_config c;
@@ -314,6 +374,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_gradient_steps_match_cpu),
         cmocka_unit_test(test_bf16_gradient_training_follows_fp32_gradients),
         cmocka_unit_test(test_gpu_training_is_bitwise_repeatable),
+        cmocka_unit_test(test_shared_scratch_changes_no_number),
         cmocka_unit_test(test_out_of_memory_is_a_clear_error),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

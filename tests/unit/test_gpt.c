@@ -1,6 +1,7 @@
 // The whole model on the CPU reference backend: gradients against finite differences for every architecture
 // option, recompute equivalence, the parallel block's fused input projection against its two-GEMM form,
-// KV-cache decoding against the full forward, seeded determinism.
+// KV-cache decoding against the full forward, seeded determinism, the shared scratch arena against buffers
+// apart, and the memory plan against what the model allocates.
 #include "test_util.h"
 
 #include "backend/backend.h"
@@ -482,6 +483,199 @@ static void test_same_seed_is_bitwise_identical_and_other_seed_differs(void **st
     free(p3);
 }
 
+// ----------------------------------------------------------------------------
+// the scratch arena: buffers that share memory (gpt.c's scratch_layout) are never live at the same time
+
+struct scratch_case {
+    const char *name;
+    void (*config)(struct kiln_model_config *m);
+    int fused; // the parallel block's input projections fuse (forward too, but under --recompute=mlp)
+};
+
+static void seq_gelu(struct kiln_model_config *m) {
+    tiny_config(m);
+}
+static void seq_gelu_qk_norm(struct kiln_model_config *m) {
+    tiny_config(m);
+    m->qk_norm = 1;
+}
+static void seq_swiglu_qk_norm(struct kiln_model_config *m) { // OLMo-2-like: rope, rms, gqa, untied
+    tiny_config(m);
+    m->pos = KILN_POS_ROPE;
+    m->norm_rms = 1;
+    m->mlp_swiglu = 1;
+    m->mlp_hidden = 24;
+    m->n_kv_head = 2;
+    m->bias = 0;
+    m->tie_embeddings = 0;
+    m->qk_norm = 1;
+}
+static void par_gelu_fused(struct kiln_model_config *m) {
+    parallel_config(m, PAR_GELU_BIAS);
+}
+static void par_swiglu_fused(struct kiln_model_config *m) {
+    parallel_config(m, PAR_SWIGLU_GQA_ROPE);
+}
+static void par_gelu_two_gemms(struct kiln_model_config *m) { // QKV = 48 biases: padding separates them
+    tiny_config(m);
+    m->parallel_block = 1;
+    m->pos = KILN_POS_ALIBI;
+}
+static void par_swiglu_qk_norm(struct kiln_model_config *m) { // QK-norm keeps two GEMMs
+    parallel_config(m, PAR_SWIGLU_GQA_ROPE);
+    m->qk_norm = 1;
+}
+
+static const struct scratch_case scratch_cases[] = {
+    {"sequential gelu", seq_gelu, 0},
+    {"sequential gelu+qk-norm", seq_gelu_qk_norm, 0},
+    {"sequential swiglu+qk-norm+gqa+rope+rms", seq_swiglu_qk_norm, 0},
+    {"parallel gelu, fused", par_gelu_fused, 1},
+    {"parallel swiglu+gqa+rope, fused", par_swiglu_fused, 1},
+    {"parallel gelu+alibi, two gemms", par_gelu_two_gemms, 0},
+    {"parallel swiglu+qk-norm, two gemms", par_swiglu_qk_norm, 0},
+};
+
+// What a model computes over two micro-steps (the second adds its gradients to the first's) on different
+// batches, then an evaluation forward: the three losses and the gradients. Every scratch buffer is written
+// and read there, in each order a training run uses. Returns the plan's scratch bytes.
+static size_t scratch_run(const struct kiln_model_config *m, enum kiln_recompute rc, int fused,
+                          double loss[3], float *grad, const char *what) {
+    struct fixture f;
+    fixture_open(&f, m, rc, 17);
+    expect_fusion(f.g, fused && rc != KILN_RECOMPUTE_MLP, fused, what);
+    const struct kiln_param_table *pt = kiln_gpt_params(f.g);
+    float *p = calloc(pt->total, sizeof(float));
+    kiln_gpt_get_params(f.g, p);
+    uint64_t s = 5;
+    for (int i = 0; i < pt->n; i++) // off GPT-2's init, so that every path carries signal
+        for (size_t j = 0; j < pt->p[i].count; j++)
+            p[pt->p[i].offset + j] += 0.3f * (test_rand_uniform(&s) - 0.5f);
+    kiln_gpt_set_params(f.g, p);
+    int n = f.B * f.T;
+    int32_t *in2 = malloc((size_t)n * sizeof(int32_t)), *tgt2 = malloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++) {
+        in2[i] = (f.in[i] * 5 + 2) % m->vocab_size;
+        tgt2[i] = (f.tgt[n - 1 - i] + 1) % m->vocab_size;
+    }
+    kiln_gpt_zero_grad(f.g);
+    loss[0] = kiln_gpt_forward(f.g, f.in, f.tgt, 0.05f, 0.0f);
+    kiln_gpt_backward(f.g);
+    loss[1] = kiln_gpt_forward(f.g, in2, tgt2, 0.05f, 1e-3f);
+    kiln_gpt_backward(f.g);
+    loss[2] = kiln_gpt_forward(f.g, in2, f.tgt, 0.0f, 0.0f);
+    kiln_gpt_get_grads(f.g, grad);
+    size_t scratch = kiln_gpt_mem_plan(f.g)->scratch_bytes;
+    free(p);
+    free(in2);
+    free(tgt2);
+    fixture_close(&f);
+    return scratch;
+}
+
+// With the scratch shared, every number is what it is with every buffer apart (KILN_SCRATCH_SHARED=0), bit
+// for bit: in every block type and recompute mode, with the LM head in one chunk and in three.
+static void test_shared_scratch_changes_no_number(void **state) {
+    const char *rc_name[] = {"none", "mlp", "block", "act"};
+    for (size_t c = 0; c < sizeof(scratch_cases) / sizeof(scratch_cases[0]); c++) {
+        struct kiln_model_config m;
+        scratch_cases[c].config(&m);
+        struct kiln_param_table pt;
+        kiln_params_build(&pt, &m);
+        float *gs = calloc(pt.total, sizeof(float)), *ga = calloc(pt.total, sizeof(float));
+        for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_ACT; rc++)
+            for (int chunked = 0; chunked < 2; chunked++) {
+                char what[160];
+                snprintf(what, sizeof(what), "%s, recompute=%s, %s", scratch_cases[c].name, rc_name[rc],
+                         chunked ? "3 classifier chunks" : "1 classifier chunk");
+                if (chunked)
+                    setenv("KILN_CLASSIFIER_ROWS", "5", 1); // 14 rows: 5 + 5 + 4
+                double ls[3], la[3];
+                size_t shared =
+                    scratch_run(&m, (enum kiln_recompute)rc, scratch_cases[c].fused, ls, gs, what);
+                setenv("KILN_SCRATCH_SHARED", "0", 1);
+                size_t apart = scratch_run(&m, (enum kiln_recompute)rc, scratch_cases[c].fused, la, ga, what);
+                unsetenv("KILN_SCRATCH_SHARED");
+                unsetenv("KILN_CLASSIFIER_ROWS");
+                if (!(shared < apart))
+                    fail_msg("%s: the shared scratch takes %zu bytes, apart %zu", what, shared, apart);
+                for (int k = 0; k < 3; k++)
+                    if (memcmp(&ls[k], &la[k], sizeof(double)) != 0)
+                        fail_msg("%s: loss %d is %.9g with the scratch shared, %.9g apart", what, k, ls[k],
+                                 la[k]);
+                for (int i = 0; i < pt.n; i++)
+                    if (memcmp(gs + pt.p[i].offset, ga + pt.p[i].offset, pt.p[i].count * sizeof(float)) != 0)
+                        fail_msg("%s: the gradient of %s differs with the scratch shared", what,
+                                 pt.p[i].name);
+            }
+        free(gs);
+        free(ga);
+        kiln_params_free(&pt);
+    }
+}
+
+// The plan is what the model allocates, byte for byte, and the model frees all it allocated.
+static const struct kiln_ops *real_ops;
+static size_t allocated_bytes;
+static int live_allocations;
+
+static void *counting_alloc(void *ctx, size_t bytes) {
+    void *p = real_ops->alloc(ctx, bytes);
+    if (p) {
+        allocated_bytes += bytes;
+        live_allocations++;
+    }
+    return p;
+}
+
+static void counting_free(void *ctx, void *p) {
+    live_allocations--;
+    real_ops->free(ctx, p);
+}
+
+static void test_plan_is_what_the_model_allocates(void **state) {
+    struct kiln_backend be;
+    struct kiln_error e;
+    struct kiln_backend_opts bo = {0};
+    assert_int_equal(kiln_backend_open("cpu", &bo, &be, &e), 0);
+    real_ops = be.ops;
+    struct kiln_ops counting = *be.ops;
+    counting.alloc = counting_alloc;
+    counting.free = counting_free;
+    be.ops = &counting;
+    for (size_t c = 0; c < sizeof(scratch_cases) / sizeof(scratch_cases[0]); c++)
+        for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_ACT; rc++)
+            for (int training = 0; training < 2; training++)
+                for (int apart = 0; apart < 2; apart++) {
+                    struct kiln_model_config m;
+                    scratch_cases[c].config(&m);
+                    if (apart)
+                        setenv("KILN_SCRATCH_SHARED", "0", 1);
+                    struct kiln_gpt_opts o = {
+                        .B = 3, .T = 5, .recompute = (enum kiln_recompute)rc, .training = training};
+                    struct kiln_mem_plan plan;
+                    kiln_gpt_plan(&m, &o, be.act_dtype, be.grad_dtype, be.weights_alias_master, &plan);
+                    allocated_bytes = 0;
+                    live_allocations = 0;
+                    struct kiln_gpt *g;
+                    if (kiln_gpt_create(&g, &m, &be, &o, &e))
+                        fail_msg("create: %s", e.msg);
+                    unsetenv("KILN_SCRATCH_SHARED");
+                    const struct kiln_mem_plan *own = kiln_gpt_mem_plan(g);
+                    if (allocated_bytes != plan.total_bytes || own->total_bytes != plan.total_bytes)
+                        fail_msg(
+                            "%s, recompute %d, training %d, apart %d: allocated %zu bytes, planned %zu (the "
+                            "model's own plan %zu)",
+                            scratch_cases[c].name, rc, training, apart, allocated_bytes, plan.total_bytes,
+                            own->total_bytes);
+                    assert_true(plan.scratch_bytes > 0 && plan.scratch_bytes <= plan.acts_bytes);
+                    kiln_gpt_free(g);
+                    assert_int_equal(live_allocations, 0);
+                }
+    be.ops = real_ops;
+    kiln_backend_close(&be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_gradients_match_finite_differences),
@@ -493,6 +687,8 @@ int main(void) {
         cmocka_unit_test(test_kv_cache_decode_matches_full_forward),
         cmocka_unit_test(test_same_seed_is_bitwise_identical_and_other_seed_differs),
         cmocka_unit_test(test_first_micro_step_overwrites_every_gradient),
+        cmocka_unit_test(test_shared_scratch_changes_no_number),
+        cmocka_unit_test(test_plan_is_what_the_model_allocates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
