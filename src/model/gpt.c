@@ -486,6 +486,11 @@ const struct kiln_mem_plan *kiln_gpt_mem_plan(const struct kiln_gpt *g) {
     return &g->plan;
 }
 
+size_t kiln_gpt_mem_peak(const struct kiln_gpt *g) {
+    size_t peak = g->ops->mem_peak ? g->ops->mem_peak(g->ctx) : 0;
+    return peak > g->plan.total_bytes ? peak : g->plan.total_bytes;
+}
+
 void kiln_gpt_fused_projection(const struct kiln_gpt *g, int *fwd, int *bwd) {
     *fwd = g->fuse.fwd;
     *bwd = g->fuse.on;

@@ -265,6 +265,10 @@ struct kiln_ops {
     // must not hold up training. NULL on failure; the caller may fall back to malloc.
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
+
+    // The most backend memory held at once so far, in bytes: every allocation, the backend's own scratch and
+    // library workspaces included (what a step really needs beyond the model's plan). NULL: not tracked.
+    size_t (*mem_peak)(void *ctx);
 };
 
 #endif

@@ -480,7 +480,7 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
         }
         if (kiln_guards_exhausted(&guards)) {
             if (metrics)
-                write_metrics(metrics, &sl, &guards, kiln_gpt_mem_plan(g)->total_bytes, 0, 0, 0);
+                write_metrics(metrics, &sl, &guards, kiln_gpt_mem_peak(g), 0, 0, 0);
             kiln_progress_end(&prog);
             struct kiln_error we;
             if (writer && kiln_ckpt_writer_join(writer, NULL, &we))
@@ -522,7 +522,7 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
         }
         if (metrics && (st.step % cfg->log_every == 0 || last || !isnan(sl.val_loss) || why || stop || due)) {
             double tok_s = sl.tok_s;
-            write_metrics(metrics, &sl, &guards, kiln_gpt_mem_plan(g)->total_bytes,
+            write_metrics(metrics, &sl, &guards, kiln_gpt_mem_peak(g),
                           peak > 0 ? fpt * tok_s / peak : 0, peak > 0 ? fpt_causal * tok_s / peak : 0,
                           peak > 0 && fpt_recompute > 0 ? (fpt + fpt_recompute) * tok_s / peak : 0);
         }

@@ -37,6 +37,15 @@ void *kiln_xcalloc(size_t n, size_t size) {
     return p;
 }
 
+void *kiln_xrealloc(void *p, size_t bytes) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q) {
+        fprintf(stderr, "error: out of host memory (allocating %zu bytes)\n", bytes);
+        exit(KILN_ERR_RUNTIME);
+    }
+    return q;
+}
+
 char *kiln_xstrdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *p = kiln_xmalloc(n);

@@ -33,6 +33,7 @@ int kiln_error_print(const struct kiln_error *e);
 // malloc that aborts with a message on failure (host memory exhaustion is not recoverable here).
 void *kiln_xmalloc(size_t bytes);
 void *kiln_xcalloc(size_t n, size_t size);
+void *kiln_xrealloc(void *p, size_t bytes);
 char *kiln_xstrdup(const char *s);
 
 #endif

@@ -1440,10 +1440,31 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
 static void test_out_of_memory_returns_null_and_backend_still_works(void **state) {
     struct env *e = *state;
     struct kiln_backend *g = &e->gpu;
+    size_t peak0 = g->ops->mem_peak(g->ctx);
     void *p = g->ops->alloc(g->ctx, (size_t)1 << 50); // 1 PiB
     expect(e, p == NULL, "alloc", "1 PiB returns NULL");
     if (p)
         g->ops->free(g->ctx, p);
+    expect(e, g->ops->mem_peak(g->ctx) == peak0, "mem_peak", "a failed allocation is not counted");
+    // the peak counts what is held at once: on a fresh context (its cuBLASLt workspace held), 2 x 256 MiB,
+    // one freed, then 128 MiB more: the peak is the workspace and 512 MiB
+    struct kiln_backend f;
+    struct kiln_error err;
+    struct kiln_backend_opts o = {0};
+    if (kiln_backend_open("cuda", &o, &f, &err) == 0) {
+        size_t mib = (size_t)1 << 20, base = f.ops->mem_peak(f.ctx);
+        void *a = f.ops->alloc(f.ctx, 256 * mib), *b = f.ops->alloc(f.ctx, 256 * mib);
+        f.ops->free(f.ctx, a);
+        void *c = f.ops->alloc(f.ctx, 128 * mib);
+        size_t peak = f.ops->mem_peak(f.ctx);
+        expect(e, a && b && c && base > 0 && peak == base + 512 * mib, "mem_peak",
+               "bytes held at once, not all ever allocated");
+        f.ops->free(f.ctx, b);
+        f.ops->free(f.ctx, c);
+        kiln_backend_close(&f);
+    } else {
+        expect(e, 0, "mem_peak", "a second CUDA context opens");
+    }
     size_t n = 1000;
     struct pair x = pair_new(e, n, ACT), y = pair_new(e, n, ACT), z = pair_new(e, n, ACT);
     pair_randn(&x, 1.0f);

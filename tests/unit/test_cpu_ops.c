@@ -57,6 +57,26 @@ static void test_alloc_is_zeroed_and_64_byte_aligned(void **state) {
     assert_null(g_be.ops->alloc(g_be.ctx, SIZE_MAX - 10)); // impossible request: NULL, not a crash
 }
 
+// mem_peak: the most bytes held at once in alloc'd blocks (sizes rounded up to 64), not the sum of all
+static void test_mem_peak_counts_bytes_held_at_once(void **state) {
+    struct kiln_backend be;
+    struct kiln_error err;
+    struct kiln_backend_opts opts = {.threads = 1};
+    assert_int_equal(kiln_cpu_backend_open(&opts, &be, &err), 0);
+    size_t base = be.ops->mem_peak(be.ctx);
+    void *a = be.ops->alloc(be.ctx, 1000), *b = be.ops->alloc(be.ctx, 2000);
+    assert_int_equal(be.ops->mem_peak(be.ctx), base + 1024 + 2048);
+    be.ops->free(be.ctx, a);
+    void *c = be.ops->alloc(be.ctx, 500);
+    assert_int_equal(be.ops->mem_peak(be.ctx), base + 1024 + 2048); // 2048 + 512 held now: below the peak
+    void *d = be.ops->alloc(be.ctx, 4096);
+    assert_int_equal(be.ops->mem_peak(be.ctx), base + 2048 + 512 + 4096);
+    be.ops->free(be.ctx, b);
+    be.ops->free(be.ctx, c);
+    be.ops->free(be.ctx, d);
+    kiln_backend_close(&be);
+}
+
 static void test_upload_f32_to_bf16_rounds_to_nearest_even(void **state) {
     // bf16 keeps 7 mantissa bits: the spacing just above 1 is 2^-7.
     float in[] = {1.0f + 0x1p-8f,     // exactly half way between 1 and 1 + 2^-7: ties to even -> 1
@@ -838,6 +858,7 @@ int main(void) {
         cmocka_unit_test(test_open_rejects_negative_threads),
         cmocka_unit_test(test_dtype_sizes_and_names),
         cmocka_unit_test(test_alloc_is_zeroed_and_64_byte_aligned),
+        cmocka_unit_test(test_mem_peak_counts_bytes_held_at_once),
         cmocka_unit_test(test_upload_f32_to_bf16_rounds_to_nearest_even),
         cmocka_unit_test(test_matmul_matches_naive_loop_at_awkward_shapes),
         cmocka_unit_test(test_matmul_gradients_match_finite_differences),

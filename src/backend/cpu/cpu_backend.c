@@ -45,14 +45,15 @@ static const struct kiln_ops cpu_ops = {
     .adamw = kiln_cpu_adamw,
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_host_free,
+    .mem_peak = kiln_cpu_mem_peak,
 };
 
 static void cpu_close(struct kiln_backend *b) {
     struct kiln_cpu_ctx *c = b->ctx;
     if (!c)
         return;
-    free(c->apack);
-    free(c->bpack);
+    kiln_cpu_free(NULL, c->apack);
+    kiln_cpu_free(NULL, c->bpack);
     free(c);
     b->ctx = NULL;
 }
@@ -79,8 +80,8 @@ int kiln_cpu_backend_open(const struct kiln_backend_opts *opts, struct kiln_back
     }
     if (!c || !c->apack || !c->bpack) {
         if (c) {
-            free(c->apack);
-            free(c->bpack);
+            kiln_cpu_free(NULL, c->apack);
+            kiln_cpu_free(NULL, c->bpack);
         }
         free(c);
         return kiln_errorf(err, KILN_ERR_RUNTIME, "cpu backend (open): out of host memory; free some memory");

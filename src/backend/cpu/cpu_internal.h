@@ -22,6 +22,7 @@ struct kiln_cpu_ctx {
     int threads;  // OpenMP threads used by every parallel region
     float *apack; // (KILN_CPU_MB * KILN_CPU_KC) packed A block
     float *bpack; // (KILN_CPU_KC * KILN_CPU_NC) packed B panel
+    size_t mem_now, mem_peak; // bytes held in alloc'd blocks (kiln_cpu_alloc with this context), and the most
 };
 
 static inline int kiln_cpu_threads(void *ctx) {
@@ -49,6 +50,7 @@ void kiln_cpu_gemm(struct kiln_cpu_ctx *ctx, const struct kiln_cpu_gemm *g);
 // 64-byte aligned, zero-filled host memory; NULL on failure.
 void *kiln_cpu_alloc(void *ctx, size_t bytes);
 void kiln_cpu_free(void *ctx, void *p);
+size_t kiln_cpu_mem_peak(void *ctx);
 void kiln_cpu_zero(void *ctx, void *p, size_t bytes);
 void kiln_cpu_copy(void *ctx, void *dst, const void *src, size_t bytes);
 void kiln_cpu_upload(void *ctx, void *dst, const void *host_src, size_t bytes);

@@ -46,19 +46,39 @@ float kiln_bf16_to_f32(uint16_t h) {
     return x;
 }
 
+// A block carries its size in a 64-byte header (the body stays 64-byte aligned), so that free can count it
+// out of the context's bytes held (ctx NULL: not counted).
 void *kiln_cpu_alloc(void *ctx, size_t bytes) {
     size_t rounded = (bytes + 63) / 64 * 64;
-    if (rounded < bytes) // overflow
+    if (rounded < bytes || rounded > SIZE_MAX - 128) // overflow
         return NULL;
+    size_t body = rounded ? rounded : 64;
     void *p = NULL;
-    if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
+    if (posix_memalign(&p, 64, body + 64) != 0)
         return NULL;
-    memset(p, 0, rounded ? rounded : 64);
-    return p;
+    memset(p, 0, body + 64);
+    *(size_t *)p = body;
+    struct kiln_cpu_ctx *c = ctx;
+    if (c) {
+        c->mem_now += body;
+        if (c->mem_now > c->mem_peak)
+            c->mem_peak = c->mem_now;
+    }
+    return (char *)p + 64;
 }
 
 void kiln_cpu_free(void *ctx, void *p) {
-    free(p);
+    if (!p)
+        return;
+    char *h = (char *)p - 64;
+    struct kiln_cpu_ctx *c = ctx;
+    if (c)
+        c->mem_now -= *(size_t *)h;
+    free(h);
+}
+
+size_t kiln_cpu_mem_peak(void *ctx) {
+    return ((struct kiln_cpu_ctx *)ctx)->mem_peak;
 }
 
 void kiln_cpu_zero(void *ctx, void *p, size_t bytes) {

@@ -71,8 +71,8 @@ static void adam_cache_spans(struct cuda_ctx *c, const struct kiln_param_span *s
         return;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     free(c->adam_spans_host);
-    CUDA_CHECK(cudaFree(c->adam_blocks));
-    CUDA_CHECK(cudaFree(c->adam_spans_dev));
+    kiln_cuda_free(c, c->adam_blocks);
+    kiln_cuda_free(c, c->adam_spans_dev);
     c->adam_spans_host = (struct kiln_param_span *)kiln_xmalloc((size_t)n * sizeof(*spans) + 1);
     memcpy(c->adam_spans_host, spans, (size_t)n * sizeof(*spans));
     c->adam_n_spans = n;
@@ -88,8 +88,8 @@ static void adam_cache_spans(struct cuda_ctx *c, const struct kiln_param_span *s
         for (size_t o = 0; o < spans[s].count; o += ADAM_CHUNK)
             hb[b++] = make_int2(s, (int)o);
     c->adam_n_blocks = (int)nb;
-    CUDA_CHECK(cudaMalloc(&c->adam_blocks, nb * sizeof(int2) + 16));
-    CUDA_CHECK(cudaMalloc(&c->adam_spans_dev, (size_t)n * sizeof(*spans) + 16));
+    CUDA_CHECK(kiln_cuda_malloc(c, (void **)&c->adam_blocks, nb * sizeof(int2) + 16));
+    CUDA_CHECK(kiln_cuda_malloc(c, (void **)&c->adam_spans_dev, (size_t)n * sizeof(*spans) + 16));
     CUDA_CHECK(cudaMemcpy(c->adam_blocks, hb, nb * sizeof(int2), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(c->adam_spans_dev, spans, (size_t)n * sizeof(*spans), cudaMemcpyHostToDevice));
     free(hb);

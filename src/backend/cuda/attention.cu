@@ -63,9 +63,9 @@ extern "C" const float *kiln_cuda_rope_table(struct cuda_ctx *c, int T, int HS, 
             Tn = 1024; // most calls come with one T; a little headroom avoids rebuilds while decoding
         if (c->rope_tab) {
             CUDA_CHECK(cudaStreamSynchronize(c->stream));
-            CUDA_CHECK(cudaFree(c->rope_tab));
+            kiln_cuda_free(c, c->rope_tab);
         }
-        CUDA_CHECK(cudaMalloc(&c->rope_tab, (size_t)Tn * HS * sizeof(float)));
+        CUDA_CHECK(kiln_cuda_malloc(c, (void **)&c->rope_tab, (size_t)Tn * HS * sizeof(float)));
         int half = HS / 2;
         rope_table_kernel<<<KILN_CEIL_DIV(Tn * half, 256), 256, 0, c->stream>>>(
             c->rope_tab, c->rope_tab + (size_t)Tn * half, Tn, half, (double)theta);

@@ -4,6 +4,39 @@
 
 #include "backend/cuda/common.cuh"
 
+// ---- device memory, counted ----------------------------------------------------------------------------
+
+extern "C" cudaError_t kiln_cuda_malloc(struct cuda_ctx *c, void **p, size_t bytes) {
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess)
+        return e;
+    if (c->mem_n == c->mem_cap) {
+        c->mem_cap = c->mem_cap ? 2 * c->mem_cap : 64;
+        c->mem_blocks = (struct cuda_block *)kiln_xrealloc(c->mem_blocks, c->mem_cap * sizeof(*c->mem_blocks));
+    }
+    c->mem_blocks[c->mem_n++] = (struct cuda_block){*p, bytes};
+    c->mem_now += bytes;
+    if (c->mem_now > c->mem_peak)
+        c->mem_peak = c->mem_now;
+    return cudaSuccess;
+}
+
+extern "C" void kiln_cuda_free(struct cuda_ctx *c, void *p) {
+    if (!p)
+        return;
+    for (int i = c->mem_n - 1; i >= 0; i--)
+        if (c->mem_blocks[i].p == p) {
+            c->mem_now -= c->mem_blocks[i].bytes;
+            c->mem_blocks[i] = c->mem_blocks[--c->mem_n];
+            break;
+        }
+    CUDA_CHECK(cudaFree(p));
+}
+
+static size_t cuda_mem_peak(void *ctx) {
+    return cuda_ctx_of(ctx)->mem_peak;
+}
+
 // ---- scratch ------------------------------------------------------------------------------------------
 
 extern "C" void *kiln_cuda_scratch(struct cuda_ctx *c, int slot, size_t bytes) {
@@ -13,10 +46,10 @@ extern "C" void *kiln_cuda_scratch(struct cuda_ctx *c, int slot, size_t bytes) {
     if (c->scratch_bytes[slot] < bytes) {
         if (c->scratch[slot]) {
             CUDA_CHECK(cudaStreamSynchronize(c->stream)); // kernels in flight may still read it
-            CUDA_CHECK(cudaFree(c->scratch[slot]));
+            kiln_cuda_free(c, c->scratch[slot]);
         }
         size_t want = bytes + bytes / 4; // grow geometrically so shapes that creep up do not realloc often
-        CUDA_CHECK(cudaMalloc(&c->scratch[slot], want));
+        CUDA_CHECK(kiln_cuda_malloc(c, &c->scratch[slot], want));
         c->scratch_bytes[slot] = want;
     }
     return c->scratch[slot];
@@ -38,7 +71,7 @@ static void *cuda_alloc(void *ctx, size_t bytes) {
     void *p = NULL;
     if (bytes == 0)
         bytes = 16;
-    cudaError_t e = cudaMalloc(&p, bytes);
+    cudaError_t e = kiln_cuda_malloc(c, &p, bytes);
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError(); // out of memory is not sticky: clear it and let the caller report the plan
         return NULL;
@@ -53,7 +86,7 @@ static void cuda_free(void *ctx, void *p) {
     if (!p)
         return;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    CUDA_CHECK(cudaFree(p));
+    kiln_cuda_free(c, p);
 }
 
 static void cuda_zero(void *ctx, void *p, size_t bytes) {
@@ -218,6 +251,7 @@ static const struct kiln_ops cuda_ops = {
     kiln_cuda_adamw,
     cuda_host_alloc,
     cuda_host_free,
+    cuda_mem_peak,
 };
 
 static void cuda_close(struct kiln_backend *b) {
@@ -235,6 +269,7 @@ static void cuda_close(struct kiln_backend *b) {
     free(c->host_stage);
     kiln_cuda_matmul_cache_free(c);
     cudaFree(c->workspace);
+    free(c->mem_blocks);
     if (c->lt)
         cublasLtDestroy(c->lt);
     cudaStreamDestroy(c->stream);
@@ -318,7 +353,7 @@ extern "C" int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, stru
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
     // 32 MiB: what cuBLASLt asks for on Hopper for its best kernels (NVIDIA's recommendation for sm_90).
     c->workspace_bytes = (size_t)32 << 20;
-    CUDA_CHECK(cudaMalloc(&c->workspace, c->workspace_bytes));
+    CUDA_CHECK(kiln_cuda_malloc(c, &c->workspace, c->workspace_bytes));
 
     out->name = "cuda";
     out->ops = &cuda_ops;

@@ -59,6 +59,11 @@ enum cuda_scratch_slot {
     SCR_COUNT
 };
 
+struct cuda_block {
+    void *p;
+    size_t bytes;
+};
+
 struct cuda_ctx {
     int device;
     int deterministic;
@@ -88,6 +93,10 @@ struct cuda_ctx {
     // host staging for dtype conversion
     void *host_stage;
     size_t host_stage_bytes;
+    // device memory held (kiln_cuda_malloc/free): bytes now, the most at once, and each live block's size
+    size_t mem_now, mem_peak;
+    struct cuda_block *mem_blocks;
+    int mem_n, mem_cap;
 };
 
 static inline struct cuda_ctx *cuda_ctx_of(void *ctx) {
@@ -97,6 +106,10 @@ static inline struct cuda_ctx *cuda_ctx_of(void *ctx) {
 #ifdef __cplusplus
 extern "C" {
 #endif
+// Device memory, counted into the context's mem_now/mem_peak (every device allocation goes through these):
+// cudaMalloc's status is returned; kiln_cuda_free(c, NULL) does nothing.
+cudaError_t kiln_cuda_malloc(struct cuda_ctx *c, void **p, size_t bytes);
+void kiln_cuda_free(struct cuda_ctx *c, void *p);
 // scratch (backend.cu): a device buffer of at least `bytes`, grown on demand (contents not preserved)
 void *kiln_cuda_scratch(struct cuda_ctx *c, int slot, size_t bytes);
 // RoPE table for positions [0, T) at head size HS (attention.cu): cos (T, HS/2) returned, sin (T, HS/2) in
