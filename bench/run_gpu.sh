@@ -42,7 +42,7 @@ SHAPES=("124m gpt2-124m 32 --layers=12" "350m gpt2-350m 16 --layers=24" "1.5b gp
 [ -n "${KILN_BENCH_ACT:-}" ] && SHAPES+=("1.5b-act gpt2-1.5b 8 --layers=48 --recompute=act"
   "1.3b-act gpt2-124m 8 --layers=24 --dim=2048 --heads=16 --recompute=act")
 if has kiln; then
-  echo "| shape | kiln ms/step | kiln tok/s | mfu | plan GiB | loss |" >"$OUT/kiln_table.md"
+  echo "| shape | kiln ms/step | kiln tok/s | mfu | peak GiB | loss |" >"$OUT/kiln_table.md"
   for s in "${SHAPES[@]}"; do
     set -- $s
     name=$1 preset=$2 B=$3
