@@ -33,12 +33,12 @@ grep -q "vocab 50257 (padded 50304)" "$T/info" && ok || bad "padded vocab not re
 grep -q "backends compiled: cpu" "$T/info" && ok || bad "kiln info does not list backends"
 grep -q "activations" "$T/info" && ok || bad "kiln info has no memory estimate"
 # GPT-2 1.5B at B=8: with the scratch shared, the CUDA plan stays under PyTorch's peak (42.84 GiB,
-# docs/benchmarks.md), the LM head in 4 chunks
+# docs/benchmarks.md) with room for the backend's own scratch (~0.1 GiB), the LM head in 2 chunks
 "$KILN" info --preset=gpt2-1.5b --batch=8 --seq=1024 >"$T/info" 2>&1 || bad "kiln info: $(cat "$T/info")"
 total=$(awk '/^memory \(cuda/ {m = 1} m && /^  total/ {print $2; exit}' "$T/info")
-python3 -c "import sys; assert 0 < float(sys.argv[1]) < 42.84" "$total" && ok || bad "1.5B plans $total GiB"
+python3 -c "import sys; assert 0 < float(sys.argv[1]) < 42.7" "$total" && ok || bad "1.5B plans $total GiB"
 scratch=$(awk '/^memory \(cuda/ {m = 1} m && /shared scratch/ {print; exit}' "$T/info")
-[[ "$scratch" == *"(the LM head in 4 chunks of at most 2048 rows)" ]] && ok || bad "1.5B scratch: $scratch"
+[[ "$scratch" == *"(the LM head in 2 chunks of at most 4096 rows)" ]] && ok || bad "1.5B scratch: $scratch"
 
 # a short real run: tiny model, 40 steps, eval at 20 and at the end
 RUN="$T/run"
