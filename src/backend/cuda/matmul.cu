@@ -178,26 +178,41 @@ static void lt_tune(struct cuda_ctx *c, struct lt_entry *e, const struct lt_gemm
     cudaEvent_t t0, t1;
     CUDA_CHECK(cudaEventCreate(&t0));
     CUDA_CHECK(cudaEventCreate(&t1));
-    float alpha = 1.0f, beta = 0.0f, best = INFINITY;
+    // Three rounds over all candidates, each candidate's best round kept: a candidate timed while the clocks
+    // ramp up (tuning happens in the first step) or beside a hiccup is timed again later, so that one slow
+    // timing does not decide the pick (step times of one build varied by up to 3% between H100 machines,
+    // and the profiles showed different GEMM kernels picked).
+    float alpha = 1.0f, beta = 0.0f, t[LT_CANDIDATES];
+    int ok[LT_CANDIDATES];
     for (int i = 0; i < e->n_algos; i++) {
-        float ms = 0.0f;
-        cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-        for (int r = 0; r < 3 && st == CUBLAS_STATUS_SUCCESS; r++) {
-            if (r == 1)
-                CUDA_CHECK(cudaEventRecord(t0, c->stream));
-            st = cublasLtMatmul(c->lt, e->desc, &alpha, g->A, e->la, g->B, e->lb, &beta, g->C, e->lc, g->D, e->ld,
-                                &e->algos[i], c->workspace, c->workspace_bytes, c->stream);
+        t[i] = INFINITY;
+        ok[i] = 1;
+    }
+    for (int round = 0; round < 3; round++)
+        for (int i = 0; i < e->n_algos; i++) {
+            float ms = 0.0f;
+            cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+            for (int r = 0; r < 3 && st == CUBLAS_STATUS_SUCCESS && ok[i]; r++) {
+                if (r == 1)
+                    CUDA_CHECK(cudaEventRecord(t0, c->stream));
+                st = cublasLtMatmul(c->lt, e->desc, &alpha, g->A, e->la, g->B, e->lb, &beta, g->C, e->lc, g->D,
+                                    e->ld, &e->algos[i], c->workspace, c->workspace_bytes, c->stream);
+            }
+            if (st != CUBLAS_STATUS_SUCCESS || !ok[i]) {
+                ok[i] = 0; // this candidate cannot run these operands after all
+                continue;
+            }
+            CUDA_CHECK(cudaEventRecord(t1, c->stream));
+            CUDA_CHECK(cudaEventSynchronize(t1));
+            CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+            t[i] = ms < t[i] ? ms : t[i];
         }
-        if (st != CUBLAS_STATUS_SUCCESS)
-            continue; // this candidate cannot run these operands after all
-        CUDA_CHECK(cudaEventRecord(t1, c->stream));
-        CUDA_CHECK(cudaEventSynchronize(t1));
-        CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-        if (ms < best) {
-            best = ms;
+    float best = INFINITY;
+    for (int i = 0; i < e->n_algos; i++)
+        if (ok[i] && t[i] < best) {
+            best = t[i];
             e->algo = e->algos[i];
         }
-    }
     CUDA_CHECK(cudaEventDestroy(t0));
     CUDA_CHECK(cudaEventDestroy(t1));
 }
