@@ -156,7 +156,7 @@ static struct dims dims_of(const struct kiln_model_config *m, int B, int T) {
 // Rows per classifier chunk, given the bytes of scratch that the logits chunk overlaps for free. The full
 // (N, Vp) logits are the largest activation of a small model (PyTorch keeps them whole, in f32: 6.6 GB for
 // GPT-2 124M at B=32, T=1024), so the head runs in row chunks: as large as that free region, but at least
-// 512 MiB (each chunk re-reads and re-writes the head's gradient: on the H100 7 chunks of 235 MiB cost GPT-2
+// 768 MiB (each chunk re-reads and re-writes the head's gradient: on the H100 7 chunks of 235 MiB cost GPT-2
 // 350M 0.84 ms per step more than 2 of 1 GiB), at most 1 GiB, and never under 64 rows. Then the rows are
 // spread evenly over the chunks that takes, so the last chunk is no sliver and the buffer no larger than it
 // needs. KILN_CLASSIFIER_ROWS=n sets the rows outright (tests: several chunks at tiny shapes; benchmarks:
@@ -167,7 +167,7 @@ static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t fr
     if (set > 0)
         return set < d->N ? set : d->N;
     size_t row_bytes = (size_t)d->Vp * act_bytes, N = (size_t)d->N, rows = free_bytes / row_bytes;
-    size_t lo = ((size_t)512 << 20) / row_bytes, hi = ((size_t)1 << 30) / row_bytes;
+    size_t lo = ((size_t)768 << 20) / row_bytes, hi = ((size_t)1 << 30) / row_bytes;
     rows = rows < lo ? lo : rows > hi ? hi : rows;
     rows = rows < 64 ? 64 : rows;
     size_t chunks = (N + rows - 1) / rows;
