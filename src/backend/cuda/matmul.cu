@@ -1,12 +1,16 @@
-// Matmuls through cuBLASLt with fused epilogues (bias, GELU with the pre-activation saved as aux, DGELU,
-// BGRADB), in bf16 with fp32 accumulation. Parameter gradients (dweight, dbias) have the context's grad dtype
-// (f32, or bf16: the GEMM rounds its fp32 result once) and accumulate.
+// Matmuls through cuBLASLt with fused epilogues (bias, GELU with the pre-activation saved as aux, DGELU), in
+// bf16 with fp32 accumulation. Parameter gradients (dweight, dbias) have the context's grad dtype (f32, or
+// bf16: the GEMM rounds its fp32 result once) and accumulate. dbias is kiln's column sum over dout
+// (kiln_cuda_colsum_bf16, norm.cu) after a plain dweight GEMM; KILN_BGRAD=lt uses cuBLASLt's BGRADB epilogue
+// instead, which runs as a separate reduction kernel anyway (matmul_dweight). The output projections pass no
+// dbias: the norm backward below them sums theirs (kiln_norm_back_args.dres_bias).
 //
 // Layout: kiln's row-major X (N, IC) is, for column-major cuBLAS, X^T (IC, N) with ld = IC. So
 //   forward   out^T (OC, N)  = W^T^T (OC, IC) . X^T (IC, N):  A = W (IC x OC, ld IC) op T, B = X^T op N
 //   dinp      dinp^T (IC, N) = W^T (IC, OC) . dout^T (OC, N): A = W op N,   B = dout^T op N
 //   dweight   dW^T (IC, OC) += X^T (IC, N) . dout (N, OC):    A = X^T op N, B = dout^T (OC x N) op T
-// The bias is a vector over D's rows (m); BGRADB reduces op(B) over k, i.e. dbias = sum over rows of dout.
+// The bias is a vector over D's rows (m); BGRADB (KILN_BGRAD=lt) reduces op(B) over k, i.e. dbias = sum over
+// rows of dout.
 //
 // FLOPs: forward 2*N*IC*OC; backward 4*N*IC*OC (dinp + dweight). Bytes (bf16): 2*(N*IC + IC*OC + N*OC) per
 // GEMM, plus 4*IC*OC twice for the f32 dweight read-modify-write (2*IC*OC twice with bf16 gradients). At
@@ -14,7 +18,8 @@
 // floor is the tensor-core peak.
 //
 // When cuBLASLt has no algorithm for a fused epilogue (odd leading dimensions, unsupported type mix), the op
-// falls back to a plain GEMM plus small kernels below, so every shape works.
+// falls back to a plain GEMM plus small kernels (below; dbias from norm.cu's column sums), so every shape
+// works.
 //
 // dinp and the DGELU aux may be column slices of wider rows (the parallel block's fused projection): their
 // leading dimensions are the row strides (ldd, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD), so nothing is copied.
