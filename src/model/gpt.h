@@ -40,8 +40,8 @@ void kiln_gpt_free(struct kiln_gpt *g);
 
 const struct kiln_param_table *kiln_gpt_params(const struct kiln_gpt *g);
 const struct kiln_mem_plan *kiln_gpt_mem_plan(const struct kiln_gpt *g);
-// Peak memory so far, in bytes: what the backend measured of everything it holds (the plan, its scratch and
-// library workspaces; on CUDA), or the plan's total where the backend does not track memory (CPU).
+// Peak memory so far, in bytes: the most the backend has held at once (the plan's buffers, and on CUDA its
+// scratch and library workspaces too), or the plan's total if that is larger or the backend does not count.
 size_t kiln_gpt_mem_peak(const struct kiln_gpt *g);
 // Whether parallel blocks run their attention and MLP input projections as one GEMM: in the backward and
 // decoding (*bwd) and in the forward (*fwd). Both 0 for sequential blocks; gpt.c's struct fusion says when.

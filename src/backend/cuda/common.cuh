@@ -48,7 +48,7 @@ static inline void kiln_cublas_check_at(cublasStatus_t s, const char *file, int 
 
 // ---- context -----------------------------------------------------------------------------------------
 enum cuda_scratch_slot {
-    SCR_COLSUM = 0, // column-sum partials (norm backward, bias grads): (chunks, 2*C) f32
+    SCR_COLSUM = 0, // column-sum partials (norm backward, bias grads): (planes <= 3, chunks, C) f32
     SCR_BIASGRAD,   // cuBLASLt BGRADB output before it is added to dbias: (OC) grad dtype
     SCR_GEMM,       // bf16 temporary for unfused matmul epilogues: (N, OC)
     SCR_ATTN_D,     // attention backward rowsum(dO * O): (B, NH, T) f32

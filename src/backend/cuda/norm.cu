@@ -1,18 +1,18 @@
-// LayerNorm / RMSNorm, forward with the residual add fused, backward yielding dinp, dweight and dbias.
+// LayerNorm / RMSNorm, forward with the residual add fused, backward yielding dinp, dweight and dbias, and the
+// column sums of dinp for the residual-stream biases (dres_bias).
 //
-// Forward: one warp per row, fp32 statistics, 16-byte vector loads when C % 8 == 0.
+// Forward: one warp per row, fp32 statistics. C <= 2048 (C % 8 == 0): the row arrives in shared memory by
+//   cp.async (every chunk of a lane in flight at once) and the three passes read it there; other C: 16-byte
+//   (or scalar) loads, the passes re-reading through L1.
 //   Bytes: 2*N*C (inp) [+ 2*N*C res_in + 2*N*C res_out] + 2*N*C out; FLOPs ~8*N*C: memory bound, floor
-//   = bytes / 3 TB/s (GPT-2 124M, N=32k, C=768, fused: 200 MB -> ~67 us).
-// Backward (C % 8 == 0, the usual case): one kernel. Each block owns a contiguous chunk of rows and its warps
-//   take the rows in turn (warp per row: dinp from the row's two reductions). The column sums for dweight and
-//   dbias (dout*xhat and dout) accumulate in a per-warp slice of shared memory, each lane owning fixed
-//   columns, so no atomics; the block adds its warps' slices in warp order into one partial row per chunk, and
-//   a small kernel adds the chunks in chunk order. Bitwise deterministic for a given shape and device.
-//   Bytes: 2*N*C*2 (dout, x) + 2*N*C*2 (dinp read-modify-write) = 8*N*C; the partials are ~1% of that
-//   (GPT-2 350M, N=16k, C=1024: 134 MB -> ~45 us at 3 TB/s). The profile before fusion (H100): 47 us for dinp
-//   plus 32 us for a separate column-partials pass over dout and x plus 38 us for a one-thread-per-column
-//   reduce.
-// Other shapes: a row kernel for dinp, then column partials and the reduce, as separate passes.
+//   = bytes / 3 TB/s (GPT-2 350M, N=16k, C=1024, fused: 134 MB -> ~45 us; H100: 44.5 us).
+// Backward, C <= 2048 (C % 8 == 0): the tile kernel (comment at norm_backward_tile_kernel): warp per row for
+//   dinp, then threads owning 8 columns for the column sums, through shared memory; one partial row per block
+//   and plane, added in block order by colsum_reduce_kernel. Bytes: 2*N*C*2 (dout, x) + 2*N*C*2 (dinp
+//   read-modify-write) = 8*N*C (350M: 134 MB -> ~45 us; H100: 56 us, 50 us at 1.5B's C = 1600 and N = 8k).
+//   Wider rows: one warp per row with per-warp column slices in shared memory (norm_backward_wide_kernel),
+//   dres_bias then a second pass. Other shapes: a row kernel for dinp, then column partials and the reduce.
+//   Every path is bitwise deterministic for a given shape and device.
 #include "backend/cuda/common.cuh"
 
 template <int V> static __device__ __forceinline__ void ldv(const bf16 *p, float *f) {
@@ -327,11 +327,11 @@ static __global__ void colsum_partial_kernel(float *part_w, float *part_b, const
     }
 }
 
-// Where the column sums go: plane 0 of the partials (dout*xhat) into w, plane 1 (dout) into b[0] and b[1],
-// plane 2 (the finished dinp, fused backward only) into s[0] and s[1]; NULL ones are skipped. Gradients of the
-// context's grad dtype.
+// Where the column sums go: plane p of the partials into to[p][0] and to[p][1] (NULL ones skipped), gradients
+// of the context's grad dtype. The norm backward's planes are dout*xhat (dweight), dout (dbias) and the
+// finished dinp (dres_bias); a plain column sum has one plane.
 struct colsum_dst {
-    void *w, *b[2], *s[2];
+    void *to[3][2];
 };
 
 template <typename G> static __device__ __forceinline__ void colsum_put(void *dst, int col, float v, int assign) {
@@ -365,10 +365,9 @@ static __global__ void __launch_bounds__(512)
         float v = 0.0f;
         for (int k = 0; k < 64; k++)
             v += sh[p][k][threadIdx.x];
-        void *out[2] = {p == 0 ? dst.w : p == 1 ? dst.b[0] : dst.s[0], p == 1 ? dst.b[1] : p == 2 ? dst.s[1] : NULL};
         for (int o = 0; o < 2; o++)
-            if (out[o])
-                colsum_put<G>(out[o], col, v, assign);
+            if (dst.to[p][o])
+                colsum_put<G>(dst.to[p][o], col, v, assign);
     }
 }
 
@@ -382,32 +381,35 @@ static void colsum_reduce(struct cuda_ctx *c, struct colsum_dst dst, const float
     CUDA_CHECK_LAUNCH();
 }
 
-// dst.w (+)= colsum(dout * xhat) (when x), dst.b[] (+)= colsum(dout); = when assign
-static void colsums(struct cuda_ctx *c, struct colsum_dst dst, const bf16 *dout, const bf16 *x,
+// With x: w (+)= colsum(dout * xhat), b[] (+)= colsum(dout); without: b[] (+)= colsum(dout). = when assign.
+static void colsums(struct cuda_ctx *c, void *w, void *b0, void *b1, const bf16 *dout, const bf16 *x,
                     const float *mean, const float *rstd, int rms, int N, int C, int ld, int assign) {
     int vec = C % 8 == 0 && ld % 8 == 0 && ((uintptr_t)dout | (uintptr_t)x) % 16 == 0;
     int bt = vec ? 128 : 256, bx = KILN_CEIL_DIV(C, bt * (vec ? 8 : 1));
-    // enough chunks to fill the GPU ~8x, at least 32 rows each; depends only on shapes and the device
+    // enough chunks to fill the GPU ~8x, at least 64 rows each (the partials a few % of the rows' bytes);
+    // depends only on shapes and the device
     int chunks = KILN_CEIL_DIV(8 * c->prop.multiProcessorCount, bx);
-    if (chunks > KILN_CEIL_DIV(N, 32))
-        chunks = KILN_CEIL_DIV(N, 32);
+    if (chunks > KILN_CEIL_DIV(N, 64))
+        chunks = KILN_CEIL_DIV(N, 64);
     if (chunks < 1)
         chunks = 1;
     int R = KILN_CEIL_DIV(N, chunks);
     chunks = KILN_CEIL_DIV(N, R);
-    float *part = (float *)kiln_cuda_scratch(c, SCR_COLSUM, (size_t)chunks * C * 2 * sizeof(float));
-    float *part_w = part, *part_b = part + (size_t)chunks * C;
+    int planes = x ? 2 : 1; // [dout*xhat,] dout
+    float *part = (float *)kiln_cuda_scratch(c, SCR_COLSUM, (size_t)chunks * C * planes * sizeof(float));
+    float *part_b = part + (size_t)(planes - 1) * chunks * C;
     dim3 grid(bx, chunks);
     if (vec)
         colsum_partial_kernel<8>
-            <<<grid, bt, 0, c->stream>>>(part_w, part_b, dout, x, mean, rstd, rms, N, C, ld, R);
+            <<<grid, bt, 0, c->stream>>>(part, part_b, dout, x, mean, rstd, rms, N, C, ld, R);
     else
         colsum_partial_kernel<1>
-            <<<grid, bt, 0, c->stream>>>(part_w, part_b, dout, x, mean, rstd, rms, N, C, ld, R);
+            <<<grid, bt, 0, c->stream>>>(part, part_b, dout, x, mean, rstd, rms, N, C, ld, R);
     CUDA_CHECK_LAUNCH();
+    struct colsum_dst dst = {{{w, NULL}, {b0, b1}, {NULL, NULL}}};
     if (!x)
-        dst.w = NULL;
-    colsum_reduce(c, dst, part, 2, chunks, C, assign);
+        dst = (struct colsum_dst){{{b0, b1}, {NULL, NULL}, {NULL, NULL}}};
+    colsum_reduce(c, dst, part, planes, chunks, C, assign);
 }
 
 // The wide-row fused backward (C > 2048). Lane l of a warp owns columns 256*j + 8*l + k (k < 8); its running
@@ -600,13 +602,43 @@ static int norm_backward_fused(struct cuda_ctx *c, const struct kiln_norm_back_a
     int C = a->C, warps = 8, tile = C <= 2048, dres_sum = a->dres_bias[0] || a->dres_bias[1];
     static size_t smem_set[2] = {0}; // the opt-in above 48 KiB is per function, process-wide
     const void *kernel;
-    size_t smem;
+    size_t smem = 0;
     int ki = tile;
     if (tile) {
-        size_t rows = 2 * warps * sizeof(float) + 16 + (size_t)3 * warps * C * sizeof(bf16);
-        size_t red = (size_t)(256 / (C / 8)) * 3 * C * sizeof(float);
-        smem = rows > red ? rows : red;
+        // Warps per block (one tile row each): at least C/256 (phase B has a thread per 8 columns); the count
+        // that keeps the most warps resident per SM, the larger on a tie. Shared memory decides it: C = 1600
+        // fits three blocks of 7 warps (21) but only two of 8 (16).
         kernel = (const void *)norm_backward_tile_kernel;
+        static int memo_C[4], memo_w[4]; // the choice per C, for the first four widths seen (a model has one)
+        static size_t memo_smem[4];
+        int best = 0, m = 0;
+        while (m < 4 && memo_C[m] && memo_C[m] != C)
+            m++;
+        if (m < 4 && memo_C[m] == C) {
+            warps = memo_w[m];
+            smem = memo_smem[m];
+            best = -1;
+        }
+        for (int w = KILN_CEIL_DIV(C, 256); w <= 8 && best >= 0; w++) {
+            size_t rows = 2 * w * sizeof(float) + 16 + (size_t)3 * w * C * sizeof(bf16);
+            size_t red = (size_t)(32 * w / (C / 8)) * 3 * C * sizeof(float), sm = rows > red ? rows : red;
+            if (sm > 48 << 10 && sm > smem_set[ki]) {
+                CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+                smem_set[ki] = sm;
+            }
+            int n = 0;
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 32 * w, sm));
+            if (n * w >= best) {
+                best = n * w;
+                warps = w;
+                smem = sm;
+            }
+        }
+        if (best >= 0 && m < 4) {
+            memo_C[m] = C;
+            memo_w[m] = warps;
+            memo_smem[m] = smem;
+        }
     } else {
         size_t per_warp = (size_t)2 * KILN_CEIL_DIV(C, 256) * 256 * sizeof(float);
         warps = (int)(smem_max / per_warp) < 8 ? (int)(smem_max / per_warp) : 8;
@@ -630,7 +662,7 @@ static int norm_backward_fused(struct cuda_ctx *c, const struct kiln_norm_back_a
     int R = KILN_CEIL_DIV(a->N, chunks);
     chunks = KILN_CEIL_DIV(a->N, R);
     float *part = (float *)kiln_cuda_scratch(c, SCR_COLSUM, (size_t)chunks * C * 3 * sizeof(float));
-    struct colsum_dst dst = {a->dweight, {a->dbias, NULL}, {a->dres_bias[0], a->dres_bias[1]}};
+    struct colsum_dst dst = {{{a->dweight, NULL}, {a->dbias, NULL}, {a->dres_bias[0], a->dres_bias[1]}}};
     if (tile) {
         norm_backward_tile_kernel<<<chunks, 32 * warps, smem, c->stream>>>(
             (bf16 *)a->dinp, part, (const bf16 *)a->dout, (const bf16 *)a->inp, (const bf16 *)a->weight, mean,
@@ -644,11 +676,10 @@ static int norm_backward_fused(struct cuda_ctx *c, const struct kiln_norm_back_a
         (const bf16 *)a->weight, mean, a->rstd, a->N, C, KILN_CEIL_DIV(C, 256) * 256, ld, a->rms, a->dinp_assign,
         R);
     CUDA_CHECK_LAUNCH();
-    dst.s[0] = dst.s[1] = NULL;
     colsum_reduce(c, dst, part, 2, chunks, C, a->grad_assign);
     if (dres_sum) // a second pass over the finished dinp
-        colsums(c, (struct colsum_dst){NULL, {a->dres_bias[0], a->dres_bias[1]}, {NULL, NULL}},
-                (const bf16 *)a->dinp, NULL, NULL, NULL, 1, a->N, C, ld, a->grad_assign);
+        colsums(c, NULL, a->dres_bias[0], a->dres_bias[1], (const bf16 *)a->dinp, NULL, NULL, NULL, 1, a->N, C,
+                ld, a->grad_assign);
     return 0;
 }
 
@@ -656,7 +687,7 @@ extern "C" void kiln_cuda_colsum_bf16(struct cuda_ctx *c, void *out, const bf16 
                                       int assign) {
     if (N == 0 || C == 0)
         return;
-    colsums(c, (struct colsum_dst){NULL, {out, NULL}, {NULL, NULL}}, x, NULL, NULL, NULL, 1, N, C, C, assign);
+    colsums(c, NULL, out, NULL, x, NULL, NULL, NULL, 1, N, C, C, assign);
 }
 
 extern "C" void kiln_cuda_norm_backward(void *ctx, const struct kiln_norm_back_args *a) {
@@ -682,9 +713,9 @@ extern "C" void kiln_cuda_norm_backward(void *ctx, const struct kiln_norm_back_a
                                           (const bf16 *)a->weight, mean, a->rstd, a->N, a->C, ld, a->rms,
                                           a->dinp_assign);
     CUDA_CHECK_LAUNCH();
-    colsums(c, (struct colsum_dst){a->dweight, {a->dbias, NULL}, {NULL, NULL}}, (const bf16 *)a->dout,
+    colsums(c, a->dweight, a->dbias, NULL, (const bf16 *)a->dout,
             (const bf16 *)a->inp, mean, a->rstd, a->rms, a->N, a->C, ld, a->grad_assign);
     if (a->dres_bias[0] || a->dres_bias[1])
-        colsums(c, (struct colsum_dst){NULL, {a->dres_bias[0], a->dres_bias[1]}, {NULL, NULL}},
-                (const bf16 *)a->dinp, NULL, NULL, NULL, 1, a->N, a->C, ld, a->grad_assign);
+        colsums(c, NULL, a->dres_bias[0], a->dres_bias[1], (const bf16 *)a->dinp, NULL, NULL, NULL, 1, a->N,
+                a->C, ld, a->grad_assign);
 }
