@@ -605,40 +605,12 @@ static int norm_backward_fused(struct cuda_ctx *c, const struct kiln_norm_back_a
     size_t smem = 0;
     int ki = tile;
     if (tile) {
-        // Warps per block (one tile row each): at least C/256 (phase B has a thread per 8 columns); the count
-        // that keeps the most warps resident per SM, the larger on a tie. Shared memory decides it: C = 1600
-        // fits three blocks of 7 warps (21) but only two of 8 (16).
+        // 8 warps (one tile row each; phase B has a thread per 8 columns). Fewer warps in more blocks did not
+        // help: at C = 1600 three blocks of 7 warps ran 53.6 us a call against 50 us for two blocks of 8 (H100).
+        size_t rows = 2 * warps * sizeof(float) + 16 + (size_t)3 * warps * C * sizeof(bf16);
+        size_t red = (size_t)(256 / (C / 8)) * 3 * C * sizeof(float);
+        smem = rows > red ? rows : red;
         kernel = (const void *)norm_backward_tile_kernel;
-        static int memo_C[4], memo_w[4]; // the choice per C, for the first four widths seen (a model has one)
-        static size_t memo_smem[4];
-        int best = 0, m = 0;
-        while (m < 4 && memo_C[m] && memo_C[m] != C)
-            m++;
-        if (m < 4 && memo_C[m] == C) {
-            warps = memo_w[m];
-            smem = memo_smem[m];
-            best = -1;
-        }
-        for (int w = KILN_CEIL_DIV(C, 256); w <= 8 && best >= 0; w++) {
-            size_t rows = 2 * w * sizeof(float) + 16 + (size_t)3 * w * C * sizeof(bf16);
-            size_t red = (size_t)(32 * w / (C / 8)) * 3 * C * sizeof(float), sm = rows > red ? rows : red;
-            if (sm > 48 << 10 && sm > smem_set[ki]) {
-                CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-                smem_set[ki] = sm;
-            }
-            int n = 0;
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 32 * w, sm));
-            if (n * w >= best) {
-                best = n * w;
-                warps = w;
-                smem = sm;
-            }
-        }
-        if (best >= 0 && m < 4) {
-            memo_C[m] = C;
-            memo_w[m] = warps;
-            memo_smem[m] = smem;
-        }
     } else {
         size_t per_warp = (size_t)2 * KILN_CEIL_DIV(C, 256) * 256 * sizeof(float);
         warps = (int)(smem_max / per_warp) < 8 ? (int)(smem_max / per_warp) : 8;
