@@ -526,10 +526,13 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
                           peak > 0 ? fpt * tok_s / peak : 0, peak > 0 ? fpt_causal * tok_s / peak : 0,
                           peak > 0 && fpt_recompute > 0 ? (fpt + fpt_recompute) * tok_s / peak : 0);
         }
-        char extra[128] = "";
+        char extra[160] = "";
         int n = 0;
         if (peak > 0)
-            n = snprintf(extra, sizeof(extra), "MFU %.1f%%", 100.0 * fpt * sl.tok_s / peak);
+            n = snprintf(extra, sizeof(extra), "MFU %.1f%% (causal %.1f%%) | ", 100.0 * fpt * sl.tok_s / peak,
+                         100.0 * fpt_causal * sl.tok_s / peak);
+        n += snprintf(extra + n, sizeof(extra) - (size_t)n, "mem %.2f GiB",
+                      (double)kiln_gpt_mem_peak(g) / (1 << 30));
         if (!isnan(sl.ckpt_stall_ms))
             snprintf(extra + n, sizeof(extra) - (size_t)n, "%sckpt stall %.1fms", n ? " | " : "",
                      sl.ckpt_stall_ms);

@@ -40,6 +40,16 @@ python3 -c "import sys; assert 0 < float(sys.argv[1]) < 42.7" "$total" && ok || 
 scratch=$(awk '/^memory \(cuda/ {m = 1} m && /shared scratch/ {print; exit}' "$T/info")
 [[ "$scratch" == *"(the LM head in 2 chunks of at most 4096 rows)" ]] && ok || bad "1.5B scratch: $scratch"
 
+# the progress line carries the peak memory, the metrics' peak_mem_bytes to two decimals of a GiB
+"$KILN" train --layers=2 --heads=2 --dim=32 --seq=32 --batch=8 --max-steps=3 --eval-every=0 --checkpoint=0 \
+  --threads=2 --out="$T/prog" 2>"$T/prog.err" || bad "train failed: $(cat "$T/prog.err")"
+python3 - "$T/prog" "$T/prog.err" <<'PY' && ok || bad "progress line memory: $(grep step "$T/prog.err" | tail -1)"
+import json, re, sys
+peak = json.loads(open(sys.argv[1] + "/metrics.jsonl").readlines()[-1])["peak_mem_bytes"]
+line = [l for l in open(sys.argv[2]) if l.startswith("step 3/3")][-1]
+assert peak > 0 and re.search(r"\| mem %.2f GiB \|" % (peak / 2**30), line), (peak, line)
+PY
+
 # a short real run: tiny model, 40 steps, eval at 20 and at the end
 RUN="$T/run"
 args=(--layers=2 --heads=2 --dim=32 --seq=32 --batch=8 --max-steps=40 --warmup=5 --eval-every=20 --eval-steps=4
