@@ -215,6 +215,29 @@ extern "C" void kiln_cuda_norm_forward(void *ctx, const struct kiln_norm_args *a
     CUDA_CHECK_LAUNCH();
 }
 
+// The two row means the backward needs, over one row (d, x: global or shared memory) by one warp:
+// *m_dn = mean(dn) (0 for RMSNorm) and *m_dnx = mean(dn * xhat), dn = dout * weight. V columns a lane in turn.
+template <int V>
+static __device__ __forceinline__ void row_means(const bf16 *d_row, const bf16 *x_row, const bf16 *weight, int C,
+                                                 float mean, float rstd, int rms, float *m_dn, float *m_dnx) {
+    int lane = threadIdx.x & 31;
+    float s_dn = 0.0f, s_dnx = 0.0f;
+    for (int i = lane * V; i < C; i += 32 * V) {
+        float d[V], x[V], w[V];
+        ldv<V>(d_row + i, d);
+        ldv<V>(x_row + i, x);
+        ldv<V>(weight + i, w);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            float dn = d[k] * w[k];
+            s_dn += dn;
+            s_dnx += dn * (x[k] - mean) * rstd;
+        }
+    }
+    *m_dn = rms ? 0.0f : warp_sum(s_dn) / C;
+    *m_dnx = warp_sum(s_dnx) / C;
+}
+
 // dinp += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w  (RMS: no mean term)
 template <int V>
 static __global__ void norm_backward_dinp_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp,
@@ -226,22 +249,8 @@ static __global__ void norm_backward_dinp_kernel(bf16 *dinp, const bf16 *dout, c
     if (row >= N)
         return;
     size_t base = (size_t)row * ld;
-    float mean = rms ? 0.0f : mean_in[row], rstd = rstd_in[row];
-    float s_dn = 0.0f, s_dnx = 0.0f;
-    for (int i = lane * V; i < C; i += 32 * V) {
-        float d[V], x[V], w[V];
-        ldv<V>(dout + base + i, d);
-        ldv<V>(inp + base + i, x);
-        ldv<V>(weight + i, w);
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            float dn = d[k] * w[k];
-            s_dn += dn;
-            s_dnx += dn * (x[k] - mean) * rstd;
-        }
-    }
-    s_dn = rms ? 0.0f : warp_sum(s_dn) / C;
-    s_dnx = warp_sum(s_dnx) / C;
+    float mean = rms ? 0.0f : mean_in[row], rstd = rstd_in[row], s_dn, s_dnx;
+    row_means<V>(dout + base, inp + base, weight, C, mean, rstd, rms, &s_dn, &s_dnx);
     for (int i = lane * V; i < C; i += 32 * V) {
         float d[V], x[V], w[V], g[V];
         ldv<V>(dout + base + i, d);
@@ -433,22 +442,8 @@ static __global__ void __launch_bounds__(256)
     int r1 = min(N, (blockIdx.x + 1) * R);
     for (int row = blockIdx.x * R + warp; row < r1; row += warps) {
         size_t base = (size_t)row * ld;
-        float mean = rms ? 0.0f : mean_in[row], rstd = rstd_in[row];
-        float s_dn = 0.0f, s_dnx = 0.0f;
-        for (int i = lane * 8; i < C; i += 256) {
-            float d[8], x[8], w[8];
-            ldv<8>(dout + base + i, d);
-            ldv<8>(inp + base + i, x);
-            ldv<8>(weight + i, w);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float dn = d[k] * w[k];
-                s_dn += dn;
-                s_dnx += dn * (x[k] - mean) * rstd;
-            }
-        }
-        s_dn = rms ? 0.0f : warp_sum(s_dn) / C;
-        s_dnx = warp_sum(s_dnx) / C;
+        float mean = rms ? 0.0f : mean_in[row], rstd = rstd_in[row], s_dn, s_dnx;
+        row_means<8>(dout + base, inp + base, weight, C, mean, rstd, rms, &s_dn, &s_dnx);
         for (int i = lane * 8; i < C; i += 256) {
             float d[8], x[8], w[8], g[8];
             ldv<8>(dout + base + i, d);
@@ -520,21 +515,8 @@ static __global__ void __launch_bounds__(256)
             cp_async_commit();
             float mean = rms ? 0.0f : mean_in[row], rstd = rstd_in[row];
             cp_async_wait<0>(); // a lane reads back only the chunks it copied
-            float s_dn = 0.0f, s_dnx = 0.0f;
-            for (int i = lane * 8; i < C; i += 256) {
-                float d[8], x[8], w[8];
-                ldv<8>(rd + i, d);
-                ldv<8>(rx + i, x);
-                ldv<8>(weight + i, w);
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    float dn = d[k] * w[k];
-                    s_dn += dn;
-                    s_dnx += dn * (x[k] - mean) * rstd;
-                }
-            }
-            s_dn = rms ? 0.0f : warp_sum(s_dn) / C;
-            s_dnx = warp_sum(s_dnx) / C;
+            float s_dn, s_dnx;
+            row_means<8>(rd, rx, weight, C, mean, rstd, rms, &s_dn, &s_dnx);
             for (int i = lane * 8; i < C; i += 256) {
                 float d[8], x[8], w[8], g[8];
                 ldv<8>(rd + i, d);
