@@ -321,7 +321,7 @@ static __global__ void __launch_bounds__(128, MINB) fa_bwd_dkdv_kernel(struct fa
     bf16 *Ks = (bf16 *)fa_smem, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD,
          *dOs = Qs + 2 * BM * LD;                                        // [2][BM][LD]
     float *lse_s = (float *)(dOs + 2 * BM * LD), *ds_s = lse_s + 2 * BM; // [2][BM]
-    int kt = gridDim.x - 1 - blockIdx.x; // the first key tiles see the most queries: start them first
+    int kt = blockIdx.x; // key tile 0 sees the most queries: blocks go out in index order, so it starts first
     int b = blockIdx.y / p.NKV, kvh = blockIdx.y % p.NKV, group = p.NH / p.NKV;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     int k0 = kt * BN, wk0 = k0 + warp * 16;
@@ -513,7 +513,7 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_fused_kernel(stru
     bf16 *Ks = (bf16 *)fa_smem, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD; // Ks, Vs: [BN][LD]
     bf16 *dOs = Qs + 2 * BM * LD, *dSs = dOs + 2 * BM * LD;           // Qs, dOs: [2][BM][LD]; dSs: [BN][LDS]
     float *lse_s = (float *)(dSs + BN * LDS), *ds_s = lse_s + 2 * BM; // [2][BM]
-    int kt = gridDim.x - 1 - blockIdx.x; // the first key tiles see the most queries: start them first
+    int kt = blockIdx.x; // key tile 0 sees the most queries: blocks go out in index order, so it starts first
     int b = blockIdx.y / p.NKV, kvh = blockIdx.y % p.NKV, group = p.NH / p.NKV;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     int k0 = kt * BN, wk0 = k0 + warp * 16;
