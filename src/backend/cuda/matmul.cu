@@ -456,12 +456,7 @@ static void matmul_dweight(struct cuda_ctx *c, const struct kiln_matmul_back_arg
     g.beta = a->grad_assign ? 0.0f : 1.0f;
     g.epi = CUBLASLT_EPILOGUE_DEFAULT;
     void *bgrad = NULL;
-    if (a->dbias && !bgrad_from_lt()) {
-        lt_matmul_plain(c, g);
-        kiln_cuda_colsum_bf16(c, a->dbias, (const bf16 *)a->dout, a->N, a->OC, a->grad_assign);
-        return;
-    }
-    if (a->dbias) {
+    if (a->dbias && bgrad_from_lt()) {
         // BGRADB overwrites its output: straight into dbias when assigning, else into scratch, then added
         bgrad = a->grad_assign
                     ? a->dbias
@@ -470,12 +465,13 @@ static void matmul_dweight(struct cuda_ctx *c, const struct kiln_matmul_back_arg
         g.bias = bgrad;
         g.bias_dtype = g.dtype;
     }
-    if (lt_matmul(c, &g) == 0) {
-        if (a->dbias && !a->grad_assign)
+    if (lt_matmul(c, &g) != 0) { // no algorithm for BGRADB here: the plain GEMM and kiln's column sums
+        lt_matmul_plain(c, g);
+    } else if (bgrad) {
+        if (!a->grad_assign)
             grad_add(c, a->dbias, bgrad, a->OC);
         return;
     }
-    lt_matmul_plain(c, g);
     if (a->dbias)
         kiln_cuda_colsum_bf16(c, a->dbias, (const bf16 *)a->dout, a->N, a->OC, a->grad_assign);
 }
