@@ -7,9 +7,13 @@
 // kernels in deterministic mode: two-kernel backward), new (default mode: single-pass backward, dQ by
 // atomics), new-v1 and new-v2 (KILN_FA_VARIANT=1, 2: other tile shapes of the single-pass backward; the
 // forward is variant 1's in both), with the max relative error of each against ref and the backward's
-// speedup over det. The last line counts CHECK-FAILs (exit 1 if any).
+// speedup over det. Where the Hopper forward applies (a build with KILN_CUDA_ARCHS containing 90a, an sm_90
+// device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward, the default backward), follows;
+// its `fwd/new` column is its forward's speedup over the FA2 forward of `new`. The last line counts
+// CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
+//          attn_bench wgmma           (correctness shapes, then wgmma vs FA2 at T 1024/2048, HS 64/128)
 #include <algorithm>
 #include <math.h>
 #include <stdio.h>
@@ -120,14 +124,15 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
              pos == KILN_POS_ROPE    ? "rope"
              : pos == KILN_POS_ALIBI ? "alibi"
                                      : "none");
-    const char *names[5] = {"ref", "det", "new", "new-v1", "new-v2"};
-    const char *attn[5] = {"ref", NULL, NULL, NULL, NULL}, *var[5] = {"0", "0", "0", "1", "2"};
-    int det[5] = {0, 1, 0, 0, 0};
+    const char *names[6] = {"ref", "det", "new", "new-v1", "new-v2", "wgmma"};
+    const char *attn[6] = {"ref", NULL, NULL, NULL, NULL, "wgmma"}, *var[6] = {"0", "0", "0", "1", "2", "0"};
+    int det[6] = {0, 1, 0, 0, 0, 0};
+    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 6 : 5;
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);
     std::vector<float> r_out(n_out), r_lse(n_lse), r_d(n_qkv), x_out(n_out), x_lse(n_lse), x_d(n_qkv);
     std::vector<float> nan_fill(n_qkv, NAN);
-    float ref_f = 0, ref_b = 0, det_b = 0;
-    for (int k = 0; k < 5; k++) {
+    float ref_f = 0, ref_b = 0, det_b = 0, new_f = 0;
+    for (int k = 0; k < n_paths; k++) {
         set_path(attn[k], var[k]);
         c->deterministic = det[k];
         ops->upload_f32(be->ctx, dqkv, KILN_BF16, nan_fill.data(), n_qkv); // every element must be written
@@ -146,11 +151,15 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
         }
         if (k == 1)
             det_b = mb;
+        if (k == 2)
+            new_f = mf;
         printf("%-40s %-6s fwd %7.3f ms %6.1f TF/s  bwd %7.3f ms %6.1f TF/s  f+b %6.1f TF/s  x%.2f", sh,
                names[k], mf, fl_f / (mf * 1e-3) / 1e12, mb, fl_b / (mb * 1e-3) / 1e12,
                (fl_f + fl_b) / ((mf + mb) * 1e-3) / 1e12, (ref_f + ref_b) / (mf + mb));
         if (k >= 2)
             printf("  bwd/det x%.2f", det_b / mb);
+        if (k == 5)
+            printf("  fwd/new x%.2f", new_f / mf);
         if (k) {
             size_t BT = (size_t)B * T;
             double eo = max_rel(x_out, r_out, BT, (size_t)NH * HS, 0, (size_t)NH * HS);
@@ -190,7 +199,21 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("attn_bench on %s (causal, bf16, median of 20 after 3 warmup)\n", be.device_name);
-    if (argc == 2 && strcmp(argv[1], "pos") == 0) {
+    if (argc == 2 && strcmp(argv[1], "wgmma") == 0) {
+        // the Hopper forward against FA2 (and ref): correctness shapes first, then the timing shapes
+        if (!kiln_cuda_wgmma_attention_available(be.ctx))
+            printf("wgmma path not applicable (build KILN_CUDA_ARCHS without 90a, or not an sm_90 device)\n");
+        bench_one(&be, 2, 1000, 8, 2, 64, KILN_POS_ROPE);
+        bench_one(&be, 2, 777, 6, 3, 128, KILN_POS_ALIBI);
+        bench_one(&be, 1, 17, 4, 1, 128, KILN_POS_NONE);
+        int bt[][2] = {{32, 1024}, {16, 2048}};
+        int hh[][2] = {{16, 64}, {16, 128}};
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++)
+                bench_one(&be, bt[i][0], bt[i][1], hh[j][0], hh[j][0], hh[j][1], KILN_POS_NONE);
+        bench_one(&be, 8, 1024, 25, 25, 64, KILN_POS_NONE); // GPT-2 1.5B
+        bench_one(&be, 16, 1024, 16, 16, 64, KILN_POS_NONE); // GPT-2 350M
+    } else if (argc == 2 && strcmp(argv[1], "pos") == 0) {
         // the cost of RoPE and ALiBi against plain causal attention (issue 5: within 10%)
         int shapes[][4] = {{16, 2048, 16, 128}, {4, 8192, 16, 128}, {16, 2048, 16, 64}, {4, 8192, 16, 64}};
         enum kiln_pos pos[] = {KILN_POS_NONE, KILN_POS_ROPE, KILN_POS_ALIBI};

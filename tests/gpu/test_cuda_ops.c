@@ -807,6 +807,36 @@ static void test_strided_attention_matches_cpu(void **state) {
     end_test(e);
 }
 
+// The Hopper forward (KILN_ATTN=wgmma: attention_wgmma.cu, wgmma + TMA) against the CPU where it applies (a
+// build for sm_90a and an sm_90 device), skipped otherwise. Outputs poisoned first; T below one 128-row tile
+// (17), one past it (129), many key tiles through the 2-stage ring (1024); HS 64 and 128; GQA groups of 1 to
+// 4; RoPE, ALiBi (NH not a power of two), none. The backward (FA2 kernels) runs on the wgmma forward's output
+// and lse, so a wrong lse shows in dq/dk/dv too. Strided rows: a multiple of 8 (wgmma) and odd (falls back).
+static void test_attention_wgmma_matches_cpu(void **state) {
+    struct env *e = *state;
+    if (!kiln_cuda_wgmma_attention_available(e->gpu.ctx)) {
+        printf("attention wgmma: not applicable here (needs a build with KILN_CUDA_ARCHS containing 90a and an "
+               "sm_90 device): skipped\n");
+        return;
+    }
+    setenv("KILN_ATTN", "wgmma", 1);
+    printf("attention path: wgmma\n");
+    attention_case(e, 1, 17, 4, 1, 64, KILN_POS_ALIBI);
+    attention_case(e, 1, 17, 2, 2, 128, KILN_POS_ROPE);
+    attention_case(e, 2, 129, 6, 2, 64, KILN_POS_ROPE);
+    attention_case(e, 2, 129, 4, 4, 128, KILN_POS_ALIBI);
+    attention_case(e, 1, 1024, 4, 2, 64, KILN_POS_NONE);
+    attention_case(e, 1, 1024, 4, 1, 128, KILN_POS_ROPE);
+    attention_case(e, 1, 1024, 6, 3, 64, KILN_POS_ALIBI);
+    attention_case(e, 1, 1024, 2, 2, 128, KILN_POS_ALIBI);
+    attention_case(e, 1, 300, 8, 2, 128, KILN_POS_NONE);
+    strided_attention_case(e, &e->gpu, 2, 129, 4, 1, 64, KILN_POS_ROPE, 384 + 1024, 384 + 1024);
+    strided_attention_case(e, &e->gpu, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
+    strided_attention_case(e, &e->gpu, 2, 65, 4, 2, 64, KILN_POS_NONE, 512 + 7, 512 + 3); // FA2 fallback
+    unsetenv("KILN_ATTN");
+    end_test(e);
+}
+
 // GELU and SwiGLU on the MLP's slice of [qkv | fc_pre] rows, and the matmul backward writing dfc into a slice
 // of [dqkv | dfc] with the DGELU aux read at the pre-activation's row stride (cuBLASLt's EPILOGUE_AUX_LD).
 static void test_strided_activations_match_cpu(void **state) {
@@ -1494,6 +1524,7 @@ int main(void) {
         cmocka_unit_test(test_attention_backward_modes_match_cpu),
         cmocka_unit_test(test_attention_decode_matches_cpu),
         cmocka_unit_test(test_strided_attention_matches_cpu),
+        cmocka_unit_test(test_attention_wgmma_matches_cpu),
         cmocka_unit_test(test_strided_activations_match_cpu),
         cmocka_unit_test(test_swiglu_and_add_match_cpu),
         cmocka_unit_test(test_cross_entropy_matches_cpu),

@@ -700,6 +700,19 @@ static int fa_stride(int stride, int NH, int NKV, int HS) {
     return stride ? stride : (NH + 2 * NKV) * HS;
 }
 
+extern "C" const bf16 *kiln_cuda_fa_rope(struct cuda_ctx *c, const void *qkv, int qkv_rs, int B, int T, int NH,
+                                         int NKV, int HS, float theta) {
+    const float *st;
+    const float *ct = kiln_cuda_rope_table(c, T, HS, theta, &st);
+    size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
+    bf16 *qr = (bf16 *)kiln_cuda_scratch(c, SCR_ATTN_ROT, (nq + nk) * sizeof(bf16));
+    long n = (long)B * T * (NH + NKV) * (HS / 16);
+    fa_rope_kernel<<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(qr, qr + nq, (const bf16 *)qkv, qkv_rs,
+                                                                           B * T, T, NH, NKV, HS, ct, st);
+    CUDA_CHECK_LAUNCH();
+    return qr;
+}
+
 // q, k, v pointers: straight from qkv (rows qkv_rs apart), or (RoPE) rotated copies in scratch. p.rs (dqkv's
 // row stride) starts equal to qkv_rs.
 static struct fa_params fa_setup(struct cuda_ctx *c, const void *qkv, int qkv_rs, int B, int T, int NH,
@@ -723,14 +736,9 @@ static struct fa_params fa_setup(struct cuda_ctx *c, const void *qkv, int qkv_rs
     *ct = *st = NULL;
     if (pos == KILN_POS_ROPE) {
         *ct = kiln_cuda_rope_table(c, T, HS, theta, st);
-        size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
-        bf16 *qr = (bf16 *)kiln_cuda_scratch(c, SCR_ATTN_ROT, (nq + nk) * sizeof(bf16));
-        long n = (long)B * T * (NH + NKV) * (HS / 16);
-        fa_rope_kernel<<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(qr, qr + nq, x, qkv_rs, B * T,
-                                                                               T, NH, NKV, HS, *ct, *st);
-        CUDA_CHECK_LAUNCH();
+        const bf16 *qr = kiln_cuda_fa_rope(c, qkv, qkv_rs, B, T, NH, NKV, HS, theta);
         p.q = qr;
-        p.k = qr + nq;
+        p.k = qr + (size_t)B * T * NH * HS;
         p.q_rs = NH * HS;
         p.k_rs = NKV * HS;
     }

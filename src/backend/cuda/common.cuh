@@ -130,6 +130,13 @@ void kiln_cuda_attention_decode(void *ctx, const struct kiln_attn_decode_args *a
 // is not one it handles (HS not 64/128, pointers not 16-byte aligned); attention.cu then runs its own kernels
 int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_args *a);
 int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a);
+// RoPE pre-rotation shared by the flash kernels (attention_fa2.cu): rotated q (B, T, NH, HS) followed by
+// rotated k (B, T, NKV, HS) in scratch slot SCR_ATTN_ROT, bf16; returns its start
+const bf16 *kiln_cuda_fa_rope(struct cuda_ctx *c, const void *qkv, int qkv_rs, int B, int T, int NH, int NKV,
+                              int HS, float theta);
+// Hopper forward (attention_wgmma.cu): runs and returns 1 only when KILN_ATTN=wgmma, the build targets
+// sm_90a, the device is sm_90 and the shape fits (HS 64/128, 16-byte aligned rows); else 0
+int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struct kiln_attn_args *a);
 void kiln_cuda_swiglu_forward(void *ctx, const struct kiln_swiglu_args *a);
 void kiln_cuda_swiglu_backward(void *ctx, const struct kiln_swiglu_back_args *a);
 void kiln_cuda_gelu_forward(void *ctx, const struct kiln_gelu_args *a); // matmul.cu, with the GELU epilogues

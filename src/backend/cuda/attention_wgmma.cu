@@ -1,0 +1,521 @@
+// Causal attention forward on Hopper's warpgroup MMA (wgmma) and tensor-memory accelerator (TMA), after
+// FlashAttention-3 (Shah et al. 2024). Opt-in: KILN_ATTN=wgmma on an sm_90 device, in a build that targets
+// sm_90a (-DKILN_CUDA_ARCHS="90a" or "90a;80"); everywhere else kiln_cuda_wgmma_attention_forward returns 0
+// and attention.cu runs the FA2 kernels (attention_fa2.cu). docs/wgmma_attention.md has the design and what
+// is verified.
+//
+// Same math and conventions as attention_fa2.cu: s_ij = scale q_i.k_j + slope_h (j - i) in the log2 domain,
+// key j > query i masked, online softmax, P rounded to bf16 before P.V, the row sum taken over the unrounded
+// P, lse (natural log) to (B, NH, T), out bf16 (B, T, NH HS). RoPE: q and k are pre-rotated into scratch by
+// fa_setup's kernel (shared with attention_fa2.cu through kiln_cuda_fa_rope).
+//
+// Block: 3 warpgroups (384 threads), 128 query rows.
+//   - warpgroup 0, the producer: gives registers back (setmaxnreg.dec to 24); one thread issues the TMA
+//     copies: Q once, then K and V tiles of BN keys into a 2-stage ring, each stage guarded by a "full"
+//     mbarrier (TMA's byte count completes it) and an "empty" one (all 256 consumer threads arrive once
+//     they are done with the stage);
+//   - warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240): each owns 64 query rows. Per key tile:
+//     S (64 x BN) = Q K^T by wgmma with both operands in shared memory; masks and online softmax in
+//     registers; O (64 x HS) += P V by wgmma with P from registers (the accumulator layout of S is the
+//     register-A layout of the next wgmma, as with mma.sync) and V from shared memory, transposed by the
+//     descriptor (MN-major).
+// Not done yet (FA3's refinements; see the doc): overlapping the softmax of tile j with the S wgmma of tile
+// j + 1 inside a warpgroup, ping-pong scheduling between the two consumer warpgroups, and a TMA store of O.
+#include <math.h>
+#include <string.h>
+
+#include "backend/cuda/attn_common.cuh"
+
+#if defined(KILN_HAVE_SM90A)
+#include <cuda.h> // CUtensorMap and its enums (the encoder itself comes through the runtime's entry point)
+#include <cudaTypedefs.h>
+#endif
+
+#define WG_LOG2E 1.4426950408889634f
+#define WG_LN2 0.6931471805599453f
+
+#if defined(KILN_HAVE_SM90A)
+
+// Device helpers exist only where they can be compiled and used: the sm_90a device pass (and the host pass,
+// which ignores them); an sm_80 pass of a "90a;80" build sees the kernel's empty stub only.
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_DEVICE_HELPERS 1
+#endif
+
+#if defined(WG_DEVICE_HELPERS)
+// ---- shared-memory layout ----------------------------------------------------------------------------------
+// Every operand tile is stored as TMA writes it with CU_TENSOR_MAP_SWIZZLE_128B: column blocks of 64 bf16
+// (128 bytes, one row of the swizzle pattern), each block [rows][64], rows 128 bytes apart; within every 1024-
+// byte group of 8 rows, the 16-byte chunk c of row r sits at chunk c ^ (r % 8). A tile with HS = 128 is two
+// such blocks one after the other ([2][rows][64]). Blocks start on 1024-byte boundaries, so the hardware's
+// swizzle (a function of address bits 4-9) lines up with TMA's and the descriptors' base offset is 0.
+//
+// wgmma reads them through 64-bit matrix descriptors:
+//   bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
+//   49-51 base offset (0), 62-63 swizzle mode (1 = 128-byte).
+// K-major operands (Q as A, K as B of S = Q K^T: the reduction dimension d is contiguous): 8-row groups
+// 1024 bytes apart (stride byte offset); the leading byte offset is unused with 128-byte swizzle (set to 1,
+// i.e. 16 bytes). A k-step of 16 (32 bytes) moves the start address by 32 bytes inside the 128-byte row;
+// k-steps 4..7 of HS = 128 start in the second column block.
+// MN-major operand (V as B of O = P V, reduction over keys, which are rows here; d contiguous): in units of
+// 16 bytes the canonical layout is ((8, n), (8, k)) : ((1, LBO), (8, SBO)): 64 d-columns within one 128-
+// byte row, the next 64 columns (HS = 128) LBO bytes away (the next column block: BN * 128), the next 8 keys
+// SBO = 1024 bytes away. A k-step of 16 keys is 2048 bytes.
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+// ---- mbarriers and TMA --------------------------------------------------------------------------------------
+static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival that also announces `bytes` of TMA traffic the phase must wait for.
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase with the given parity has completed (phases alternate 0, 1, 0, ...).
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// Box at coordinates (c0 innermost .. c3) of a 4-D tensor map into shared memory; completes on bar.
+static __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                                   int c3, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                 "%3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+
+// ---- warpgroup MMA ------------------------------------------------------------------------------------------
+// Accumulator fragment of m64nNk16 (f32), thread t of the warpgroup: warp w = t / 32 owns rows 16 w .. 16 w +
+// 15; with g = (t % 32) / 4, t4 = t % 4, register 4 i + e holds row 16 w + g + 8 (e / 2), column 8 i + 2 t4 +
+// (e % 2): the m16n8 C fragments of mma.sync, N / 8 of them side by side. The register A operand (bf16,
+// 64 x 16) is the m16n8k16 A fragment per warp: {row g, k 2t4..+1}, {row g+8, same}, {row g, k 8+2t4..+1},
+// {row g+8, same}.
+static __device__ __forceinline__ void wgmma_fence(void) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void wgmma_commit(void) {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void wgmma_wait(void) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving reads or writes of accumulator registers across the asynchronous MMA
+// (the registers belong to the tensor cores between the issue and the wait).
+template <int N> static __device__ __forceinline__ void reg_fence(float *d) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// ---- wgmma wrappers (operand lists written out by a script: N / 2 accumulator registers each)
+
+// D (64 x 128, f32) (+)= A (64 x 16, smem desc) . B (16 x 128, smem desc, K-major); acc = 0: D is overwritten
+static __device__ __forceinline__ void wgmma_ss_n128(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+// D (64 x 64, f32) (+)= A (64 x 16, smem desc) . B (16 x 64, smem desc, K-major); acc = 0: D is overwritten
+static __device__ __forceinline__ void wgmma_ss_n64(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+// D (64 x 64, f32) += A (64 x 16, bf16 fragments in registers) . B (16 x 64, smem desc, MN-major)
+static __device__ __forceinline__ void wgmma_rs_n64(float *d, const uint32_t *a, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// D (64 x 128, f32) += A (64 x 16, bf16 fragments in registers) . B (16 x 128, smem desc, MN-major)
+static __device__ __forceinline__ void wgmma_rs_n128(float *d, const uint32_t *a, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+#endif // WG_DEVICE_HELPERS
+
+// ---- the kernel ---------------------------------------------------------------------------------------------
+struct wg_params {
+    CUtensorMap tq, tk, tv; // 4-D maps (d, head, t, b) over q, k, v rows; boxes (64, 1, BM or BN, 1), swizzled
+    bf16 *out;              // (B, T, NH HS)
+    float *lse;             // (B, NH, T)
+    int T, NH, NKV;
+    int alibi;
+    float scale_log2;
+};
+
+#define WG_BM 128 // query rows per block: two consumer warpgroups of 64
+#define WG_THREADS 384
+
+// Shared memory: Q [HS/64][BM][64] | K [2 stages][HS/64][BN][64] | V, same | 7 mbarriers; plus up to 1023
+// bytes to align the start to 1024.
+template <int HS, int BN> static constexpr size_t wg_smem_bytes(void) {
+    return (size_t)(WG_BM + 4 * BN) * HS * 2 + 8 * 8 + 1024;
+}
+
+#if defined(WG_DEVICE_HELPERS)
+// S (64 x BN) = Q (64 x HS) K^T: Q rows of this warpgroup at q_addr (column block c at + c cb_q bytes), K tile
+// at k_addr (column block c at + c BN 128).
+template <int HS, int BN>
+static __device__ __forceinline__ void wg_qk(float *s, uint32_t q_addr, uint32_t k_addr) {
+    constexpr uint32_t CB_Q = WG_BM * 128, CB_K = BN * 128;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        uint32_t off = (kk & 3) * 32;
+        uint64_t da = wg_desc(q_addr + (kk >> 2) * CB_Q + off, 16, 1024);
+        uint64_t db = wg_desc(k_addr + (kk >> 2) * CB_K + off, 16, 1024);
+        if (BN == 128)
+            wgmma_ss_n128(s, da, db, kk > 0);
+        else
+            wgmma_ss_n64(s, da, db, kk > 0);
+    }
+}
+
+// O (64 x HS) += P (64 x BN, bf16 register fragments p[BN / 16][4]) V (BN x HS at v_addr, MN-major)
+template <int HS, int BN>
+static __device__ __forceinline__ void wg_pv(float *o, const uint32_t (*p)[4], uint32_t v_addr) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+        uint64_t db = wg_desc(v_addr + kk * 2048, BN * 128, 1024);
+        if (HS == 128)
+            wgmma_rs_n128(o, p[kk], db);
+        else
+            wgmma_rs_n64(o, p[kk], db);
+    }
+}
+
+#endif // WG_DEVICE_HELPERS
+
+template <int HS, int BN>
+static __global__ void __launch_bounds__(WG_THREADS, 1) wg_fwd_kernel(const __grid_constant__ struct wg_params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int CB = HS / 64;                    // 128-byte column blocks per row
+    constexpr uint32_t Q_BYTES = WG_BM * HS * 2;   // one Q tile
+    constexpr uint32_t KV_BYTES = BN * HS * 2;     // one K (or V) stage
+    extern __shared__ __align__(16) unsigned char wg_smem[];
+    uint32_t base = (uint32_t)__cvta_generic_to_shared(wg_smem);
+    base = (base + 1023) & ~1023u;
+    uint32_t q_s = base, k_s = q_s + Q_BYTES, v_s = k_s + 2 * KV_BYTES, bars = v_s + 2 * KV_BYTES;
+    // mbarriers, 8 bytes each: q full, k full [2], v full [2], stage empty [2]
+    uint32_t q_full = bars, k_full = bars + 8, v_full = bars + 24, empty = bars + 40;
+
+    int qt = gridDim.x - 1 - blockIdx.x; // longest query tiles first (causal: work grows with qt)
+    int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH, kvh = h / (p.NH / p.NKV);
+    int q0 = qt * WG_BM;
+    int n_kv = KILN_CEIL_DIV(min(q0 + WG_BM, p.T), BN);
+    int wg = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < 2; s++) {
+            mbar_init(k_full + 8 * s, 1);
+            mbar_init(v_full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 2 * 128);
+        }
+        // make the initialized barriers visible to the async proxy (TMA's complete_tx)
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads(); // the last block-wide barrier: the warpgroups go separate ways below
+
+    if (wg == 0) {
+        // ---- producer ----
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (threadIdx.x == 0) {
+            mbar_expect_tx(q_full, Q_BYTES);
+            for (int c = 0; c < CB; c++)
+                tma_load_4d(q_s + c * WG_BM * 128, &p.tq, c * 64, h, q0, b, q_full);
+            for (int j = 0; j < n_kv; j++) {
+                int s = j & 1;
+                if (j >= 2) // stage s last held tile j - 2: wait for the consumers to release it
+                    mbar_wait(empty + 8 * s, ((j >> 1) - 1) & 1);
+                mbar_expect_tx(k_full + 8 * s, KV_BYTES);
+                for (int c = 0; c < CB; c++)
+                    tma_load_4d(k_s + s * KV_BYTES + c * BN * 128, &p.tk, c * 64, kvh, j * BN, b, k_full + 8 * s);
+                mbar_expect_tx(v_full + 8 * s, KV_BYTES);
+                for (int c = 0; c < CB; c++)
+                    tma_load_4d(v_s + s * KV_BYTES + c * BN * 128, &p.tv, c * 64, kvh, j * BN, b, v_full + 8 * s);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers ----
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    int cw = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    int qw0 = q0 + cw * 64;                              // first query row of this warpgroup
+    int qi[2] = {qw0 + warp * 16 + g, qw0 + warp * 16 + g + 8}; // the two rows this thread holds
+    float slope2 = p.alibi ? alibi_slope(h, p.NH) * WG_LOG2E : 0.0f;
+    uint32_t q_mine = q_s + cw * 64 * 128; // this warpgroup's 64 rows: 8 swizzle groups into each block
+
+    float o[HS / 2], s[BN / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < HS / 2; i++)
+        o[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++)
+        s[i] = 0.0f;
+    mbar_wait(q_full, 0);
+
+    for (int j = 0; j < n_kv; j++) {
+        int st = j & 1;
+        uint32_t par = (j >> 1) & 1, k0 = j * BN;
+        mbar_wait(k_full + 8 * st, par);
+        if ((int)k0 <= qw0 + 63) { // else every key of the tile lies above all 64 rows
+            reg_fence<BN / 2>(s);
+            wgmma_fence();
+            wg_qk<HS, BN>(s, q_mine, k_s + st * KV_BYTES);
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence<BN / 2>(s);
+
+            bool need_mask = (int)k0 + BN - 1 > qw0 || (int)k0 + BN > p.T;
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) {
+                int r = (i >> 1) & 1, kj = k0 + (i >> 2) * 8 + t4 * 2 + (i & 1);
+                float x = s[i] * p.scale_log2 + slope2 * (float)(kj - qi[r]);
+                if (need_mask && (kj > qi[r] || kj >= p.T))
+                    x = -INFINITY;
+                s[i] = x;
+                mx[r] = fmaxf(mx[r], x);
+            }
+            float alpha[2], mu[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                float mn = fmaxf(m[r], mx[r]);
+                mu[r] = mn == -INFINITY ? 0.0f : mn; // row fully masked so far: no inf - inf
+                alpha[r] = exp2f(m[r] - mu[r]);
+                m[r] = mn;
+                l[r] *= alpha[r];
+            }
+            // P, rounded to bf16, straight into the register A fragments of P V: k-step kk covers columns
+            // 16 kk .. 16 kk + 15, i.e. accumulator n-blocks 2 kk (registers 8 kk .. 8 kk + 3) and 2 kk + 1.
+            uint32_t pa[BN / 16][4];
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) {
+                float pv = exp2f(s[i] - mu[(i >> 1) & 1]);
+                s[i] = pv;
+                l[(i >> 1) & 1] += pv;
+            }
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+#pragma unroll
+            for (int i = 0; i < HS / 2; i++)
+                o[i] *= alpha[(i >> 1) & 1];
+
+            mbar_wait(v_full + 8 * st, par);
+            reg_fence<HS / 2>(o);
+            wgmma_fence();
+            wg_pv<HS, BN>(o, pa, v_s + st * KV_BYTES);
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence<HS / 2>(o);
+        } else {
+            mbar_wait(v_full + 8 * st, par); // keeps this thread's view of the phases in step
+        }
+        mbar_arrive(empty + 8 * st); // this thread is done reading stage st
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        inv[r] = 1.0f / l[r];
+    }
+    bf16 *og = p.out + (size_t)b * p.T * p.NH * HS + h * HS;
+#pragma unroll
+    for (int i = 0; i < HS / 2; i += 2) {
+        int r = (i >> 1) & 1, d = (i >> 2) * 8 + t4 * 2;
+        if (qi[r] < p.T)
+            *(__nv_bfloat162 *)(og + (size_t)qi[r] * p.NH * HS + d) =
+                __floats2bfloat162_rn(o[i] * inv[r], o[i + 1] * inv[r]);
+    }
+    if (t4 == 0) {
+        float *lg = p.lse + ((size_t)b * p.NH + h) * p.T;
+        for (int r = 0; r < 2; r++)
+            if (qi[r] < p.T)
+                lg[qi[r]] = (m[r] + __log2f(l[r])) * WG_LN2;
+    }
+#endif
+}
+
+// ---- host: tensor maps and launch ---------------------------------------------------------------------------
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda); NULL if the
+// driver does not offer it.
+static PFN_cuTensorMapEncodeTiled_v12000 wg_encoder(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    static int tried;
+    if (!tried) {
+        tried = 1;
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
+        else
+            (void)cudaGetLastError();
+    }
+    return fn;
+}
+
+// Tensor map over one of q, k, v: element (d, head, t, b) at base + ((b T + t) rs + head HS + d) elements;
+// boxes of 64 d (128 bytes: the widest a 128-byte swizzle allows) x 1 head x `rows` positions x 1 batch.
+// Positions t >= T of a box read as zeros (the map's bound), so no tile needs a mask for loading.
+static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, int B, int rs, int rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = wg_encoder();
+    if (!enc)
+        return 1;
+    cuuint64_t dims[4] = {(cuuint64_t)HS, (cuuint64_t)heads, (cuuint64_t)T, (cuuint64_t)B};
+    cuuint64_t strides[3] = {(cuuint64_t)HS * 2, (cuuint64_t)rs * 2, (cuuint64_t)T * rs * 2}; // bytes, dims 1..3
+    cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
+    CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides, box, estr,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r != CUDA_SUCCESS;
+}
+
+template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct wg_params &p, int B) {
+    size_t smem = wg_smem_bytes<HS, BN>();
+    set_smem(wg_fwd_kernel<HS, BN>, smem);
+    dim3 grid(KILN_CEIL_DIV(p.T, WG_BM), B * p.NH);
+    wg_fwd_kernel<HS, BN><<<grid, WG_THREADS, smem, c->stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+}
+
+#endif // KILN_HAVE_SM90A
+
+// KILN_ATTN=wgmma asks for this path (read on each call, as attention.cu reads KILN_ATTN=ref).
+static int wg_requested(void) {
+    const char *s = getenv("KILN_ATTN");
+    return s && strcmp(s, "wgmma") == 0;
+}
+
+extern "C" int kiln_cuda_wgmma_attention_available(void *ctx) {
+#if defined(KILN_HAVE_SM90A)
+    struct cuda_ctx *c = cuda_ctx_of(ctx);
+    return c->prop.major == 9 && c->prop.minor == 0;
+#else
+    (void)ctx;
+    return 0;
+#endif
+}
+
+extern "C" int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struct kiln_attn_args *a) {
+    if (!wg_requested() || !kiln_cuda_wgmma_attention_available(c))
+        return 0;
+#if defined(KILN_HAVE_SM90A)
+    int HS = a->HS, rs = a->qkv_stride ? a->qkv_stride : (a->NH + 2 * a->NKV) * HS;
+    // TMA: global addresses 16-byte aligned, strides multiples of 16 bytes; out stored as bf16 pairs
+    if ((HS != 64 && HS != 128) || ((uintptr_t)a->qkv & 15) || rs % 8 || ((uintptr_t)a->out & 3))
+        return 0;
+    if (a->T > (1 << 30) / 2)
+        return 0;
+    const bf16 *x = (const bf16 *)a->qkv, *q = x, *k = x + a->NH * HS, *v = x + (a->NH + a->NKV) * HS;
+    int q_rs = rs, k_rs = rs;
+    if (a->pos == KILN_POS_ROPE) {
+        const bf16 *qr = kiln_cuda_fa_rope(c, a->qkv, rs, a->B, a->T, a->NH, a->NKV, HS, a->rope_theta);
+        q = qr;
+        k = qr + (size_t)a->B * a->T * a->NH * HS;
+        q_rs = a->NH * HS;
+        k_rs = a->NKV * HS;
+    }
+    struct wg_params p;
+    memset(&p, 0, sizeof(p));
+    const int BN = 128;
+    if (wg_map(&p.tq, q, HS, a->NH, a->T, a->B, q_rs, WG_BM) || wg_map(&p.tk, k, HS, a->NKV, a->T, a->B, k_rs, BN) ||
+        wg_map(&p.tv, v, HS, a->NKV, a->T, a->B, rs, BN))
+        return 0;
+    p.out = (bf16 *)a->out;
+    p.lse = a->lse;
+    p.T = a->T;
+    p.NH = a->NH;
+    p.NKV = a->NKV;
+    p.alibi = a->pos == KILN_POS_ALIBI;
+    p.scale_log2 = 1.0f / sqrtf((float)HS) * WG_LOG2E;
+    if (HS == 64)
+        wg_launch<64, BN>(c, p, a->B);
+    else
+        wg_launch<128, BN>(c, p, a->B);
+    return 1;
+#else
+    (void)a;
+    return 0;
+#endif
+}
