@@ -1514,6 +1514,9 @@ int main(void) {
         printf("test_cuda_ops: no GPU: skipped (kiln_cuda_device_count() == 0)\n");
         return 77;
     }
+    const char *filter = getenv("KILN_TEST_FILTER"); // e.g. "*wgmma*": only the tests whose names match
+    if (filter)
+        cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding_matches_cpu),
         cmocka_unit_test(test_norms_match_cpu),

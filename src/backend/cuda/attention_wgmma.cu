@@ -485,8 +485,6 @@ extern "C" int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struc
     // TMA: global addresses 16-byte aligned, strides multiples of 16 bytes; out stored as bf16 pairs
     if ((HS != 64 && HS != 128) || ((uintptr_t)a->qkv & 15) || rs % 8 || ((uintptr_t)a->out & 3))
         return 0;
-    if (a->T > (1 << 30) / 2)
-        return 0;
     const bf16 *x = (const bf16 *)a->qkv, *q = x, *k = x + a->NH * HS, *v = x + (a->NH + a->NKV) * HS;
     int q_rs = rs, k_rs = rs;
     if (a->pos == KILN_POS_ROPE) {
