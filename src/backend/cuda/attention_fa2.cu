@@ -700,15 +700,16 @@ static int fa_stride(int stride, int NH, int NKV, int HS) {
     return stride ? stride : (NH + 2 * NKV) * HS;
 }
 
-extern "C" const bf16 *kiln_cuda_fa_rope(struct cuda_ctx *c, const void *qkv, int qkv_rs, int B, int T, int NH,
-                                         int NKV, int HS, float theta) {
+extern "C" const bf16 *kiln_cuda_fa_rope(struct cuda_ctx *c, const void *qkv, int qkv_rs, int B, int T,
+                                         int NH, int NKV, int HS, float theta) {
     const float *st;
     const float *ct = kiln_cuda_rope_table(c, T, HS, theta, &st);
     size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS;
     bf16 *qr = (bf16 *)kiln_cuda_scratch(c, SCR_ATTN_ROT, (nq + nk) * sizeof(bf16));
     long n = (long)B * T * (NH + NKV) * (HS / 16);
-    fa_rope_kernel<<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(qr, qr + nq, (const bf16 *)qkv, qkv_rs,
-                                                                           B * T, T, NH, NKV, HS, ct, st);
+    const bf16 *x = (const bf16 *)qkv;
+    fa_rope_kernel<<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(qr, qr + nq, x, qkv_rs, B * T, T, NH,
+                                                                           NKV, HS, ct, st);
     CUDA_CHECK_LAUNCH();
     return qr;
 }

@@ -43,12 +43,13 @@
 #endif
 
 #if defined(WG_DEVICE_HELPERS)
-// ---- shared-memory layout ----------------------------------------------------------------------------------
+// ---- shared-memory layout ---------------------------------------------------------------------------------
 // Every operand tile is stored as TMA writes it with CU_TENSOR_MAP_SWIZZLE_128B: column blocks of 64 bf16
-// (128 bytes, one row of the swizzle pattern), each block [rows][64], rows 128 bytes apart; within every 1024-
-// byte group of 8 rows, the 16-byte chunk c of row r sits at chunk c ^ (r % 8). A tile with HS = 128 is two
-// such blocks one after the other ([2][rows][64]). Blocks start on 1024-byte boundaries, so the hardware's
-// swizzle (a function of address bits 4-9) lines up with TMA's and the descriptors' base offset is 0.
+// (128 bytes, one row of the swizzle pattern), each block [rows][64], rows 128 bytes apart; within every
+// 1024-byte group of 8 rows, the 16-byte chunk c of row r sits at chunk c ^ (r % 8). A tile with HS = 128 is
+// two such blocks one after the other ([2][rows][64]). Blocks start on 1024-byte boundaries, so the
+// hardware's swizzle (a function of address bits 4-9) lines up with TMA's and the descriptors' base offset is
+// 0.
 //
 // wgmma reads them through 64-bit matrix descriptors:
 //   bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
@@ -66,13 +67,14 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo_
            ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
 
-// ---- mbarriers and TMA --------------------------------------------------------------------------------------
+// ---- mbarriers and TMA ------------------------------------------------------------------------------------
 static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 // One arrival that also announces `bytes` of TMA traffic the phase must wait for.
 static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
 }
 static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
@@ -89,15 +91,16 @@ static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) 
     } while (!done);
 }
 // Box at coordinates (c0 innermost .. c3) of a 4-D tensor map into shared memory; completes on bar.
-static __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
-                                                   int c3, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
-                 "%3, %4, %5}], [%6];\n" ::"r"(dst),
-                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-                 : "memory");
+static __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1,
+                                                   int c2, int c3, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+        "%3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
 }
 
-// ---- warpgroup MMA ------------------------------------------------------------------------------------------
+// ---- warpgroup MMA ----------------------------------------------------------------------------------------
 // Accumulator fragment of m64nNk16 (f32), thread t of the warpgroup: warp w = t / 32 owns rows 16 w .. 16 w +
 // 15; with g = (t % 32) / 4, t4 = t % 4, register 4 i + e holds row 16 w + g + 8 (e / 2), column 8 i + 2 t4 +
 // (e % 2): the m16n8 C fragments of mma.sync, N / 8 of them side by side. The register A operand (bf16,
@@ -131,17 +134,16 @@ static __device__ __forceinline__ void wgmma_ss_n128(float *d, uint64_t da, uint
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
                  "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
                  : "l"(da), "l"(db), "r"(acc));
 }
 
@@ -152,12 +154,11 @@ static __device__ __forceinline__ void wgmma_ss_n64(float *d, uint64_t da, uint6
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
                  "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "l"(da), "l"(db), "r"(acc));
 }
 
@@ -168,12 +169,11 @@ static __device__ __forceinline__ void wgmma_rs_n64(float *d, const uint32_t *a,
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
                  "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
@@ -186,26 +186,26 @@ static __device__ __forceinline__ void wgmma_rs_n128(float *d, const uint32_t *a
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
                  "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 #endif // WG_DEVICE_HELPERS
 
-// ---- the kernel ---------------------------------------------------------------------------------------------
+// ---- the kernel -------------------------------------------------------------------------------------------
 struct wg_params {
-    CUtensorMap tq, tk, tv; // 4-D maps (d, head, t, b) over q, k, v rows; boxes (64, 1, BM or BN, 1), swizzled
-    bf16 *out;              // (B, T, NH HS)
-    float *lse;             // (B, NH, T)
+    CUtensorMap tq, tk,
+        tv;     // 4-D maps (d, head, t, b) over q, k, v rows; boxes (64, 1, BM or BN, 1), swizzled
+    bf16 *out;  // (B, T, NH HS)
+    float *lse; // (B, NH, T)
     int T, NH, NKV;
     int alibi;
     float scale_log2;
@@ -221,8 +221,8 @@ template <int HS, int BN> static constexpr size_t wg_smem_bytes(void) {
 }
 
 #if defined(WG_DEVICE_HELPERS)
-// S (64 x BN) = Q (64 x HS) K^T: Q rows of this warpgroup at q_addr (column block c at + c cb_q bytes), K tile
-// at k_addr (column block c at + c BN 128).
+// S (64 x BN) = Q (64 x HS) K^T: Q rows of this warpgroup at q_addr (column block c at + c cb_q bytes), K
+// tile at k_addr (column block c at + c BN 128).
 template <int HS, int BN>
 static __device__ __forceinline__ void wg_qk(float *s, uint32_t q_addr, uint32_t k_addr) {
     constexpr uint32_t CB_Q = WG_BM * 128, CB_K = BN * 128;
@@ -254,11 +254,12 @@ static __device__ __forceinline__ void wg_pv(float *o, const uint32_t (*p)[4], u
 #endif // WG_DEVICE_HELPERS
 
 template <int HS, int BN>
-static __global__ void __launch_bounds__(WG_THREADS, 1) wg_fwd_kernel(const __grid_constant__ struct wg_params p) {
+static __global__ void __launch_bounds__(WG_THREADS, 1)
+    wg_fwd_kernel(const __grid_constant__ struct wg_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int CB = HS / 64;                    // 128-byte column blocks per row
-    constexpr uint32_t Q_BYTES = WG_BM * HS * 2;   // one Q tile
-    constexpr uint32_t KV_BYTES = BN * HS * 2;     // one K (or V) stage
+    constexpr int CB = HS / 64;                  // 128-byte column blocks per row
+    constexpr uint32_t Q_BYTES = WG_BM * HS * 2; // one Q tile
+    constexpr uint32_t KV_BYTES = BN * HS * 2;   // one K (or V) stage
     extern __shared__ __align__(16) unsigned char wg_smem[];
     uint32_t base = (uint32_t)__cvta_generic_to_shared(wg_smem);
     base = (base + 1023) & ~1023u;
@@ -297,10 +298,12 @@ static __global__ void __launch_bounds__(WG_THREADS, 1) wg_fwd_kernel(const __gr
                     mbar_wait(empty + 8 * s, ((j >> 1) - 1) & 1);
                 mbar_expect_tx(k_full + 8 * s, KV_BYTES);
                 for (int c = 0; c < CB; c++)
-                    tma_load_4d(k_s + s * KV_BYTES + c * BN * 128, &p.tk, c * 64, kvh, j * BN, b, k_full + 8 * s);
+                    tma_load_4d(k_s + s * KV_BYTES + c * BN * 128, &p.tk, c * 64, kvh, j * BN, b,
+                                k_full + 8 * s);
                 mbar_expect_tx(v_full + 8 * s, KV_BYTES);
                 for (int c = 0; c < CB; c++)
-                    tma_load_4d(v_s + s * KV_BYTES + c * BN * 128, &p.tv, c * 64, kvh, j * BN, b, v_full + 8 * s);
+                    tma_load_4d(v_s + s * KV_BYTES + c * BN * 128, &p.tv, c * 64, kvh, j * BN, b,
+                                v_full + 8 * s);
             }
         }
         return;
@@ -309,7 +312,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1) wg_fwd_kernel(const __gr
     // ---- consumers ----
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     int cw = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-    int qw0 = q0 + cw * 64;                              // first query row of this warpgroup
+    int qw0 = q0 + cw * 64;                                     // first query row of this warpgroup
     int qi[2] = {qw0 + warp * 16 + g, qw0 + warp * 16 + g + 8}; // the two rows this thread holds
     float slope2 = p.alibi ? alibi_slope(h, p.NH) * WG_LOG2E : 0.0f;
     uint32_t q_mine = q_s + cw * 64 * 128; // this warpgroup's 64 rows: 8 swizzle groups into each block
@@ -414,7 +417,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1) wg_fwd_kernel(const __gr
 #endif
 }
 
-// ---- host: tensor maps and launch ---------------------------------------------------------------------------
+// ---- host: tensor maps and launch -------------------------------------------------------------------------
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda); NULL if the
 // driver does not offer it.
@@ -443,11 +446,12 @@ static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, 
     if (!enc)
         return 1;
     cuuint64_t dims[4] = {(cuuint64_t)HS, (cuuint64_t)heads, (cuuint64_t)T, (cuuint64_t)B};
-    cuuint64_t strides[3] = {(cuuint64_t)HS * 2, (cuuint64_t)rs * 2, (cuuint64_t)T * rs * 2}; // bytes, dims 1..3
+    cuuint64_t strides[3] = {(cuuint64_t)HS * 2, (cuuint64_t)rs * 2,
+                             (cuuint64_t)T * rs * 2}; // bytes, dims 1..3
     cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
     CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides, box, estr,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r != CUDA_SUCCESS;
 }
 
@@ -497,7 +501,8 @@ extern "C" int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struc
     struct wg_params p;
     memset(&p, 0, sizeof(p));
     const int BN = 128;
-    if (wg_map(&p.tq, q, HS, a->NH, a->T, a->B, q_rs, WG_BM) || wg_map(&p.tk, k, HS, a->NKV, a->T, a->B, k_rs, BN) ||
+    if (wg_map(&p.tq, q, HS, a->NH, a->T, a->B, q_rs, WG_BM) ||
+        wg_map(&p.tk, k, HS, a->NKV, a->T, a->B, k_rs, BN) ||
         wg_map(&p.tv, v, HS, a->NKV, a->T, a->B, rs, BN))
         return 0;
     p.out = (bf16 *)a->out;
