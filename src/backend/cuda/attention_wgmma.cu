@@ -443,8 +443,10 @@ static PFN_cuTensorMapEncodeTiled_v12000 wg_encoder(void) {
 // Positions t >= T of a box read as zeros (the map's bound), so no tile needs a mask for loading.
 static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, int B, int rs, int rows) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = wg_encoder();
-    if (!enc)
+    if (!enc) {
+        fprintf(stderr, "kiln: KILN_ATTN=wgmma: no cuTensorMapEncodeTiled in this driver, using FA2\n");
         return 1;
+    }
     cuuint64_t dims[4] = {(cuuint64_t)HS, (cuuint64_t)heads, (cuuint64_t)T, (cuuint64_t)B};
     cuuint64_t strides[3] = {(cuuint64_t)HS * 2, (cuuint64_t)rs * 2,
                              (cuuint64_t)T * rs * 2}; // bytes, dims 1..3
@@ -452,6 +454,13 @@ static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, 
     CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides, box, estr,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) { // the opt-in path would fall back silently: say so once, so a run is not misread
+        static int warned;
+        if (!warned)
+            fprintf(stderr, "kiln: KILN_ATTN=wgmma: cuTensorMapEncodeTiled failed (CUresult %d), using FA2\n",
+                    (int)r);
+        warned = 1;
+    }
     return r != CUDA_SUCCESS;
 }
 
