@@ -122,6 +122,14 @@ template <int N> static __device__ __forceinline__ void reg_fence(float *d) {
     for (int i = 0; i < N; i++)
         asm volatile("" : "+f"(d[i])::"memory");
 }
+// The same for register A fragments (bf16 pairs): their writes must come before wgmma.fence, and they must
+// stay live and unchanged until the wait (PTX: wgmma.fence orders "the input registers containing the
+// fragments of matrix A" as well as the accumulators).
+template <int N> static __device__ __forceinline__ void reg_fence_u32(uint32_t *a) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+r"(a[i])::"memory");
+}
 
 // ---- wgmma wrappers (operand lists written out by a script: N / 2 accumulator registers each)
 
@@ -382,11 +390,13 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 
             mbar_wait(v_full + 8 * st, par);
             reg_fence<HS / 2>(o);
+            reg_fence_u32<BN / 4>(&pa[0][0]); // the packs above may not sink below the wgmma.fence
             wgmma_fence();
             wg_pv<HS, BN>(o, pa, v_s + st * KV_BYTES);
             wgmma_commit();
             wgmma_wait<0>();
             reg_fence<HS / 2>(o);
+            reg_fence_u32<BN / 4>(&pa[0][0]); // P's registers are the tensor cores' until the wait
         } else {
             mbar_wait(v_full + 8 * st, par); // keeps this thread's view of the phases in step
         }
