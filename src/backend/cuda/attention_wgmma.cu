@@ -453,8 +453,11 @@ static PFN_cuTensorMapEncodeTiled_v12000 wg_encoder(void) {
 // Positions t >= T of a box read as zeros (the map's bound), so no tile needs a mask for loading.
 static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, int B, int rs, int rows) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = wg_encoder();
-    if (!enc) {
-        fprintf(stderr, "kiln: KILN_ATTN=wgmma: no cuTensorMapEncodeTiled in this driver, using FA2\n");
+    if (!enc) { // once, like the encode failure below: every forward call comes through here
+        static int warned_driver;
+        if (!warned_driver)
+            fprintf(stderr, "kiln: KILN_ATTN=wgmma: no cuTensorMapEncodeTiled in this driver, using FA2\n");
+        warned_driver = 1;
         return 1;
     }
     cuuint64_t dims[4] = {(cuuint64_t)HS, (cuuint64_t)heads, (cuuint64_t)T, (cuuint64_t)B};
