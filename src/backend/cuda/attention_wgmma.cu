@@ -80,15 +80,15 @@ static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // Waits until the phase with the given parity has completed (phases alternate 0, 1, 0, ...).
+// The retry loop lives inside one asm block (as CUTLASS's ClusterBarrier::wait does), and the warp is made
+// whole again before returning: callers go on to wgmma.fence.sync.aligned, which needs the warp converged.
 static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
+    asm volatile("{\n.reg .pred p;\nKILN_MBAR_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra KILN_MBAR_WAIT_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+    __syncwarp();
 }
 // Box at coordinates (c0 innermost .. c3) of a 4-D tensor map into shared memory; completes on bar.
 static __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1,
