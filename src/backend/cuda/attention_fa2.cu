@@ -714,6 +714,36 @@ extern "C" const bf16 *kiln_cuda_fa_rope(struct cuda_ctx *c, const void *qkv, in
     return qr;
 }
 
+// D = rowsum(dO * O) for the backward: (B, NH, T) f32 in scratch slot SCR_ATTN_D; returns it. HS 64 / 128.
+extern "C" const float *kiln_cuda_fa_dsum(struct cuda_ctx *c, const void *dout, const void *out, int B, int T,
+                                          int NH, int HS) {
+    float *dsum = (float *)kiln_cuda_scratch(c, SCR_ATTN_D, (size_t)B * NH * T * sizeof(float));
+    int rows = B * T * NH;
+    long thr = (long)rows * (HS / 8);
+    if (HS == 64)
+        fa_dsum_kernel<64><<<(unsigned)KILN_CEIL_DIV(thr, 256), 256, 0, c->stream>>>(
+            dsum, (const bf16 *)dout, (const bf16 *)out, rows, T, NH);
+    else
+        fa_dsum_kernel<128><<<(unsigned)KILN_CEIL_DIV(thr, 256), 256, 0, c->stream>>>(
+            dsum, (const bf16 *)dout, (const bf16 *)out, rows, T, NH);
+    CUDA_CHECK_LAUNCH();
+    return dsum;
+}
+
+// dqkv's q slice = scale R(t)^-1 acc (acc: the f32 dQ accumulator (B, T, NH, HS), unscaled, rotated frame).
+extern "C" void kiln_cuda_fa_dq_convert(struct cuda_ctx *c, bf16 *dqkv, const float *acc, int B, int T,
+                                        int NH, int HS, int rs, float scale, const float *ct,
+                                        const float *st) {
+    long n = (long)B * T * NH * (HS / 8);
+    if (HS == 64)
+        fa_dq_convert_kernel<64>
+            <<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
+    else
+        fa_dq_convert_kernel<128>
+            <<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
+    CUDA_CHECK_LAUNCH();
+}
+
 // q, k, v pointers: straight from qkv (rows qkv_rs apart), or (RoPE) rotated copies in scratch. p.rs (dqkv's
 // row stride) starts equal to qkv_rs.
 static struct fa_params fa_setup(struct cuda_ctx *c, const void *qkv, int qkv_rs, int B, int T, int NH,
@@ -811,10 +841,7 @@ static void fa_bwd_fused_launch(struct cuda_ctx *c, const struct fa_params &p) {
     dim3 grid(KILN_CEIL_DIV(p.T, BN), p.B * p.NKV);
     fa_bwd_fused_kernel<HS, NW, BM, KREG, MINB><<<grid, NW * 32, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
-    long n = (long)p.B * p.T * p.NH * (HS / 8);
-    fa_dq_convert_kernel<HS><<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(
-        p.dqkv, p.dq_acc, n, p.T, p.NH, p.rs, p.scale, p.cos_tab, p.sin_tab);
-    CUDA_CHECK_LAUNCH();
+    kiln_cuda_fa_dq_convert(c, p.dqkv, p.dq_acc, p.B, p.T, p.NH, HS, p.rs, p.scale, p.cos_tab, p.sin_tab);
 }
 
 extern "C" int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a) {
@@ -831,17 +858,7 @@ extern "C" int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn
     p.lse = (float *)a->lse;
     p.dout = (const bf16 *)a->dout;
     p.dqkv = (bf16 *)a->dqkv;
-    float *dsum = (float *)kiln_cuda_scratch(c, SCR_ATTN_D, (size_t)a->B * a->NH * a->T * sizeof(float));
-    p.dsum = dsum;
-    int rows = a->B * a->T * a->NH;
-    long thr = (long)rows * (a->HS / 8);
-    if (a->HS == 64)
-        fa_dsum_kernel<64><<<(unsigned)KILN_CEIL_DIV(thr, 256), 256, 0, c->stream>>>(
-            dsum, (const bf16 *)a->dout, (const bf16 *)a->out, rows, a->T, a->NH);
-    else
-        fa_dsum_kernel<128><<<(unsigned)KILN_CEIL_DIV(thr, 256), 256, 0, c->stream>>>(
-            dsum, (const bf16 *)a->dout, (const bf16 *)a->out, rows, a->T, a->NH);
-    CUDA_CHECK_LAUNCH();
+    p.dsum = kiln_cuda_fa_dsum(c, a->dout, a->out, a->B, a->T, a->NH, a->HS);
     int v = fa_variant();
     if (!c->deterministic) { // single pass, dQ by atomics (float sums in arrival order)
         size_t nq = (size_t)a->B * a->T * a->NH * a->HS * sizeof(float);

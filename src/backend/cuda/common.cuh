@@ -134,6 +134,13 @@ int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn_back_args 
 // rotated k (B, T, NKV, HS) in scratch slot SCR_ATTN_ROT, bf16; returns its start
 const bf16 *kiln_cuda_fa_rope(struct cuda_ctx *c, const void *qkv, int qkv_rs, int B, int T, int NH, int NKV,
                               int HS, float theta);
+// Backward pieces shared by the flash kernels (attention_fa2.cu), HS 64 / 128: D = rowsum(dO * O) into
+// scratch slot SCR_ATTN_D, (B, NH, T) f32, returned; and the f32 dQ accumulator (B, T, NH, HS) scaled,
+// rotated back (ct, st: RoPE tables, or NULL) and rounded into dqkv's q slice (rows rs apart)
+const float *kiln_cuda_fa_dsum(struct cuda_ctx *c, const void *dout, const void *out, int B, int T, int NH,
+                               int HS);
+void kiln_cuda_fa_dq_convert(struct cuda_ctx *c, bf16 *dqkv, const float *acc, int B, int T, int NH, int HS,
+                             int rs, float scale, const float *ct, const float *st);
 // Hopper forward (attention_wgmma.cu): runs and returns 1 only when KILN_ATTN=wgmma, the build targets
 // sm_90a, the device is sm_90 and the shape fits (HS 64/128, 16-byte aligned rows); else 0
 int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struct kiln_attn_args *a);
