@@ -695,6 +695,8 @@ extern "C" void kiln_cuda_attention_backward(void *ctx, const struct kiln_attn_b
     if (a->B * a->T == 0)
         return;
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0);
+    if (kiln_cuda_wgmma_attention_backward(c, a)) // opt-in, as the forward (and not in deterministic mode)
+        return;
     if (!attn_use_ref() && kiln_cuda_fa2_backward(c, a))
         return;
     struct attn_params p =

@@ -206,6 +206,42 @@ static __device__ __forceinline__ void wgmma_rs_n128(float *d, const uint32_t *a
                    "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
+
+// D (64 x 64, f32) (+)= A (64 x 16, smem desc, MN-major) . B (16 x 64, smem desc, MN-major): both operands
+// transposed by the descriptor (imm-trans-a = imm-trans-b = 1); the backward's dQ = dS K, with dS stored
+// keys-major ([key][query]) and K as TMA loaded it ([key][d]).
+static __device__ __forceinline__ void wgmma_ss_n64_tt(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+// ---- backward helpers
+// Generic-proxy stores to shared memory (dS written by st.shared) made visible to the async proxy that
+// wgmma's descriptors read through; each writing thread fences before the barrier that publishes them.
+static __device__ __forceinline__ void fence_proxy_async_smem(void) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Barrier over the 128 threads of one consumer warpgroup (id 1 + consumer index; 0 is __syncthreads').
+static __device__ __forceinline__ void wg_bar_sync(int consumer) {
+    if (consumer == 0) // immediate ids: ptxas then reserves 3 hardware barriers, not all 16
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+}
+// g[0] += x, g[1] += y (global, 8-byte aligned), one vector reduction, no result (as attention_fa2.cu's
+// fa_red2 on sm_90)
+static __device__ __forceinline__ void wg_red2(float *g, float x, float y) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(g), "f"(x), "f"(y) : "memory");
+}
 #endif // WG_DEVICE_HELPERS
 
 // ---- the kernel -------------------------------------------------------------------------------------------
@@ -427,6 +463,275 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 #endif
 }
 
+// ---- backward ---------------------------------------------------------------------------------------------
+// FlashAttention-3's backward, first stage: one block per WB_BN = 128 keys of one kv head, looping over the
+// group's query heads and the query tiles of WB_BM = 64 from the diagonal on (as fa_bwd_fused_kernel).
+//   - warpgroup 0, the producer (setmaxnreg.dec 24): thread 0 copies K and V once (TMA, kv_full), then Q
+//     and dO of every tile into a 2-stage ring (full / empty mbarriers, as the forward's K/V ring); warps 1
+//     and 2 put lse log2(e) and D of the tile's rows into the same stage (one row a thread);
+//   - warpgroups 1 and 2, the consumers (setmaxnreg.inc 240): consumer c owns keys k0 + 64 c .. + 63 and
+//     keeps their dK, dV (64 x HS each) in wgmma accumulators over all tiles. Per tile, with the operands
+//     swapped (FA3's SdP_swapAB) so that P and dS come out keys-major, the layout the next wgmma wants as
+//     register A:
+//       S^T (64 keys x 64 queries) = K_c Q^T, dP^T = V_c dO^T      (SS, both K-major: the forward's wg_qk)
+//       P^T = exp2(S^T scale_log2 + slope (j - i) - lse_i log2 e), masked to 0; dS^T = P^T (dP^T - D_i)
+//       dV_c += P^T dO, dK_c += dS^T Q        (RS: P^T, dS^T rounded to bf16 in registers; dO, Q MN-major)
+//       dS^T (bf16) -> shared memory [key][query], 128-byte swizzled; warpgroup barrier
+//       dQ (64 queries x HS) += dS K_c         (SS, both MN-major; 64 d-columns a pass), added with vector
+//                                               RED to the f32 dq_acc that fa_dq_convert_kernel finishes.
+//     Each consumer adds its own 64 keys' share of dQ: the two warpgroups never wait for each other (only the
+//     producer waits for both), and the dQ atomics per query row and 64 keys equal FA2's default backward's.
+// Rounding as fa_bwd_fused_kernel: lse in the log2 domain as lse * log2(e) (f32), P and dS unrounded for dS =
+// P (dP - D), rounded to bf16 where they enter an MMA (dV, dK, dQ), dK scaled by 1/sqrt(HS) at the store,
+// dq_acc unscaled (the convert kernel scales and rotates back), dK rotated back in registers (RoPE).
+struct wg_bwd_params {
+    CUtensorMap tq, tdo, tk, tv;    // 4-D maps (d, head, t, b); boxes (64, 1, rows, 1): q, dO BM; k, v BN
+    const float *lse;               // (B, NH, T), natural log
+    const float *dsum;              // (B, NH, T): D = rowsum(dO * O)
+    float *dq_acc;                  // (B, T, NH, HS) f32, zeroed first: unscaled dQ in the rotated frame
+    bf16 *dqkv;                     // (B, T, rs): dK, dV slices written here
+    const float *cos_tab, *sin_tab; // RoPE: rotate dK back; NULL otherwise
+    int T, NH, NKV, rs;
+    int alibi;
+    float scale, scale_log2;
+};
+
+#define WB_BN 128 // keys per block: two consumer warpgroups of 64
+#define WB_BM 64  // queries per tile of the ring
+
+// Shared memory: K [HS/64][BN][64] | V, same | Q [2 stages][HS/64][BM][64] | dO, same | dS^T [2 consumers]
+// [2 buffers][64 keys][64 queries] | lse log2(e), D [2 stages][2][BM] f32 | 5 mbarriers; plus up to 1023
+// bytes to align the start to 1024.
+template <int HS> static constexpr size_t wb_smem_bytes(void) {
+    return (size_t)(2 * WB_BN + 4 * WB_BM) * HS * 2 + 4 * 64 * WB_BM * 2 + 4 * WB_BM * 4 + 8 * 8 + 1024;
+}
+
+#if defined(WG_DEVICE_HELPERS)
+// C (64 x 64) = A (64 rows at a_addr, K-major, column block c at + c CB_A) . B (64 rows at b_addr, K-major,
+// column block c at + c CB_B)^T, reduction over HS: S^T = K_c Q^T and dP^T = V_c dO^T.
+template <int HS, uint32_t CB_A, uint32_t CB_B>
+static __device__ __forceinline__ void wb_abt(float *c, uint32_t a_addr, uint32_t b_addr) {
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        uint32_t off = (kk & 3) * 32;
+        uint64_t da = wg_desc(a_addr + (kk >> 2) * CB_A + off, 16, 1024);
+        uint64_t db = wg_desc(b_addr + (kk >> 2) * CB_B + off, 16, 1024);
+        wgmma_ss_n64(c, da, db, kk > 0);
+    }
+}
+
+static __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+#endif // WG_DEVICE_HELPERS
+
+template <int HS>
+static __global__ void __launch_bounds__(WG_THREADS, 1)
+    wg_bwd_kernel(const __grid_constant__ struct wg_bwd_params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int CB = HS / 64;
+    constexpr uint32_t KV_BYTES = WB_BN * HS * 2; // K (or V): all the block's keys
+    constexpr uint32_t QT_BYTES = WB_BM * HS * 2; // one Q (or dO) stage
+    constexpr uint32_t DS_BYTES = 64 * WB_BM * 2; // one dS^T buffer of one consumer
+    extern __shared__ __align__(16) unsigned char wg_smem[];
+    uint32_t base = ((uint32_t)__cvta_generic_to_shared(wg_smem) + 1023) & ~1023u;
+    uint32_t k_s = base, v_s = k_s + KV_BYTES, q_s = v_s + KV_BYTES, do_s = q_s + 2 * QT_BYTES;
+    uint32_t ds_s = do_s + 2 * QT_BYTES, stat_s = ds_s + 4 * DS_BYTES, bars = stat_s + 4 * WB_BM * 4;
+    // mbarriers, 8 bytes each: K and V full, stage full [2] (Q, dO, lse, D), stage empty [2]
+    uint32_t kv_full = bars, full = bars + 8, empty = bars + 24;
+    // lse log2(e) and D of stage s's query rows: stat[s][0][row], stat[s][1][row] (plain loads and stores)
+    float *stat = (float *)(wg_smem + (stat_s - (uint32_t)__cvta_generic_to_shared(wg_smem)));
+
+    int kt = blockIdx.x; // key tile 0 meets the most query tiles: it starts first
+    int b = blockIdx.y / p.NKV, kvh = blockIdx.y % p.NKV, group = p.NH / p.NKV;
+    int k0 = kt * WB_BN;
+    int qt0 = k0 / WB_BM, n_q = KILN_CEIL_DIV(p.T, WB_BM) - qt0, n_it = group * n_q;
+    int wg = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+        mbar_init(kv_full, 1);
+        for (int s = 0; s < 2; s++) {
+            mbar_init(full + 8 * s, 1 + WB_BM); // thread 0's expect_tx, and one per row of lse / D
+            mbar_init(empty + 8 * s, 2 * 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads(); // the last block-wide barrier
+
+    if (wg == 0) {
+        // ---- producer ----
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (threadIdx.x == 0) {
+            mbar_expect_tx(kv_full, 2 * KV_BYTES);
+            for (int c = 0; c < CB; c++) {
+                tma_load_4d(k_s + c * WB_BN * 128, &p.tk, c * 64, kvh, k0, b, kv_full);
+                tma_load_4d(v_s + c * WB_BN * 128, &p.tv, c * 64, kvh, k0, b, kv_full);
+            }
+            for (int it = 0; it < n_it; it++) {
+                int s = it & 1, h = kvh * group + it / n_q, q0 = (qt0 + it % n_q) * WB_BM;
+                if (it >= 2) // stage s last held tile it - 2: wait for both consumers to release it
+                    mbar_wait(empty + 8 * s, ((it >> 1) - 1) & 1);
+                mbar_expect_tx(full + 8 * s, 2 * QT_BYTES);
+                for (int c = 0; c < CB; c++) {
+                    tma_load_4d(q_s + s * QT_BYTES + c * WB_BM * 128, &p.tq, c * 64, h, q0, b, full + 8 * s);
+                    tma_load_4d(do_s + s * QT_BYTES + c * WB_BM * 128, &p.tdo, c * 64, h, q0, b,
+                                full + 8 * s);
+                }
+            }
+        } else if (threadIdx.x >= 32 && threadIdx.x < 32 + WB_BM) {
+            // warps 1 and 2: lse (log2 domain, rounded as fa_bwd_fused_kernel) and D of one query row per
+            // thread into the stage; the arrival (release) publishes the stores to the consumers' wait
+            int r = threadIdx.x - 32;
+            for (int it = 0; it < n_it; it++) {
+                int s = it & 1, h = kvh * group + it / n_q, qi = (qt0 + it % n_q) * WB_BM + r;
+                if (it >= 2)
+                    mbar_wait(empty + 8 * s, ((it >> 1) - 1) & 1);
+                size_t o = ((size_t)b * p.NH + h) * p.T + qi;
+                stat[s * 2 * WB_BM + r] = qi < p.T ? p.lse[o] * WG_LOG2E : 0.0f;
+                stat[s * 2 * WB_BM + WB_BM + r] = qi < p.T ? p.dsum[o] : 0.0f;
+                mbar_arrive(full + 8 * s);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers ----
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    int cw = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    int wk0 = k0 + cw * 64;                                     // first key of this warpgroup
+    int kj[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8}; // the two keys (rows) this thread holds
+    uint32_t k_mine = k_s + cw * 64 * 128, v_mine = v_s + cw * 64 * 128; // 8 swizzle groups into each block
+    uint32_t ds_mine = ds_s + cw * 2 * DS_BYTES;
+
+    // accumulators: register 4 i + e holds row 16 warp + g + 8 (e / 2), column 8 i + 2 t4 + (e % 2)
+    float dk[HS / 2], dv[HS / 2];
+#pragma unroll
+    for (int i = 0; i < HS / 2; i++)
+        dk[i] = dv[i] = 0.0f;
+    mbar_wait(kv_full, 0);
+
+    for (int it = 0; it < n_it; it++) {
+        int st = it & 1, h = kvh * group + it / n_q, q0 = (qt0 + it % n_q) * WB_BM;
+        uint32_t par = (it >> 1) & 1;
+        mbar_wait(full + 8 * st, par);
+        // else every query of the tile precedes all 64 keys (consumer 1 on the diagonal tile), or no key < T
+        if (q0 + WB_BM - 1 >= wk0 && wk0 < p.T) {
+            uint32_t qb = q_s + st * QT_BYTES, dob = do_s + st * QT_BYTES, dsb = ds_mine + st * DS_BYTES;
+            // S^T, dP^T (and dQ below) are overwritten by their first k-step (scale-d 0), but the asm reads
+            // them ("+f"): zeroed here, they are not live across tiles (32 registers each)
+            float s[32], dp[32];
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                s[i] = dp[i] = 0.0f;
+            reg_fence<32>(s);
+            reg_fence<32>(dp);
+            wgmma_fence();
+            wb_abt<HS, WB_BN * 128, WB_BM * 128>(s, k_mine, qb); // S^T = K_c Q^T
+            wgmma_commit();
+            wb_abt<HS, WB_BN * 128, WB_BM * 128>(dp, v_mine, dob); // dP^T = V_c dO^T
+            wgmma_commit();
+
+            // lse log2(e) and D of query column 8 (i / 4) + 2 t4 + (i % 2) at ls[..], dd[..] (shared memory:
+            // 16 registers each would not fit beside dK, dV at HS = 128)
+            const float *ls = stat + st * 2 * WB_BM + t4 * 2, *dd = ls + WB_BM;
+            float slope2 = p.alibi ? alibi_slope(h, p.NH) * WG_LOG2E : 0.0f;
+            bool need_mask = q0 < wk0 + 63 || q0 + WB_BM > p.T || wk0 + 64 > p.T;
+
+            wgmma_wait<1>(); // S^T
+            reg_fence<32>(s);
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                int j = (i >> 2) * 8 + (i & 1), qi = q0 + j + t4 * 2, kr = kj[(i >> 1) & 1];
+                float pv = exp2f(s[i] * p.scale_log2 + slope2 * (float)(kr - qi) - ls[j]);
+                if (need_mask && (qi < kr || qi >= p.T || kr >= p.T))
+                    pv = 0.0f;
+                s[i] = pv; // P^T
+            }
+            // P^T rounded to bf16 into the register A fragments of dV += P^T dO (k-step kk: queries 16 kk ..)
+            uint32_t pa[WB_BM / 16][4], da[WB_BM / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < WB_BM / 16; kk++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    pa[kk][e] = pack_bf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+
+            wgmma_wait<0>(); // dP^T
+            reg_fence<32>(dp);
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                dp[i] = s[i] * (dp[i] - dd[(i >> 2) * 8 + (i & 1)]); // dS^T (unscaled)
+                // dS^T rounded to bf16: register A fragments of dK += dS^T Q, and the same values to shared
+                // memory as [key][query] (queries contiguous, 128-byte swizzle: chunk j of row r at j ^ (r %
+                // 8), r % 8 = g), the MN-major A of dQ = dS K. Fragment e of k-step kk: row g + 8 (e & 1),
+                // chunk 2 kk + e / 2.
+#pragma unroll
+            for (int kk = 0; kk < WB_BM / 16; kk++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    da[kk][e] = pack_bf16(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
+                    int r = warp * 16 + g + 8 * (e & 1), chunk = 2 * kk + (e >> 1);
+                    st_shared_u32(dsb + r * 128 + ((chunk ^ g) << 4) + t4 * 4, da[kk][e]);
+                }
+            fence_proxy_async_smem(); // this thread's dS^T stores, before the barrier, for wgmma's reads
+
+            reg_fence<HS / 2>(dv);
+            reg_fence<HS / 2>(dk);
+            reg_fence_u32<WB_BM / 4>(&pa[0][0]);
+            reg_fence_u32<WB_BM / 4>(&da[0][0]);
+            wgmma_fence();
+            wg_pv<HS, WB_BM>(dv, pa, dob); // dV_c += P^T dO
+            wg_pv<HS, WB_BM>(dk, da, qb);  // dK_c += dS^T Q
+            wgmma_commit();
+
+            wg_bar_sync(cw); // every warp's dS^T rows are in dsb
+            float *dqg = p.dq_acc + ((size_t)b * p.T * p.NH + h) * HS;
+            size_t qstride = (size_t)p.NH * HS;
+#pragma unroll
+            for (int cb = 0; cb < CB; cb++) {
+                float dq[32];
+#pragma unroll
+                for (int i = 0; i < 32; i++)
+                    dq[i] = 0.0f;
+                reg_fence<32>(dq);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) { // 16 keys a step: 16 rows of dS^T and of K, 2048 bytes
+                    uint64_t dsd = wg_desc(dsb + kk * 2048, DS_BYTES, 1024);
+                    uint64_t kd = wg_desc(k_mine + cb * WB_BN * 128 + kk * 2048, WB_BN * 128, 1024);
+                    wgmma_ss_n64_tt(dq, dsd, kd, kk > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<0>(); // this pass's dQ, and (first pass) dV, dK: stage st is no longer read
+                reg_fence<32>(dq);
+                if (cb == 0) {
+                    reg_fence<HS / 2>(dv);
+                    reg_fence<HS / 2>(dk);
+                    reg_fence_u32<WB_BM / 4>(&pa[0][0]);
+                    reg_fence_u32<WB_BM / 4>(&da[0][0]);
+                    mbar_arrive(empty + 8 * st);
+                }
+#pragma unroll
+                for (int i = 0; i < 32; i += 2) {
+                    int qi = q0 + warp * 16 + g + 8 * ((i >> 1) & 1), d = cb * 64 + (i >> 2) * 8 + t4 * 2;
+                    if (qi < p.T)
+                        wg_red2(dqg + (size_t)qi * qstride + d, dq[i], dq[i + 1]);
+                }
+            }
+        } else {
+            mbar_arrive(empty + 8 * st); // nothing read from stage st
+        }
+    }
+
+    float(*dk4)[4] = reinterpret_cast<float(*)[4]>(dk);
+    float(*dv4)[4] = reinterpret_cast<float(*)[4]>(dv);
+    if (p.cos_tab)
+        rope_back_frag<HS>(dk4, kj[0], kj[1], p.T, p.cos_tab, p.sin_tab);
+    bf16 *dbase = p.dqkv + (size_t)b * p.T * p.rs;
+    store_frag<HS>(dbase + (p.NH + kvh) * HS, p.rs, kj[0], kj[1], p.T, dk4, p.scale, p.scale);
+    store_frag<HS>(dbase + (p.NH + p.NKV + kvh) * HS, p.rs, kj[0], kj[1], p.T, dv4, 1.0f, 1.0f);
+#endif
+}
+
 // ---- host: tensor maps and launch -------------------------------------------------------------------------
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda); NULL if the
@@ -485,6 +790,14 @@ template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct
     CUDA_CHECK_LAUNCH();
 }
 
+template <int HS> static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_params &p, int B) {
+    size_t smem = wb_smem_bytes<HS>();
+    set_smem(wg_bwd_kernel<HS>, smem);
+    dim3 grid(KILN_CEIL_DIV(p.T, WB_BN), B * p.NKV);
+    wg_bwd_kernel<HS><<<grid, WG_THREADS, smem, c->stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+}
+
 #endif // KILN_HAVE_SM90A
 
 // KILN_ATTN=wgmma asks for this path (read on each call, as attention.cu reads KILN_ATTN=ref).
@@ -538,6 +851,60 @@ extern "C" int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struc
         wg_launch<64, BN>(c, p, a->B);
     else
         wg_launch<128, BN>(c, p, a->B);
+    return 1;
+#else
+    (void)a;
+    return 0;
+#endif
+}
+
+extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a) {
+    // deterministic mode wants FA2's two-kernel backward (no atomics)
+    if (!wg_requested() || c->deterministic || !kiln_cuda_wgmma_attention_available(c))
+        return 0;
+#if defined(KILN_HAVE_SM90A)
+    int HS = a->HS, rs = a->qkv_stride ? a->qkv_stride : (a->NH + 2 * a->NKV) * HS;
+    int drs = a->dqkv_stride ? a->dqkv_stride : (a->NH + 2 * a->NKV) * HS;
+    // TMA: 16-byte aligned bases and row strides; dK, dV stored as bf16 pairs, dQ as 8-byte groups
+    if ((HS != 64 && HS != 128) || ((uintptr_t)a->qkv & 15) || ((uintptr_t)a->dout & 15) || rs % 8 ||
+        ((uintptr_t)a->dqkv & 15) || drs % 8 || ((uintptr_t)a->out & 15))
+        return 0;
+    const bf16 *x = (const bf16 *)a->qkv, *q = x, *k = x + a->NH * HS, *v = x + (a->NH + a->NKV) * HS;
+    int q_rs = rs, k_rs = rs;
+    struct wg_bwd_params p;
+    memset(&p, 0, sizeof(p));
+    if (a->pos == KILN_POS_ROPE) {
+        const bf16 *qr = kiln_cuda_fa_rope(c, a->qkv, rs, a->B, a->T, a->NH, a->NKV, HS, a->rope_theta);
+        q = qr;
+        k = qr + (size_t)a->B * a->T * a->NH * HS;
+        q_rs = a->NH * HS;
+        k_rs = a->NKV * HS;
+        p.cos_tab = kiln_cuda_rope_table(c, a->T, HS, a->rope_theta, &p.sin_tab);
+    }
+    if (wg_map(&p.tq, q, HS, a->NH, a->T, a->B, q_rs, WB_BM) ||
+        wg_map(&p.tdo, (const bf16 *)a->dout, HS, a->NH, a->T, a->B, a->NH * HS, WB_BM) ||
+        wg_map(&p.tk, k, HS, a->NKV, a->T, a->B, k_rs, WB_BN) ||
+        wg_map(&p.tv, v, HS, a->NKV, a->T, a->B, rs, WB_BN))
+        return 0;
+    p.lse = a->lse;
+    p.dsum = kiln_cuda_fa_dsum(c, a->dout, a->out, a->B, a->T, a->NH, HS);
+    size_t nq = (size_t)a->B * a->T * a->NH * HS * sizeof(float);
+    p.dq_acc = (float *)kiln_cuda_scratch(c, SCR_ATTN_DQ, nq);
+    CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, nq, c->stream));
+    p.dqkv = (bf16 *)a->dqkv;
+    p.T = a->T;
+    p.NH = a->NH;
+    p.NKV = a->NKV;
+    p.rs = drs;
+    p.alibi = a->pos == KILN_POS_ALIBI;
+    p.scale = 1.0f / sqrtf((float)HS);
+    p.scale_log2 = p.scale * WG_LOG2E;
+    if (HS == 64)
+        wb_launch<64>(c, p, a->B);
+    else
+        wb_launch<128>(c, p, a->B);
+    kiln_cuda_fa_dq_convert(c, (bf16 *)a->dqkv, p.dq_acc, a->B, a->T, a->NH, HS, drs, p.scale, p.cos_tab,
+                            p.sin_tab);
     return 1;
 #else
     (void)a;

@@ -144,6 +144,8 @@ void kiln_cuda_fa_dq_convert(struct cuda_ctx *c, bf16 *dqkv, const float *acc, i
 // Hopper forward (attention_wgmma.cu): runs and returns 1 only when KILN_ATTN=wgmma, the build targets
 // sm_90a, the device is sm_90 and the shape fits (HS 64/128, 16-byte aligned rows); else 0
 int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struct kiln_attn_args *a);
+// its backward (same conditions, and not in deterministic mode): 1 when it ran, else 0 (FA2 then runs)
+int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a);
 void kiln_cuda_swiglu_forward(void *ctx, const struct kiln_swiglu_args *a);
 void kiln_cuda_swiglu_backward(void *ctx, const struct kiln_swiglu_back_args *a);
 void kiln_cuda_gelu_forward(void *ctx, const struct kiln_gelu_args *a); // matmul.cu, with the GELU epilogues
