@@ -610,13 +610,19 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         dk[i] = dv[i] = 0.0f;
     mbar_wait(kv_full, 0);
 
+    // dS^T buffers alternate per computed tile, not per tile: a skipped tile has no warpgroup barrier, and
+    // the barrier of computed tile n is what keeps warps from writing buffer n % 2 while a slower warp's dQ
+    // wgmma of tile n - 2 still reads it
+    int n_done = 0;
     for (int it = 0; it < n_it; it++) {
         int st = it & 1, h = kvh * group + it / n_q, q0 = (qt0 + it % n_q) * WB_BM;
         uint32_t par = (it >> 1) & 1;
         mbar_wait(full + 8 * st, par);
         // else every query of the tile precedes all 64 keys (consumer 1 on the diagonal tile), or no key < T
         if (q0 + WB_BM - 1 >= wk0 && wk0 < p.T) {
-            uint32_t qb = q_s + st * QT_BYTES, dob = do_s + st * QT_BYTES, dsb = ds_mine + st * DS_BYTES;
+            uint32_t qb = q_s + st * QT_BYTES, dob = do_s + st * QT_BYTES,
+                     dsb = ds_mine + (n_done & 1) * DS_BYTES;
+            n_done++;
             // S^T, dP^T (and dQ below) are overwritten by their first k-step (scale-d 0), but the asm reads
             // them ("+f"): zeroed here, they are not live across tiles (32 registers each)
             float s[32], dp[32];
