@@ -8,9 +8,9 @@
 // atomics), new-v1 and new-v2 (KILN_FA_VARIANT=1, 2: other tile shapes of the single-pass backward; the
 // forward is variant 1's in both), with the max relative error of each against ref and the backward's
 // speedup over det. Where the Hopper forward applies (a build with KILN_CUDA_ARCHS containing 90a, an sm_90
-// device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward, the default backward), follows;
-// its `fwd/new` column is its forward's speedup over the FA2 forward of `new`. The last line counts
-// CHECK-FAILs (exit 1 if any).
+// device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward and backward, both wgmma + TMA),
+// follows; its `fwd/new` and `bwd/new` columns are its speedups over the FA2 forward and single-pass backward
+// of `new`, `f+b` the two together. The last line counts CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
 //          attn_bench wgmma           (correctness shapes, then wgmma vs FA2 at T 1024/2048, HS 64/128)
@@ -131,7 +131,7 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);
     std::vector<float> r_out(n_out), r_lse(n_lse), r_d(n_qkv), x_out(n_out), x_lse(n_lse), x_d(n_qkv);
     std::vector<float> nan_fill(n_qkv, NAN);
-    float ref_f = 0, ref_b = 0, det_b = 0, new_f = 0;
+    float ref_f = 0, ref_b = 0, det_b = 0, new_f = 0, new_b = 0;
     for (int k = 0; k < n_paths; k++) {
         set_path(attn[k], var[k]);
         c->deterministic = det[k];
@@ -151,15 +151,17 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
         }
         if (k == 1)
             det_b = mb;
-        if (k == 2)
+        if (k == 2) {
             new_f = mf;
+            new_b = mb;
+        }
         printf("%-40s %-6s fwd %7.3f ms %6.1f TF/s  bwd %7.3f ms %6.1f TF/s  f+b %6.1f TF/s  x%.2f", sh,
                names[k], mf, fl_f / (mf * 1e-3) / 1e12, mb, fl_b / (mb * 1e-3) / 1e12,
                (fl_f + fl_b) / ((mf + mb) * 1e-3) / 1e12, (ref_f + ref_b) / (mf + mb));
         if (k >= 2)
             printf("  bwd/det x%.2f", det_b / mb);
         if (k == 5)
-            printf("  fwd/new x%.2f", new_f / mf);
+            printf("  fwd/new x%.2f bwd/new x%.2f", new_f / mf, new_b / mb);
         if (k) {
             size_t BT = (size_t)B * T;
             double eo = max_rel(x_out, r_out, BT, (size_t)NH * HS, 0, (size_t)NH * HS);
@@ -200,7 +202,7 @@ int main(int argc, char **argv) {
     }
     printf("attn_bench on %s (causal, bf16, median of 20 after 3 warmup)\n", be.device_name);
     if (argc == 2 && strcmp(argv[1], "wgmma") == 0) {
-        // the Hopper forward against FA2 (and ref): correctness shapes first, then the timing shapes
+        // the Hopper forward + backward against FA2 (and ref): correctness shapes first, then the timing shapes
         if (!kiln_cuda_wgmma_attention_available(be.ctx))
             printf("wgmma path not applicable (build KILN_CUDA_ARCHS without 90a, or not an sm_90 device)\n");
         bench_one(&be, 2, 1000, 8, 2, 64, KILN_POS_ROPE);

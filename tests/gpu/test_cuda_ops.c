@@ -535,8 +535,26 @@ static const char *pos_name(enum kiln_pos p) {
 // Forward and backward on GPU backend g against the CPU. The backward runs twice on g: in deterministic mode
 // the two results must be bitwise identical; in the default mode (dQ summed with atomics in arrival order)
 // they must agree to rounding (rel_err 1e-2), which a missing barrier or a race would not.
-static void attention_case_on(struct env *e, struct kiln_backend *g, int B, int T, int NH, int NKV, int HS,
-                              enum kiln_pos pos) {
+// Sets KILN_ATTN to `path` (NULL: unset) and returns what it was before (a copy, or NULL), for put_attn_path.
+static char *swap_attn_path(const char *path) {
+    const char *was = getenv("KILN_ATTN");
+    char *saved = was ? strdup(was) : NULL;
+    if (path)
+        setenv("KILN_ATTN", path, 1);
+    else
+        unsetenv("KILN_ATTN");
+    return saved;
+}
+
+static void put_attn_path(char *saved) {
+    swap_attn_path(saved);
+    free(saved);
+}
+
+// Forward and backward on g against the CPU. bwd_path: NULL runs both under the current KILN_ATTN; otherwise
+// the backward calls run with KILN_ATTN=bwd_path ("" for unset), the forward with the current setting.
+static void attention_case_paths(struct env *e, struct kiln_backend *g, const char *bwd_path, int B, int T,
+                                 int NH, int NKV, int HS, enum kiln_pos pos) {
     char sh[128];
     snprintf(sh, sizeof(sh), "B=%d T=%d NH=%d NKV=%d HS=%d %s", B, T, NH, NKV, HS, pos_name(pos));
     size_t W = (size_t)(NH + 2 * NKV) * HS, n_qkv = (size_t)B * T * W, n_out = (size_t)B * T * NH * HS;
@@ -562,6 +580,7 @@ static void attention_case_on(struct env *e, struct kiln_backend *g, int B, int 
                                       NH,     NKV,    HS,    pos,   10000.0f, 0, 0};
     struct kiln_attn_back_args b_g = {dqkv.g, dout.g, qkv.g, out.g, lse.g,    B, T,
                                       NH,     NKV,    HS,    pos,   10000.0f, 0, 0};
+    char *fwd_path = bwd_path ? swap_attn_path(bwd_path[0] ? bwd_path : NULL) : NULL;
     t0 = now_ms();
     g->ops->attention_backward(g->ctx, &b_g);
     g->ops->synchronize(g->ctx);
@@ -610,6 +629,8 @@ static void attention_case_on(struct env *e, struct kiln_backend *g, int B, int 
         free(second);
         free(h2);
     }
+    if (bwd_path)
+        put_attn_path(fwd_path);
     free(hc);
     free(hg);
     pair_free(&qkv);
@@ -617,6 +638,11 @@ static void attention_case_on(struct env *e, struct kiln_backend *g, int B, int 
     pair_free(&lse);
     pair_free(&dout);
     pair_free(&dqkv);
+}
+
+static void attention_case_on(struct env *e, struct kiln_backend *g, int B, int T, int NH, int NKV, int HS,
+                              enum kiln_pos pos) {
+    attention_case_paths(e, g, NULL, B, T, NH, NKV, HS, pos);
 }
 
 static void attention_case(struct env *e, int B, int T, int NH, int NKV, int HS, enum kiln_pos pos) {
@@ -810,8 +836,9 @@ static void test_strided_attention_matches_cpu(void **state) {
 // The Hopper forward (KILN_ATTN=wgmma: attention_wgmma.cu, wgmma + TMA) against the CPU where it applies (a
 // build for sm_90a and an sm_90 device), skipped otherwise. Outputs poisoned first; T below one 128-row tile
 // (17), one past it (129), many key tiles through the 2-stage ring (1024); HS 64 and 128; GQA groups of 1 to
-// 4; RoPE, ALiBi (NH not a power of two), none. The backward (FA2 kernels) runs on the wgmma forward's output
-// and lse, so a wrong lse shows in dq/dk/dv too. Strided rows: a multiple of 8 (wgmma) and odd (falls back).
+// 4; RoPE, ALiBi (NH not a power of two), none. The backward (wgmma too, under the same KILN_ATTN) runs on
+// the wgmma forward's output and lse: end to end; test_attention_wgmma_backward_matches_cpu takes the
+// backward alone. Strided rows: a multiple of 8 (wgmma) and odd (falls back).
 static void test_attention_wgmma_matches_cpu(void **state) {
     struct env *e = *state;
     if (!kiln_cuda_wgmma_attention_available(e->gpu.ctx)) {
@@ -833,6 +860,48 @@ static void test_attention_wgmma_matches_cpu(void **state) {
     strided_attention_case(e, &e->gpu, 2, 129, 4, 1, 64, KILN_POS_ROPE, 384 + 1024, 384 + 1024);
     strided_attention_case(e, &e->gpu, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
     strided_attention_case(e, &e->gpu, 2, 65, 4, 2, 64, KILN_POS_NONE, 512 + 7, 512 + 3); // FA2 fallback
+    unsetenv("KILN_ATTN");
+    end_test(e);
+}
+
+// The Hopper backward (KILN_ATTN=wgmma for attention_backward: attention_wgmma.cu's wg_bwd_kernel, wgmma +
+// TMA) alone against the CPU, where it applies (skipped otherwise): the forward is FA2's (KILN_ATTN unset),
+// so a wrong wgmma forward cannot pass for a wrong backward, or the reverse. Same shapes as the forward's
+// test: T below one 128-key block (17), one past it (129: the second block's second consumer has no keys <
+// T), many query tiles through the 2-stage ring (300, 1024); HS 64 and 128; GQA groups of 1 to 4 (each head's
+// diagonal tile skipped by consumer 1); RoPE (dK rotated back in registers, dQ by the convert kernel), ALiBi
+// with NH not a power of two, none. dqkv poisoned first (every element must be written), a second run must
+// agree within 1e-2 (dQ by atomics), and dq, dk, dv are checked separately. Then strided rows (dqkv's stride
+// differs from qkv's; an odd one falls back to FA2), and deterministic mode, which must decline the path
+// (FA2's two kernels, bitwise repeatable).
+static void test_attention_wgmma_backward_matches_cpu(void **state) {
+    struct env *e = *state;
+    if (!kiln_cuda_wgmma_attention_available(e->gpu.ctx)) {
+        printf("attention wgmma backward: not applicable here (needs a build with KILN_CUDA_ARCHS containing "
+               "90a "
+               "and an sm_90 device): skipped\n");
+        return;
+    }
+    unsetenv("KILN_ATTN");
+    printf("attention path: FA2 forward, wgmma backward\n");
+    struct kiln_backend *g = &e->gpu;
+    attention_case_paths(e, g, "wgmma", 1, 17, 4, 1, 64, KILN_POS_ALIBI);
+    attention_case_paths(e, g, "wgmma", 1, 17, 2, 2, 128, KILN_POS_ROPE);
+    attention_case_paths(e, g, "wgmma", 2, 129, 6, 2, 64, KILN_POS_ROPE);
+    attention_case_paths(e, g, "wgmma", 2, 129, 4, 4, 128, KILN_POS_ALIBI);
+    attention_case_paths(e, g, "wgmma", 1, 1024, 4, 2, 64, KILN_POS_NONE);
+    attention_case_paths(e, g, "wgmma", 1, 1024, 4, 1, 128, KILN_POS_ROPE);
+    attention_case_paths(e, g, "wgmma", 1, 1024, 6, 3, 64, KILN_POS_ALIBI);
+    attention_case_paths(e, g, "wgmma", 1, 1024, 2, 2, 128, KILN_POS_ALIBI);
+    attention_case_paths(e, g, "wgmma", 1, 300, 8, 2, 128, KILN_POS_NONE);
+    setenv("KILN_ATTN", "wgmma", 1);
+    printf("attention path: wgmma forward and backward, strided rows\n");
+    strided_attention_case(e, g, 2, 129, 4, 1, 64, KILN_POS_ROPE, 384 + 1024, 384 + 1024);
+    strided_attention_case(e, g, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
+    strided_attention_case(e, g, 2, 65, 4, 2, 64, KILN_POS_NONE, 512 + 7, 512 + 3); // FA2 fallback
+    printf(
+        "attention path: KILN_ATTN=wgmma in deterministic mode (the backward must be FA2's two kernels)\n");
+    attention_case_on(e, &e->gpu_det, 2, 129, 6, 2, 64, KILN_POS_ROPE);
     unsetenv("KILN_ATTN");
     end_test(e);
 }
@@ -1528,6 +1597,7 @@ int main(void) {
         cmocka_unit_test(test_attention_decode_matches_cpu),
         cmocka_unit_test(test_strided_attention_matches_cpu),
         cmocka_unit_test(test_attention_wgmma_matches_cpu),
+        cmocka_unit_test(test_attention_wgmma_backward_matches_cpu),
         cmocka_unit_test(test_strided_activations_match_cpu),
         cmocka_unit_test(test_swiglu_and_add_match_cpu),
         cmocka_unit_test(test_cross_entropy_matches_cpu),
