@@ -1,8 +1,9 @@
 // Causal attention forward and backward on Hopper's warpgroup MMA (wgmma) and tensor-memory accelerator
 // (TMA), after FlashAttention-3 (Shah et al. 2024). Opt-in: KILN_ATTN=wgmma on an sm_90 device, in a build
-// that targets sm_90a (-DKILN_CUDA_ARCHS="90a" or "90a;80"); everywhere else kiln_cuda_wgmma_attention_forward
-// and _backward return 0 and attention.cu runs the FA2 kernels (attention_fa2.cu). The backward is described
-// at wg_bwd_kernel; docs/wgmma_attention.md has the design and what is verified.
+// that targets sm_90a (-DKILN_CUDA_ARCHS="90a" or "90a;80"); everywhere else
+// kiln_cuda_wgmma_attention_forward and _backward return 0 and attention.cu runs the FA2 kernels
+// (attention_fa2.cu). The backward is described at wg_bwd_kernel; docs/wgmma_attention.md has the design and
+// what is verified.
 //
 // Same math and conventions as attention_fa2.cu: s_ij = scale q_i.k_j + slope_h (j - i) in the log2 domain,
 // key j > query i masked, online softmax, P rounded to bf16 before P.V, the row sum taken over the unrounded
