@@ -1586,6 +1586,9 @@ int main(void) {
     const char *filter = getenv("KILN_TEST_FILTER"); // e.g. "*wgmma*": only the tests whose names match
     if (filter)
         cmocka_set_test_filter(filter);
+    const char *skip = getenv("KILN_TEST_SKIP"); // e.g. "*wgmma*": every test but those
+    if (skip)
+        cmocka_set_skip_filter(skip);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding_matches_cpu),
         cmocka_unit_test(test_norms_match_cpu),
