@@ -17,13 +17,13 @@ fi
 BUILD=${BUILD:-build-gpu}
 if has build; then
   t0=$(date +%s)
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=${CUDA_ARCH:-90} >"$OUT/build.log" 2>&1 &&
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=${CUDA_ARCH:-90a} >"$OUT/build.log" 2>&1 &&
     cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   echo "build: ok in $(( $(date +%s) - t0 )) s"
 fi
-if has wgmma; then # the Hopper attention kernels alone, under a timeout (a synchronisation bug hangs; needs CUDA_ARCH=90a)
+if has wgmma; then # the Hopper attention kernels alone, under a timeout (a synchronisation bug hangs)
   for t in wgmma_matches wgmma_backward; do
-    KILN_TEST_FILTER="*$t*" KILN_SOURCE_DIR=$PWD timeout 90 "$BUILD/test_cuda_ops" >"$OUT/test_$t.log" 2>&1
+    KILN_TEST_SKIP= KILN_TEST_FILTER="*$t*" KILN_SOURCE_DIR=$PWD timeout 90 "$BUILD/test_cuda_ops" >"$OUT/test_$t.log" 2>&1
     echo "$t: exit $?, $(grep -c " PASS" "$OUT/test_$t.log") PASS lines"; grep -E "FAIL|kiln:|PASSED|path" "$OUT/test_$t.log" | head -24
   done
 fi

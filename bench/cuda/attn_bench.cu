@@ -3,11 +3,11 @@
 // Times with CUDA events on the backend's stream: 3 warmup calls, then the median of 20.
 // FLOPs (causal, the half computed): forward 2*2*B*NH*T*T*HS/2, backward 2.5x that (the FA-2 convention; the
 // deterministic backward executes 3.5x the forward's work, recomputing S and dP for dQ without atomics).
-// Each shape runs five paths on the same inputs: ref (KILN_ATTN=ref, the first kernels), det (the default
-// kernels in deterministic mode: two-kernel backward), new (default mode: single-pass backward, dQ by
-// atomics), new-v1 and new-v2 (KILN_FA_VARIANT=1, 2: other tile shapes of the single-pass backward; the
+// Each shape runs five paths on the same inputs: ref (KILN_ATTN=ref, the first kernels), det (the FA2
+// kernels, KILN_ATTN=fa2, in deterministic mode: two-kernel backward), new (FA2 in the default mode: single-pass
+// backward, dQ by atomics), new-v1 and new-v2 (KILN_FA_VARIANT=1, 2: other tile shapes of the single-pass backward; the
 // forward is variant 1's in both), with the max relative error of each against ref and the backward's
-// speedup over det. Where the Hopper forward applies (a build with KILN_CUDA_ARCHS containing 90a, an sm_90
+// speedup over det. Where the Hopper kernels apply (a build with KILN_CUDA_ARCHS containing 90a, an sm_90
 // device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward and backward, both wgmma + TMA),
 // follows; its `fwd/new` and `bwd/new` columns are its speedups over the FA2 forward and single-pass backward
 // of `new`, `f+b` the two together. The last line counts CHECK-FAILs (exit 1 if any).
@@ -125,7 +125,7 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
              : pos == KILN_POS_ALIBI ? "alibi"
                                      : "none");
     const char *names[6] = {"ref", "det", "new", "new-v1", "new-v2", "wgmma"};
-    const char *attn[6] = {"ref", NULL, NULL, NULL, NULL, "wgmma"}, *var[6] = {"0", "0", "0", "1", "2", "0"};
+    const char *attn[6] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma"}, *var[6] = {"0", "0", "0", "1", "2", "0"};
     int det[6] = {0, 1, 0, 0, 0, 0};
     int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 6 : 5;
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);

@@ -48,8 +48,8 @@ int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, struct kiln_bac
                            struct kiln_error *err);
 int kiln_cuda_device_count(void);
 void kiln_cuda_describe(FILE *f);
-// 1 when KILN_ATTN=wgmma can take the attention forward and backward on this CUDA backend context (a build
-// for sm_90a and an sm_90 device), else 0; lets tests and benchmarks skip the path cleanly
+// 1 when the Hopper attention kernels (attention_wgmma.cu) can run on this CUDA backend context (a build for
+// sm_90a and an sm_90 device), else 0; lets tests and benchmarks skip the path cleanly
 int kiln_cuda_wgmma_attention_available(void *ctx);
 #ifdef __cplusplus
 }

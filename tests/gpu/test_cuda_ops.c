@@ -664,13 +664,14 @@ static void test_attention_matches_cpu(void **state) {
     end_test(e);
 }
 
-// Each attention path against the CPU: the reference kernels (KILN_ATTN=ref) and both tile variants of the
-// default kernels (KILN_FA_VARIANT), at the tile edges of each: T one past a 128-query block, T short of the
+// Each attention path against the CPU: the reference kernels (KILN_ATTN=ref), both tile variants of the FA2
+// kernels (KILN_ATTN=fa2, KILN_FA_VARIANT) and the default selection (on an sm_90a build and device: the Hopper
+// backward, and its forward at HS 128), at the tile edges of each: T one past a 128-query block, T short of the
 // 16/32/64-query tiles of dK/dV, exact 64-tiles, GQA, RoPE, ALiBi.
 static void test_attention_paths_match_cpu(void **state) {
     struct env *e = *state;
-    const char *attn[3] = {"ref", NULL, NULL}, *variant[3] = {"0", "0", "1"};
-    for (int k = 0; k < 3; k++) {
+    const char *attn[4] = {"ref", "fa2", "fa2", NULL}, *variant[4] = {"0", "0", "1", "0"};
+    for (int k = 0; k < 4; k++) {
         if (attn[k])
             setenv("KILN_ATTN", attn[k], 1);
         else
@@ -688,15 +689,16 @@ static void test_attention_paths_match_cpu(void **state) {
     end_test(e);
 }
 
-// The backward in both modes against the CPU, both tile variants: default (cuda_ctx.deterministic == 0:
-// single pass, dQ by atomics into f32) and deterministic (two kernels, dQ recomputed). T below one tile (17),
+// FA2's backward (KILN_ATTN=fa2) in both modes against the CPU, both tile variants: default
+// (cuda_ctx.deterministic == 0: single pass, dQ by atomics into f32) and deterministic (two kernels, dQ
+// recomputed). T below one tile (17),
 // one past the 128-key/64-query tiles (129), not a multiple of any tile (500); GQA groups of 1, 3 and 4;
 // RoPE, ALiBi, none; HS 64 and 128.
 static void test_attention_backward_modes_match_cpu(void **state) {
     struct env *e = *state;
     struct kiln_backend *g[2] = {&e->gpu, &e->gpu_det};
     const char *variant[2] = {"0", "1"};
-    unsetenv("KILN_ATTN");
+    setenv("KILN_ATTN", "fa2", 1);
     for (int m = 0; m < 2; m++)
         for (int v = 0; v < 2; v++) {
             setenv("KILN_FA_VARIANT", variant[v], 1);
@@ -710,6 +712,7 @@ static void test_attention_backward_modes_match_cpu(void **state) {
             attention_case_on(e, g[m], 2, 500, 12, 3, 64, KILN_POS_ALIBI); // NH not a power of two
             attention_case_on(e, g[m], 1, 129, 4, 1, 128, KILN_POS_ALIBI);
         }
+    unsetenv("KILN_ATTN");
     unsetenv("KILN_FA_VARIANT");
     end_test(e);
 }
@@ -811,11 +814,12 @@ static void strided_attention_case(struct env *e, struct kiln_backend *g, int B,
 }
 
 // Row strides as the parallel block uses them (QKV + FCO, multiples of 8: the tiled kernels) and odd ones
-// (the warp-per-row kernels take over), on the default kernels in both backward modes and on KILN_ATTN=ref.
+// (the warp-per-row kernels take over), on the default kernels in both backward modes, on KILN_ATTN=fa2 and on
+// KILN_ATTN=ref.
 static void test_strided_attention_matches_cpu(void **state) {
     struct env *e = *state;
-    const char *attn[2] = {NULL, "ref"};
-    for (int k = 0; k < 2; k++) {
+    const char *attn[3] = {NULL, "fa2", "ref"};
+    for (int k = 0; k < 3; k++) {
         if (attn[k])
             setenv("KILN_ATTN", attn[k], 1);
         else
@@ -865,7 +869,7 @@ static void test_attention_wgmma_matches_cpu(void **state) {
 }
 
 // The Hopper backward (KILN_ATTN=wgmma for attention_backward: attention_wgmma.cu's wg_bwd_kernel, wgmma +
-// TMA) alone against the CPU, where it applies (skipped otherwise): the forward is FA2's (KILN_ATTN unset),
+// TMA) alone against the CPU, where it applies (skipped otherwise): the forward is FA2's (KILN_ATTN=fa2),
 // so a wrong wgmma forward cannot pass for a wrong backward, or the reverse. Same shapes as the forward's
 // test: T below one 128-key block (17), one past it (129: the second block's second consumer has no keys <
 // T), many query tiles through the 2-stage ring (300, 1024); HS 64 and 128; GQA groups of 1 to 4 (each head's
@@ -882,7 +886,7 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
                "and an sm_90 device): skipped\n");
         return;
     }
-    unsetenv("KILN_ATTN");
+    setenv("KILN_ATTN", "fa2", 1);
     printf("attention path: FA2 forward, wgmma backward\n");
     struct kiln_backend *g = &e->gpu;
     attention_case_paths(e, g, "wgmma", 1, 17, 4, 1, 64, KILN_POS_ALIBI);
@@ -1584,10 +1588,10 @@ int main(void) {
         return 77;
     }
     const char *filter = getenv("KILN_TEST_FILTER"); // e.g. "*wgmma*": only the tests whose names match
-    if (filter)
+    if (filter && *filter)
         cmocka_set_test_filter(filter);
     const char *skip = getenv("KILN_TEST_SKIP"); // e.g. "*wgmma*": every test but those
-    if (skip)
+    if (skip && *skip)
         cmocka_set_skip_filter(skip);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding_matches_cpu),

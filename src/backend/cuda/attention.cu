@@ -664,7 +664,7 @@ extern "C" void kiln_cuda_attention_forward(void *ctx, const struct kiln_attn_ar
     if (a->B * a->T == 0)
         return;
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0);
-    if (kiln_cuda_wgmma_attention_forward(c, a)) // opt-in (KILN_ATTN=wgmma, sm_90a build, sm_90 device)
+    if (kiln_cuda_wgmma_attention_forward(c, a)) // Hopper kernels (sm_90a build, sm_90 device; HS 128 by default)
         return;
     if (!attn_use_ref() && kiln_cuda_fa2_forward(c, a))
         return;
@@ -695,7 +695,7 @@ extern "C" void kiln_cuda_attention_backward(void *ctx, const struct kiln_attn_b
     if (a->B * a->T == 0)
         return;
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0);
-    if (kiln_cuda_wgmma_attention_backward(c, a)) // opt-in, as the forward (and not in deterministic mode)
+    if (kiln_cuda_wgmma_attention_backward(c, a)) // as the forward, every HS (not in deterministic mode)
         return;
     if (!attn_use_ref() && kiln_cuda_fa2_backward(c, a))
         return;
