@@ -221,38 +221,9 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_fwd_kernel(struct fa_
             for (int nt = 0; nt < BN / 8; nt++)
                 s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
             mm_abt<HS, BN / 8, LD, QREG>(s, qf, Qs, warp * 16, Kb);
-            bool need_mask = k0 + BN - 1 > wq0 || k0 + BN > p.T;
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int r = e >> 1, kj = k0 + nt * 8 + t4 * 2 + (e & 1);
-                    float x = s[nt][e] * p.scale_log2 + slope2 * (float)(kj - qi[r]);
-                    if (need_mask && (kj > qi[r] || kj >= p.T))
-                        x = -INFINITY;
-                    s[nt][e] = x;
-                    mx[r] = fmaxf(mx[r], x);
-                }
-            float alpha[2], mu[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                float mn = fmaxf(m[r], mx[r]);
-                mu[r] = mn == -INFINITY ? 0.0f : mn; // row fully masked so far: no inf - inf
-                alpha[r] = exp2f(m[r] - mu[r]);
-                m[r] = mn;
-                l[r] *= alpha[r];
-            }
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float pv = exp2f(s[nt][e] - mu[e >> 1]);
-                    s[nt][e] = pv;
-                    l[e >> 1] += pv;
-                }
+            float alpha[2];
+            attn_online_softmax<BN>(&s[0][0], m, l, alpha, k0, qi, t4, p.alibi, slope2, p.scale_log2, p.T,
+                                    k0 + BN - 1 > wq0 || k0 + BN > p.T);
 #pragma unroll
             for (int dt = 0; dt < HS / 8; dt++) {
                 o[dt][0] *= alpha[0];

@@ -252,21 +252,36 @@ struct wg_params {
         tv;     // 4-D maps (d, head, t, b) over q, k, v rows; boxes (64, 1, BM or BN, 1), swizzled
     bf16 *out;  // (B, T, NH HS)
     float *lse; // (B, NH, T)
-    int T, NH, NKV;
+    int T, NH, NKV, B;
     int alibi;
     float scale_log2;
 };
 
-#define WG_BM 128 // query rows per block: two consumer warpgroups of 64
+#define WG_BM 128 // query rows per work item: two consumer warpgroups of 64
 #define WG_THREADS 384
 
-// Shared memory: Q [HS/64][BM][64] | K [2 stages][HS/64][BN][64] | V, same | 7 mbarriers; plus up to 1023
-// bytes to align the start to 1024.
+// K/V ring stages: three where shared memory allows (HS 64), two at HS 128 (2 Q buffers + 2 x 2 x 32 KiB)
+template <int HS> static constexpr __host__ __device__ int wg_stages(void) {
+    return HS == 64 ? 3 : 2;
+}
+
+// Shared memory: Q [2 buffers][HS/64][BM][64] | K [stages][HS/64][BN][64] | V, same | mbarriers (q full and
+// empty [2] each, k full, v full, k empty, v empty [stages] each); plus up to 1023 bytes to align the start to
+// 1024.
 template <int HS, int BN> static constexpr size_t wg_smem_bytes(void) {
-    return (size_t)(WG_BM + 4 * BN) * HS * 2 + 8 * 8 + 1024;
+    return (size_t)(2 * WG_BM + 2 * wg_stages<HS>() * BN) * HS * 2 + (4 + 4 * wg_stages<HS>()) * 8 + 1024;
 }
 
 #if defined(WG_DEVICE_HELPERS)
+// Work item w (0 .. n_qt B NH - 1) -> query tile and (b, h): the longest tiles (causal: the most keys) first,
+// so that blocks striding over the items by gridDim.x finish together.
+static __device__ __forceinline__ void wg_item(int w, int n_qt, int NH, int B, int *qt, int *b, int *h) {
+    int bh = w % (B * NH);
+    *qt = n_qt - 1 - w / (B * NH);
+    *b = bh / NH;
+    *h = bh % NH;
+}
+
 // S (64 x BN) = Q (64 x HS) K^T: Q rows of this warpgroup at q_addr (column block c at + c cb_q bytes), K
 // tile at k_addr (column block c at + c BN 128).
 template <int HS, int BN>
@@ -297,34 +312,52 @@ static __device__ __forceinline__ void wg_pv(float *o, const uint32_t (*p)[4], u
     }
 }
 
+// P (f32 accumulator layout) rounded to bf16 into the register A fragments of P V: k-step kk covers columns
+// 16 kk .. 16 kk + 15, i.e. accumulator n-blocks 2 kk (registers 8 kk .. 8 kk + 3) and 2 kk + 1.
+template <int BN> static __device__ __forceinline__ void wg_pack_p(uint32_t (*pa)[4], const float *s) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+        pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
 #endif // WG_DEVICE_HELPERS
 
+// Persistent: gridDim.x blocks (one per SM) stride over the work items (wg_item). The producer runs ahead
+// across items (Q double-buffered, K/V through the ring), so one item's first loads overlap the last one's
+// tail and epilogue. Within a consumer warpgroup, FA3's intra-warpgroup overlap: the S = Q K^T wgmma of tile
+// j is issued together with the P V wgmma of tile j - 1, and the softmax of tile j runs while P V is still on
+// the tensor cores.
 template <int HS, int BN>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_fwd_kernel(const __grid_constant__ struct wg_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int CB = HS / 64;                  // 128-byte column blocks per row
+    constexpr int NS = wg_stages<HS>();          // K/V ring stages
     constexpr uint32_t Q_BYTES = WG_BM * HS * 2; // one Q tile
     constexpr uint32_t KV_BYTES = BN * HS * 2;   // one K (or V) stage
     extern __shared__ __align__(16) unsigned char wg_smem[];
     uint32_t base = (uint32_t)__cvta_generic_to_shared(wg_smem);
     base = (base + 1023) & ~1023u;
-    uint32_t q_s = base, k_s = q_s + Q_BYTES, v_s = k_s + 2 * KV_BYTES, bars = v_s + 2 * KV_BYTES;
-    // mbarriers, 8 bytes each: q full, k full [2], v full [2], stage empty [2]
-    uint32_t q_full = bars, k_full = bars + 8, v_full = bars + 24, empty = bars + 40;
-
-    int qt = gridDim.x - 1 - blockIdx.x; // longest query tiles first (causal: work grows with qt)
-    int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH, kvh = h / (p.NH / p.NKV);
-    int q0 = qt * WG_BM;
-    int n_kv = KILN_CEIL_DIV(min(q0 + WG_BM, p.T), BN);
+    uint32_t q_s = base, k_s = q_s + 2 * Q_BYTES, v_s = k_s + NS * KV_BYTES, bars = v_s + NS * KV_BYTES;
+    // mbarriers, 8 bytes each
+    uint32_t q_full = bars, q_empty = bars + 16, k_full = bars + 32, v_full = k_full + 8 * NS,
+             k_empty = v_full + 8 * NS, v_empty = k_empty + 8 * NS;
+    int n_qt = KILN_CEIL_DIV(p.T, WG_BM), n_items = n_qt * p.B * p.NH;
     int wg = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
-        mbar_init(q_full, 1);
         for (int s = 0; s < 2; s++) {
+            mbar_init(q_full + 8 * s, 1);
+            mbar_init(q_empty + 8 * s, 2 * 128);
+        }
+        for (int s = 0; s < NS; s++) {
             mbar_init(k_full + 8 * s, 1);
             mbar_init(v_full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 2 * 128);
+            mbar_init(k_empty + 8 * s, 2 * 128);
+            mbar_init(v_empty + 8 * s, 2 * 128);
         }
         // make the initialized barriers visible to the async proxy (TMA's complete_tx)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -332,24 +365,36 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     __syncthreads(); // the last block-wide barrier: the warpgroups go separate ways below
 
     if (wg == 0) {
-        // ---- producer ----
+        // ---- producer: item i uses Q buffer i & 1; the block's c-th K/V tile uses stage c % NS ----
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (threadIdx.x == 0) {
-            mbar_expect_tx(q_full, Q_BYTES);
-            for (int c = 0; c < CB; c++)
-                tma_load_4d(q_s + c * WG_BM * 128, &p.tq, c * 64, h, q0, b, q_full);
-            for (int j = 0; j < n_kv; j++) {
-                int s = j & 1;
-                if (j >= 2) // stage s last held tile j - 2: wait for the consumers to release it
-                    mbar_wait(empty + 8 * s, ((j >> 1) - 1) & 1);
-                mbar_expect_tx(k_full + 8 * s, KV_BYTES);
+            int kc = 0, ic = 0;
+            for (int w = blockIdx.x; w < n_items; w += gridDim.x, ic++) {
+                int qt, b, h;
+                wg_item(w, n_qt, p.NH, p.B, &qt, &b, &h);
+                int kvh = h / (p.NH / p.NKV), q0 = qt * WG_BM;
+                int n_kv = KILN_CEIL_DIV(min(q0 + WG_BM, p.T), BN), qb = ic & 1;
+                if (ic >= 2) // buffer qb last held item ic - 2
+                    mbar_wait(q_empty + 8 * qb, ((ic >> 1) - 1) & 1);
+                mbar_expect_tx(q_full + 8 * qb, Q_BYTES);
                 for (int c = 0; c < CB; c++)
-                    tma_load_4d(k_s + s * KV_BYTES + c * BN * 128, &p.tk, c * 64, kvh, j * BN, b,
-                                k_full + 8 * s);
-                mbar_expect_tx(v_full + 8 * s, KV_BYTES);
-                for (int c = 0; c < CB; c++)
-                    tma_load_4d(v_s + s * KV_BYTES + c * BN * 128, &p.tv, c * 64, kvh, j * BN, b,
-                                v_full + 8 * s);
+                    tma_load_4d(q_s + qb * Q_BYTES + c * WG_BM * 128, &p.tq, c * 64, h, q0, b, q_full + 8 * qb);
+                for (int j = 0; j < n_kv; j++, kc++) {
+                    int s = kc % NS;
+                    uint32_t ep = ((kc / NS) - 1) & 1; // the phase that released this stage's last use
+                    if (kc >= NS)
+                        mbar_wait(k_empty + 8 * s, ep);
+                    mbar_expect_tx(k_full + 8 * s, KV_BYTES);
+                    for (int c = 0; c < CB; c++)
+                        tma_load_4d(k_s + s * KV_BYTES + c * BN * 128, &p.tk, c * 64, kvh, j * BN, b,
+                                    k_full + 8 * s);
+                    if (kc >= NS)
+                        mbar_wait(v_empty + 8 * s, ep);
+                    mbar_expect_tx(v_full + 8 * s, KV_BYTES);
+                    for (int c = 0; c < CB; c++)
+                        tma_load_4d(v_s + s * KV_BYTES + c * BN * 128, &p.tv, c * 64, kvh, j * BN, b,
+                                    v_full + 8 * s);
+                }
             }
         }
         return;
@@ -358,109 +403,115 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     // ---- consumers ----
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     int cw = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-    int qw0 = q0 + cw * 64;                                     // first query row of this warpgroup
-    int qi[2] = {qw0 + warp * 16 + g, qw0 + warp * 16 + g + 8}; // the two rows this thread holds
-    float slope2 = p.alibi ? alibi_slope(h, p.NH) * WG_LOG2E : 0.0f;
-    uint32_t q_mine = q_s + cw * 64 * 128; // this warpgroup's 64 rows: 8 swizzle groups into each block
+    int kc = 0, ic = 0;
+    for (int w = blockIdx.x; w < n_items; w += gridDim.x, ic++) {
+        int qt, b, h;
+        wg_item(w, n_qt, p.NH, p.B, &qt, &b, &h);
+        int q0 = qt * WG_BM, qb = ic & 1;
+        int n_kv = KILN_CEIL_DIV(min(q0 + WG_BM, p.T), BN);
+        int qw0 = q0 + cw * 64;                                     // first query row of this warpgroup
+        int qi[2] = {qw0 + warp * 16 + g, qw0 + warp * 16 + g + 8}; // the two rows this thread holds
+        // tiles with a key at or below this warpgroup's last row (the rest are all masked)
+        int n_mine = min(n_kv, (qw0 + 63) / BN + 1);
+        float slope2 = p.alibi ? alibi_slope(h, p.NH) * WG_LOG2E : 0.0f;
+        uint32_t q_mine = q_s + qb * Q_BYTES + cw * 64 * 128; // this warpgroup's 64 rows of buffer qb
 
-    float o[HS / 2], s[BN / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        float o[HS / 2], s[BN / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+        uint32_t pa[BN / 16][4];
 #pragma unroll
-    for (int i = 0; i < HS / 2; i++)
-        o[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < BN / 2; i++)
-        s[i] = 0.0f;
-    mbar_wait(q_full, 0);
+        for (int i = 0; i < HS / 2; i++)
+            o[i] = 0.0f;
+        mbar_wait(q_full + 8 * qb, (ic >> 1) & 1);
 
-    for (int j = 0; j < n_kv; j++) {
-        int st = j & 1;
-        uint32_t par = (j >> 1) & 1, k0 = j * BN;
-        mbar_wait(k_full + 8 * st, par);
-        if ((int)k0 <= qw0 + 63) { // else every key of the tile lies above all 64 rows
+        // tile 0: S, softmax, P
+        {
+            int st = kc % NS;
+            uint32_t par = (kc / NS) & 1;
+            mbar_wait(k_full + 8 * st, par);
             reg_fence<BN / 2>(s);
             wgmma_fence();
             wg_qk<HS, BN>(s, q_mine, k_s + st * KV_BYTES);
             wgmma_commit();
             wgmma_wait<0>();
             reg_fence<BN / 2>(s);
-
-            bool need_mask = (int)k0 + BN - 1 > qw0 || (int)k0 + BN > p.T;
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int i = 0; i < BN / 2; i++) {
-                int r = (i >> 1) & 1, kj = k0 + (i >> 2) * 8 + t4 * 2 + (i & 1);
-                float x = s[i] * p.scale_log2 + slope2 * (float)(kj - qi[r]);
-                if (need_mask && (kj > qi[r] || kj >= p.T))
-                    x = -INFINITY;
-                s[i] = x;
-                mx[r] = fmaxf(mx[r], x);
-            }
-            float alpha[2], mu[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                float mn = fmaxf(m[r], mx[r]);
-                mu[r] = mn == -INFINITY ? 0.0f : mn; // row fully masked so far: no inf - inf
-                alpha[r] = exp2f(m[r] - mu[r]);
-                m[r] = mn;
-                l[r] *= alpha[r];
-            }
-            // P, rounded to bf16, straight into the register A fragments of P V: k-step kk covers columns
-            // 16 kk .. 16 kk + 15, i.e. accumulator n-blocks 2 kk (registers 8 kk .. 8 kk + 3) and 2 kk + 1.
-            uint32_t pa[BN / 16][4];
-#pragma unroll
-            for (int i = 0; i < BN / 2; i++) {
-                float pv = exp2f(s[i] - mu[(i >> 1) & 1]);
-                s[i] = pv;
-                l[(i >> 1) & 1] += pv;
-            }
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-            }
+            mbar_arrive(k_empty + 8 * st);
+            attn_online_softmax<BN>(s, m, l, alpha, 0, qi, t4, p.alibi, slope2, p.scale_log2, p.T,
+                           BN - 1 > qw0 || BN > p.T);
+            wg_pack_p<BN>(pa, s);
+        }
+        for (int j = 1; j < n_mine; j++) {
+            int st = (kc + j) % NS, sp = (kc + j - 1) % NS, k0 = j * BN;
+            uint32_t par = ((kc + j) / NS) & 1, parp = ((kc + j - 1) / NS) & 1;
+            mbar_wait(k_full + 8 * st, par);
+            reg_fence<BN / 2>(s);
+            reg_fence<HS / 2>(o);
+            reg_fence_u32<BN / 4>(&pa[0][0]); // the packs may not sink below the wgmma.fence
+            wgmma_fence();
+            wg_qk<HS, BN>(s, q_mine, k_s + st * KV_BYTES); // S(j)
+            wgmma_commit();
+            mbar_wait(v_full + 8 * sp, parp);
+            wgmma_fence(); // orders nothing new, but ptxas would insert it (C7519) if it were left out
+            wg_pv<HS, BN>(o, pa, v_s + sp * KV_BYTES); // O += P(j - 1) V(j - 1)
+            wgmma_commit();
+            wgmma_wait<1>(); // S(j) done; P V may still run
+            reg_fence<BN / 2>(s);
+            mbar_arrive(k_empty + 8 * st);
+            attn_online_softmax<BN>(s, m, l, alpha, k0, qi, t4, p.alibi, slope2, p.scale_log2, p.T,
+                           k0 + BN - 1 > qw0 || k0 + BN > p.T);
+            wgmma_wait<0>();
+            reg_fence<HS / 2>(o);
+            reg_fence_u32<BN / 4>(&pa[0][0]); // P(j - 1)'s registers were the tensor cores' until the wait
+            mbar_arrive(v_empty + 8 * sp);
 #pragma unroll
             for (int i = 0; i < HS / 2; i++)
                 o[i] *= alpha[(i >> 1) & 1];
-
-            mbar_wait(v_full + 8 * st, par);
+            wg_pack_p<BN>(pa, s);
+        }
+        { // the last tile's P V
+            int sp = (kc + n_mine - 1) % NS;
+            mbar_wait(v_full + 8 * sp, ((kc + n_mine - 1) / NS) & 1);
             reg_fence<HS / 2>(o);
-            reg_fence_u32<BN / 4>(&pa[0][0]); // the packs above may not sink below the wgmma.fence
+            reg_fence_u32<BN / 4>(&pa[0][0]);
             wgmma_fence();
-            wg_pv<HS, BN>(o, pa, v_s + st * KV_BYTES);
+            wg_pv<HS, BN>(o, pa, v_s + sp * KV_BYTES);
             wgmma_commit();
             wgmma_wait<0>();
             reg_fence<HS / 2>(o);
-            reg_fence_u32<BN / 4>(&pa[0][0]); // P's registers are the tensor cores' until the wait
-        } else {
-            mbar_wait(v_full + 8 * st, par); // keeps this thread's view of the phases in step
+            reg_fence_u32<BN / 4>(&pa[0][0]);
+            mbar_arrive(v_empty + 8 * sp);
         }
-        mbar_arrive(empty + 8 * st); // this thread is done reading stage st
-    }
+        mbar_arrive(q_empty + 8 * qb); // every S of this item is done: buffer qb may be refilled
+        for (int j = n_mine; j < n_kv; j++) { // tiles wholly above this warpgroup's rows: keep phases in step
+            int st = (kc + j) % NS;
+            uint32_t par = ((kc + j) / NS) & 1;
+            mbar_wait(k_full + 8 * st, par);
+            mbar_arrive(k_empty + 8 * st);
+            mbar_wait(v_full + 8 * st, par);
+            mbar_arrive(v_empty + 8 * st);
+        }
+        kc += n_kv;
 
-    float inv[2];
+        float inv[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        inv[r] = 1.0f / l[r];
-    }
-    bf16 *og = p.out + (size_t)b * p.T * p.NH * HS + h * HS;
+        for (int r = 0; r < 2; r++) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+            inv[r] = 1.0f / l[r];
+        }
+        bf16 *og = p.out + (size_t)b * p.T * p.NH * HS + h * HS;
 #pragma unroll
-    for (int i = 0; i < HS / 2; i += 2) {
-        int r = (i >> 1) & 1, d = (i >> 2) * 8 + t4 * 2;
-        if (qi[r] < p.T)
-            *(__nv_bfloat162 *)(og + (size_t)qi[r] * p.NH * HS + d) =
-                __floats2bfloat162_rn(o[i] * inv[r], o[i + 1] * inv[r]);
-    }
-    if (t4 == 0) {
-        float *lg = p.lse + ((size_t)b * p.NH + h) * p.T;
-        for (int r = 0; r < 2; r++)
+        for (int i = 0; i < HS / 2; i += 2) {
+            int r = (i >> 1) & 1, d = (i >> 2) * 8 + t4 * 2;
             if (qi[r] < p.T)
-                lg[qi[r]] = (m[r] + __log2f(l[r])) * WG_LN2;
+                *(__nv_bfloat162 *)(og + (size_t)qi[r] * p.NH * HS + d) =
+                    __floats2bfloat162_rn(o[i] * inv[r], o[i + 1] * inv[r]);
+        }
+        if (t4 == 0) {
+            float *lg = p.lse + ((size_t)b * p.NH + h) * p.T;
+            for (int r = 0; r < 2; r++)
+                if (qi[r] < p.T)
+                    lg[qi[r]] = (m[r] + __log2f(l[r])) * WG_LN2;
+        }
     }
 #endif
 }
@@ -647,13 +698,30 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 
             wgmma_wait<1>(); // S^T
             reg_fence<32>(s);
+            // P^T = exp2(s scale_log2 + slope2 (kr - qi) - lse_i log2 e): one FFMA and one EX2 an element
+            // without ALiBi; with it a per-key base plus a compile-time query offset (no int-to-float
+            // conversion per element, as wg_softmax)
+            if (p.alibi) {
+                float kb[2] = {slope2 * (float)(kj[0] - q0 - 2 * t4), slope2 * (float)(kj[1] - q0 - 2 * t4)};
 #pragma unroll
-            for (int i = 0; i < 32; i++) {
-                int j = (i >> 2) * 8 + (i & 1), qi = q0 + j + t4 * 2, kr = kj[(i >> 1) & 1];
-                float pv = exp2f(s[i] * p.scale_log2 + slope2 * (float)(kr - qi) - ls[j]);
-                if (need_mask && (qi < kr || qi >= p.T || kr >= p.T))
-                    pv = 0.0f;
-                s[i] = pv; // P^T
+                for (int i = 0; i < 32; i++) {
+                    int j = (i >> 2) * 8 + (i & 1);
+                    s[i] = exp2f(fmaf(s[i], p.scale_log2, fmaf(-slope2, (float)j, kb[(i >> 1) & 1]) - ls[j]));
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 32; i++) {
+                    int j = (i >> 2) * 8 + (i & 1);
+                    s[i] = exp2f(fmaf(s[i], p.scale_log2, -ls[j]));
+                }
+            }
+            if (need_mask) {
+#pragma unroll
+                for (int i = 0; i < 32; i++) {
+                    int qi = q0 + (i >> 2) * 8 + (i & 1) + t4 * 2, kr = kj[(i >> 1) & 1];
+                    if (qi < kr || qi >= p.T || kr >= p.T)
+                        s[i] = 0.0f; // P^T
+                }
             }
             // P^T rounded to bf16 into the register A fragments of dV += P^T dO (k-step kk: queries 16 kk ..)
             uint32_t pa[WB_BM / 16][4], da[WB_BM / 16][4];
@@ -769,7 +837,7 @@ static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, 
     if (!enc) { // once, like the encode failure below: every forward call comes through here
         static int warned_driver;
         if (!warned_driver)
-            fprintf(stderr, "kiln: KILN_ATTN=wgmma: no cuTensorMapEncodeTiled in this driver, using FA2\n");
+            fprintf(stderr, "kiln: Hopper attention: no cuTensorMapEncodeTiled in this driver, using FA2\n");
         warned_driver = 1;
         return 1;
     }
@@ -783,7 +851,7 @@ static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, 
     if (r != CUDA_SUCCESS) { // the opt-in path would fall back silently: say so once, so a run is not misread
         static int warned;
         if (!warned)
-            fprintf(stderr, "kiln: KILN_ATTN=wgmma: cuTensorMapEncodeTiled failed (CUresult %d), using FA2\n",
+            fprintf(stderr, "kiln: Hopper attention: cuTensorMapEncodeTiled failed (CUresult %d), using FA2\n",
                     (int)r);
         warned = 1;
     }
@@ -793,8 +861,8 @@ static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, 
 template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct wg_params &p, int B) {
     size_t smem = wg_smem_bytes<HS, BN>();
     set_smem(wg_fwd_kernel<HS, BN>, smem);
-    dim3 grid(KILN_CEIL_DIV(p.T, WG_BM), B * p.NH);
-    wg_fwd_kernel<HS, BN><<<grid, WG_THREADS, smem, c->stream>>>(p);
+    int items = KILN_CEIL_DIV(p.T, WG_BM) * B * p.NH;
+    wg_fwd_kernel<HS, BN><<<min(items, c->prop.multiProcessorCount), WG_THREADS, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -867,6 +935,7 @@ extern "C" int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struc
     p.T = a->T;
     p.NH = a->NH;
     p.NKV = a->NKV;
+    p.B = a->B;
     p.alibi = a->pos == KILN_POS_ALIBI;
     p.scale_log2 = 1.0f / sqrtf((float)HS) * WG_LOG2E;
     if (HS == 64)

@@ -1,6 +1,6 @@
 // Device primitives shared by kiln's attention kernels (attention.cu: the reference and decoding kernels;
-// attention_fa2.cu: the FlashAttention-2-style default): ALiBi slopes, bf16 mma.sync, ldmatrix, packing,
-// and storing / RoPE-unrotating m16n8 accumulator fragments.
+// attention_fa2.cu: FlashAttention-2-style; attention_wgmma.cu: Hopper): ALiBi slopes, bf16 mma.sync,
+// ldmatrix, packing, the forward's online softmax, and storing / RoPE-unrotating m16n8 accumulator fragments.
 #ifndef KILN_BACKEND_CUDA_ATTN_COMMON_CUH
 #define KILN_BACKEND_CUDA_ATTN_COMMON_CUH
 
@@ -43,6 +43,57 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, const bf16
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); // .x (low 16 bits) = lo
     return *(uint32_t *)&v;
+}
+
+// Online softmax of one key tile (the forward's, FA2's and the wgmma kernel's): s holds this thread's BN / 2
+// scores in the m16n8 accumulator layout (element i: row qi[(i >> 1) & 1], key k0 + 8 (i >> 2) + 2 t4 +
+// (i & 1); mma.sync's s[BN / 8][4] and wgmma's m64nBN fragment alike) and becomes P =
+// exp2(s scale_log2 + slope2 (j - i) - mu) in f32, masked keys (j > i, j >= T) 0; m, l updated (log2
+// domain); alpha the factor O must be rescaled by before this tile's P V is added. Without ALiBi the scale
+// goes into the exp2's FMA (the max is taken on the raw scores: scale > 0), one FFMA and one EX2 an element;
+// with it the bias comes from a per-row base plus a compile-time column offset (no int-to-float conversion
+// per element: those run at the EX2's quarter rate).
+template <int BN>
+static __device__ __forceinline__ void attn_online_softmax(float *s, float *m, float *l, float *alpha, int k0,
+                                                           const int *qi, int t4, bool alibi, float slope2,
+                                                           float scale_log2, int T, bool need_mask) {
+    float sc = scale_log2;
+    if (alibi) {
+        float rb[2] = {slope2 * (float)(k0 + 2 * t4 - qi[0]), slope2 * (float)(k0 + 2 * t4 - qi[1])};
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++)
+            s[i] = fmaf(s[i], scale_log2, fmaf(slope2, (float)((i >> 2) * 8 + (i & 1)), rb[(i >> 1) & 1]));
+        sc = 1.0f;
+    }
+    if (need_mask) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) {
+            int r = (i >> 1) & 1, kj = k0 + (i >> 2) * 8 + t4 * 2 + (i & 1);
+            if (kj > qi[r] || kj >= T)
+                s[i] = -INFINITY;
+        }
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++)
+        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    float mu[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        float mn = fmaxf(m[r], mx[r] * sc);
+        mu[r] = mn == -INFINITY ? 0.0f : mn; // row fully masked so far: no inf - inf
+        alpha[r] = exp2f(m[r] - mu[r]);
+        m[r] = mn;
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) {
+        float pv = exp2f(fmaf(s[i], sc, -mu[(i >> 1) & 1]));
+        s[i] = pv;
+        l[(i >> 1) & 1] += pv;
+    }
 }
 
 // Inverse rotation of a gradient held in C fragments (16 rows x HS): column d and d + HS/2 sit in the same
