@@ -666,7 +666,7 @@ static void test_attention_matches_cpu(void **state) {
 
 // Each attention path against the CPU: the reference kernels (KILN_ATTN=ref), both tile variants of the FA2
 // kernels (KILN_ATTN=fa2, KILN_FA_VARIANT) and the default selection (on an sm_90a build and device: the Hopper
-// backward, and its forward at HS 128), at the tile edges of each: T one past a 128-query block, T short of the
+// kernels), at the tile edges of each: T one past a 128-query block, T short of the
 // 16/32/64-query tiles of dK/dV, exact 64-tiles, GQA, RoPE, ALiBi.
 static void test_attention_paths_match_cpu(void **state) {
     struct env *e = *state;

@@ -664,7 +664,7 @@ extern "C" void kiln_cuda_attention_forward(void *ctx, const struct kiln_attn_ar
     if (a->B * a->T == 0)
         return;
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0);
-    if (kiln_cuda_wgmma_attention_forward(c, a)) // Hopper kernels (sm_90a build, sm_90 device; HS 128 by default)
+    if (kiln_cuda_wgmma_attention_forward(c, a)) // Hopper kernels (sm_90a build, sm_90 device)
         return;
     if (!attn_use_ref() && kiln_cuda_fa2_forward(c, a))
         return;

@@ -1,7 +1,7 @@
 // Causal attention forward and backward on Hopper's warpgroup MMA (wgmma) and tensor-memory accelerator
 // (TMA), after FlashAttention-3 (Shah et al. 2024). On an sm_90 device, in a build that targets sm_90a (the
-// default KILN_CUDA_ARCHS, "90a;80"), these are the default backward and the default forward at HS 128 (wg_mode
-// says why not at HS 64; KILN_ATTN=wgmma takes both everywhere, =fa2 neither); everywhere else
+// default KILN_CUDA_ARCHS, "90a;80"), these are the default forward and backward (KILN_ATTN=fa2 or =ref
+// selects the older kernels); everywhere else
 // kiln_cuda_wgmma_attention_forward and _backward return 0 and attention.cu runs the FA2 kernels
 // (attention_fa2.cu). The backward is described at wg_bwd_kernel; docs/wgmma_attention.md has the design, what
 // is verified and the measurements.
@@ -876,16 +876,12 @@ template <int HS> static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_
 
 #endif // KILN_HAVE_SM90A
 
-// Which kernels KILN_ATTN asks for (read on each call, as attention.cu reads KILN_ATTN=ref, so that a test or
-// benchmark can compare paths on the same inputs): 0 none of these (fa2, ref), 1 the default, 2 both wgmma
-// kernels at every head size (wgmma). By default the backward is wgmma's, and so is the forward at HS 128; at
-// HS 64 FA2's forward measured faster on the H100 (GPT-2 350M shapes: 0.213 vs 0.228 ms; docs/perf_notes.md).
-static int wg_mode(void) {
+// Whether KILN_ATTN leaves attention to these kernels (read on each call, as attention.cu reads KILN_ATTN=ref,
+// so that a test or benchmark can compare paths on the same inputs): unset or "wgmma" yes, "fa2" and "ref" no.
+static int wg_wanted(void) {
     const char *s = getenv("KILN_ATTN");
-    if (!s || !*s)
+    if (!s || !*s || strcmp(s, "wgmma") == 0)
         return 1;
-    if (strcmp(s, "wgmma") == 0)
-        return 2;
     if (strcmp(s, "fa2") && strcmp(s, "ref")) {
         static int told;
         if (!told++)
@@ -906,8 +902,7 @@ extern "C" int kiln_cuda_wgmma_attention_available(void *ctx) {
 }
 
 extern "C" int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struct kiln_attn_args *a) {
-    int mode = wg_mode();
-    if (!mode || (mode == 1 && a->HS != 128) || !kiln_cuda_wgmma_attention_available(c))
+    if (!wg_wanted() || !kiln_cuda_wgmma_attention_available(c))
         return 0;
 #if defined(KILN_HAVE_SM90A)
     int HS = a->HS, rs = a->qkv_stride ? a->qkv_stride : (a->NH + 2 * a->NKV) * HS;
@@ -951,7 +946,7 @@ extern "C" int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struc
 
 extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a) {
     // deterministic mode wants FA2's two-kernel backward (no atomics)
-    if (!wg_mode() || c->deterministic || !kiln_cuda_wgmma_attention_available(c))
+    if (!wg_wanted() || c->deterministic || !kiln_cuda_wgmma_attention_available(c))
         return 0;
 #if defined(KILN_HAVE_SM90A)
     int HS = a->HS, rs = a->qkv_stride ? a->qkv_stride : (a->NH + 2 * a->NKV) * HS;

@@ -141,10 +141,10 @@ const float *kiln_cuda_fa_dsum(struct cuda_ctx *c, const void *dout, const void 
                                int HS);
 void kiln_cuda_fa_dq_convert(struct cuda_ctx *c, bf16 *dqkv, const float *acc, int B, int T, int NH, int HS,
                              int rs, float scale, const float *ct, const float *st);
-// Hopper forward (attention_wgmma.cu): runs and returns 1 only when KILN_ATTN selects it (by default: HS 128),
+// Hopper forward (attention_wgmma.cu): runs and returns 1 only when KILN_ATTN allows it (unset or wgmma),
 // the build targets sm_90a, the device is sm_90 and the shape fits (HS 64/128, 16-byte aligned rows); else 0
 int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struct kiln_attn_args *a);
-// its backward (by default at every HS; not in deterministic mode): 1 when it ran, else 0 (FA2 then runs)
+// its backward (same conditions, and not in deterministic mode): 1 when it ran, else 0 (FA2 then runs)
 int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a);
 void kiln_cuda_swiglu_forward(void *ctx, const struct kiln_swiglu_args *a);
 void kiln_cuda_swiglu_backward(void *ctx, const struct kiln_swiglu_back_args *a);
