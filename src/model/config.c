@@ -81,7 +81,8 @@ static const struct opt OPTS[] = {
     {"device", OPT_ENUM, OFF(device), 0, 0, "auto cpu cuda", "compute backend"},
     {"threads", OPT_INT, OFF(threads), 0, 4096, NULL, "CPU threads (0 = all cores)"},
     {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, NULL, "bitwise-repeatable GPU kernels"},
-    {"recompute", OPT_ENUM, OFF(recompute), 0, 0, "none mlp block act", "activation recompute"},
+    {"recompute", OPT_ENUM, OFF(recompute), 0, 0, "none mlp block act",
+     "activation recompute (act: the MLP activation's output, from its kept input)"},
     {"grad-dtype", OPT_ENUM, OFF(grad_dtype), 0, 0, "auto fp32 bf16",
      "parameter gradients (auto = bf16 on CUDA when a step is one micro-step, else fp32)"},
     {"peak-flops", OPT_DOUBLE, OFF(peak_flops), 0, 1e18, NULL, "peak FLOP/s for MFU (0 = from the GPU table)"},
@@ -198,6 +199,10 @@ static void config_defaults(struct kiln_config *c) {
     c->beta2 = 0.95f;
     c->eps = 1e-8f;
     c->weight_decay = 0.1f;
+    // The GELU/SwiGLU output is recomputed from its kept input before each layer's backward, as torch.compile's
+    // partitioner does: 1 GELU output (4C) less per layer for one elementwise pass (H100: ~1% of a step; at the
+    // 1.3B shape 2.9 GiB less, docs/benchmarks.md). --recompute=none keeps it.
+    c->recompute = KILN_RECOMPUTE_ACT;
     c->grad_clip = 1.0f;
     c->eval_every = 250;
     c->eval_steps = 20;
