@@ -239,10 +239,11 @@ static __device__ __forceinline__ void wg_bar_sync(int consumer) {
     else
         asm volatile("bar.sync 2, 128;\n" ::: "memory");
 }
-// g[0..3] += {x, y, z, w} (global, 16-byte aligned), one vector reduction, no result (sm_90)
-static __device__ __forceinline__ void wg_red4(float *g, float x, float y, float z, float w) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(g), "f"(x), "f"(y), "f"(z), "f"(w)
-                 : "memory");
+// g[0] += x, g[1] += y (global, 8-byte aligned), one vector reduction, no result (as attention_fa2.cu's
+// fa_red2 on sm_90). Four-wide REDs (lanes swapping halves: half the atomics) measured 12-14% slower in
+// this kernel (docs/perf_notes.md).
+static __device__ __forceinline__ void wg_red2(float *g, float x, float y) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(g), "f"(x), "f"(y) : "memory");
 }
 #endif // WG_DEVICE_HELPERS
 
@@ -530,7 +531,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 //       P^T = exp2(S^T scale_log2 + slope (j - i) - lse_i log2 e), masked to 0; dS^T = P^T (dP^T - D_i)
 //       dV_c += P^T dO, dK_c += dS^T Q        (RS: P^T, dS^T rounded to bf16 in registers; dO, Q MN-major)
 //       dS^T (bf16) -> shared memory [key][query], 128-byte swizzled; warpgroup barrier
-//       dQ (64 queries x HS) += dS K_c         (SS, both MN-major; 64 d-columns a pass), added with 4-wide
+//       dQ (64 queries x HS) += dS K_c         (SS, both MN-major; 64 d-columns a pass), added with vector
 //                                               RED to the f32 dq_acc that fa_dq_convert_kernel finishes.
 //     Each consumer adds its own 64 keys' share of dQ: the two warpgroups never wait for each other (only the
 //     producer waits for both), and the dQ atomics per query row and 64 keys equal FA2's default backward's.
@@ -786,22 +787,11 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                     reg_fence_u32<WB_BM / 4>(&da[0][0]);
                     mbar_arrive(empty + 8 * st);
                 }
-                // four adjacent columns a RED (half the atomics of pairs; the L2's atomic rate bounds this
-                // kernel): lanes t4 and t4 ^ 1 swap halves, the even one then holds row g's columns c0 .. c0
-                // + 3 and the odd one row g + 8's, c0 = 8 (i / 4) + 4 (t4 / 2)
-                bool odd = t4 & 1;
 #pragma unroll
-                for (int i = 0; i < 32; i += 4) {
-                    int qi = q0 + warp * 16 + g + (odd ? 8 : 0);
-                    float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[i] : dq[i + 2], 1);
-                    float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[i + 1] : dq[i + 3], 1);
-                    int d = cb * 64 + (i >> 2) * 8 + (t4 & 2) * 2;
-                    if (qi < p.T) {
-                        if (odd)
-                            wg_red4(dqg + (size_t)qi * qstride + d, r0, r1, dq[i + 2], dq[i + 3]);
-                        else
-                            wg_red4(dqg + (size_t)qi * qstride + d, dq[i], dq[i + 1], r0, r1);
-                    }
+                for (int i = 0; i < 32; i += 2) {
+                    int qi = q0 + warp * 16 + g + 8 * ((i >> 1) & 1), d = cb * 64 + (i >> 2) * 8 + t4 * 2;
+                    if (qi < p.T)
+                        wg_red2(dqg + (size_t)qi * qstride + d, dq[i], dq[i + 1]);
                 }
             }
         } else {
