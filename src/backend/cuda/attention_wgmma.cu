@@ -701,7 +701,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             reg_fence<32>(s);
             // P^T = exp2(s scale_log2 + slope2 (kr - qi) - lse_i log2 e): one FFMA and one EX2 an element
             // without ALiBi; with it a per-key base plus a compile-time query offset (no int-to-float
-            // conversion per element, as wg_softmax)
+            // conversion per element, as attn_online_softmax)
             if (p.alibi) {
                 float kb[2] = {slope2 * (float)(kj[0] - q0 - 2 * t4), slope2 * (float)(kj[1] - q0 - 2 * t4)};
 #pragma unroll
