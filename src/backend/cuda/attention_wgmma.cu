@@ -232,12 +232,9 @@ static __device__ __forceinline__ void wgmma_ss_n64_tt(float *d, uint64_t da, ui
 static __device__ __forceinline__ void fence_proxy_async_smem(void) {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// Barrier over the 128 threads of one consumer warpgroup (id 1 + consumer index; 0 is __syncthreads').
-static __device__ __forceinline__ void wg_bar_sync(int consumer) {
-    if (consumer == 0) // immediate ids: ptxas then reserves 3 hardware barriers, not all 16
-        asm volatile("bar.sync 1, 128;\n" ::: "memory");
-    else
-        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+// Barrier over the 256 threads of the two consumer warpgroups (id 1; 0 is __syncthreads')
+static __device__ __forceinline__ void consumers_bar_sync(void) {
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 // g[0] += x, g[1] += y (global, 8-byte aligned), one vector reduction, no result (as attention_fa2.cu's
 // fa_red2 on sm_90). Four-wide REDs (lanes swapping halves: half the atomics) measured 12-14% slower in
@@ -530,11 +527,11 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 //       S^T (64 keys x 64 queries) = K_c Q^T, dP^T = V_c dO^T      (SS, both K-major: the forward's wg_qk)
 //       P^T = exp2(S^T scale_log2 + slope (j - i) - lse_i log2 e), masked to 0; dS^T = P^T (dP^T - D_i)
 //       dV_c += P^T dO, dK_c += dS^T Q        (RS: P^T, dS^T rounded to bf16 in registers; dO, Q MN-major)
-//       dS^T (bf16) -> shared memory [key][query], 128-byte swizzled; warpgroup barrier
-//       dQ (64 queries x HS) += dS K_c         (SS, both MN-major; 64 d-columns a pass), added with vector
-//                                               RED to the f32 dq_acc that fa_dq_convert_kernel finishes.
-//     Each consumer adds its own 64 keys' share of dQ: the two warpgroups never wait for each other (only the
-//     producer waits for both), and the dQ atomics per query row and 64 keys equal FA2's default backward's.
+//       dS^T (bf16) -> shared memory [key][query], 128-byte swizzled; barrier of both consumers
+//       dQ (64 queries x HS) += dS K           (by consumer it % 2 alone, over all 128 keys from both dS^T
+//                                               buffers; SS, both MN-major; 64 d-columns a pass), added with
+//                                               vector RED to the f32 dq_acc that fa_dq_convert_kernel
+//                                               finishes: one set of atomics per query row and 128 keys.
 // Rounding as fa_bwd_fused_kernel: lse in the log2 domain as lse * log2(e) (f32), P and dS unrounded for dS =
 // P (dP - D), rounded to bf16 where they enter an MMA (dV, dK, dQ), dK scaled by 1/sqrt(HS) at the store,
 // dq_acc unscaled (the convert kernel scales and rotates back), dK rotated back in registers (RoPE).
@@ -664,19 +661,18 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         dk[i] = dv[i] = 0.0f;
     mbar_wait(kv_full, 0);
 
-    // dS^T buffers alternate per computed tile, not per tile: a skipped tile has no warpgroup barrier, and
-    // the barrier of computed tile n is what keeps warps from writing buffer n % 2 while a slower warp's dQ
-    // wgmma of tile n - 2 still reads it
-    int n_done = 0;
+    // Both consumers compute every tile (consumer 1's first tile of each head lies wholly above the diagonal
+    // and keys past T are masked: P = dS = 0 there) and meet at one barrier per tile, after which consumer it
+    // % 2 adds the tile's dQ over all 128 keys from both dS^T buffers: one set of dQ atomics per 128 keys,
+    // half the L2 traffic of one per warpgroup (the L2 bounded this kernel: 88% busy). dS^T buffers
+    // alternate per tile; the barrier of tile it + 1 keeps either consumer from rewriting buffer it % 2
+    // before the dQ of tile it (issued by the other) has completed.
     for (int it = 0; it < n_it; it++) {
         int st = it & 1, h = kvh * group + it / n_q, q0 = (qt0 + it % n_q) * WB_BM;
         uint32_t par = (it >> 1) & 1;
         mbar_wait(full + 8 * st, par);
-        // else every query of the tile precedes all 64 keys (consumer 1 on the diagonal tile), or no key < T
-        if (q0 + WB_BM - 1 >= wk0 && wk0 < p.T) {
-            uint32_t qb = q_s + st * QT_BYTES, dob = do_s + st * QT_BYTES,
-                     dsb = ds_mine + (n_done & 1) * DS_BYTES;
-            n_done++;
+        {
+            uint32_t qb = q_s + st * QT_BYTES, dob = do_s + st * QT_BYTES, dsb = ds_mine + (it & 1) * DS_BYTES;
             // S^T, dP^T (and dQ below) are overwritten by their first k-step (scale-d 0), but the asm reads
             // them ("+f"): zeroed here, they are not live across tiles (32 registers each)
             float s[32], dp[32];
@@ -760,42 +756,51 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             wg_pv<HS, WB_BM>(dk, da, qb);  // dK_c += dS^T Q
             wgmma_commit();
 
-            wg_bar_sync(cw); // every warp's dS^T rows are in dsb
-            float *dqg = p.dq_acc + ((size_t)b * p.T * p.NH + h) * HS;
-            size_t qstride = (size_t)p.NH * HS;
+            consumers_bar_sync(); // every warp's dS^T rows, of both consumers, are in their buffers
+            if ((it & 1) == cw) {
+                float *dqg = p.dq_acc + ((size_t)b * p.T * p.NH + h) * HS;
+                size_t qstride = (size_t)p.NH * HS;
 #pragma unroll
-            for (int cb = 0; cb < CB; cb++) {
-                float dq[32];
+                for (int cb = 0; cb < CB; cb++) {
+                    float dq[32];
 #pragma unroll
-                for (int i = 0; i < 32; i++)
-                    dq[i] = 0.0f;
-                reg_fence<32>(dq);
-                wgmma_fence();
+                    for (int i = 0; i < 32; i++)
+                        dq[i] = 0.0f;
+                    reg_fence<32>(dq);
+                    wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) { // 16 keys a step: 16 rows of dS^T and of K, 2048 bytes
-                    uint64_t dsd = wg_desc(dsb + kk * 2048, DS_BYTES, 1024);
-                    uint64_t kd = wg_desc(k_mine + cb * WB_BN * 128 + kk * 2048, WB_BN * 128, 1024);
-                    wgmma_ss_n64_tt(dq, dsd, kd, kk > 0);
+                    for (int kk = 0; kk < 8; kk++) { // 16 keys a step: consumer kk / 4's dS^T and K rows
+                        uint32_t dsk = ds_s + (kk >> 2) * 2 * DS_BYTES + (it & 1) * DS_BYTES + (kk & 3) * 2048;
+                        uint32_t kk_addr = k_s + (kk >> 2) * 64 * 128 + cb * WB_BN * 128 + (kk & 3) * 2048;
+                        uint64_t dsd = wg_desc(dsk, DS_BYTES, 1024);
+                        uint64_t kd = wg_desc(kk_addr, WB_BN * 128, 1024);
+                        wgmma_ss_n64_tt(dq, dsd, kd, kk > 0);
+                    }
+                    wgmma_commit();
+                    wgmma_wait<0>(); // this pass's dQ, and (first pass) dV, dK: stage st is no longer read
+                    reg_fence<32>(dq);
+                    if (cb == 0) {
+                        reg_fence<HS / 2>(dv);
+                        reg_fence<HS / 2>(dk);
+                        reg_fence_u32<WB_BM / 4>(&pa[0][0]);
+                        reg_fence_u32<WB_BM / 4>(&da[0][0]);
+                        mbar_arrive(empty + 8 * st);
+                    }
+#pragma unroll
+                    for (int i = 0; i < 32; i += 2) {
+                        int qi = q0 + warp * 16 + g + 8 * ((i >> 1) & 1), d = cb * 64 + (i >> 2) * 8 + t4 * 2;
+                        if (qi < p.T)
+                            wg_red2(dqg + (size_t)qi * qstride + d, dq[i], dq[i + 1]);
+                    }
                 }
-                wgmma_commit();
-                wgmma_wait<0>(); // this pass's dQ, and (first pass) dV, dK: stage st is no longer read
-                reg_fence<32>(dq);
-                if (cb == 0) {
-                    reg_fence<HS / 2>(dv);
-                    reg_fence<HS / 2>(dk);
-                    reg_fence_u32<WB_BM / 4>(&pa[0][0]);
-                    reg_fence_u32<WB_BM / 4>(&da[0][0]);
-                    mbar_arrive(empty + 8 * st);
-                }
-#pragma unroll
-                for (int i = 0; i < 32; i += 2) {
-                    int qi = q0 + warp * 16 + g + 8 * ((i >> 1) & 1), d = cb * 64 + (i >> 2) * 8 + t4 * 2;
-                    if (qi < p.T)
-                        wg_red2(dqg + (size_t)qi * qstride + d, dq[i], dq[i + 1]);
-                }
+            } else {
+                wgmma_wait<0>(); // dV, dK: stage st is no longer read
+                reg_fence<HS / 2>(dv);
+                reg_fence<HS / 2>(dk);
+                reg_fence_u32<WB_BM / 4>(&pa[0][0]);
+                reg_fence_u32<WB_BM / 4>(&da[0][0]);
+                mbar_arrive(empty + 8 * st);
             }
-        } else {
-            mbar_arrive(empty + 8 * st); // nothing read from stage st
         }
     }
 
