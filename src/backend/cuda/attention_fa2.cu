@@ -356,12 +356,15 @@ static __global__ void __launch_bounds__(128, MINB) fa_bwd_dkdv_kernel(struct fa
             mm_abt<HS, BM / 8, LD, KREG>(st, kf, Ks, warp * 16, Qb);
             mm_abt<HS, BM / 8, LD, KREG>(dpt, vf, Vs, warp * 16, dOb);
             bool need_mask = q0 < wk0 + 15 || q0 + BM > p.T || wk0 + 16 > p.T;
+            float kb[2]; // ALiBi slope2 (kr - qi) = kb[key] - slope2 (8 nt + e % 2): no int-to-float per score
+            attn_alibi_bases(kb, slope2, kj, q0 + 2 * t4, -1);
 #pragma unroll
             for (int nt = 0; nt < BM / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int ql = nt * 8 + t4 * 2 + (e & 1), qi = q0 + ql, kr = kj[e >> 1];
-                    float pv = exp2f(st[nt][e] * p.scale_log2 + slope2 * (float)(kr - qi) - ls[ql]);
+                    float bias = fmaf(-slope2, (float)(nt * 8 + (e & 1)), kb[e >> 1]);
+                    float pv = exp2f(fmaf(st[nt][e], p.scale_log2, bias - ls[ql]));
                     if (need_mask && (qi < kr || qi >= p.T || kr >= p.T))
                         pv = 0.0f;
                     st[nt][e] = pv;                           // P^T
@@ -443,12 +446,15 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_dq_kernel(struct 
             mm_abt<HS, BN / 8, LD, QREG>(s, qf, Qs, warp * 16, Kb);
             mm_abt<HS, BN / 8, LD, QREG>(dp, df, dOs, warp * 16, Vb);
             bool need_mask = k0 + BN - 1 > wq0 || k0 + BN > p.T;
+            float rb[2]; // ALiBi slope2 (kj - qi) = rb[row] + slope2 (8 nt + e % 2): no int-to-float per score
+            attn_alibi_bases(rb, slope2, qi, k0 + 2 * t4, 1);
 #pragma unroll
             for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int r = e >> 1, kj = k0 + nt * 8 + t4 * 2 + (e & 1);
-                    float pv = exp2f(s[nt][e] * p.scale_log2 + slope2 * (float)(kj - qi[r]) - lse2[r]);
+                    float bias = fmaf(slope2, (float)(nt * 8 + (e & 1)), rb[r]);
+                    float pv = exp2f(fmaf(s[nt][e], p.scale_log2, bias - lse2[r]));
                     if (need_mask && (kj > qi[r] || kj >= p.T || qi[r] >= p.T))
                         pv = 0.0f;
                     dp[nt][e] = pv * (dp[nt][e] - dsum[r]); // dS (unscaled)
@@ -547,12 +553,15 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_fused_kernel(stru
             mm_abt<HS, BM / 8, LD, KREG>(st, kf, Ks, warp * 16, Qb);
             mm_abt<HS, BM / 8, LD, KREG>(dpt, vf, Vs, warp * 16, dOb);
             bool need_mask = q0 < wk0 + 15 || q0 + BM > p.T || wk0 + 16 > p.T;
+            float kb[2]; // ALiBi slope2 (kr - qi) = kb[key] - slope2 (8 nt + e % 2): no int-to-float per score
+            attn_alibi_bases(kb, slope2, kj, q0 + 2 * t4, -1);
 #pragma unroll
             for (int nt = 0; nt < BM / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int ql = nt * 8 + t4 * 2 + (e & 1), qi = q0 + ql, kr = kj[e >> 1];
-                    float pv = exp2f(st[nt][e] * p.scale_log2 + slope2 * (float)(kr - qi) - ls[ql]);
+                    float bias = fmaf(-slope2, (float)(nt * 8 + (e & 1)), kb[e >> 1]);
+                    float pv = exp2f(fmaf(st[nt][e], p.scale_log2, bias - ls[ql]));
                     if (need_mask && (qi < kr || qi >= p.T || kr >= p.T))
                         pv = 0.0f;
                     st[nt][e] = pv;                           // P^T

@@ -45,6 +45,16 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *(uint32_t *)&v;
 }
 
+// ALiBi bases of a thread's two accumulator rows, so that a score's bias slope2 (key - query) is one FMA with a
+// compile-time column offset: sign 1, rows are queries (row[r]) and columns keys from col0: base = slope2
+// (col0 - row[r]); sign -1 (the transposed backward tiles), rows are keys and columns queries from col0: base
+// = slope2 (row[r] - col0). 0 without ALiBi (slope2 = 0).
+static __device__ __forceinline__ void attn_alibi_bases(float *base, float slope2, const int *row, int col0,
+                                                        int sign) {
+    base[0] = slope2 * (float)(sign * (col0 - row[0]));
+    base[1] = slope2 * (float)(sign * (col0 - row[1]));
+}
+
 // Online softmax of one key tile (the forward's, FA2's and the wgmma kernel's): s holds this thread's BN / 2
 // scores in the m16n8 accumulator layout (element i: row qi[(i >> 1) & 1], key k0 + 8 (i >> 2) + 2 t4 +
 // (i & 1); mma.sync's s[BN / 8][4] and wgmma's m64nBN fragment alike) and becomes P =
