@@ -1,28 +1,24 @@
 // Causal attention forward and backward on Hopper's warpgroup MMA (wgmma) and tensor-memory accelerator
 // (TMA), after FlashAttention-3 (Shah et al. 2024). On an sm_90 device, in a build that targets sm_90a (the
 // default KILN_CUDA_ARCHS, "90a;80"), these are the default forward and backward (KILN_ATTN=fa2 or =ref
-// selects the older kernels); everywhere else
-// kiln_cuda_wgmma_attention_forward and _backward return 0 and attention.cu runs the FA2 kernels
-// (attention_fa2.cu). The backward is described at wg_bwd_kernel; docs/wgmma_attention.md has the design, what
-// is verified and the measurements.
+// selects the older kernels); everywhere else kiln_cuda_wgmma_attention_forward and _backward return 0 and
+// attention.cu runs the FA2 kernels (attention_fa2.cu). The forward is described at wg_fwd_kernel, the
+// backward at wg_bwd_kernel; docs/wgmma_attention.md has the design, what is verified and the measurements.
 //
 // Same math and conventions as attention_fa2.cu: s_ij = scale q_i.k_j + slope_h (j - i) in the log2 domain,
-// key j > query i masked, online softmax, P rounded to bf16 before P.V, the row sum taken over the unrounded
-// P, lse (natural log) to (B, NH, T), out bf16 (B, T, NH HS). RoPE: q and k are pre-rotated into scratch by
-// fa_setup's kernel (shared with attention_fa2.cu through kiln_cuda_fa_rope).
+// key j > query i masked, online softmax (attn_online_softmax, shared with FA2), P rounded to bf16 before
+// P.V, the row sum taken over the unrounded P, lse (natural log) to (B, NH, T), out bf16 (B, T, NH HS). RoPE:
+// q and k are pre-rotated into scratch by fa_setup's kernel (shared with attention_fa2.cu through
+// kiln_cuda_fa_rope).
 //
-// Block: 3 warpgroups (384 threads), 128 query rows.
-//   - warpgroup 0, the producer: gives registers back (setmaxnreg.dec to 24); one thread issues the TMA
-//     copies: Q once, then K and V tiles of BN keys into a 2-stage ring, each stage guarded by a "full"
-//     mbarrier (TMA's byte count completes it) and an "empty" one (all 256 consumer threads arrive once
-//     they are done with the stage);
-//   - warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240): each owns 64 query rows. Per key tile:
-//     S (64 x BN) = Q K^T by wgmma with both operands in shared memory; masks and online softmax in
-//     registers; O (64 x HS) += P V by wgmma with P from registers (the accumulator layout of S is the
-//     register-A layout of the next wgmma, as with mma.sync) and V from shared memory, transposed by the
-//     descriptor (MN-major).
-// Not done yet (FA3's refinements; see the doc): overlapping the softmax of tile j with the S wgmma of tile
-// j + 1 inside a warpgroup, ping-pong scheduling between the two consumer warpgroups, and a TMA store of O.
+// Both kernels: 3 warpgroups (384 threads). Warpgroup 0, the producer, gives registers back (setmaxnreg.dec
+// to 24) and one of its threads issues the TMA copies into rings of shared-memory stages, each guarded by a
+// "full" mbarrier (TMA's byte count completes it) and an "empty" one (all 256 consumer threads arrive once
+// done with the stage). Warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240), run the wgmma: operands
+// from shared memory through 128-byte-swizzled descriptors, or (P, dS) straight from the accumulator
+// registers of the previous wgmma, whose layout is the register-A layout of the next (as with mma.sync).
+// Not done yet (see the doc): ping-pong scheduling between the consumer warpgroups, a TMA store of O, and in
+// the backward dQ through shared memory with TMA's bulk reduce-add.
 #include <math.h>
 #include <string.h>
 
@@ -323,11 +319,13 @@ template <int BN> static __device__ __forceinline__ void wg_pack_p(uint32_t (*pa
 }
 #endif // WG_DEVICE_HELPERS
 
-// Persistent: gridDim.x blocks (one per SM) stride over the work items (wg_item). The producer runs ahead
-// across items (Q double-buffered, K/V through the ring), so one item's first loads overlap the last one's
-// tail and epilogue. Within a consumer warpgroup, FA3's intra-warpgroup overlap: the S = Q K^T wgmma of tile
-// j is issued together with the P V wgmma of tile j - 1, and the softmax of tile j runs while P V is still on
-// the tensor cores.
+// Forward. A work item is 128 query rows of one (b, h); each consumer warpgroup owns 64 of them, S (64 x BN)
+// = Q K^T with both operands in shared memory, O (64 x HS) += P V with P from registers and V transposed by
+// its descriptor (MN-major). Persistent: gridDim.x blocks (one per SM) stride over the items (wg_item). The
+// producer runs ahead across items (Q double-buffered, K/V through the ring), so one item's first loads
+// overlap the last one's tail and epilogue. Within a consumer warpgroup, FA3's intra-warpgroup overlap: the S
+// = Q K^T wgmma of tile j is issued together with the P V wgmma of tile j - 1, and the softmax of tile j runs
+// while P V is still on the tensor cores.
 template <int HS, int BN>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_fwd_kernel(const __grid_constant__ struct wg_params p) {
