@@ -652,11 +652,22 @@ static int attn_tiled(const struct attn_params *p) {
     return (p->HS == 64 || p->HS == 128) && p->rs % 8 == 0 && p->drs % 8 == 0;
 }
 
-// KILN_ATTN=ref selects these (first-generation) kernels for every head size; read on each call so that a
-// benchmark or test can compare both paths on the same inputs.
-static int attn_use_ref(void) {
+// Which kernel family KILN_ATTN asks for, read on each call so that a benchmark or test can compare paths on
+// the same inputs: unset or "wgmma" the default (the Hopper kernels where they apply, else FA2), "fa2" the
+// FA2 kernels, "ref" these (first-generation) ones for every head size.
+enum attn_path { ATTN_DEFAULT, ATTN_FA2, ATTN_REF };
+static enum attn_path attn_path(void) {
     const char *s = getenv("KILN_ATTN");
-    return s && strcmp(s, "ref") == 0;
+    if (!s || !*s || strcmp(s, "wgmma") == 0)
+        return ATTN_DEFAULT;
+    if (strcmp(s, "fa2") == 0)
+        return ATTN_FA2;
+    if (strcmp(s, "ref") == 0)
+        return ATTN_REF;
+    static int told;
+    if (!told++)
+        fprintf(stderr, "kiln: KILN_ATTN=%s: unknown (wgmma, fa2 or ref); the default kernels run\n", s);
+    return ATTN_DEFAULT;
 }
 
 extern "C" void kiln_cuda_attention_forward(void *ctx, const struct kiln_attn_args *a) {
@@ -664,9 +675,10 @@ extern "C" void kiln_cuda_attention_forward(void *ctx, const struct kiln_attn_ar
     if (a->B * a->T == 0)
         return;
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0);
-    if (kiln_cuda_wgmma_attention_forward(c, a)) // Hopper kernels (sm_90a build, sm_90 device)
+    enum attn_path path = attn_path();
+    if (path == ATTN_DEFAULT && kiln_cuda_wgmma_attention_forward(c, a)) // sm_90a build, sm_90 device
         return;
-    if (!attn_use_ref() && kiln_cuda_fa2_forward(c, a))
+    if (path != ATTN_REF && kiln_cuda_fa2_forward(c, a))
         return;
     struct attn_params p =
         attn_setup(c, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, a->qkv, a->qkv_stride);
@@ -695,9 +707,10 @@ extern "C" void kiln_cuda_attention_backward(void *ctx, const struct kiln_attn_b
     if (a->B * a->T == 0)
         return;
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0);
-    if (kiln_cuda_wgmma_attention_backward(c, a)) // as the forward, every HS (not in deterministic mode)
+    enum attn_path path = attn_path();
+    if (path == ATTN_DEFAULT && kiln_cuda_wgmma_attention_backward(c, a)) // as the forward; not deterministic
         return;
-    if (!attn_use_ref() && kiln_cuda_fa2_backward(c, a))
+    if (path != ATTN_REF && kiln_cuda_fa2_backward(c, a))
         return;
     struct attn_params p =
         attn_setup(c, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, a->qkv, a->qkv_stride);

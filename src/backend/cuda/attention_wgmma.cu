@@ -153,19 +153,22 @@ static __device__ __forceinline__ void wgmma_ss_n128(float *d, uint64_t da, uint
                  : "l"(da), "l"(db), "r"(acc));
 }
 
-// D (64 x 64, f32) (+)= A (64 x 16, smem desc) . B (16 x 64, smem desc, K-major); acc = 0: D is overwritten
+// D (64 x 64, f32) (+)= A (64 x 16, smem desc) . B (16 x 64, smem desc); acc = 0: D is overwritten. TA, TB:
+// imm-trans-a, -b: 0 for K-major operands (S = Q K^T), 1 for MN-major ones, transposed by the descriptor (the
+// backward's dQ = dS K, with dS stored keys-major ([key][query]) and K as TMA loaded it ([key][d])).
+template <int TA, int TB>
 static __device__ __forceinline__ void wgmma_ss_n64(float *d, uint64_t da, uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
                    "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
                    "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
                    "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
                    "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(acc));
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }
 
 // D (64 x 64, f32) += A (64 x 16, bf16 fragments in registers) . B (16 x 64, smem desc, MN-major)
@@ -203,23 +206,6 @@ static __device__ __forceinline__ void wgmma_rs_n128(float *d, const uint32_t *a
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
                    "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
-// D (64 x 64, f32) (+)= A (64 x 16, smem desc, MN-major) . B (16 x 64, smem desc, MN-major): both operands
-// transposed by the descriptor (imm-trans-a = imm-trans-b = 1); the backward's dQ = dS K, with dS stored
-// keys-major ([key][query]) and K as TMA loaded it ([key][d]).
-static __device__ __forceinline__ void wgmma_ss_n64_tt(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(acc));
 }
 
 // ---- backward helpers
@@ -289,7 +275,7 @@ static __device__ __forceinline__ void wg_qk(float *s, uint32_t q_addr, uint32_t
         if (BN == 128)
             wgmma_ss_n128(s, da, db, kk > 0);
         else
-            wgmma_ss_n64(s, da, db, kk > 0);
+            wgmma_ss_n64<0, 0>(s, da, db, kk > 0);
     }
 }
 
@@ -565,7 +551,7 @@ static __device__ __forceinline__ void wb_abt(float *c, uint32_t a_addr, uint32_
         uint32_t off = (kk & 3) * 32;
         uint64_t da = wg_desc(a_addr + (kk >> 2) * CB_A + off, 16, 1024);
         uint64_t db = wg_desc(b_addr + (kk >> 2) * CB_B + off, 16, 1024);
-        wgmma_ss_n64(c, da, db, kk > 0);
+        wgmma_ss_n64<0, 0>(c, da, db, kk > 0);
     }
 }
 
@@ -697,7 +683,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             // without ALiBi; with it a per-key base plus a compile-time query offset (no int-to-float
             // conversion per element, as attn_online_softmax)
             if (p.alibi) {
-                float kb[2] = {slope2 * (float)(kj[0] - q0 - 2 * t4), slope2 * (float)(kj[1] - q0 - 2 * t4)};
+                float kb[2];
+                attn_alibi_bases(kb, slope2, kj, q0 + 2 * t4, -1);
 #pragma unroll
                 for (int i = 0; i < 32; i++) {
                     int j = (i >> 2) * 8 + (i & 1);
@@ -772,7 +759,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         uint32_t kk_addr = k_s + (kk >> 2) * 64 * 128 + cb * WB_BN * 128 + (kk & 3) * 2048;
                         uint64_t dsd = wg_desc(dsk, DS_BYTES, 1024);
                         uint64_t kd = wg_desc(kk_addr, WB_BN * 128, 1024);
-                        wgmma_ss_n64_tt(dq, dsd, kd, kk > 0);
+                        wgmma_ss_n64<1, 1>(dq, dsd, kd, kk > 0);
                     }
                     wgmma_commit();
                     wgmma_wait<0>(); // this pass's dQ, and (first pass) dV, dK: stage st is no longer read
@@ -880,21 +867,6 @@ template <int HS> static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_
 
 #endif // KILN_HAVE_SM90A
 
-// Whether KILN_ATTN leaves attention to these kernels (read on each call, as attention.cu reads KILN_ATTN=ref,
-// so that a test or benchmark can compare paths on the same inputs): unset or "wgmma" yes, "fa2" and "ref" no.
-static int wg_wanted(void) {
-    const char *s = getenv("KILN_ATTN");
-    if (!s || !*s || strcmp(s, "wgmma") == 0)
-        return 1;
-    if (strcmp(s, "fa2") && strcmp(s, "ref")) {
-        static int told;
-        if (!told++)
-            fprintf(stderr, "kiln: KILN_ATTN=%s: unknown (wgmma, fa2 or ref); the default kernels run\n", s);
-        return 1;
-    }
-    return 0;
-}
-
 extern "C" int kiln_cuda_wgmma_attention_available(void *ctx) {
 #if defined(KILN_HAVE_SM90A)
     struct cuda_ctx *c = cuda_ctx_of(ctx);
@@ -906,7 +878,7 @@ extern "C" int kiln_cuda_wgmma_attention_available(void *ctx) {
 }
 
 extern "C" int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struct kiln_attn_args *a) {
-    if (!wg_wanted() || !kiln_cuda_wgmma_attention_available(c))
+    if (!kiln_cuda_wgmma_attention_available(c))
         return 0;
 #if defined(KILN_HAVE_SM90A)
     int HS = a->HS, rs = a->qkv_stride ? a->qkv_stride : (a->NH + 2 * a->NKV) * HS;
@@ -950,7 +922,7 @@ extern "C" int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struc
 
 extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a) {
     // deterministic mode wants FA2's two-kernel backward (no atomics)
-    if (!wg_wanted() || c->deterministic || !kiln_cuda_wgmma_attention_available(c))
+    if (c->deterministic || !kiln_cuda_wgmma_attention_available(c))
         return 0;
 #if defined(KILN_HAVE_SM90A)
     int HS = a->HS, rs = a->qkv_stride ? a->qkv_stride : (a->NH + 2 * a->NKV) * HS;

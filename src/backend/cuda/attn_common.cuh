@@ -69,7 +69,8 @@ static __device__ __forceinline__ void attn_online_softmax(float *s, float *m, f
                                                            float scale_log2, int T, bool need_mask) {
     float sc = scale_log2;
     if (alibi) {
-        float rb[2] = {slope2 * (float)(k0 + 2 * t4 - qi[0]), slope2 * (float)(k0 + 2 * t4 - qi[1])};
+        float rb[2];
+        attn_alibi_bases(rb, slope2, qi, k0 + 2 * t4, 1);
 #pragma unroll
         for (int i = 0; i < BN / 2; i++)
             s[i] = fmaf(s[i], scale_log2, fmaf(slope2, (float)((i >> 2) * 8 + (i & 1)), rb[(i >> 1) & 1]));

@@ -141,8 +141,9 @@ const float *kiln_cuda_fa_dsum(struct cuda_ctx *c, const void *dout, const void 
                                int HS);
 void kiln_cuda_fa_dq_convert(struct cuda_ctx *c, bf16 *dqkv, const float *acc, int B, int T, int NH, int HS,
                              int rs, float scale, const float *ct, const float *st);
-// Hopper forward (attention_wgmma.cu): runs and returns 1 only when KILN_ATTN allows it (unset or wgmma),
-// the build targets sm_90a, the device is sm_90 and the shape fits (HS 64/128, 16-byte aligned rows); else 0
+// Hopper forward (attention_wgmma.cu; attention.cu asks it first unless KILN_ATTN says fa2 or ref): runs and
+// returns 1 only when the build targets sm_90a, the device is sm_90 and the shape fits (HS 64/128, 16-byte
+// aligned rows); else 0
 int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struct kiln_attn_args *a);
 // its backward (same conditions, and not in deterministic mode): 1 when it ran, else 0 (FA2 then runs)
 int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a);
