@@ -13,19 +13,7 @@ struct kiln_backend_opts {
                                 // for runs of one micro-step per optimizer step, which never add into them)
 };
 
-struct kiln_backend {
-    const char *name;               // "cpu", "cuda"
-    const struct kiln_ops *ops;
-    void *ctx;
-    enum kiln_dtype act_dtype;      // activations and compute weights
-    enum kiln_dtype grad_dtype;     // parameter gradients
-    int weights_alias_master;       // 1: compute weights ARE the f32 master params (CPU)
-    char device_name[128];          // "CPU (2 threads)", "NVIDIA H100 80GB HBM3"
-    double peak_flops;              // dense peak for MFU, 0 when unknown
-    size_t mem_total_bytes;         // device memory (0 on the CPU: not planned against)
-    size_t mem_free_bytes;
-    void (*close)(struct kiln_backend *b);
-};
+// struct kiln_backend is declared in model/ops.h, beside the ops table it carries.
 
 // Opens the backend by name ("cpu", "cuda", or "auto": cuda when a GPU is present, else cpu).
 int kiln_backend_open(const char *name, const struct kiln_backend_opts *opts, struct kiln_backend *out,
@@ -34,6 +22,9 @@ void kiln_backend_close(struct kiln_backend *b);
 // The backend that kiln_backend_open(name) would open: "cuda" or "cpu" for "auto", else name itself. Lets a
 // caller choose options by backend (the gradient dtype) before opening it.
 const char *kiln_backend_resolve(const char *name);
+
+// Devices of a backend visible now: GPUs for "cuda" (0 in a build without CUDA), 1 for "cpu".
+int kiln_backend_device_count(const char *name);
 
 // Compiled-in backends, e.g. "cpu cuda", and a description of the devices visible now (for `kiln info`).
 const char *kiln_backends_compiled(void);

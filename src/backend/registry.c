@@ -30,6 +30,16 @@ const char *kiln_backend_resolve(const char *name) {
     return "cpu";
 }
 
+int kiln_backend_device_count(const char *name) {
+    if (strcmp(name, "cuda") != 0)
+        return 1;
+#ifdef KILN_CUDA
+    return kiln_cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
 int kiln_backend_open(const char *name, const struct kiln_backend_opts *opts, struct kiln_backend *out,
                       struct kiln_error *err) {
     memset(out, 0, sizeof(*out));

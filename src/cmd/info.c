@@ -6,6 +6,7 @@
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
+#include "train/tuning.h"
 #include "train/embedded.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -68,10 +69,12 @@ int cmd_info(int argc, char **argv) {
     struct kiln_gpt_opts go = {.B = cfg.batch_size, .T = cfg.seq_len, .recompute = cfg.recompute, .training = 1};
     struct kiln_mem_plan plan;
     printf("\n");
+    kiln_gpt_tuning_from_env(&go);
     kiln_gpt_plan(m, &go, KILN_F32, KILN_F32, 1, &plan);
     print_plan("cpu: f32 everything", &plan, go.B * go.T);
     // the gradient dtype a CUDA run of this config gets (the trainer makes the same choice)
-    enum kiln_dtype grad = kiln_config_grad_dtype(&cfg, "cuda");
+    enum kiln_dtype grad = kiln_config_grad_dtype(&cfg, 1);
+    kiln_gpt_tuning_from_env(&go);
     kiln_gpt_plan(m, &go, KILN_BF16, grad, 0, &plan);
     print_plan(grad == KILN_BF16 ? "cuda: bf16 weights, activations and gradients, f32 master and AdamW"
                                  : "cuda: bf16 weights and activations, f32 master, gradients and AdamW",

@@ -10,6 +10,7 @@
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
+#include "train/tuning.h"
 #include "train/model_io.h"
 #include "train/sampler.h"
 #include "util/rng.h"
@@ -119,6 +120,7 @@ static int run_sample(const struct sample_opts *o, struct kiln_error *err) {
     if ((rc = kiln_backend_open(o->device, &bo, &be, err)))
         goto out_tok;
     struct kiln_gpt_opts go = {.B = 1, .T = 1, .recompute = KILN_RECOMPUTE_NONE, .training = 0};
+    kiln_gpt_tuning_from_env(&go);
     if ((rc = kiln_gpt_create(&g, &cfg.model, &be, &go, err)))
         goto out_be;
     const struct kiln_param_table *pt = kiln_gpt_params(g);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cmd/cmd.h"
+#include "dist/comm.h"
 #include "train/trainer.h"
 
 static volatile sig_atomic_t n_sigint = 0;
@@ -48,8 +49,18 @@ int cmd_train(int argc, char **argv) {
         return kiln_error_print(&err);
     install_stop_handlers();
     struct kiln_train_result res;
-    if (kiln_train(&cfg, &res, &err))
-        return kiln_error_print(&err);
+    if (kiln_train(&cfg, &res, &err)) {
+        if (res.world <= 1)
+            return kiln_error_print(&err);
+        // every rank's errors reach stderr, prefixed with its rank; then the whole job ends, so that no other
+        // rank waits forever in a collective this one will never join
+        fprintf(stderr, "[rank %d] error: %s\n", res.rank, err.msg);
+        if (res.abort_job)
+            kiln_comm_abort_job(err.code);
+        return err.code;
+    }
+    if (res.world > 1 && res.rank != 0)
+        return res.stop_signal ? KILN_EXIT_STOPPED : 0; // rank 0 reports for the job
     if (res.stop_signal) {
         fprintf(stderr, "kiln: stopped by %s after step %d", signal_name(res.stop_signal), res.steps);
         if (cfg.out[0])

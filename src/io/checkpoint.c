@@ -363,9 +363,63 @@ static int prune(const char *run_dir, const char *ckpt_dir, int64_t saved_step,
     return rc;
 }
 
-int kiln_ckpt_save(const char *run_dir, int64_t step, const struct kiln_ckpt_file *files, int n_files,
-                   const cJSON *state_json, const struct kiln_ckpt_policy *policy, struct kiln_error *err) {
-    char ckpt_dir[1024], name[64], tmp[1200], final[1200], p[1400];
+// Rank 0 of the group prepares the temporary directory; returns 0 or an error, and its name in tmp.
+static int save_prepare(const char *run_dir, const char *ckpt_dir, const char *name, char *tmp, size_t cap,
+                        struct kiln_error *err) {
+    int rc = kiln_mkdir_p(ckpt_dir, err);
+    if (!rc) // makes a newly created ckpt/ itself durable
+        rc = kiln_fsync_dir(run_dir, err);
+    if (!rc)
+        rc = remove_stale(ckpt_dir, err);
+    if (rc)
+        return rc;
+    snprintf(tmp, cap, "%s/.tmp-%s-%ld-%016llx", ckpt_dir, name, (long)getpid(), (unsigned long long)kiln_nonce());
+    if (mkdir(tmp, 0777) != 0)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot create directory (%s): %s", tmp, strerror(errno));
+    return 0;
+}
+
+// Rank 0 of the group: state.json with every part's hash, then the rename that makes the checkpoint exist.
+static int save_install(const char *run_dir, const char *ckpt_dir, const char *name, const char *tmp,
+                        int64_t step, const cJSON *state_json, cJSON *hashes,
+                        const struct kiln_ckpt_policy *policy, struct kiln_error *err) {
+    char final[1200], p[1400];
+    snprintf(final, sizeof(final), "%s/%s", ckpt_dir, name);
+    cJSON *state = state_json ? cJSON_Duplicate(state_json, 1) : cJSON_CreateObject();
+    KILN_ASSERT(state);
+    cJSON_DeleteItemFromObjectCaseSensitive(state, "format");
+    cJSON_DeleteItemFromObjectCaseSensitive(state, "files");
+    cJSON_DeleteItemFromObjectCaseSensitive(state, "step");
+    cJSON_AddStringToObject(state, "format", KILN_CKPT_FORMAT);
+    cJSON_AddNumberToObject(state, "step", (double)step);
+    cJSON_AddItemToObject(state, "files", hashes);
+    char *text = cJSON_Print(state);
+    KILN_ASSERT(text != NULL);
+    snprintf(p, sizeof(p), "%s/state.json", tmp);
+    size_t len = strlen(text);
+    text[len] = '\n'; // replaces the NUL; we write len + 1 bytes
+    int rc = kiln_write_file_atomic(p, text, len + 1, err);
+    free(text);
+    cJSON_Delete(state);
+    if (!rc)
+        rc = kiln_fsync_dir(tmp, err);
+    if (!rc)
+        rc = install_dir(ckpt_dir, tmp, final, err);
+    if (!rc)
+        rc = kiln_fsync_dir(ckpt_dir, err);
+    if (rc)
+        return rc;
+    char latest_text[80];
+    int n = snprintf(latest_text, sizeof(latest_text), "%s\n", name);
+    snprintf(p, sizeof(p), "%s/latest", ckpt_dir);
+    rc = kiln_write_file_atomic(p, latest_text, (size_t)n, err);
+    if (!rc)
+        rc = prune(run_dir, ckpt_dir, step, policy, err);
+    return rc;
+}
+
+static int check_files(const char *run_dir, int64_t step, const struct kiln_ckpt_file *files, int n_files,
+                       const cJSON *state_json, struct kiln_error *err) {
     if (step < 0)
         return kiln_errorf(err, KILN_ERR_USAGE, "cannot save checkpoint (%s): negative step %lld", run_dir,
                            (long long)step);
@@ -387,66 +441,89 @@ int kiln_ckpt_save(const char *run_dir, int64_t step, const struct kiln_ckpt_fil
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "cannot save checkpoint (%s): state \"step\" differs from %lld", run_dir,
                            (long long)step);
+    return 0;
+}
 
-    int rc = kiln_path_join(ckpt_dir, sizeof(ckpt_dir), run_dir, "ckpt", err);
+// One line per file, "name sha256hex\n", in a record of KILN_CKPT_RECORD bytes per rank.
+#define KILN_CKPT_RECORD 4096
+
+int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ckpt_file *files, int n_files,
+                         const cJSON *state_json, const struct kiln_ckpt_policy *policy,
+                         const struct kiln_ckpt_group *grp, struct kiln_error *err) {
+    int rank = grp ? grp->rank : 0, size = grp ? grp->size : 1;
+    char ckpt_dir[1024], name[64], tmp[1200] = "", p[1400];
+    int rc = check_files(run_dir, step, files, n_files, state_json, err);
     if (!rc)
-        rc = kiln_mkdir_p(ckpt_dir, err);
-    if (!rc) // makes a newly created ckpt/ itself durable
-        rc = kiln_fsync_dir(run_dir, err);
-    if (!rc)
-        rc = remove_stale(ckpt_dir, err);
+        rc = kiln_path_join(ckpt_dir, sizeof(ckpt_dir), run_dir, "ckpt", err);
+    snprintf(name, sizeof(name), "step_%08lld", (long long)step);
+    // 1. rank 0 makes the temporary directory, and every rank learns its name (or that it failed)
+    if (!rc && rank == 0)
+        rc = save_prepare(run_dir, ckpt_dir, name, tmp, sizeof(tmp), err);
+    if (size > 1) {
+        rc = grp->agree(grp->user, rc);
+        if (rc) // the failing rank's own message, or a line saying another rank failed
+            return err && err->code ? rc : kiln_errorf(err, KILN_ERR_RUNTIME, "checkpoint step %lld (%s): another rank could not prepare it", (long long)step, run_dir);
+        grp->broadcast(grp->user, tmp, sizeof(tmp));
+    }
     if (rc)
         return rc;
-    snprintf(name, sizeof(name), "step_%08lld", (long long)step);
-    snprintf(tmp, sizeof(tmp), "%s/.tmp-%s-%ld-%016llx", ckpt_dir, name, (long)getpid(),
-             (unsigned long long)kiln_nonce());
-    snprintf(final, sizeof(final), "%s/%s", ckpt_dir, name);
-    if (mkdir(tmp, 0777) != 0)
-        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot create directory (%s): %s", tmp, strerror(errno));
-
-    cJSON *state = state_json ? cJSON_Duplicate(state_json, 1) : cJSON_CreateObject();
-    cJSON *hashes = cJSON_CreateObject();
-    KILN_ASSERT(state && hashes);
+    // 2. every rank writes its own files (durably: the writer fsyncs each)
+    char mine[KILN_CKPT_RECORD] = "";
+    size_t used = 0;
     for (int i = 0; i < n_files && !rc; i++) {
         char hex[65];
         snprintf(p, sizeof(p), "%s/%s", tmp, files[i].name);
         rc = kiln_safetensors_write_sha(p, files[i].tensors, files[i].n, NULL, hex, err);
-        if (!rc)
-            cJSON_AddItemToObject(hashes, files[i].name, cJSON_CreateString(hex));
+        if (!rc) {
+            int k = snprintf(mine + used, sizeof(mine) - used, "%s %s\n", files[i].name, hex);
+            KILN_ASSERT(k > 0 && (size_t)k < sizeof(mine) - used);
+            used += (size_t)k;
+        }
     }
-    if (!rc) {
-        cJSON_DeleteItemFromObjectCaseSensitive(state, "format");
-        cJSON_DeleteItemFromObjectCaseSensitive(state, "files");
-        cJSON_DeleteItemFromObjectCaseSensitive(state, "step");
-        cJSON_AddStringToObject(state, "format", KILN_CKPT_FORMAT);
-        cJSON_AddNumberToObject(state, "step", (double)step);
-        cJSON_AddItemToObject(state, "files", hashes);
-        hashes = NULL;
-        char *text = cJSON_Print(state);
-        KILN_ASSERT(text != NULL);
-        snprintf(p, sizeof(p), "%s/state.json", tmp);
-        size_t len = strlen(text);
-        text[len] = '\n'; // replaces the NUL; we write len + 1 bytes
-        rc = kiln_write_file_atomic(p, text, len + 1, err);
-        free(text);
+    char *all = mine;
+    if (size > 1) {
+        int any = grp->agree(grp->user, rc);
+        if (any && !rc)
+            rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                             "checkpoint step %lld (%s): another rank could not write its part; the previous "
+                             "checkpoint stays the newest",
+                             (long long)step, run_dir);
+        if (!rc) {
+            all = kiln_xcalloc((size_t)size, KILN_CKPT_RECORD);
+            grp->all_gather(grp->user, mine, all, KILN_CKPT_RECORD);
+        }
     }
-    cJSON_Delete(hashes);
-    cJSON_Delete(state);
-    if (!rc)
-        rc = kiln_fsync_dir(tmp, err);
-    if (!rc)
-        rc = install_dir(ckpt_dir, tmp, final, err);
-    if (!rc)
-        rc = kiln_fsync_dir(ckpt_dir, err);
-    if (rc) {
+    // 3. rank 0 hashes into state.json and installs the directory: only now does the checkpoint exist
+    if (!rc && rank == 0) {
+        cJSON *hashes = cJSON_CreateObject();
+        for (int r = 0; r < size; r++) {
+            char *rec = all + (size_t)r * KILN_CKPT_RECORD;
+            rec[KILN_CKPT_RECORD - 1] = 0;
+            for (char *save = NULL, *line = strtok_r(rec, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+                char *sp = strchr(line, ' ');
+                KILN_ASSERT(sp);
+                *sp = 0;
+                cJSON_AddItemToObject(hashes, line, cJSON_CreateString(sp + 1));
+            }
+        }
+        rc = save_install(run_dir, ckpt_dir, name, tmp, step, state_json, hashes, policy, err);
+    }
+    if (all != mine)
+        free(all);
+    if (rc && rank == 0 && tmp[0])
         kiln_remove_tree(tmp, NULL);
-        return rc;
+    if (size > 1) { // everyone returns rank 0's verdict
+        int r0 = grp->agree(grp->user, rc);
+        if (r0 && !rc)
+            rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                             "checkpoint step %lld (%s): rank 0 could not install it; the previous checkpoint "
+                             "stays the newest",
+                             (long long)step, run_dir);
     }
-    char latest_text[80];
-    int len = snprintf(latest_text, sizeof(latest_text), "%s\n", name);
-    snprintf(p, sizeof(p), "%s/latest", ckpt_dir);
-    rc = kiln_write_file_atomic(p, latest_text, (size_t)len, err);
-    if (!rc)
-        rc = prune(run_dir, ckpt_dir, step, policy, err);
     return rc;
+}
+
+int kiln_ckpt_save(const char *run_dir, int64_t step, const struct kiln_ckpt_file *files, int n_files,
+                   const cJSON *state_json, const struct kiln_ckpt_policy *policy, struct kiln_error *err) {
+    return kiln_ckpt_save_group(run_dir, step, files, n_files, state_json, policy, NULL, err);
 }

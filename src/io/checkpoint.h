@@ -37,6 +37,22 @@ struct kiln_ckpt_policy {
 int kiln_ckpt_save(const char *run_dir, int64_t step, const struct kiln_ckpt_file *files, int n_files,
                    const cJSON *state_json, const struct kiln_ckpt_policy *policy, struct kiln_error *err);
 
+// A checkpoint written by a group of processes (data-parallel ranks): each writes its own files into one
+// temporary directory; rank 0 writes state.json with every file's hash and renames the directory into place
+// once every rank's files are durable. A kill at any moment leaves the previous checkpoint the newest. The
+// caller (train/) implements the collectives on a communicator; every rank calls save_group in the same order.
+struct kiln_ckpt_group {
+    int rank, size;
+    void *user;
+    int (*agree)(void *user, int rc);                                          // the largest rc of all ranks
+    void (*broadcast)(void *user, void *buf, size_t bytes);                    // rank 0's bytes to all
+    void (*all_gather)(void *user, const void *mine, void *all, size_t bytes); // every rank's bytes, by rank
+};
+// File names must differ across ranks ("optim-00001-of-00004.safetensors"). grp NULL: one process, as save.
+int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ckpt_file *files, int n_files,
+                         const cJSON *state_json, const struct kiln_ckpt_policy *policy,
+                         const struct kiln_ckpt_group *grp, struct kiln_error *err);
+
 // Checks one checkpoint directory: state.json parses, has the format tag (and a step matching the
 // directory name), every listed file exists with the right sha256, and every .safetensors file opens.
 // Returns 0 if good, else fills err with why, naming the file.

@@ -87,6 +87,15 @@ static const struct opt OPTS[] = {
      "parameter gradients (auto = bf16 on CUDA when a step is one micro-step, else fp32)"},
     {"peak-flops", OPT_DOUBLE, OFF(peak_flops), 0, 1e18, NULL, "peak FLOP/s for MFU (0 = from the GPU table)"},
     {"out", OPT_STR, OFF(out), 0, 0, NULL, "run directory for config, metrics and the model"},
+    // many processes
+    {"comm", OPT_ENUM, OFF(comm), 0, 0, "auto nccl mpi single",
+     "transport between processes (auto: nccl on GPUs, mpi on CPUs, single for one process)"},
+    {"zero", OPT_INT, OFF(zero), 0, 2, NULL,
+     "data parallelism: 0 DDP, 1 optimizer state sharded (ZeRO-1), 2 gradients sharded too (ZeRO-2)"},
+    {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 1e5, NULL,
+     "MiB of gradients per reduction bucket, each reduced while the backward goes on"},
+    {"reduce-dtype", OPT_ENUM, OFF(reduce_dtype), 0, 0, "auto fp32 bf16",
+     "dtype of gradients between ranks (auto = fp32; bf16 halves the bytes, GPU only)"},
     // checkpoints
     {"checkpoint", OPT_BOOL, OFF(checkpoint), 0, 1, NULL, "write checkpoints into --out (0 = none, for benchmarks)"},
     {"ckpt-every", OPT_INT, OFF(ckpt_every), 0, 1e9, NULL, "checkpoint every N steps (0 = at the end only)"},
@@ -209,6 +218,9 @@ static void config_defaults(struct kiln_config *c) {
     c->log_every = 1;
     c->seed = 1337;
     strcpy(c->device, "auto");
+    strcpy(c->comm, "auto");
+    c->bucket_mb = 25;
+    c->world = 1;
     c->checkpoint = 1;
     c->keep_last = 3;
     strcpy(c->resume, "auto");
@@ -585,10 +597,19 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
     if (c->seq_len > m->block_size)
         return kiln_errorf(err, KILN_ERR_USAGE, "seq %d is longer than block-size %d (--seq): raise --block-size or "
                            "lower --seq", c->seq_len, m->block_size);
-    long bt = (long)c->batch_size * c->seq_len;
+    long bt = (long)c->batch_size * c->seq_len * (c->world > 0 ? c->world : 1);
     if (c->total_batch_tokens && c->total_batch_tokens % bt)
-        return kiln_errorf(err, KILN_ERR_USAGE, "total-batch %ld is not a multiple of batch*seq = %ld (--total-batch)",
-                           c->total_batch_tokens, bt);
+        return c->world > 1 ? kiln_errorf(err, KILN_ERR_USAGE,
+                                          "total-batch %ld is not a multiple of batch*seq*ranks = %d*%d*%d = %ld "
+                                          "(--total-batch): every rank takes whole micro-batches",
+                                          c->total_batch_tokens, c->batch_size, c->seq_len, c->world, bt)
+                            : kiln_errorf(err, KILN_ERR_USAGE,
+                                          "total-batch %ld is not a multiple of batch*seq = %ld (--total-batch)",
+                                          c->total_batch_tokens, bt);
+    if (c->reduce_dtype == KILN_GRAD_BF16 && !strcmp(c->device, "cpu"))
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "reduce-dtype bf16 on device cpu (--reduce-dtype): the cpu backend reduces fp32 "
+                           "gradients; use --reduce-dtype=auto or fp32");
     if (c->grad_dtype == KILN_GRAD_BF16 && kiln_config_micro_steps(c) > 1)
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "grad-dtype bf16 with %d micro-steps per step (--grad-dtype): gradients would "
@@ -602,13 +623,14 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
 }
 
 int kiln_config_micro_steps(const struct kiln_config *c) {
-    long bt = (long)c->batch_size * c->seq_len;
-    return c->total_batch_tokens ? (int)(c->total_batch_tokens / bt) : 1;
+    long bt = (long)c->batch_size * c->seq_len * (c->world > 0 ? c->world : 1);
+    long n = c->total_batch_tokens ? c->total_batch_tokens / bt : 1;
+    return n > 0 ? (int)n : 1;
 }
 
-enum kiln_dtype kiln_config_grad_dtype(const struct kiln_config *c, const char *backend) {
+enum kiln_dtype kiln_config_grad_dtype(const struct kiln_config *c, int mixed) {
     if (c->grad_dtype == KILN_GRAD_AUTO)
-        return !strcmp(backend, "cuda") && kiln_config_micro_steps(c) == 1 ? KILN_BF16 : KILN_F32;
+        return mixed && kiln_config_micro_steps(c) == 1 ? KILN_BF16 : KILN_F32;
     return c->grad_dtype == KILN_GRAD_BF16 ? KILN_BF16 : KILN_F32;
 }
 

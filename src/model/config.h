@@ -83,6 +83,14 @@ struct kiln_config {
     double peak_flops;    // override for MFU; 0 = from the device table
     char out[1024];       // run directory ("" = none)
 
+    // many processes (docs/distributed.md)
+    char comm[16];        // auto, nccl, mpi, single: the transport (dist/comm.h)
+    int zero;             // 0 DDP, 1 optimizer state sharded, 2 gradients too (ZeRO-1/2)
+    float bucket_mb;      // gradient bucket size for DDP's overlapped reduction, in MiB
+    enum kiln_grad_dtype reduce_dtype; // the gradients' dtype on the wire: AUTO/FP32 = fp32, BF16 = bf16
+    int world;            // data-parallel ranks: not an option but the job's size, set by the trainer from the
+                          // launcher's environment (1 for one process); the micro-steps follow from it
+
     // checkpoints and resume
     int checkpoint;       // write checkpoints at all (0: none, for benchmarks)
     int ckpt_every;       // steps between checkpoints (0 = only at the end and on signals)
@@ -115,13 +123,14 @@ int kiln_config_set(struct kiln_config *cfg, const char *name, const char *value
 // Checks cross-field constraints (heads divide dims, T <= block size, ...). Call after the vocab is known.
 int kiln_config_validate(const struct kiln_config *cfg, struct kiln_error *err);
 
-// Micro-steps per optimizer step: total-batch / (batch * seq), 1 without gradient accumulation.
+// Micro-steps per optimizer step on each rank: total-batch / (batch * seq * world), 1 without gradient
+// accumulation. So the same --total-batch trains the same model on 1 or 8 ranks.
 int kiln_config_micro_steps(const struct kiln_config *cfg);
-// The parameter-gradient dtype of a run on `backend` ("cpu" or "cuda", as kiln_backend_resolve names it):
-// KILN_BF16 when asked for, or for auto on CUDA with one micro-step per optimizer step (each gradient is then
-// written once per step and never summed in bf16); else KILN_F32. Validation refuses bf16 where it would
-// accumulate or where the device is the CPU.
-enum kiln_dtype kiln_config_grad_dtype(const struct kiln_config *cfg, const char *backend);
+// The parameter-gradient dtype of a run on a mixed-precision backend (mixed = 1: bf16 activations, as the
+// GPU's) or on the fp32 reference (mixed = 0): KILN_BF16 when asked for, or for auto on a mixed backend with
+// one micro-step per optimizer step (each gradient is then written once per step and never summed in bf16);
+// else KILN_F32. Validation refuses bf16 where it would accumulate or where the device is the CPU.
+enum kiln_dtype kiln_config_grad_dtype(const struct kiln_config *cfg, int mixed);
 
 // Writes every option as `name = value` (the format --config reads back).
 void kiln_config_write(const struct kiln_config *cfg, FILE *f);

@@ -123,9 +123,21 @@ struct kiln_gpt {
 
     struct kiln_param_span *spans;
     int n_spans;
+    size_t optim_elems; // of m and v each
+
+    struct kiln_gpt_hooks hooks; // all NULL with one process
+    const void **window;         // (L) where layer l's weights are read: its range of the compute copy, or a
+                                 // stand-in that a hook put there (kiln_gpt_set_layer_window)
 
     struct decode dec;
 };
+
+// the hooks, when set
+#define HOOK(g, name, ...)                                                                                    \
+    do {                                                                                                     \
+        if ((g)->hooks.name)                                                                                 \
+            (g)->hooks.name((g)->hooks.user, __VA_ARGS__);                                                   \
+    } while (0)
 
 // derived sizes
 struct dims {
@@ -161,9 +173,7 @@ static struct dims dims_of(const struct kiln_model_config *m, int B, int T) {
 // spread evenly over the chunks that takes, so the last chunk is no sliver and the buffer no larger than it
 // needs. KILN_CLASSIFIER_ROWS=n sets the rows outright (tests: several chunks at tiny shapes; benchmarks:
 // what a chunk costs).
-static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t free_bytes) {
-    const char *env = getenv("KILN_CLASSIFIER_ROWS");
-    int set = env ? atoi(env) : 0;
+static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t free_bytes, int set) {
     if (set > 0)
         return set < d->N ? set : d->N;
     size_t row_bytes = (size_t)d->Vp * act_bytes, N = (size_t)d->N, rows = free_bytes / row_bytes;
@@ -181,8 +191,7 @@ static int adjacent(const struct kiln_param_table *pt, int first, int second) {
 static struct fusion fusion_of(const struct kiln_model_config *m, const struct kiln_param_table *pt,
                                const struct kiln_gpt_opts *o) {
     struct fusion f = {0, 0};
-    const char *env = getenv("KILN_PARALLEL_FUSED");
-    if (!m->parallel_block || m->qk_norm || (env && strcmp(env, "0") == 0))
+    if (!m->parallel_block || m->qk_norm || o->no_parallel_fusion)
         return f;
     for (int l = 0; l < m->n_layer; l++) {
         const int *ix = pt->layer[l];
@@ -315,12 +324,11 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
             SET(dhid, N * d->H, 1, ab);
     }
     size_t logits_at, end = scratch_layout(a, training, fu->on, &logits_at);
-    *rows = classifier_rows_for(d, ab, end - logits_at);
+    *rows = classifier_rows_for(d, ab, end - logits_at, o->classifier_rows);
     SET(logits, (size_t)*rows * d->Vp, 1, ab);
 #undef SET
     end = max_size(end, place(&a->logits, logits_at));
-    const char *env = getenv("KILN_SCRATCH_SHARED");
-    return env && strcmp(env, "0") == 0 ? scratch_apart(a) : end;
+    return o->scratch_apart ? scratch_apart(a) : end;
 }
 
 void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
@@ -337,7 +345,7 @@ void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts
     plan->weights_bytes = weights_alias_master ? 0 : pt.total * ab;
     if (o->training) {
         plan->grads_bytes = pt.total * kiln_dtype_bytes(grad);
-        plan->optim_bytes = 2 * pt.total * sizeof(float);
+        plan->optim_bytes = 2 * (o->optim_elems ? o->optim_elems : pt.total) * sizeof(float);
     }
     plan->acts_bytes = plan->scratch_bytes;
     struct buf *bufs = (struct buf *)&a;
@@ -356,9 +364,15 @@ static void *act_at(const struct kiln_gpt *g, const void *base, size_t elems) {
     return (char *)base + elems * kiln_dtype_bytes(g->be->act_dtype);
 }
 
-// the compute copy of parameter i (act dtype), or NULL for an absent tensor (index -1)
+// the compute copy of parameter i (act dtype), or NULL for an absent tensor (index -1); a layer's tensors are
+// read through the layer's window
 static const void *W(const struct kiln_gpt *g, int i) {
-    return i < 0 ? NULL : act_at(g, g->weights, g->pt.p[i].offset);
+    if (i < 0)
+        return NULL;
+    const struct kiln_param *p = &g->pt.p[i];
+    if (p->layer < 0)
+        return act_at(g, g->weights, p->offset);
+    return act_at(g, g->window[p->layer], p->offset - g->pt.layer_begin[p->layer]);
 }
 
 // the gradient of parameter i (grad dtype), or NULL
@@ -390,7 +404,7 @@ static void build_spans(struct kiln_gpt *g) {
     g->n_spans = 0;
     for (int i = 0; i < g->pt.n; i++) {
         const struct kiln_param *p = &g->pt.p[i];
-        g->spans[g->n_spans++] = (struct kiln_param_span){p->offset, p->count, p->decay};
+        g->spans[g->n_spans++] = (struct kiln_param_span){p->offset, p->count, p->decay, p->offset};
     }
 }
 
@@ -406,6 +420,8 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
     kiln_gpt_plan(m, o, be->act_dtype, be->grad_dtype, be->weights_alias_master, &g->plan);
     struct dims d = dims_of(m, o->B, o->T);
     g->fuse = fusion_of(m, &g->pt, o);
+    g->optim_elems = o->optim_elems ? o->optim_elems : g->pt.total;
+    KILN_ASSERT(g->optim_elems <= g->pt.total);
     size_t arena_bytes =
         acts_layout(&g->a, &g->classifier_rows, &d, o, &g->fuse, kiln_dtype_bytes(be->act_dtype));
     *out = g;
@@ -438,6 +454,9 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
         *out = NULL;
         return rc;
     }
+    g->window = kiln_xcalloc((size_t)m->n_layer, sizeof(*g->window));
+    for (int l = 0; l < m->n_layer; l++)
+        kiln_gpt_set_layer_window(g, l, NULL);
     g->tokens_host = kiln_xcalloc((size_t)d.N, sizeof(int32_t));
     g->losses_host = kiln_xcalloc((size_t)d.N, sizeof(float));
     build_spans(g);
@@ -475,7 +494,30 @@ void kiln_gpt_free(struct kiln_gpt *g) {
     free(g->tokens_host);
     free(g->losses_host);
     free(g->spans);
+    free(g->window);
     free(g);
+}
+
+void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h) {
+    if (h)
+        g->hooks = *h;
+    else
+        memset(&g->hooks, 0, sizeof(g->hooks));
+}
+
+void kiln_gpt_set_layer_window(struct kiln_gpt *g, int l, const void *base) {
+    KILN_ASSERT(l >= 0 && l < g->cfg.n_layer);
+    g->window[l] = base ? base : act_at(g, g->weights, g->pt.layer_begin[l]);
+}
+
+void kiln_gpt_buffers(const struct kiln_gpt *g, struct kiln_gpt_buffers *out) {
+    *out = (struct kiln_gpt_buffers){.params = g->params, .weights = g->weights, .grads = g->grads, .m = g->m,
+                                     .v = g->v, .optim_elems = g->optim_elems};
+}
+
+const struct kiln_param_span *kiln_gpt_spans(const struct kiln_gpt *g, int *n) {
+    *n = g->n_spans;
+    return g->spans;
 }
 
 const struct kiln_param_table *kiln_gpt_params(const struct kiln_gpt *g) {
@@ -514,13 +556,13 @@ void kiln_gpt_get_grads(struct kiln_gpt *g, float *host) {
 }
 
 void kiln_gpt_get_optim(struct kiln_gpt *g, float *m_host, float *v_host) {
-    g->ops->download(g->ctx, m_host, g->m, g->pt.total * sizeof(float));
-    g->ops->download(g->ctx, v_host, g->v, g->pt.total * sizeof(float));
+    g->ops->download(g->ctx, m_host, g->m, g->optim_elems * sizeof(float));
+    g->ops->download(g->ctx, v_host, g->v, g->optim_elems * sizeof(float));
 }
 
 void kiln_gpt_set_optim(struct kiln_gpt *g, const float *m_host, const float *v_host) {
-    g->ops->upload(g->ctx, g->m, m_host, g->pt.total * sizeof(float));
-    g->ops->upload(g->ctx, g->v, v_host, g->pt.total * sizeof(float));
+    g->ops->upload(g->ctx, g->m, m_host, g->optim_elems * sizeof(float));
+    g->ops->upload(g->ctx, g->v, v_host, g->optim_elems * sizeof(float));
 }
 
 void kiln_gpt_init_params(struct kiln_gpt *g, uint64_t seed) {
@@ -645,7 +687,9 @@ static void attn_core_fwd(struct kiln_gpt *g, const struct dims *d, int l, const
     struct kiln_attn_args at = {.out = buf_at(&a->atty, l), .lse = buf_at(&a->lse, l), .qkv = qkv, .B = d->B,
                                 .T = d->T, .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
                                 .rope_theta = g->cfg.rope_theta, .qkv_stride = stride};
+    HOOK(g, attention, l, 0);
     g->ops->attention_forward(g->ctx, &at);
+    HOOK(g, attention, l, 1);
     matmul_fwd(g, a->ao.p, NULL, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO, d->C,
                KILN_ACT_NONE, 0);
 }
@@ -758,8 +802,11 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
     g->ops->embed_forward(g->ctx, &e);
     norm_fwd(g, buf_at(&a->ln1, 0), buf_at(&a->mean1, 0), buf_at(&a->rstd1, 0), NULL, buf_at(&a->x, 0), NULL,
              g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.N);
-    for (int l = 0; l < d.L; l++)
+    for (int l = 0; l < d.L; l++) {
+        HOOK(g, layer_begin, l, 0);
         layer_forward(g, &d, l, 1);
+        HOOK(g, layer_end, l, 0);
+    }
     classifier(g, &d, dloss, z_loss);
     g->has_grad_forward = dloss != 0.0f;
 
@@ -848,7 +895,9 @@ static void attn_core_bwd(struct kiln_gpt *g, const struct dims *d, int l, const
                                      .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
                                      .rope_theta = g->cfg.rope_theta, .qkv_stride = qkv_stride,
                                      .dqkv_stride = dqkv_stride};
+    HOOK(g, attention, l, 2);
     g->ops->attention_backward(g->ctx, &ab);
+    HOOK(g, attention, l, 3);
 }
 
 // Backward of the attention of layer l, given dout = dL/d(attention branch output); writes dL/d(ln1) to dinp.
@@ -916,6 +965,7 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
 
     for (int l = d.L - 1; l >= 0; l--) {
         const int *ix = g->pt.layer[l];
+        HOOK(g, layer_begin, l, 1); // its weights, for the recompute and the backward
         recompute_layer(g, &d, l);
         if (g->cfg.parallel_block && g->fuse.on) {
             parallel_fused_bwd(g, &d, l, dres, a->dln.p);
@@ -934,11 +984,15 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
         proj_biases(g, l - 1, &rb0, &rb1);
         norm_bwd(g, dres, a->dln.p, buf_at(&a->x, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), ix[KILN_LN1_W],
                  ix[KILN_LN1_B], d.N, 0, rb0, rb1);
+        HOOK(g, layer_end, l, 1);
+        HOOK(g, layer_backward_end, l);
     }
     struct kiln_embed_back_args eb = {.dwte = G(g, g->pt.wte), .dwpe = G(g, g->pt.wpe), .dout = dres,
                                       .tokens = a->tokens.p, .tokens_host = g->tokens_host, .B = d.B, .T = d.T,
                                       .C = d.C};
     g->ops->embed_backward(g->ctx, &eb);
+    if (g->hooks.embed_backward_end)
+        g->hooks.embed_backward_end(g->hooks.user);
     g->has_grad_forward = 0;
     g->grads_fresh = 0;
 }
@@ -951,12 +1005,18 @@ double kiln_gpt_grad_norm(struct kiln_gpt *g) {
 }
 
 void kiln_gpt_adamw(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm) {
+    KILN_ASSERT(g->optim_elems == g->pt.total);
+    kiln_gpt_adamw_spans(g, h, grad_norm, g->spans, g->n_spans);
+}
+
+void kiln_gpt_adamw_spans(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+                          const struct kiln_param_span *spans, int n_spans) {
     float scale = h->grad_scale;
     double norm = grad_norm * h->grad_scale;
     if (h->grad_clip > 0 && norm > h->grad_clip)
         scale *= (float)(h->grad_clip / norm);
     struct kiln_adamw_args a = {.params = g->params, .weights = g->weights == g->params ? NULL : g->weights,
-                                .grads = g->grads, .m = g->m, .v = g->v, .spans = g->spans, .n_spans = g->n_spans,
+                                .grads = g->grads, .m = g->m, .v = g->v, .spans = spans, .n_spans = n_spans,
                                 .lr = h->lr, .beta1 = h->beta1, .beta2 = h->beta2, .eps = h->eps,
                                 .weight_decay = h->weight_decay, .grad_scale = scale, .step = h->step,
                                 .stochastic_rounding = h->stochastic_rounding,

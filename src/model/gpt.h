@@ -5,7 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend/backend.h"
+#include "model/ops.h"
+#include "util/error.h"
 #include "model/config.h"
 #include "model/params.h"
 
@@ -25,7 +26,41 @@ struct kiln_gpt_opts {
     int B, T;                     // activation shapes to plan for
     enum kiln_recompute recompute;
     int training;                 // 0: no gradients or optimizer state (sampling, eval-only)
+    size_t optim_elems;           // AdamW moments to hold, each of m and v (0: one per parameter element, the
+                                  // table's total). A ZeRO rank holds its shard's only (kiln_gpt_adamw_spans)
+    // Tuning knobs for tests and measurements (0 = the default). model/ reads no environment: train/'s
+    // kiln_gpt_tuning_from_env maps KILN_CLASSIFIER_ROWS, KILN_PARALLEL_FUSED=0 and KILN_SCRATCH_SHARED=0 here.
+    int classifier_rows;          // rows per LM-head chunk (0: planned from the free scratch)
+    int no_parallel_fusion;       // parallel blocks run two input GEMMs instead of one
+    int scratch_apart;            // every scratch buffer in a range of its own
 };
+
+struct kiln_gpt;
+
+// ---- hooks: where parallelism enters (train/ fills them in on top of dist/; with one process all are NULL) --
+// The model calls them at fixed points of a step and never calls communication code itself.
+struct kiln_gpt_hooks {
+    void *user;
+    // before layer l's forward, and before its recompute in the backward (recompute = 1): its weights must be
+    // in place (ZeRO-3 gathers them here and may point the layer's window at the gathered copy)
+    void (*layer_begin)(void *user, int l, int recompute);
+    // after layer l's forward (or recompute): its gathered weights may go
+    void (*layer_end)(void *user, int l, int recompute);
+    // after layer l's backward: every gradient of layer l's tensors is complete for this micro-step
+    void (*layer_backward_end)(void *user, int l);
+    // after the embedding's backward: the remaining gradients (embeddings, and with them the backward) are
+    // complete; the final norm's and the LM head's were complete before layer L-1's backward began
+    void (*embed_backward_end)(void *user);
+    // around the attention core of layer l (sequence parallelism): phase 0 before the forward kernel, 1 after
+    // it, 2 before the backward kernel, 3 after it
+    void (*attention)(void *user, int l, int phase);
+};
+void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h);
+
+// Layer l's weights are read through a window (the compute copy by default): base points at a copy of the
+// layer's tensors laid out as in the flat buffer from the layer's first element (kiln_param_table's
+// layer_begin[l]), in the act dtype; NULL restores the default.
+void kiln_gpt_set_layer_window(struct kiln_gpt *g, int l, const void *base);
 
 // Plans memory without allocating (act_bytes/grad_bytes from the backend's dtypes).
 void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
@@ -51,6 +86,7 @@ void kiln_gpt_fused_projection(const struct kiln_gpt *g, int *fwd, int *bwd);
 void kiln_gpt_set_params(struct kiln_gpt *g, const float *host);
 void kiln_gpt_get_params(struct kiln_gpt *g, float *host);
 void kiln_gpt_get_grads(struct kiln_gpt *g, float *host);       // for tests and checkpoints
+// AdamW moments <-> host (optim_elems floats each)
 void kiln_gpt_get_optim(struct kiln_gpt *g, float *m_host, float *v_host);
 void kiln_gpt_set_optim(struct kiln_gpt *g, const float *m_host, const float *v_host);
 void kiln_gpt_init_params(struct kiln_gpt *g, uint64_t seed);
@@ -76,6 +112,24 @@ struct kiln_adamw_hparams {
 };
 double kiln_gpt_grad_norm(struct kiln_gpt *g);
 void kiln_gpt_adamw(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm);
+// AdamW over the given spans only (each with its state_offset into the optimizer state the model holds):
+// a ZeRO rank updates its shard. kiln_gpt_adamw is this over every tensor, with state_offset = offset.
+void kiln_gpt_adamw_spans(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+                          const struct kiln_param_span *spans, int n_spans);
+// The spans of every tensor (padding excluded), for callers that shard them; *n gets the count.
+const struct kiln_param_span *kiln_gpt_spans(const struct kiln_gpt *g, int *n);
+
+// The model's buffers, for the data-parallel layer (train/dp.c): the flat master weights (f32), their compute
+// copy (act dtype; == params where they alias) and the gradients (grad dtype), all pt->total elements, and
+// the AdamW moments (optim_elems each). Backend memory.
+struct kiln_gpt_buffers {
+    float *params;
+    void *weights;
+    void *grads;
+    float *m, *v;
+    size_t optim_elems;
+};
+void kiln_gpt_buffers(const struct kiln_gpt *g, struct kiln_gpt_buffers *out);
 
 // KV-cache decoding for sampling: prepares caches for B sequences of up to maxT tokens, then each step feeds
 // one token per sequence at position pos and returns the logits (B, V) in host f32.

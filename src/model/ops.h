@@ -22,7 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum kiln_dtype { KILN_F32 = 0, KILN_BF16 = 1, KILN_I32 = 2 };
+// U8 (raw bytes) and F64 travel through communication only (control values, hashes): no op takes them
+enum kiln_dtype { KILN_F32 = 0, KILN_BF16 = 1, KILN_I32 = 2, KILN_U8 = 3, KILN_F64 = 4 };
 size_t kiln_dtype_bytes(enum kiln_dtype dt);
 const char *kiln_dtype_name(enum kiln_dtype dt);
 
@@ -203,6 +204,8 @@ struct kiln_xent_args {
 struct kiln_param_span {
     size_t offset, count;
     int decay;
+    size_t state_offset; // where the span's AdamW moments start in m and v: offset when the state covers
+                         // every parameter, a shard-local offset when a rank keeps only its shard (ZeRO)
 };
 
 // AdamW over spans of one flat parameter buffer (a multi-tensor update: one call for all tensors).
@@ -214,7 +217,7 @@ struct kiln_adamw_args {
     float *params;          // (P) master weights
     void *weights;          // act (P) compute copy, or NULL when it aliases params
     const void *grads;      // grad (P)
-    float *m, *v;           // (P)
+    float *m, *v;           // AdamW moments, indexed by each span's state_offset
     const struct kiln_param_span *spans; // host memory
     int n_spans;
     float lr, beta1, beta2, eps, weight_decay;
@@ -269,6 +272,33 @@ struct kiln_ops {
     // The most backend memory held at once so far, in bytes: every allocation, the backend's own scratch and
     // library workspaces included (what a step really needs beyond the model's plan). NULL: not tracked.
     size_t (*mem_peak)(void *ctx);
+
+    // ---- events, so that communication can overlap compute ----
+    // An event marks a point on the backend's compute stream. NULL on backends whose ops complete before they
+    // return (the CPU): there the host order is the order, and nothing needs to be recorded or awaited.
+    void *(*event_create)(void *ctx);
+    void (*event_destroy)(void *ctx, void *ev);
+    void (*event_record)(void *ctx, void *ev);      // marks the compute stream's current end
+    void (*event_synchronize)(void *ctx, void *ev); // the host waits until the stream passed ev
+    // The compute stream itself (a cudaStream_t on CUDA), for a transport that orders its own stream against it
+    // (NCCL); NULL on the CPU.
+    void *(*native_stream)(void *ctx);
+};
+
+// ---- a backend: the ops table, its context, and what the model and trainer need to know about it ----
+struct kiln_backend {
+    const char *name;               // "cpu", "cuda"
+    const struct kiln_ops *ops;
+    void *ctx;
+    enum kiln_dtype act_dtype;      // activations and compute weights
+    enum kiln_dtype grad_dtype;     // parameter gradients
+    int weights_alias_master;       // 1: compute weights ARE the f32 master params (CPU)
+    int device_memory;              // 1: tensors live in device memory (the host cannot read them directly)
+    char device_name[128];          // "CPU (2 threads)", "NVIDIA H100 80GB HBM3"
+    double peak_flops;              // dense peak for MFU, 0 when unknown
+    size_t mem_total_bytes;         // device memory (0 on the CPU: not planned against)
+    size_t mem_free_bytes;
+    void (*close)(struct kiln_backend *b);
 };
 
 #endif

@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dist/comm.h"
 #include "io/fsutil.h"
+#include "train/dp.h"
 #include "util/sha256.h"
 #include "util/progress.h"
 
@@ -238,23 +240,142 @@ static int copy_tensors(struct kiln_safetensors *f, const struct kiln_param_tabl
     return 0;
 }
 
+int kiln_ckpt_read_params(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *params,
+                          struct kiln_error *err) {
+    return copy_tensors(ck->model, pt, "", params, err);
+}
+
+static int get_size(const cJSON *o, const char *name, size_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9007199254740992.0 ||
+        v->valuedouble != floor(v->valuedouble))
+        return 1;
+    *out = (size_t)v->valuedouble;
+    return 0;
+}
+
+// The moments from every rank's shard file, placed at their flat offsets.
+static int read_optim_shards(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *m, float *v,
+                             struct kiln_error *err) {
+    const cJSON *lay = cJSON_GetObjectItemCaseSensitive(ck->state, "optim_layout");
+    const cJSON *jb = cJSON_GetObjectItemCaseSensitive(lay, "bucket_bounds");
+    size_t world = 0;
+    int nb = cJSON_IsArray(jb) ? cJSON_GetArraySize(jb) - 1 : -1;
+    if (!cJSON_IsObject(lay) || get_size(lay, "world", &world) || world < 1 || world > 1000000 || nb < 1)
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "state.json (%s): no optim.safetensors and no valid optim_layout: not a complete "
+                           "kiln training checkpoint",
+                           ck->path);
+    size_t *bounds = kiln_xcalloc((size_t)nb + 1, sizeof(size_t));
+    int rc = 0;
+    for (int i = 0; i <= nb && !rc; i++) {
+        const cJSON *x = cJSON_GetArrayItem(jb, i);
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble != floor(x->valuedouble) ||
+            (size_t)x->valuedouble > pt->total || (i > 0 && (size_t)x->valuedouble > bounds[i - 1]))
+            rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                             "state.json (%s): optim_layout.bucket_bounds[%d] is not an offset in 0..%zu, "
+                             "descending",
+                             ck->path, i, pt->total);
+        else
+            bounds[i] = (size_t)x->valuedouble;
+    }
+    if (!rc && (bounds[0] != pt->total || bounds[nb] != 0))
+        rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                         "state.json (%s): optim_layout covers [%zu, %zu), the model has %zu elements", ck->path,
+                         bounds[nb], bounds[0], pt->total);
+    memset(m, 0, pt->total * sizeof(float));
+    memset(v, 0, pt->total * sizeof(float));
+    for (size_t r = 0; r < world && !rc; r++) {
+        char path[1400];
+        snprintf(path, sizeof(path), "%s/optim-%05zu-of-%05zu.safetensors", ck->path, r, world);
+        struct kiln_safetensors *f = NULL;
+        struct kiln_dp_range *ranges;
+        int n = kiln_dp_ranges_for(bounds, nb, (int)world, (int)r, &ranges);
+        size_t len = n ? ranges[n - 1].state_offset + (ranges[n - 1].hi - ranges[n - 1].lo) : 0;
+        if ((rc = kiln_safetensors_open(&f, path, err))) {
+            free(ranges);
+            break;
+        }
+        const struct kiln_st_tensor *tm = kiln_safetensors_find(f, "m"), *tv = kiln_safetensors_find(f, "v");
+        if (!tm || !tv || tm->dtype != KILN_ST_F32 || tv->dtype != KILN_ST_F32 ||
+            kiln_st_tensor_numel(tm) != (int64_t)len || kiln_st_tensor_numel(tv) != (int64_t)len)
+            rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                             "%s: expected F32 tensors m and v of %zu elements (rank %zu of %zu's ranges)", path,
+                             len, r, world);
+        for (int i = 0; i < n && !rc; i++) {
+            size_t k = ranges[i].hi - ranges[i].lo;
+            memcpy(m + ranges[i].lo, (const float *)tm->data + ranges[i].state_offset, k * sizeof(float));
+            memcpy(v + ranges[i].lo, (const float *)tv->data + ranges[i].state_offset, k * sizeof(float));
+        }
+        free(ranges);
+        kiln_safetensors_close(f);
+    }
+    free(bounds);
+    // the padding between tensors is never trained: keep it zero whatever the files held
+    if (!rc) {
+        float *zm = kiln_xcalloc(pt->total, sizeof(float)), *zv = kiln_xcalloc(pt->total, sizeof(float));
+        for (int i = 0; i < pt->n; i++) {
+            memcpy(zm + pt->p[i].offset, m + pt->p[i].offset, pt->p[i].count * sizeof(float));
+            memcpy(zv + pt->p[i].offset, v + pt->p[i].offset, pt->p[i].count * sizeof(float));
+        }
+        memcpy(m, zm, pt->total * sizeof(float));
+        memcpy(v, zv, pt->total * sizeof(float));
+        free(zm);
+        free(zv);
+    }
+    return rc;
+}
+
+int kiln_ckpt_read_optim(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *m, float *v,
+                         struct kiln_error *err) {
+    if (!ck->optim)
+        return read_optim_shards(ck, pt, m, v, err);
+    int rc = copy_tensors(ck->optim, pt, "m.", m, err);
+    return rc ? rc : copy_tensors(ck->optim, pt, "v.", v, err);
+}
+
 int kiln_ckpt_apply(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_error *err) {
     const struct kiln_param_table *pt = kiln_gpt_params(g);
-    if (!ck->optim)
-        return kiln_errorf(err, KILN_ERR_RUNTIME,
-                           "optim.safetensors missing (%s): a training checkpoint holds "
-                           "the AdamW state",
-                           ck->path);
+    float *p = kiln_xmalloc(pt->total * sizeof(float)), *m = kiln_xmalloc(pt->total * sizeof(float)),
+          *v = kiln_xmalloc(pt->total * sizeof(float));
+    int rc = copy_tensors(ck->model, pt, "", p, err);
+    if (!rc) // optim.safetensors, or the shards of a run of several ranks
+        rc = kiln_ckpt_read_optim(ck, pt, m, v, err);
+    if (!rc) {
+        kiln_gpt_set_params(g, p);
+        kiln_gpt_set_optim(g, m, v);
+    }
+    free(p);
+    free(m);
+    free(v);
+    return rc;
+}
+
+int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_dp *dp, struct kiln_error *err) {
+    const struct kiln_param_table *pt = kiln_gpt_params(g);
     float *p = kiln_xmalloc(pt->total * sizeof(float)), *m = kiln_xmalloc(pt->total * sizeof(float)),
           *v = kiln_xmalloc(pt->total * sizeof(float));
     int rc = copy_tensors(ck->model, pt, "", p, err);
     if (!rc)
-        rc = copy_tensors(ck->optim, pt, "m.", m, err);
-    if (!rc)
-        rc = copy_tensors(ck->optim, pt, "v.", v, err);
+        rc = kiln_ckpt_read_optim(ck, pt, m, v, err);
     if (!rc) {
         kiln_gpt_set_params(g, p);
-        kiln_gpt_set_optim(g, m, v);
+        if (kiln_dp_zero(dp)) { // this rank's ranges only, compact, as it holds them
+            int n;
+            const struct kiln_dp_range *r = kiln_dp_ranges(dp, &n);
+            float *cm = kiln_xcalloc(kiln_dp_optim_elems(dp), sizeof(float));
+            float *cv = kiln_xcalloc(kiln_dp_optim_elems(dp), sizeof(float));
+            for (int i = 0; i < n; i++) {
+                size_t k = r[i].hi - r[i].lo;
+                memcpy(cm + r[i].state_offset, m + r[i].lo, k * sizeof(float));
+                memcpy(cv + r[i].state_offset, v + r[i].lo, k * sizeof(float));
+            }
+            kiln_gpt_set_optim(g, cm, cv);
+            free(cm);
+            free(cv);
+        } else {
+            kiln_gpt_set_optim(g, m, v);
+        }
     }
     free(p);
     free(m);
@@ -276,6 +397,13 @@ struct kiln_ckpt_writer {
     int prefaulting;
     struct kiln_st_tensor *model, *optim; // (n), (2n) pointing into the snapshot
     char (*optim_names)[128];             // (2n) "m.NAME", "v.NAME"
+    // a group's writer (kiln_ckpt_writer_create_group): this rank's ranges of the moments, compact
+    struct kiln_dp *dp;
+    struct kiln_comm *comm;
+    struct kiln_ckpt_group grp;
+    size_t shard_elems;
+    char shard_name[64];
+    struct kiln_st_tensor shard[2];
     pthread_t thread;
     int running;
     // the write in flight
@@ -289,6 +417,16 @@ struct kiln_ckpt_writer {
 static void *writer_main(void *arg) {
     struct kiln_ckpt_writer *w = arg;
     double t0 = kiln_now_s();
+    if (w->dp) {
+        // rank 0: the weights and its shard; the others: their shards
+        struct kiln_ckpt_file files[2] = {{w->shard_name, w->shard, 2}, {"model.safetensors", w->model, w->pt->n}};
+        w->rc = kiln_ckpt_save_group(w->run_dir, w->step, files, w->grp.rank == 0 ? 2 : 1, w->state, &w->policy,
+                                     &w->grp, &w->err);
+        cJSON_Delete(w->state);
+        w->state = NULL;
+        w->write_ms = (kiln_now_s() - t0) * 1e3;
+        return NULL;
+    }
     struct kiln_ckpt_file files[2] = {{"model.safetensors", w->model, w->pt->n},
                                       {"optim.safetensors", w->optim, 2 * w->pt->n}};
     w->rc = kiln_ckpt_save(w->run_dir, w->step, files, 2, w->state, &w->policy, &w->err);
@@ -391,8 +529,32 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64
         return rc;
     }
     prefault_join(w);
-    kiln_gpt_get_params(g, w->params); // downloads synchronize: the snapshot is complete on return
-    kiln_gpt_get_optim(g, w->m, w->v);
+    if (w->dp) {
+        // the weights (every rank's master copy is whole again after kiln_dp_gather_master), and this rank's
+        // ranges of the moments, compact
+        kiln_gpt_get_params(g, w->params);
+        int n;
+        const struct kiln_dp_range *r = kiln_dp_ranges(w->dp, &n);
+        struct kiln_gpt_buffers b;
+        kiln_gpt_buffers(g, &b);
+        int zero = kiln_dp_zero(w->dp);
+        for (int i = 0; i < n; i++) {
+            size_t from = zero ? r[i].state_offset : r[i].lo, k = r[i].hi - r[i].lo;
+            w->be->ops->download(w->be->ctx, w->m + r[i].state_offset, b.m + from, k * sizeof(float));
+            w->be->ops->download(w->be->ctx, w->v + r[i].state_offset, b.v + from, k * sizeof(float));
+        }
+        int nb;
+        const size_t *bounds = kiln_dp_bucket_bounds(w->dp, &nb);
+        cJSON *lay = cJSON_AddObjectToObject(state, "optim_layout");
+        cJSON_AddNumberToObject(lay, "world", w->grp.size);
+        cJSON_AddNumberToObject(lay, "zero", zero);
+        cJSON *jb = cJSON_AddArrayToObject(lay, "bucket_bounds");
+        for (int i = 0; i <= nb; i++)
+            cJSON_AddItemToArray(jb, cJSON_CreateNumber((double)bounds[i]));
+    } else {
+        kiln_gpt_get_params(g, w->params); // downloads synchronize: the snapshot is complete on return
+        kiln_gpt_get_optim(g, w->m, w->v);
+    }
     w->step = step;
     w->state = state;
     w->rc = 0;
@@ -411,6 +573,42 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64
 
 double kiln_ckpt_writer_last_write_ms(const struct kiln_ckpt_writer *w) {
     return w->write_ms;
+}
+
+static int grp_agree(void *user, int rc) {
+    struct kiln_comm *c = user;
+    int32_t x = rc;
+    kiln_comm_all_reduce_host(c, &x, 1, KILN_I32, KILN_RED_MAX);
+    return x;
+}
+
+static void grp_broadcast(void *user, void *buf, size_t bytes) {
+    kiln_comm_broadcast_host(user, buf, bytes, 0);
+}
+
+static void grp_all_gather(void *user, const void *mine, void *all, size_t bytes) {
+    kiln_comm_all_gather_host(user, mine, all, bytes);
+}
+
+void kiln_ckpt_writer_create_group(struct kiln_ckpt_writer **out, const char *run_dir,
+                                   const struct kiln_param_table *pt, const struct kiln_ckpt_policy *policy,
+                                   struct kiln_backend *be, struct kiln_dp *dp, struct kiln_comm *ckpt_comm) {
+    kiln_ckpt_writer_create(out, run_dir, pt, policy, be);
+    struct kiln_ckpt_writer *w = *out;
+    w->dp = dp;
+    w->comm = ckpt_comm;
+    w->grp = (struct kiln_ckpt_group){.rank = ckpt_comm->rank, .size = ckpt_comm->size, .user = ckpt_comm,
+                                      .agree = grp_agree, .broadcast = grp_broadcast,
+                                      .all_gather = grp_all_gather};
+    int n;
+    const struct kiln_dp_range *r = kiln_dp_ranges(dp, &n);
+    w->shard_elems = n ? r[n - 1].state_offset + (r[n - 1].hi - r[n - 1].lo) : 0;
+    snprintf(w->shard_name, sizeof(w->shard_name), "optim-%05d-of-%05d.safetensors", w->grp.rank, w->grp.size);
+    // the moments' snapshot buffers hold total floats: the shard fits (it is at most the whole)
+    w->shard[0] = (struct kiln_st_tensor){.name = "m", .dtype = KILN_ST_F32, .ndim = 1, .data = w->m};
+    w->shard[0].shape[0] = (int64_t)w->shard_elems;
+    w->shard[1] = (struct kiln_st_tensor){.name = "v", .dtype = KILN_ST_F32, .ndim = 1, .data = w->v};
+    w->shard[1].shape[0] = (int64_t)w->shard_elems;
 }
 
 void kiln_ckpt_writer_free(struct kiln_ckpt_writer *w) {

@@ -49,6 +49,29 @@ struct kiln_ckpt_writer;
 void kiln_ckpt_writer_create(struct kiln_ckpt_writer **out, const char *run_dir,
                              const struct kiln_param_table *pt, const struct kiln_ckpt_policy *policy,
                              struct kiln_backend *be);
+
+// ---- checkpoints of several ranks (docs/formats.md, "Sharded checkpoints") ----
+// Rank r of n writes optim-RRRRR-of-NNNNN.safetensors: tensors "m" and "v", the AdamW moments of the ranges it
+// owns (kiln_dp_ranges) concatenated; rank 0 also writes model.safetensors, the whole f32 weights. state.json's
+// "optim_layout" ({"world", "zero", "bucket_bounds"}) says which ranges each file holds, so any world size
+// and --zero level can read them back (kiln_ckpt_read_optim).
+struct kiln_dp;
+struct kiln_comm;
+// A writer for a group: its background thread runs the save's collectives on ckpt_comm (a communicator of
+// its own, so they never interleave with the step's). dp gives the ranges and the buffers.
+void kiln_ckpt_writer_create_group(struct kiln_ckpt_writer **out, const char *run_dir,
+                                   const struct kiln_param_table *pt, const struct kiln_ckpt_policy *policy,
+                                   struct kiln_backend *be, struct kiln_dp *dp, struct kiln_comm *ckpt_comm);
+// The whole AdamW moments (pt->total floats each, padding zero) of a checkpoint, from optim.safetensors (one
+// process) or from every rank's optim shard (any world size).
+int kiln_ckpt_read_optim(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *m, float *v,
+                         struct kiln_error *err);
+// kiln_ckpt_apply for a data-parallel rank: the weights, and the moments this rank holds (every element under
+// DDP, its ranges under ZeRO), from a checkpoint of any world size and --zero level.
+int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_dp *dp, struct kiln_error *err);
+// The whole f32 weights of a checkpoint (pt->total floats).
+int kiln_ckpt_read_params(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *params,
+                          struct kiln_error *err);
 // Takes ownership of state.
 int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64_t step, cJSON *state,
                            double *stall_ms, struct kiln_error *err);

@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 
 #include "data/loader.h"
+#include "dist/comm.h"
+#include "dist/env.h"
 #include "data/tokenizer.h"
 #include "io/fsutil.h"
 #include "model/gpt.h"
@@ -16,6 +18,8 @@
 #include "train/embedded.h"
 #include "train/guards.h"
 #include "train/schedule.h"
+#include "train/dp.h"
+#include "train/tuning.h"
 #include "train/train_ckpt.h"
 #include "util/progress.h"
 #include "util/rng.h"
@@ -37,7 +41,7 @@ static void run_data_free(struct run_data *d) {
 }
 
 // The tokenizer, and loaders over shards (--data) or the embedded Tiny Shakespeare split 90/10.
-static int open_data(struct kiln_config *cfg, struct run_data *d, struct kiln_error *err) {
+static int open_data(struct kiln_config *cfg, int rank, int world, struct run_data *d, struct kiln_error *err) {
     memset(d, 0, sizeof(*d));
     int rc;
     size_t n_text = 0;
@@ -57,8 +61,8 @@ static int open_data(struct kiln_config *cfg, struct run_data *d, struct kiln_er
     struct kiln_loader_opts lo = {.B = cfg->batch_size,
                                   .T = cfg->seq_len,
                                   .seed = cfg->seed,
-                                  .rank = 0,
-                                  .world = 1,
+                                  .rank = rank,
+                                  .world = world,
                                   .shuffle = 1,
                                   .prefetch = 1,
                                   .vocab_size = cfg->model.vocab_size};
@@ -127,11 +131,15 @@ static int write_vocab(const struct kiln_config *cfg, struct kiln_tokenizer *tok
 // ----------------------------------------------------------------------------
 // evaluation
 
-static double evaluate(struct kiln_gpt *g, struct kiln_loader *val, const struct kiln_config *cfg,
-                       int32_t *in, int32_t *tgt) {
+// The mean loss over --eval-steps batches of the validation stream's start, sharded: with n ranks each takes
+// every n-th window (the loader's rank partition) for ceil(eval-steps / n) batches, and the ranks' means are
+// averaged.
+static double evaluate(struct kiln_gpt *g, struct kiln_loader *val, const struct kiln_config *cfg, int32_t *in,
+                       int32_t *tgt, struct kiln_comm *comm) {
+    int world = comm ? comm->size : 1;
     kiln_loader_reset(val);
-    uint64_t windows = kiln_loader_num_windows(val);
-    int batches = cfg->eval_steps;
+    uint64_t windows = kiln_loader_rank_windows(val);
+    int batches = (cfg->eval_steps + world - 1) / world;
     if ((uint64_t)batches * cfg->batch_size > windows)
         batches = (int)(windows / cfg->batch_size);
     if (batches < 1)
@@ -141,7 +149,12 @@ static double evaluate(struct kiln_gpt *g, struct kiln_loader *val, const struct
         kiln_loader_next(val, in, tgt);
         sum += kiln_gpt_forward(g, in, tgt, 0.0f, 0.0f);
     }
-    return sum / batches;
+    double mean = sum / batches;
+    if (comm && world > 1) {
+        kiln_comm_all_reduce_host(comm, &mean, 1, KILN_F64, KILN_RED_SUM);
+        mean /= world;
+    }
+    return mean;
 }
 
 // ----------------------------------------------------------------------------
@@ -194,10 +207,11 @@ static void report_skip(const char *path, const char *why) {
 }
 
 // Loads one checkpoint into the model, loader, guards and state. Returns 0, an error, or -2 after a usage
-// error (a different model), which must not fall back.
-static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_gpt *g,
+// error (a different model), which must not fall back. With dp (several ranks) the moments this rank holds
+// are taken from a checkpoint of any world size.
+static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *dp,
                        struct kiln_loader *train, struct kiln_guards *guards, struct kiln_train_state *st,
-                       struct kiln_error *err) {
+                       int verbose, struct kiln_error *err) {
     struct kiln_ckpt ck;
     memset(&ck, 0, sizeof(ck));
     int rc = kiln_ckpt_load(dir, &ck, err);
@@ -211,12 +225,12 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_gpt
     if (!rc)
         rc = kiln_guards_from_json(guards, cJSON_GetObjectItemCaseSensitive(ck.state, "guards"), err);
     if (!rc)
-        rc = kiln_ckpt_apply(&ck, g, err);
+        rc = dp ? kiln_ckpt_apply_dp(&ck, g, dp, err) : kiln_ckpt_apply(&ck, g, err);
     if (!rc && (rc = kiln_loader_set_state(train, &st->loader, err)))
         rc = -2; // other data or T: falling back would not help
-    if (!rc)     // printed also with --quiet: where a run continues from belongs in every log
+    if (!rc && verbose) // printed also with --quiet: where a run continues from belongs in every log
         fprintf(stderr, "kiln: resuming from %s (step %lld)\n", dir, (long long)st->step);
-    if (!rc && changes[0]) {
+    if (!rc && verbose && changes[0]) {
         for (char *save = NULL, *l = strtok_r(changes, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
             fprintf(stderr, "kiln: resume: %s\n", l);
     }
@@ -225,9 +239,11 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_gpt
     return rc;
 }
 
-// 0 = resumed, KILN_CKPT_NONE = start fresh, else an error.
-static int resume(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_loader *train,
-                  struct kiln_guards *guards, struct kiln_train_state *st, struct kiln_error *err) {
+// 0 = resumed, KILN_CKPT_NONE = start fresh, else an error. *chosen gets the checkpoint resumed from.
+static int resume_pick(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *dp, struct kiln_loader *train,
+                       struct kiln_guards *guards, struct kiln_train_state *st, char *chosen, size_t cap,
+                       struct kiln_error *err) {
+    chosen[0] = 0;
     if (!strcmp(cfg->resume, "auto") || !strcmp(cfg->resume, "never")) {
         if (!cfg->out[0])
             return KILN_CKPT_NONE;
@@ -243,10 +259,12 @@ static int resume(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_loade
                              cfg->out, cfg->out);
         for (int i = 0; i < n && rc == KILN_CKPT_NONE; i++) {
             struct kiln_error e = {0};
-            int r = resume_from(paths[i], cfg, g, train, guards, st, &e);
+            int r = resume_from(paths[i], cfg, g, dp, train, guards, st, 1, &e);
             if (r == 0 || r == -2) {
                 rc = r ? e.code : 0;
                 *err = e;
+                if (!r)
+                    snprintf(chosen, cap, "%s", paths[i]);
             } else {
                 report_skip(paths[i], e.msg);
             }
@@ -265,8 +283,41 @@ static int resume(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_loade
     if (!cfg->out[0])
         return kiln_errorf(err, KILN_ERR_USAGE, "--resume=%s needs --out, the run directory to continue in",
                            cfg->resume);
-    int r = resume_from(cfg->resume, cfg, g, train, guards, st, err);
+    int r = resume_from(cfg->resume, cfg, g, dp, train, guards, st, 1, err);
+    if (!r)
+        snprintf(chosen, cap, "%s", cfg->resume);
     return r == -2 ? err->code : r;
+}
+
+// With several ranks, rank 0 picks the checkpoint (the newest that verifies) and every other rank loads that
+// same one, so that no two ranks can resume from different steps.
+static int resume(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *dp, struct kiln_comm *comm,
+                  struct kiln_loader *train, struct kiln_guards *guards, struct kiln_train_state *st,
+                  struct kiln_error *err) {
+    char chosen[1100];
+    if (!comm || comm->size == 1)
+        return resume_pick(cfg, g, dp, train, guards, st, chosen, sizeof(chosen), err);
+    int rc = 0;
+    if (comm->rank == 0)
+        rc = resume_pick(cfg, g, dp, train, guards, st, chosen, sizeof(chosen), err);
+    int32_t verdict = comm->rank == 0 ? rc : 0; // KILN_CKPT_NONE, 0 or an error
+    kiln_comm_broadcast_host(comm, &verdict, sizeof(verdict), 0);
+    kiln_comm_broadcast_host(comm, chosen, sizeof(chosen), 0);
+    if (comm->rank != 0 && verdict == 0) {
+        rc = resume_from(chosen, cfg, g, dp, train, guards, st, 0, err);
+        if (rc == -2)
+            rc = err->code;
+    } else if (comm->rank != 0) {
+        rc = verdict;
+        if (verdict > 0)
+            kiln_errorf(err, verdict, "rank 0 could not resume (its error is above)");
+    }
+    int32_t worst = rc > 0 ? rc : 0;
+    kiln_comm_all_reduce_host(comm, &worst, 1, KILN_I32, KILN_RED_MAX);
+    if (worst && rc <= 0)
+        return kiln_errorf(err, worst, "another rank could not load the checkpoint %s (its error is above)",
+                           chosen);
+    return rc;
 }
 
 // ----------------------------------------------------------------------------
@@ -280,7 +331,7 @@ struct step_log {
 };
 
 static void write_metrics(FILE *f, const struct step_log *s, const struct kiln_guards *gd, size_t mem_bytes,
-                          double mfu, double mfu_causal, double hfu) {
+                          double mfu, double mfu_causal, double hfu, double comm_wait_ms) {
     fprintf(f,
             "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
             "\"peak_mem_bytes\":%zu",
@@ -301,6 +352,8 @@ static void write_metrics(FILE *f, const struct step_log *s, const struct kiln_g
                 (long long)gd->skipped[KILN_SKIP_SPIKE_LOSS], (long long)gd->skipped[KILN_SKIP_SPIKE_GRAD]);
     if (!isnan(s->ckpt_stall_ms))
         fprintf(f, ",\"ckpt_stall_ms\":%.3f", s->ckpt_stall_ms);
+    if (!isnan(comm_wait_ms)) // several ranks: the host's time waiting on gradient reductions, so far
+        fprintf(f, ",\"comm_wait_ms\":%.3f", comm_wait_ms);
     if (s->prev_ckpt_write_ms > 0) // the background write of the previous checkpoint, finished by now
         fprintf(f, ",\"prev_ckpt_write_ms\":%.3f", s->prev_ckpt_write_ms);
     fprintf(f, "}\n");
@@ -320,257 +373,395 @@ static int open_metrics(const struct kiln_config *cfg, int64_t resumed_step, FIL
     return 0;
 }
 
-int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct kiln_error *err) {
-    memset(res, 0, sizeof(*res));
-    res->final_val_loss = NAN;
-    struct run_data data;
-    int rc = open_data(cfg, &data, err);
-    if (rc) {
-        run_data_free(&data);
-        return rc;
-    }
-    int64_t *nan_steps = NULL;
-    if ((rc = kiln_config_validate(cfg, err)) || (rc = parse_step_list(cfg->inject_nan, &nan_steps, err))) {
-        run_data_free(&data);
-        return rc;
-    }
+// ----------------------------------------------------------------------------
+// one run: setup, step, after-step, teardown
 
+struct run {
+    struct kiln_config *cfg;
+    struct kiln_train_result *res;
+    struct run_data data;
+    int64_t *nan_steps;
     struct kiln_backend be;
+    int be_open;
+    struct kiln_gpt *g;
+    const struct kiln_param_table *pt;
+    struct kiln_guards guards;
+    struct kiln_train_state st;
+    struct kiln_ckpt_writer *writer;
+    FILE *metrics;
+    int32_t *in, *tgt;
+    // many processes: the job's place, the step's communicator, the checkpoint writer's own, and DDP/ZeRO
+    struct kiln_dist_env env;
+    struct kiln_comm *comm, *ckpt_comm;
+    struct kiln_dp *dp;
+    int rank0; // this process logs, writes the run directory's files and prints progress
+    // the loop's constants
+    int accum;
+    double tokens_per_step, peak, fpt, fpt_causal, fpt_recompute;
+    struct kiln_progress prog;
+    double timed_s;
+    long timed_tokens;
+    int64_t start, last_ckpt_step;
+};
+
+// The job's place (launcher environment), the backend on this rank's device, the communicators, the data
+// (this rank's part), the model, resume, and the run directory.
+static int run_setup(struct run *r, struct kiln_error *err) {
+    struct kiln_config *cfg = r->cfg;
+    int rc = kiln_dist_env_read(&r->env, NULL, err);
+    if (rc)
+        return rc;
+    cfg->world = r->env.world;
+    r->rank0 = r->env.rank == 0;
+    if ((rc = open_data(cfg, r->env.rank, r->env.world, &r->data, err)))
+        return rc;
+    if ((rc = kiln_config_validate(cfg, err)) || (rc = parse_step_list(cfg->inject_nan, &r->nan_steps, err)))
+        return rc;
+
     const char *device = kiln_backend_resolve(cfg->device);
-    struct kiln_backend_opts bo = {.device_index = 0,
+    int gpu = !strcmp(device, "cuda");
+    enum kiln_comm_kind kind;
+    if ((rc = kiln_comm_choose(cfg->comm, &r->env, gpu, &kind, err)))
+        return rc;
+    int device_index = 0;
+    if (gpu && r->env.world > 1) { // each rank takes GPU LOCAL_RANK; several share one only over MPI
+        int n = kiln_backend_device_count(device);
+        if (kind == KILN_COMM_NCCL && r->env.local_world > n)
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "LOCAL_WORLD_SIZE=%d (environment): %d ranks on this node but %d GPU(s) visible, and "
+                               "NCCL needs a GPU per rank (LOCAL_RANK %d has none); start %d ranks per node, or "
+                               "share GPUs with --comm=mpi (tests only)",
+                               r->env.local_world, r->env.local_world, n, r->env.local_rank, n);
+        device_index = n > 0 ? r->env.local_rank % n : 0;
+    }
+    struct kiln_backend_opts bo = {.device_index = device_index,
                                    .deterministic = cfg->deterministic,
                                    .threads = cfg->threads,
-                                   .grad_dtype = kiln_config_grad_dtype(cfg, device)};
-    if ((rc = kiln_backend_open(device, &bo, &be, err))) {
-        run_data_free(&data);
-        free(nan_steps);
+                                   .grad_dtype = kiln_config_grad_dtype(cfg, gpu)};
+    if ((rc = kiln_backend_open(device, &bo, &r->be, err)))
         return rc;
+    r->be_open = 1;
+    if (r->env.world > 1) {
+        struct kiln_comm_open_opts co = {.kind = kind, .device_is_gpu = gpu, .be = &r->be, .timeout_s = 300};
+        if ((rc = kiln_comm_open_world(&r->env, &co, &r->comm, err)) ||
+            (rc = kiln_comm_dup(r->comm, &r->ckpt_comm, err)))
+            return rc;
     }
-    struct kiln_gpt *g = NULL;
+    struct kiln_param_table pt;
+    kiln_params_build(&pt, &cfg->model);
     struct kiln_gpt_opts go = {
         .B = cfg->batch_size, .T = cfg->seq_len, .recompute = cfg->recompute, .training = 1};
-    if ((rc = kiln_gpt_create(&g, &cfg->model, &be, &go, err))) {
-        kiln_backend_close(&be);
-        run_data_free(&data);
-        free(nan_steps);
-        return rc;
+    kiln_gpt_tuning_from_env(&go);
+    if (r->comm) {
+        struct kiln_dp_opts dpo = {.zero = cfg->zero, .bucket_mb = cfg->bucket_mb};
+        kiln_dp_create(&r->dp, r->comm, &r->be, &pt, &dpo);
+        go.optim_elems = kiln_dp_optim_elems(r->dp);
     }
-    kiln_gpt_init_params(g, cfg->seed);
-    const struct kiln_param_table *pt = kiln_gpt_params(g);
+    rc = kiln_gpt_create(&r->g, &cfg->model, &r->be, &go, err);
+    kiln_params_free(&pt);
+    if (rc)
+        return rc;
+    kiln_gpt_init_params(r->g, cfg->seed);
+    r->pt = kiln_gpt_params(r->g);
+    if (r->dp) {
+        kiln_dp_free(r->dp); // planned on a table of our own: again on the model's, which outlives it
+        struct kiln_dp_opts dpo = {.zero = cfg->zero, .bucket_mb = cfg->bucket_mb};
+        kiln_dp_create(&r->dp, r->comm, &r->be, r->pt, &dpo);
+        kiln_dp_attach(r->dp, r->g);
+    }
 
-    struct kiln_guards guards;
-    kiln_guards_init(&guards, cfg->spike_z, cfg->spike_window, cfg->max_bad_steps);
-    struct kiln_train_state st = {0};
-    struct kiln_ckpt_writer *writer = NULL;
-    FILE *metrics = NULL;
-    int32_t *in = NULL, *tgt = NULL;
-    stop_requested = 0;
-
-    rc = resume(cfg, g, data.train, &guards, &st, err);
+    kiln_guards_init(&r->guards, cfg->spike_z, cfg->spike_window, cfg->max_bad_steps);
+    rc = resume(cfg, r->g, r->dp, r->comm, r->data.train, &r->guards, &r->st, err);
     if (rc == KILN_CKPT_NONE)
         rc = 0;
     if (rc)
-        goto done;
-    res->start_step = (int)st.step;
-    res->steps = (int)st.step;
-    res->skipped_steps = (int)guards.skipped_total;
+        return rc;
+    r->res->start_step = (int)r->st.step;
+    r->res->steps = (int)r->st.step;
+    r->res->skipped_steps = (int)r->guards.skipped_total;
     if (cfg->out[0]) {
-        if ((rc = kiln_mkdir_p(cfg->out, err)) || (rc = write_config(cfg, err)) ||
-            (rc = write_vocab(cfg, data.tok, err)) || (rc = open_metrics(cfg, st.step, &metrics, err)))
-            goto done;
+        if (r->rank0 && ((rc = kiln_mkdir_p(cfg->out, err)) || (rc = write_config(cfg, err)) ||
+                         (rc = write_vocab(cfg, r->data.tok, err)) ||
+                         (rc = open_metrics(cfg, r->st.step, &r->metrics, err))))
+            return rc;
         struct kiln_ckpt_policy policy = {.keep_last = cfg->keep_last, .keep_every = cfg->keep_every};
-        if (cfg->checkpoint)
-            kiln_ckpt_writer_create(&writer, cfg->out, pt, &policy, &be);
+        if (cfg->checkpoint && r->dp)
+            kiln_ckpt_writer_create_group(&r->writer, cfg->out, r->pt, &policy, &r->be, r->dp, r->ckpt_comm);
+        else if (cfg->checkpoint)
+            kiln_ckpt_writer_create(&r->writer, cfg->out, r->pt, &policy, &r->be);
     }
 
     int B = cfg->batch_size, T = cfg->seq_len;
-    long bt = (long)B * T;
-    int accum = kiln_config_micro_steps(cfg);
-    double tokens_per_step = (double)bt * accum;
-    double peak = cfg->peak_flops > 0 ? cfg->peak_flops : be.peak_flops;
-    double fpt = kiln_model_flops_per_token(&cfg->model, pt->n_params, T, 0);
-    double fpt_causal = kiln_model_flops_per_token(&cfg->model, pt->n_params, T, 1);
-    double fpt_recompute = kiln_model_recompute_flops_per_token(&cfg->model, cfg->recompute, T);
-    in = kiln_xmalloc((size_t)bt * sizeof(int32_t));
-    tgt = kiln_xmalloc((size_t)bt * sizeof(int32_t));
-
-    if (!cfg->quiet) {
+    r->accum = kiln_config_micro_steps(cfg);
+    r->tokens_per_step = (double)B * T * r->accum * r->env.world; // the whole job's
+    r->peak = cfg->peak_flops > 0 ? cfg->peak_flops : r->be.peak_flops;
+    r->fpt = kiln_model_flops_per_token(&cfg->model, r->pt->n_params, T, 0);
+    r->fpt_causal = kiln_model_flops_per_token(&cfg->model, r->pt->n_params, T, 1);
+    r->fpt_recompute = kiln_model_recompute_flops_per_token(&cfg->model, cfg->recompute, T);
+    r->in = kiln_xmalloc((size_t)B * T * sizeof(int32_t));
+    r->tgt = kiln_xmalloc((size_t)B * T * sizeof(int32_t));
+    if (!cfg->quiet && r->rank0) {
         fprintf(stderr, "kiln: %s | %.2fM params | %s (%s) | B=%d T=%d accum=%d | grads %s | %d steps\n",
-                cfg->preset, pt->n_params / 1e6, be.name, be.device_name, B, T, accum,
-                kiln_dtype_name(be.grad_dtype), cfg->max_steps);
+                cfg->preset, r->pt->n_params / 1e6, r->be.name, r->be.device_name, B, T, r->accum,
+                kiln_dtype_name(r->be.grad_dtype), cfg->max_steps);
+        if (r->comm) {
+            char where[256];
+            kiln_dist_env_describe(&r->env, where, sizeof(where));
+            fprintf(stderr, "kiln: %d ranks over %s (%s), zero %d, %.0f tokens per step\n", r->env.world,
+                    kiln_comm_kind_name(r->comm->kind), where, cfg->zero, r->tokens_per_step);
+        }
     }
-    struct kiln_progress prog;
-    kiln_progress_begin(&prog, cfg->max_steps, !cfg->quiet);
-    double timed_s = 0;
-    long timed_tokens = 0;
-    const int64_t start = st.step;
-    int64_t last_ckpt_step = start > 0 ? start : -1;
-    for (int64_t step = start; step < cfg->max_steps; step++) {
-        if (cfg->inject_crash && step + 1 == cfg->inject_crash && start == 0) {
+    return 0;
+}
+
+// One optimizer step: the micro-steps' forward and backward (the last one's gradients reduced across ranks as
+// they complete), the loss and norm every rank agrees on, the guards, and AdamW.
+static void run_step(struct run *r, int64_t step, struct step_log *sl) {
+    struct kiln_config *cfg = r->cfg;
+    float lr = kiln_lr_at(cfg, (int)step);
+    kiln_gpt_zero_grad(r->g);
+    double loss = 0;
+    for (int micro = 0; micro < r->accum; micro++) {
+        kiln_loader_next(r->data.train, r->in, r->tgt);
+        if (r->dp)
+            kiln_dp_micro_step(r->dp, micro, r->accum);
+        loss += kiln_gpt_forward(r->g, r->in, r->tgt, (float)(1.0 / r->tokens_per_step), cfg->z_loss) / r->accum;
+        kiln_gpt_backward(r->g);
+    }
+    double norm;
+    if (r->dp) {
+        kiln_dp_finish_grads(r->dp);
+        norm = kiln_dp_grad_norm(r->dp);
+        // the guards must see the same numbers on every rank, so that every rank skips the same steps
+        kiln_comm_all_reduce_host(r->comm, &loss, 1, KILN_F64, KILN_RED_SUM);
+        loss /= r->env.world;
+    } else {
+        norm = kiln_gpt_grad_norm(r->g);
+    }
+    if (in_step_list(r->nan_steps, step + 1))
+        loss = norm = NAN;
+    enum kiln_skip why = kiln_guards_check(&r->guards, loss, norm);
+    if (why == KILN_SKIP_NONE) {
+        r->st.opt_step++; // AdamW's bias correction counts applied updates only
+        struct kiln_adamw_hparams h = {.lr = lr,
+                                       .beta1 = cfg->beta1,
+                                       .beta2 = cfg->beta2,
+                                       .eps = cfg->eps,
+                                       .weight_decay = cfg->weight_decay,
+                                       .grad_clip = cfg->grad_clip,
+                                       .grad_scale = 1.0f,
+                                       .step = (int)r->st.opt_step,
+                                       .stochastic_rounding = cfg->stochastic_rounding,
+                                       .seed = cfg->seed};
+        if (r->dp)
+            kiln_dp_adamw(r->dp, &h, norm);
+        else
+            kiln_gpt_adamw(r->g, &h, norm);
+    }
+    r->st.step = step + 1;
+    r->st.tokens += (uint64_t)r->tokens_per_step;
+    *sl = (struct step_log){.step = r->st.step, .loss = loss, .norm = norm, .val_loss = NAN,
+                            .ckpt_stall_ms = NAN, .lr = lr, .skipped = why};
+}
+
+static void note_skip(struct run *r, const struct step_log *sl) {
+    char line[256];
+    const struct kiln_guards *gd = &r->guards;
+    if (sl->skipped == KILN_SKIP_NAN)
+        snprintf(line, sizeof(line),
+                 "step %lld: update skipped: non-finite loss %g or grad norm %g (%d in a "
+                 "row, %lld skipped in all)",
+                 (long long)sl->step, sl->loss, sl->norm, gd->consecutive, (long long)gd->skipped_total);
+    else
+        snprintf(line, sizeof(line),
+                 "step %lld: update skipped: %s spike, z = %.1f > %g (loss %.4f, grad "
+                 "norm %.4g; %d in a row, %lld skipped in all)",
+                 (long long)sl->step, sl->skipped == KILN_SKIP_SPIKE_LOSS ? "loss" : "grad-norm", gd->last_z,
+                 (double)r->cfg->spike_z, sl->loss, sl->norm, gd->consecutive, (long long)gd->skipped_total);
+    kiln_progress_note(&r->prog, line);
+}
+
+// After a step: the guards' verdict, evaluation, a checkpoint when due, metrics and progress. Returns 0 or an
+// error; *stop is set when a signal (that every rank agreed on) ends the run here.
+static int run_after_step(struct run *r, struct step_log *sl, double dt, int *stop_out, struct kiln_error *err) {
+    struct kiln_config *cfg = r->cfg;
+    struct kiln_train_result *res = r->res;
+    sl->tok_s = r->tokens_per_step / dt;
+    sl->ms = dt * 1e3;
+    res->final_loss = sl->loss;
+    res->steps = (int)r->st.step;
+    res->skipped_steps = (int)r->guards.skipped_total;
+    if (sl->skipped)
+        note_skip(r, sl);
+    if (kiln_guards_exhausted(&r->guards)) {
+        if (r->metrics)
+            write_metrics(r->metrics, sl, &r->guards, kiln_gpt_mem_peak(r->g), 0, 0, 0, NAN);
+        kiln_progress_end(&r->prog);
+        struct kiln_error we;
+        if (r->writer && kiln_ckpt_writer_join(r->writer, NULL, &we))
+            fprintf(stderr, "kiln: the last checkpoint write failed too: %s\n", we.msg);
+        return kiln_errorf(
+            err, KILN_ERR_RUNTIME,
+            "training stopped at step %lld (--max-bad-steps=%d): %d steps in a "
+            "row were skipped, the last for %s; the newest checkpoint (step %lld) holds the last good "
+            "state; lower --lr, raise --spike-z or check the data, then resume",
+            (long long)r->st.step, cfg->max_bad_steps, r->guards.consecutive, kiln_skip_name(sl->skipped),
+            (long long)(r->last_ckpt_step > 0 ? r->last_ckpt_step : 0));
+    }
+    int last = r->st.step == cfg->max_steps;
+    if (r->data.val && ((cfg->eval_every && r->st.step % cfg->eval_every == 0) || last)) {
+        sl->val_loss = evaluate(r->g, r->data.val, cfg, r->in, r->tgt, r->comm);
+        res->final_val_loss = sl->val_loss;
+        char line[160];
+        snprintf(line, sizeof(line), "step %lld: val loss %.4f", (long long)r->st.step, sl->val_loss);
+        kiln_progress_note(&r->prog, line);
+    }
+    int32_t stop = stop_requested;
+    if (r->comm) // a signal may reach one rank first: all stop at the same step
+        kiln_comm_all_reduce_host(r->comm, &stop, 1, KILN_I32, KILN_RED_MAX);
+    // A checkpoint at its cadence (not in the middle of a run of skipped steps: those are not progress, and a
+    // run stopped by --max-bad-steps keeps its last good checkpoint), at the end, and on a stop signal.
+    int due = (cfg->ckpt_every && r->st.step % cfg->ckpt_every == 0 && r->guards.consecutive == 0) || last ||
+              stop;
+    if (r->writer && due) {
+        if (r->dp)
+            kiln_dp_gather_master(r->dp);
+        kiln_loader_get_state(r->data.train, &r->st.loader);
+        cJSON *state = kiln_train_state_to_json(&r->st, cfg, &r->guards, kiln_lr_at(cfg, (int)r->st.step));
+        int rc = kiln_ckpt_writer_start(r->writer, r->g, r->st.step, state, &sl->ckpt_stall_ms, err);
+        if (rc)
+            return rc;
+        sl->prev_ckpt_write_ms = kiln_ckpt_writer_last_write_ms(r->writer);
+        r->last_ckpt_step = r->st.step;
+        res->checkpoints++;
+        if (sl->ckpt_stall_ms > res->max_ckpt_stall_ms)
+            res->max_ckpt_stall_ms = sl->ckpt_stall_ms;
+    }
+    double comm_ms = r->dp ? kiln_dp_wait_s(r->dp) * 1e3 : NAN;
+    if (r->metrics &&
+        (r->st.step % cfg->log_every == 0 || last || !isnan(sl->val_loss) || sl->skipped || stop || due)) {
+        double tok_s = sl->tok_s, pk = r->peak;
+        write_metrics(r->metrics, sl, &r->guards, kiln_gpt_mem_peak(r->g), pk > 0 ? r->fpt * tok_s / pk / r->env.world : 0,
+                      pk > 0 ? r->fpt_causal * tok_s / pk / r->env.world : 0,
+                      pk > 0 && r->fpt_recompute > 0 ? (r->fpt + r->fpt_recompute) * tok_s / pk / r->env.world : 0,
+                      comm_ms);
+    }
+    char extra[200] = "";
+    int n = 0;
+    if (r->env.world > 1)
+        n = snprintf(extra, sizeof(extra), "%.0f tok/s/rank | comm wait %.0f ms | ", sl->tok_s / r->env.world,
+                     comm_ms);
+    if (r->peak > 0)
+        n += snprintf(extra + n, sizeof(extra) - (size_t)n, "MFU %.1f%% (causal %.1f%%) | ",
+                      100.0 * r->fpt * sl->tok_s / r->peak / r->env.world,
+                      100.0 * r->fpt_causal * sl->tok_s / r->peak / r->env.world);
+    n += snprintf(extra + n, sizeof(extra) - (size_t)n, "mem %.2f GiB", (double)kiln_gpt_mem_peak(r->g) / (1 << 30));
+    if (!isnan(sl->ckpt_stall_ms))
+        snprintf(extra + n, sizeof(extra) - (size_t)n, " | ckpt stall %.1fms", sl->ckpt_stall_ms);
+    kiln_progress_update(&r->prog, (int)r->st.step, sl->loss, sl->tok_s, extra);
+    if (stop)
+        res->stop_signal = stop;
+    *stop_out = stop != 0;
+    return 0;
+}
+
+// The end of a run that finished its steps: the last checkpoint written, and model.safetensors (rank 0).
+static int run_finish(struct run *r, struct kiln_error *err) {
+    struct kiln_config *cfg = r->cfg;
+    int rc;
+    if (r->writer && (rc = kiln_ckpt_writer_join(r->writer, NULL, err)))
+        return rc;
+    if (!cfg->out[0] || r->res->stop_signal)
+        return 0;
+    if (r->dp)
+        kiln_dp_gather_master(r->dp);
+    if (!r->rank0)
+        return 0;
+    float *host = kiln_xmalloc(r->pt->total * sizeof(float));
+    kiln_gpt_get_params(r->g, host);
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/model.safetensors", cfg->out);
+    rc = kiln_write_model_safetensors(path, r->pt, host, cfg, err);
+    free(host);
+    return rc;
+}
+
+static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
+    if (r->writer) {
+        struct kiln_error we;
+        if (kiln_ckpt_writer_join(r->writer, NULL, &we) && !rc) {
+            *err = we;
+            rc = we.code;
+        }
+        kiln_ckpt_writer_free(r->writer);
+    }
+    free(r->in);
+    free(r->tgt);
+    free(r->nan_steps);
+    if (r->metrics)
+        fclose(r->metrics);
+    kiln_guards_free(&r->guards);
+    kiln_dp_free(r->dp);
+    kiln_gpt_free(r->g);
+    // after an error the other ranks may be inside a collective that this one will never join: closing the
+    // communicators (MPI_Finalize waits for them) would hang, so cmd/ ends the job instead (kiln_comm_abort_job)
+    r->res->world = r->env.world > 0 ? r->env.world : 1;
+    r->res->rank = r->env.rank;
+    if (rc && r->comm) {
+        r->res->abort_job = 1;
+    } else {
+        if (r->comm) // every rank is done with the step's collectives before any leaves
+            kiln_comm_barrier(r->comm);
+        kiln_comm_close(r->ckpt_comm);
+        kiln_comm_close(r->comm);
+    }
+    if (r->be_open)
+        kiln_backend_close(&r->be);
+    run_data_free(&r->data);
+    return rc;
+}
+
+int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct kiln_error *err) {
+    memset(res, 0, sizeof(*res));
+    res->final_val_loss = NAN;
+    struct run r;
+    memset(&r, 0, sizeof(r));
+    r.cfg = cfg;
+    r.res = res;
+    stop_requested = 0;
+    int rc = run_setup(&r, err);
+    if (rc)
+        return run_teardown(&r, rc, err);
+    kiln_progress_begin(&r.prog, cfg->max_steps, !cfg->quiet && r.rank0);
+    r.start = r.st.step;
+    r.last_ckpt_step = r.start > 0 ? r.start : -1;
+    for (int64_t step = r.start; step < cfg->max_steps; step++) {
+        if (cfg->inject_crash && step + 1 == cfg->inject_crash && r.start == 0) {
             // the checkpoint in flight completes first, so that tests know where the run resumes (kills at
             // random moments, during writes too, are tested with SIGKILL)
-            if (writer)
-                kiln_ckpt_writer_join(writer, NULL, NULL);
+            if (r.writer)
+                kiln_ckpt_writer_join(r.writer, NULL, NULL);
             fprintf(stderr, "kiln: --inject-crash=%d: aborting before step %d (testing)\n", cfg->inject_crash,
                     cfg->inject_crash);
             abort();
         }
         double t0 = kiln_now_s();
-        float lr = kiln_lr_at(cfg, (int)step);
-        kiln_gpt_zero_grad(g);
-        double loss = 0;
-        for (int micro = 0; micro < accum; micro++) {
-            kiln_loader_next(data.train, in, tgt);
-            loss += kiln_gpt_forward(g, in, tgt, (float)(1.0 / tokens_per_step), cfg->z_loss) / accum;
-            kiln_gpt_backward(g);
-        }
-        double norm = kiln_gpt_grad_norm(g);
-        if (in_step_list(nan_steps, step + 1))
-            loss = norm = NAN;
-        enum kiln_skip why = kiln_guards_check(&guards, loss, norm);
-        if (why == KILN_SKIP_NONE) {
-            st.opt_step++; // AdamW's bias correction counts applied updates only
-            struct kiln_adamw_hparams h = {.lr = lr,
-                                           .beta1 = cfg->beta1,
-                                           .beta2 = cfg->beta2,
-                                           .eps = cfg->eps,
-                                           .weight_decay = cfg->weight_decay,
-                                           .grad_clip = cfg->grad_clip,
-                                           .grad_scale = 1.0f,
-                                           .step = (int)st.opt_step,
-                                           .stochastic_rounding = cfg->stochastic_rounding,
-                                           .seed = cfg->seed};
-            kiln_gpt_adamw(g, &h, norm);
-        }
-        st.step = step + 1;
-        st.tokens += (uint64_t)tokens_per_step;
-        be.ops->synchronize(be.ctx);
+        struct step_log sl;
+        run_step(&r, step, &sl);
+        r.be.ops->synchronize(r.be.ctx);
         double dt = kiln_now_s() - t0;
-        if (step > start) { // the first step pays one-time costs
-            timed_s += dt;
-            timed_tokens += (long)tokens_per_step;
+        if (step > r.start) { // the first step pays one-time costs
+            r.timed_s += dt;
+            r.timed_tokens += (long)r.tokens_per_step;
         }
-        struct step_log sl = {.step = st.step,
-                              .loss = loss,
-                              .norm = norm,
-                              .tok_s = tokens_per_step / dt,
-                              .ms = dt * 1e3,
-                              .val_loss = NAN,
-                              .ckpt_stall_ms = NAN,
-                              .lr = lr,
-                              .skipped = why};
-        res->final_loss = loss;
-        res->steps = (int)st.step;
-        res->skipped_steps = (int)guards.skipped_total;
-        if (why) {
-            char line[256];
-            if (why == KILN_SKIP_NAN)
-                snprintf(line, sizeof(line),
-                         "step %lld: update skipped: non-finite loss %g or grad norm %g (%d in a "
-                         "row, %lld skipped in all)",
-                         (long long)st.step, loss, norm, guards.consecutive, (long long)guards.skipped_total);
-            else
-                snprintf(line, sizeof(line),
-                         "step %lld: update skipped: %s spike, z = %.1f > %g (loss %.4f, grad "
-                         "norm %.4g; %d in a row, %lld skipped in all)",
-                         (long long)st.step, why == KILN_SKIP_SPIKE_LOSS ? "loss" : "grad-norm",
-                         guards.last_z, (double)cfg->spike_z, loss, norm, guards.consecutive,
-                         (long long)guards.skipped_total);
-            kiln_progress_note(&prog, line);
-        }
-        if (kiln_guards_exhausted(&guards)) {
-            if (metrics)
-                write_metrics(metrics, &sl, &guards, kiln_gpt_mem_peak(g), 0, 0, 0);
-            kiln_progress_end(&prog);
-            struct kiln_error we;
-            if (writer && kiln_ckpt_writer_join(writer, NULL, &we))
-                fprintf(stderr, "kiln: the last checkpoint write failed too: %s\n", we.msg);
-            rc = kiln_errorf(
-                err, KILN_ERR_RUNTIME,
-                "training stopped at step %lld (--max-bad-steps=%d): %d steps in a "
-                "row were skipped, the last for %s; the newest checkpoint (step %lld) holds the last good "
-                "state; lower --lr, raise --spike-z or check the data, then resume",
-                (long long)st.step, cfg->max_bad_steps, guards.consecutive, kiln_skip_name(why),
-                (long long)(last_ckpt_step > 0 ? last_ckpt_step : 0));
-            goto done;
-        }
-
-        int last = st.step == cfg->max_steps;
-        if (data.val && ((cfg->eval_every && st.step % cfg->eval_every == 0) || last)) {
-            sl.val_loss = evaluate(g, data.val, cfg, in, tgt);
-            res->final_val_loss = sl.val_loss;
-            char line[160];
-            snprintf(line, sizeof(line), "step %lld: val loss %.4f", (long long)st.step, sl.val_loss);
-            kiln_progress_note(&prog, line);
-        }
-        int stop = stop_requested;
-        // A checkpoint at its cadence (not in the middle of a run of skipped steps: those are not progress,
-        // and a run stopped by --max-bad-steps keeps its last good checkpoint), at the end, and on a stop
-        // signal.
-        int due =
-            (cfg->ckpt_every && st.step % cfg->ckpt_every == 0 && guards.consecutive == 0) || last || stop;
-        if (writer && due) {
-            kiln_loader_get_state(data.train, &st.loader);
-            cJSON *state = kiln_train_state_to_json(&st, cfg, &guards, kiln_lr_at(cfg, (int)st.step));
-            if ((rc = kiln_ckpt_writer_start(writer, g, st.step, state, &sl.ckpt_stall_ms, err)))
-                goto done;
-            sl.prev_ckpt_write_ms = kiln_ckpt_writer_last_write_ms(writer);
-            last_ckpt_step = st.step;
-            res->checkpoints++;
-            if (sl.ckpt_stall_ms > res->max_ckpt_stall_ms)
-                res->max_ckpt_stall_ms = sl.ckpt_stall_ms;
-        }
-        if (metrics && (st.step % cfg->log_every == 0 || last || !isnan(sl.val_loss) || why || stop || due)) {
-            double tok_s = sl.tok_s;
-            write_metrics(metrics, &sl, &guards, kiln_gpt_mem_peak(g),
-                          peak > 0 ? fpt * tok_s / peak : 0, peak > 0 ? fpt_causal * tok_s / peak : 0,
-                          peak > 0 && fpt_recompute > 0 ? (fpt + fpt_recompute) * tok_s / peak : 0);
-        }
-        char extra[160] = "";
-        int n = 0;
-        if (peak > 0)
-            n = snprintf(extra, sizeof(extra), "MFU %.1f%% (causal %.1f%%) | ", 100.0 * fpt * sl.tok_s / peak,
-                         100.0 * fpt_causal * sl.tok_s / peak);
-        n += snprintf(extra + n, sizeof(extra) - (size_t)n, "mem %.2f GiB",
-                      (double)kiln_gpt_mem_peak(g) / (1 << 30));
-        if (!isnan(sl.ckpt_stall_ms))
-            snprintf(extra + n, sizeof(extra) - (size_t)n, "%sckpt stall %.1fms", n ? " | " : "",
-                     sl.ckpt_stall_ms);
-        kiln_progress_update(&prog, (int)st.step, loss, sl.tok_s, extra[0] ? extra : NULL);
-        if (stop) {
-            res->stop_signal = stop;
+        int stop = 0;
+        if ((rc = run_after_step(&r, &sl, dt, &stop, err)))
+            return run_teardown(&r, rc, err);
+        if (stop)
             break;
-        }
     }
-    kiln_progress_end(&prog);
-    res->tokens_per_s = timed_s > 0 ? timed_tokens / timed_s : 0;
-    if (writer && (rc = kiln_ckpt_writer_join(writer, NULL, err)))
-        goto done;
-    if (cfg->out[0] && !res->stop_signal) {
-        float *host = kiln_xmalloc(pt->total * sizeof(float));
-        kiln_gpt_get_params(g, host);
-        char path[1200];
-        snprintf(path, sizeof(path), "%s/model.safetensors", cfg->out);
-        rc = kiln_write_model_safetensors(path, pt, host, cfg, err);
-        free(host);
-    }
-done:
-    if (writer) {
-        struct kiln_error we;
-        if (kiln_ckpt_writer_join(writer, NULL, &we) && !rc) {
-            *err = we;
-            rc = we.code;
-        }
-        kiln_ckpt_writer_free(writer);
-    }
-    free(in);
-    free(tgt);
-    free(nan_steps);
-    if (metrics)
-        fclose(metrics);
-    kiln_guards_free(&guards);
-    kiln_gpt_free(g);
-    kiln_backend_close(&be);
-    run_data_free(&data);
-    return rc;
+    kiln_progress_end(&r.prog);
+    res->tokens_per_s = r.timed_s > 0 ? r.timed_tokens / r.timed_s : 0;
+    rc = run_finish(&r, err);
+    return run_teardown(&r, rc, err);
 }

@@ -23,6 +23,9 @@ struct kiln_train_result {
     int stop_signal;       // != 0: stopped by this signal after saving a checkpoint (exit KILN_EXIT_STOPPED)
     int checkpoints;       // checkpoints written by this process
     double max_ckpt_stall_ms; // the longest time the step loop waited for a checkpoint
+    int rank, world;          // this process's place in the job
+    int abort_job;            // an error with other ranks still running: cmd/ must end the whole job
+                              // (kiln_comm_abort_job), never return normally into MPI_Finalize
 };
 
 // Trains per cfg. Writes cfg->out/{config, metrics.jsonl, model.safetensors, tokenizer files, ckpt/} when

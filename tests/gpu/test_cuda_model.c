@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "model/gpt.h"
+#include "train/tuning.h"
 #include "train/embedded.h"
 
 static struct kiln_backend cpu, gpu, gpu_bf16; // gpu_bf16: parameter gradients in bf16
@@ -78,6 +79,7 @@ static struct kiln_gpt *make_rc(struct kiln_backend *be, const struct kiln_model
     struct kiln_gpt *g;
     struct kiln_error e;
     struct kiln_gpt_opts o = {.B = B, .T = T, .recompute = rc, .training = 1};
+    kiln_gpt_tuning_from_env(&o);
     if (kiln_gpt_create(&g, m, be, &o, &e))
         fail_msg("create on %s: %s", be->name, e.msg);
     kiln_gpt_init_params(g, 1234);
@@ -334,6 +336,7 @@ static void test_out_of_memory_is_a_clear_error(void **state) {
     c.model.vocab_size = 50257;
     struct kiln_gpt *g = NULL;
     struct kiln_gpt_opts o = {.B = 2048, .T = 1024, .recompute = KILN_RECOMPUTE_NONE, .training = 1};
+    kiln_gpt_tuning_from_env(&o);
     int rc = kiln_gpt_create(&g, &c.model, &gpu, &o, &e);
     assert_int_equal(rc, KILN_ERR_RUNTIME);
     assert_null(g);

@@ -42,18 +42,18 @@ static void test_auto_is_bf16_only_on_cuda_with_one_micro_step(void **state) {
     char *one[] = {"--total-batch=2048"}; // == B*T: one micro-step, as with no --total-batch
     assert_int_equal(parse_validate(&c, &e, 1, one), 0);
     assert_int_equal(kiln_config_micro_steps(&c), 1);
-    assert_int_equal(kiln_config_grad_dtype(&c, "cuda"), KILN_BF16);
-    assert_int_equal(kiln_config_grad_dtype(&c, "cpu"), KILN_F32);
+    assert_int_equal(kiln_config_grad_dtype(&c, 1), KILN_BF16);
+    assert_int_equal(kiln_config_grad_dtype(&c, 0), KILN_F32);
     char *four[] = {"--total-batch=8192"};
     assert_int_equal(parse_validate(&c, &e, 1, four), 0);
     assert_int_equal(kiln_config_micro_steps(&c), 4);
-    assert_int_equal(kiln_config_grad_dtype(&c, "cuda"), KILN_F32);
+    assert_int_equal(kiln_config_grad_dtype(&c, 1), KILN_F32);
     char *fp32[] = {"--grad-dtype=fp32"};
     assert_int_equal(parse_validate(&c, &e, 1, fp32), 0);
-    assert_int_equal(kiln_config_grad_dtype(&c, "cuda"), KILN_F32);
+    assert_int_equal(kiln_config_grad_dtype(&c, 1), KILN_F32);
     char *bf16[] = {"--grad-dtype=bf16", "--device=cuda"};
     assert_int_equal(parse_validate(&c, &e, 2, bf16), 0);
-    assert_int_equal(kiln_config_grad_dtype(&c, "cuda"), KILN_BF16);
+    assert_int_equal(kiln_config_grad_dtype(&c, 1), KILN_BF16);
 }
 
 static void test_bf16_gradients_with_accumulation_are_refused(void **state) {

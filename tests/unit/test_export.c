@@ -9,6 +9,7 @@
 #include "io/fsutil.h"
 #include "io/safetensors.h"
 #include "model/gpt.h"
+#include "train/tuning.h"
 #include "train/hf.h"
 
 // A tiny model: vocab 11 padded to 16, so the dropped padding rows are visible.
@@ -82,6 +83,7 @@ static double loss_of(const struct kiln_model_config *m, const float *params, co
     assert_int_equal(kiln_backend_open("cpu", &bo, &be, &e), 0);
     struct kiln_gpt *g;
     struct kiln_gpt_opts o = {.B = 2, .T = 8, .recompute = KILN_RECOMPUTE_NONE, .training = 0};
+    kiln_gpt_tuning_from_env(&o);
     if (kiln_gpt_create(&g, m, &be, &o, &e))
         fail_msg("create: %s", e.msg);
     kiln_gpt_set_params(g, params);

@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "model/gpt.h"
+#include "train/tuning.h"
 
 struct fixture {
     struct kiln_backend be;
@@ -37,6 +38,7 @@ static void fixture_open(struct fixture *f, const struct kiln_model_config *m, e
     struct kiln_backend_opts bo = {0};
     assert_int_equal(kiln_backend_open("cpu", &bo, &f->be, &e), 0);
     struct kiln_gpt_opts o = {.B = f->B, .T = f->T, .recompute = rc, .training = 1};
+    kiln_gpt_tuning_from_env(&o);
     if (kiln_gpt_create(&f->g, m, &f->be, &o, &e))
         fail_msg("create: %s", e.msg);
     kiln_gpt_init_params(f->g, seed);
@@ -654,10 +656,12 @@ static void test_plan_is_what_the_model_allocates(void **state) {
                     struct kiln_gpt_opts o = {
                         .B = 3, .T = 5, .recompute = (enum kiln_recompute)rc, .training = training};
                     struct kiln_mem_plan plan;
+                    kiln_gpt_tuning_from_env(&o);
                     kiln_gpt_plan(&m, &o, be.act_dtype, be.grad_dtype, be.weights_alias_master, &plan);
                     allocated_bytes = 0;
                     live_allocations = 0;
                     struct kiln_gpt *g;
+                    kiln_gpt_tuning_from_env(&o);
                     if (kiln_gpt_create(&g, &m, &be, &o, &e))
                         fail_msg("create: %s", e.msg);
                     unsetenv("KILN_SCRATCH_SHARED");

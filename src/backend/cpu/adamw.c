@@ -14,19 +14,19 @@ void kiln_cpu_adamw(void *ctx, const struct kiln_adamw_args *a) {
     const float *grads = a->grads;
     float *weights = a->weights; // f32 on the CPU: a plain copy of the updated master weights
     for (int s = 0; s < a->n_spans; s++) {
-        size_t off = a->spans[s].offset;
+        size_t off = a->spans[s].offset, soff = a->spans[s].state_offset;
         long long count = (long long)a->spans[s].count;
         float decay = a->spans[s].decay ? 1.0f - a->lr * a->weight_decay : 1.0f;
 #pragma omp parallel for num_threads(kiln_cpu_threads(ctx)) schedule(static) if (KILN_CPU_PAR(count))
         for (long long k = 0; k < count; k++) {
-            size_t i = off + (size_t)k;
+            size_t i = off + (size_t)k, si = soff + (size_t)k;
             float g = grads[i] * a->grad_scale;
-            float m = a->m[i] + (1.0f - a->beta1) * (g - a->m[i]);
-            float v = a->beta2 * a->v[i] + (1.0f - a->beta2) * g * g;
+            float m = a->m[si] + (1.0f - a->beta1) * (g - a->m[si]);
+            float v = a->beta2 * a->v[si] + (1.0f - a->beta2) * g * g;
             float p = a->params[i] * decay;
             p -= step_size * m / (sqrtf(v) / bc2_sqrt + a->eps);
-            a->m[i] = m;
-            a->v[i] = v;
+            a->m[si] = m;
+            a->v[si] = v;
             a->params[i] = p;
             if (weights)
                 weights[i] = p;

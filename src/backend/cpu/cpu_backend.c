@@ -92,6 +92,7 @@ int kiln_cpu_backend_open(const struct kiln_backend_opts *opts, struct kiln_back
     out->act_dtype = KILN_F32;
     out->grad_dtype = KILN_F32;
     out->weights_alias_master = 1;
+    out->device_memory = 0;
     snprintf(out->device_name, sizeof(out->device_name), "CPU (%d thread%s)", threads,
              threads == 1 ? "" : "s");
     out->peak_flops = 0;

@@ -6,30 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t kiln_dtype_bytes(enum kiln_dtype dt) {
-    switch (dt) {
-    case KILN_F32:
-        return 4;
-    case KILN_BF16:
-        return 2;
-    case KILN_I32:
-        return 4;
-    }
-    return 0;
-}
-
-const char *kiln_dtype_name(enum kiln_dtype dt) {
-    switch (dt) {
-    case KILN_F32:
-        return "f32";
-    case KILN_BF16:
-        return "bf16";
-    case KILN_I32:
-        return "i32";
-    }
-    return "unknown";
-}
-
 uint16_t kiln_f32_to_bf16(float x) {
     uint32_t u;
     memcpy(&u, &x, 4);
@@ -115,6 +91,9 @@ void kiln_cpu_upload_f32(void *ctx, void *dst, enum kiln_dtype dt, const float *
             d[i] = (int32_t)host_src[i];
         return;
     }
+    case KILN_U8:
+    case KILN_F64:
+        break; // communication-only dtypes: no tensor of the model has them
     }
     KILN_ASSERT(0 && "upload_f32: unknown dtype");
 }
@@ -136,6 +115,9 @@ void kiln_cpu_download_f32(void *ctx, float *host_dst, const void *src, enum kil
             host_dst[i] = (float)s[i];
         return;
     }
+    case KILN_U8:
+    case KILN_F64:
+        break;
     }
     KILN_ASSERT(0 && "download_f32: unknown dtype");
 }

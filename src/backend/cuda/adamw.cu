@@ -47,12 +47,12 @@ static __global__ void __launch_bounds__(ADAM_THREADS)
         size_t j = (size_t)e.y + i;
         if (j >= sp.count)
             break;
-        size_t idx = sp.offset + j;
+        size_t idx = sp.offset + j, sidx = sp.state_offset + j; // sidx: the moments (a shard's own when ZeRO)
         float g = grad_load(grads + idx) * k.grad_scale;
-        float mi = k.beta1 * m[idx] + (1.0f - k.beta1) * g;
-        float vi = k.beta2 * v[idx] + (1.0f - k.beta2) * g * g;
-        m[idx] = mi;
-        v[idx] = vi;
+        float mi = k.beta1 * m[sidx] + (1.0f - k.beta1) * g;
+        float vi = k.beta2 * v[sidx] + (1.0f - k.beta2) * g * g;
+        m[sidx] = mi;
+        v[sidx] = vi;
         float p = params[idx];
         if (sp.decay)
             p *= 1.0f - k.lr * k.wd; // decoupled weight decay, as torch.optim.AdamW

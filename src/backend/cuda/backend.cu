@@ -98,12 +98,14 @@ static void cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
 }
 
 static void cuda_upload(void *ctx, void *dst, const void *host_src, size_t bytes) {
+    CUDA_CHECK(cudaSetDevice(cuda_ctx_of(ctx)->device)); // the comm layer's thread stages through here too
     struct cuda_ctx *c = cuda_ctx_of(ctx);
     CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream)); // the caller may reuse host_src at once
 }
 
 static void cuda_download(void *ctx, void *host_dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaSetDevice(cuda_ctx_of(ctx)->device));
     struct cuda_ctx *c = cuda_ctx_of(ctx);
     CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
@@ -221,6 +223,35 @@ static void cuda_host_free(void *ctx, void *p) {
         CUDA_CHECK(cudaFreeHost(p));
 }
 
+// ---- events: what communication orders itself against (the comm layer may call these from its own thread,
+// so each one selects the context's device first: the CUDA runtime's current device is per thread) --------
+
+static void *cuda_event_create(void *ctx) {
+    CUDA_CHECK(cudaSetDevice(cuda_ctx_of(ctx)->device));
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return (void *)e;
+}
+
+static void cuda_event_destroy(void *ctx, void *ev) {
+    (void)ctx;
+    if (ev)
+        CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev));
+}
+
+static void cuda_event_record(void *ctx, void *ev) {
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, cuda_ctx_of(ctx)->stream));
+}
+
+static void cuda_event_synchronize(void *ctx, void *ev) {
+    CUDA_CHECK(cudaSetDevice(cuda_ctx_of(ctx)->device));
+    CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev));
+}
+
+static void *cuda_native_stream(void *ctx) {
+    return (void *)cuda_ctx_of(ctx)->stream;
+}
+
 // ---- the table ----------------------------------------------------------------------------------------
 
 static const struct kiln_ops cuda_ops = {
@@ -252,6 +283,11 @@ static const struct kiln_ops cuda_ops = {
     cuda_host_alloc,
     cuda_host_free,
     cuda_mem_peak,
+    cuda_event_create,
+    cuda_event_destroy,
+    cuda_event_record,
+    cuda_event_synchronize,
+    cuda_native_stream,
 };
 
 static void cuda_close(struct kiln_backend *b) {
@@ -365,6 +401,7 @@ extern "C" int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, stru
     // bytes AdamW and the global norm read.
     out->grad_dtype = grad_dtype;
     out->weights_alias_master = 0;
+    out->device_memory = 1;
     snprintf(out->device_name, sizeof(out->device_name), "%s", c->prop.name);
     out->peak_flops = kiln_peak_flops_for(c->prop.name);
     size_t fr = 0, tot = 0;

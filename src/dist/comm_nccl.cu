@@ -1,0 +1,263 @@
+// The NCCL transport: device memory, one GPU per rank. Operations run on a comm stream of the rank's GPU,
+// ordered after the compute stream by events, so that a gradient bucket's all-reduce overlaps the rest of the
+// backward; waiting on the compute stream (kiln_comm_wait_stream) costs the host nothing.
+//
+// NCCL's reduce-scatter and all-gather take equal slices: where kiln_comm_slice's slices differ in length (a
+// count that the world does not divide), they run as one NCCL group of per-slice reduces or broadcasts.
+// Host operands (control values) are staged through a small device buffer.
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <string.h>
+
+extern "C" {
+#include "dist/comm.h"
+#include "dist/env.h"
+#include "dist/rendezvous.h"
+}
+
+#define NCCL_CHECK(call)                                                                                     \
+    do {                                                                                                     \
+        ncclResult_t r_ = (call);                                                                            \
+        if (r_ != ncclSuccess) {                                                                             \
+            fprintf(stderr, "kiln: NCCL error at %s:%d: %s (%s); NCCL_DEBUG=INFO says more\n", __FILE__,      \
+                    __LINE__, ncclGetErrorString(r_), #call);                                                \
+            kiln_comm_abort_job(1);                                                                          \
+        }                                                                                                    \
+    } while (0)
+
+#define CUDA_OK(call)                                                                                        \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) {                                                                             \
+            fprintf(stderr, "kiln: CUDA error at %s:%d: %s (%s)\n", __FILE__, __LINE__, cudaGetErrorString(e_), \
+                    #call);                                                                                  \
+            kiln_comm_abort_job(1);                                                                          \
+        }                                                                                                    \
+    } while (0)
+
+struct kiln_comm_work {
+    cudaEvent_t done; // recorded on the comm stream after the operation
+};
+
+struct nccl_state {
+    ncclComm_t comm;
+    int rank, size, device;
+    cudaStream_t stream;        // the comm stream
+    cudaStream_t compute;       // the backend's compute stream
+    struct kiln_backend *be;
+    cudaEvent_t issued;         // the compute stream's end, when the caller gave no event
+    void *dev_stage;            // host operands pass through here
+    size_t dev_stage_bytes;
+};
+
+extern "C" int kiln_comm_nccl_available(void) {
+    return 1;
+}
+
+static ncclDataType_t nccl_type(enum kiln_dtype dt) {
+    switch (dt) {
+    case KILN_F32:
+        return ncclFloat32;
+    case KILN_BF16:
+        return ncclBfloat16;
+    case KILN_I32:
+        return ncclInt32;
+    case KILN_U8:
+        return ncclUint8;
+    case KILN_F64:
+        return ncclFloat64;
+    }
+    return ncclFloat32;
+}
+
+static ncclRedOp_t nccl_op(enum kiln_red r) {
+    return r == KILN_RED_MAX ? ncclMax : r == KILN_RED_MIN ? ncclMin : ncclSum;
+}
+
+// The operation on device pointers, enqueued on the comm stream.
+static void run_device(struct nccl_state *s, const struct kiln_coll *k, const void *send, void *recv) {
+    ncclDataType_t t = nccl_type(k->dtype);
+    size_t es = kiln_dtype_bytes(k->dtype), lo, hi;
+    kiln_comm_slice(k->count, s->size, s->rank, &lo, &hi);
+    int even = k->count % (size_t)s->size == 0;
+    switch (k->op) {
+    case KILN_COLL_ALL_REDUCE:
+        NCCL_CHECK(ncclAllReduce(send, recv, k->count, t, nccl_op(k->red), s->comm, s->stream));
+        break;
+    case KILN_COLL_REDUCE_SCATTER:
+        if (even) {
+            NCCL_CHECK(ncclReduceScatter(send, recv, hi - lo, t, nccl_op(k->red), s->comm, s->stream));
+            break;
+        }
+        NCCL_CHECK(ncclGroupStart());
+        for (int r = 0; r < s->size; r++) {
+            size_t rl, rh;
+            kiln_comm_slice(k->count, s->size, r, &rl, &rh);
+            NCCL_CHECK(ncclReduce((const char *)send + rl * es, r == s->rank ? recv : NULL, rh - rl, t,
+                                  nccl_op(k->red), r, s->comm, s->stream));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+        break;
+    case KILN_COLL_ALL_GATHER:
+        if (even) {
+            NCCL_CHECK(ncclAllGather(send, recv, hi - lo, t, s->comm, s->stream));
+            break;
+        }
+        NCCL_CHECK(ncclGroupStart());
+        for (int r = 0; r < s->size; r++) {
+            size_t rl, rh;
+            kiln_comm_slice(k->count, s->size, r, &rl, &rh);
+            NCCL_CHECK(ncclBroadcast(r == s->rank ? send : NULL, (char *)recv + rl * es, rh - rl, t, r, s->comm,
+                                     s->stream));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+        break;
+    case KILN_COLL_ALL_TO_ALL:
+        NCCL_CHECK(ncclGroupStart());
+        for (int r = 0; r < s->size; r++) {
+            NCCL_CHECK(ncclSend((const char *)send + (size_t)r * k->count * es, k->count, t, r, s->comm, s->stream));
+            NCCL_CHECK(ncclRecv((char *)recv + (size_t)r * k->count * es, k->count, t, r, s->comm, s->stream));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+        break;
+    case KILN_COLL_BROADCAST:
+        NCCL_CHECK(ncclBroadcast(send, recv, k->count, t, k->root, s->comm, s->stream));
+        break;
+    case KILN_COLL_SEND:
+        NCCL_CHECK(ncclSend(send, k->count, t, k->peer, s->comm, s->stream));
+        break;
+    case KILN_COLL_RECV:
+        NCCL_CHECK(ncclRecv(recv, k->count, t, k->peer, s->comm, s->stream));
+        break;
+    case KILN_COLL_BARRIER: {
+        // an all-reduce of one word: every rank must have issued it before any completes
+        void *w = s->dev_stage;
+        NCCL_CHECK(ncclAllReduce(w, w, 1, ncclInt32, ncclSum, s->comm, s->stream));
+        break;
+    }
+    case KILN_COLL_N:
+        break;
+    }
+}
+
+static void *dev_stage(struct nccl_state *s, size_t bytes) {
+    if (s->dev_stage_bytes < bytes) {
+        CUDA_OK(cudaStreamSynchronize(s->stream));
+        CUDA_OK(cudaFree(s->dev_stage));
+        CUDA_OK(cudaMalloc(&s->dev_stage, bytes));
+        s->dev_stage_bytes = bytes;
+    }
+    return s->dev_stage;
+}
+
+static struct kiln_comm_work *nccl_submit(void *impl, const struct kiln_coll *k, void *after_event) {
+    struct nccl_state *s = (struct nccl_state *)impl;
+    CUDA_OK(cudaSetDevice(s->device));
+    if (!k->device) {
+        // host operands: through the device, synchronously (control values: a few bytes)
+        size_t es = kiln_dtype_bytes(k->dtype), lo, hi;
+        kiln_comm_slice(k->count, s->size, s->rank, &lo, &hi);
+        size_t n = k->op == KILN_COLL_ALL_TO_ALL ? k->count * (size_t)s->size : k->count;
+        char *d = (char *)dev_stage(s, 2 * n * es + 16);
+        char *dsend = d, *drecv = d + n * es;
+        size_t s_at = k->op == KILN_COLL_ALL_GATHER ? lo : 0, s_n = k->op == KILN_COLL_ALL_GATHER ? hi - lo : n;
+        if (k->send && k->op != KILN_COLL_RECV && k->op != KILN_COLL_BARRIER)
+            CUDA_OK(cudaMemcpyAsync(dsend + s_at * es, k->send, s_n * es, cudaMemcpyHostToDevice, s->stream));
+        run_device(s, k, dsend + s_at * es, drecv);
+        size_t r_n = k->op == KILN_COLL_REDUCE_SCATTER ? hi - lo : n;
+        if (k->recv && k->op != KILN_COLL_SEND && k->op != KILN_COLL_BARRIER)
+            CUDA_OK(cudaMemcpyAsync(k->recv, drecv, r_n * es, cudaMemcpyDeviceToHost, s->stream));
+        CUDA_OK(cudaStreamSynchronize(s->stream));
+        return NULL;
+    }
+    cudaEvent_t after = (cudaEvent_t)after_event;
+    if (!after) {
+        after = s->issued;
+        CUDA_OK(cudaEventRecord(after, s->compute));
+    }
+    CUDA_OK(cudaStreamWaitEvent(s->stream, after, 0));
+    run_device(s, k, k->send, k->recv);
+    struct kiln_comm_work *w = (struct kiln_comm_work *)kiln_xcalloc(1, sizeof(*w));
+    CUDA_OK(cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(w->done, s->stream));
+    return w;
+}
+
+static void nccl_wait(void *impl, struct kiln_comm_work *w) {
+    (void)impl;
+    CUDA_OK(cudaEventSynchronize(w->done));
+    CUDA_OK(cudaEventDestroy(w->done));
+    free(w);
+}
+
+static void nccl_wait_stream(void *impl, struct kiln_comm_work *w) {
+    struct nccl_state *s = (struct nccl_state *)impl;
+    CUDA_OK(cudaStreamWaitEvent(s->compute, w->done, 0));
+    CUDA_OK(cudaEventDestroy(w->done)); // destroying a recorded event is safe: the wait holds what it needs
+    free(w);
+}
+
+static struct nccl_state *state_new(ncclComm_t comm, const struct nccl_state *like, struct kiln_backend *be,
+                                    int device) {
+    struct nccl_state *s = (struct nccl_state *)kiln_xcalloc(1, sizeof(*s));
+    s->comm = comm;
+    NCCL_CHECK(ncclCommUserRank(comm, &s->rank));
+    NCCL_CHECK(ncclCommCount(comm, &s->size));
+    s->device = like ? like->device : device;
+    s->be = be;
+    s->compute = (cudaStream_t)be->ops->native_stream(be->ctx);
+    CUDA_OK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    CUDA_OK(cudaEventCreateWithFlags(&s->issued, cudaEventDisableTiming));
+    dev_stage(s, 4096);
+    CUDA_OK(cudaMemset(s->dev_stage, 0, 4096));
+    return s;
+}
+
+static int nccl_dup(void *impl, void **out, struct kiln_error *err) {
+    (void)err;
+    struct nccl_state *s = (struct nccl_state *)impl;
+    ncclComm_t comm;
+    NCCL_CHECK(ncclCommSplit(s->comm, 0, s->rank, &comm, NULL));
+    *out = state_new(comm, s, s->be, s->device);
+    return 0;
+}
+
+static void nccl_close(void *impl) {
+    struct nccl_state *s = (struct nccl_state *)impl;
+    cudaSetDevice(s->device);
+    cudaStreamSynchronize(s->stream);
+    ncclCommDestroy(s->comm);
+    cudaEventDestroy(s->issued);
+    cudaStreamDestroy(s->stream);
+    cudaFree(s->dev_stage);
+    free(s);
+}
+
+static const struct kiln_comm_impl nccl_impl = {
+    "nccl", nccl_submit, nccl_wait, nccl_wait_stream, nccl_dup, nccl_close,
+};
+
+extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_env *env, double timeout_s,
+                                   struct kiln_error *err) {
+    if (!c->be || !c->be->device_memory || !c->be->ops->native_stream)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "comm nccl (--comm): NCCL needs the cuda backend; use --device=cuda, or --comm=mpi");
+    int device = 0;
+    CUDA_OK(cudaGetDevice(&device));
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    if (env->rank == 0)
+        NCCL_CHECK(ncclGetUniqueId(&id));
+    int rc = kiln_rdzv_share(env, &id, sizeof(id), timeout_s, err);
+    if (rc)
+        return rc;
+    ncclComm_t comm;
+    ncclResult_t r = ncclCommInitRank(&comm, env->world, id, env->rank);
+    if (r != ncclSuccess)
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "NCCL (ncclCommInitRank, rank %d of %d, GPU %d): %s; NCCL_DEBUG=INFO says more", env->rank,
+                           env->world, device, ncclGetErrorString(r));
+    c->impl = &nccl_impl;
+    c->state = state_new(comm, NULL, c->be, device);
+    return 0;
+}

@@ -1,0 +1,255 @@
+// Data parallelism: buckets, overlapped reductions, ZeRO-1/2. See dp.h.
+#include "train/dp.h"
+
+#include <math.h>
+#include <string.h>
+
+struct bucket {
+    size_t lo, hi;            // flat elements
+    int ready_layer;          // reduce after this layer's backward; -1: after the embeddings' (lo == 0)
+    void *event;              // the compute stream's point where the bucket is complete (NULL on the CPU)
+    struct kiln_comm_work *work;
+};
+
+struct kiln_dp {
+    struct kiln_comm *comm;
+    struct kiln_backend *be;
+    const struct kiln_param_table *pt;
+    struct kiln_gpt *g;
+    struct kiln_gpt_buffers buf;
+    int zero;
+    struct bucket *b; // in backward order: b[0] is the last layers'
+    int nb;
+    size_t *bounds;   // nb + 1 offsets: b[i] = [bounds[i+1], bounds[i])
+    struct kiln_dp_range *ranges; // this rank's slice of each bucket, in bucket order
+    int n_ranges;
+    size_t optim_elems;
+    struct kiln_param_span *spans; // AdamW's spans over the ranges (ZeRO), with shard-local state offsets
+    int n_spans;
+    int reducing;     // this backward is the last micro-step: reduce buckets as they complete
+};
+
+static size_t grad_bytes(const struct kiln_dp *dp) {
+    return kiln_dtype_bytes(dp->be->grad_dtype);
+}
+
+int kiln_dp_ranges_for(const size_t *bounds, int n_buckets, int n, int r, struct kiln_dp_range **out) {
+    struct kiln_dp_range *v = kiln_xcalloc((size_t)n_buckets + 1, sizeof(*v));
+    size_t state = 0;
+    int k = 0;
+    for (int i = 0; i < n_buckets; i++) {
+        size_t blo = bounds[i + 1], bhi = bounds[i], lo, hi;
+        kiln_comm_slice(bhi - blo, n, r, &lo, &hi);
+        if (hi == lo)
+            continue;
+        v[k++] = (struct kiln_dp_range){blo + lo, blo + hi, state};
+        state += hi - lo;
+    }
+    *out = v;
+    return k;
+}
+
+// Buckets at layer boundaries, from the top: each takes layers (downwards) until it holds bucket_mb.
+static void plan_buckets(struct kiln_dp *dp, double bucket_mb) {
+    const struct kiln_param_table *pt = dp->pt;
+    int L = 0; // layers in the table
+    for (int i = 0; i < pt->n; i++)
+        if (pt->p[i].layer + 1 > L)
+            L = pt->p[i].layer + 1;
+    size_t want = (size_t)(bucket_mb * 1048576.0 / (double)grad_bytes(dp));
+    if (want < 1)
+        want = 1;
+    dp->b = kiln_xcalloc((size_t)L + 1, sizeof(*dp->b));
+    dp->bounds = kiln_xcalloc((size_t)L + 2, sizeof(*dp->bounds));
+    size_t hi = pt->total;
+    dp->nb = 0;
+    dp->bounds[0] = hi;
+    for (int l = L - 1; l >= 0; l--) {
+        size_t lo = l == 0 ? 0 : pt->layer_begin[l];
+        if (hi - lo < want && l > 0)
+            continue; // take the next layer down too
+        dp->b[dp->nb] = (struct bucket){.lo = lo, .hi = hi, .ready_layer = l == 0 ? -1 : l};
+        dp->bounds[++dp->nb] = lo;
+        hi = lo;
+    }
+    if (L == 0) { // no layers: one bucket, after the embeddings
+        dp->b[0] = (struct bucket){.lo = 0, .hi = hi, .ready_layer = -1};
+        dp->bounds[1] = 0;
+        dp->nb = 1;
+    }
+}
+
+// AdamW's spans: every tensor's span cut to the owned ranges, with the range's state offsets.
+static void plan_spans(struct kiln_dp *dp) {
+    const struct kiln_param_table *pt = dp->pt;
+    dp->spans = kiln_xcalloc((size_t)pt->n * (size_t)(dp->n_ranges + 1), sizeof(*dp->spans));
+    dp->n_spans = 0;
+    for (int r = 0; r < dp->n_ranges; r++) {
+        const struct kiln_dp_range *q = &dp->ranges[r];
+        for (int i = 0; i < pt->n; i++) {
+            size_t lo = pt->p[i].offset, hi = lo + pt->p[i].count;
+            if (hi <= q->lo || lo >= q->hi)
+                continue;
+            lo = lo > q->lo ? lo : q->lo;
+            hi = hi < q->hi ? hi : q->hi;
+            dp->spans[dp->n_spans++] =
+                (struct kiln_param_span){lo, hi - lo, pt->p[i].decay, q->state_offset + (lo - q->lo)};
+        }
+    }
+}
+
+void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_backend *be,
+                    const struct kiln_param_table *pt, const struct kiln_dp_opts *o) {
+    struct kiln_dp *dp = kiln_xcalloc(1, sizeof(*dp));
+    dp->comm = comm;
+    dp->be = be;
+    dp->pt = pt;
+    dp->zero = o->zero;
+    plan_buckets(dp, o->bucket_mb);
+    dp->n_ranges = kiln_dp_ranges_for(dp->bounds, dp->nb, comm->size, comm->rank, &dp->ranges);
+    size_t owned = 0;
+    for (int r = 0; r < dp->n_ranges; r++)
+        owned += dp->ranges[r].hi - dp->ranges[r].lo;
+    dp->optim_elems = dp->zero ? (owned ? owned : 1) : pt->total;
+    plan_spans(dp);
+    for (int i = 0; i < dp->nb; i++)
+        dp->b[i].event = be->ops->event_create ? be->ops->event_create(be->ctx) : NULL;
+    *out = dp;
+}
+
+void kiln_dp_free(struct kiln_dp *dp) {
+    if (!dp)
+        return;
+    for (int i = 0; i < dp->nb; i++) {
+        kiln_comm_wait(dp->comm, dp->b[i].work);
+        if (dp->b[i].event)
+            dp->be->ops->event_destroy(dp->be->ctx, dp->b[i].event);
+    }
+    free(dp->b);
+    free(dp->bounds);
+    free(dp->ranges);
+    free(dp->spans);
+    free(dp);
+}
+
+size_t kiln_dp_optim_elems(const struct kiln_dp *dp) {
+    return dp->optim_elems;
+}
+
+// Issues bucket i's reduction: all-reduce in place (DDP, ZeRO-1), or reduce-scatter onto this rank's slice.
+static void reduce_bucket(struct kiln_dp *dp, struct bucket *b) {
+    KILN_ASSERT(!b->work);
+    size_t gb = grad_bytes(dp), lo, hi;
+    kiln_comm_slice(b->hi - b->lo, dp->comm->size, dp->comm->rank, &lo, &hi);
+    char *base = (char *)dp->buf.grads + b->lo * gb;
+    struct kiln_coll k = {.op = dp->zero == 2 ? KILN_COLL_REDUCE_SCATTER : KILN_COLL_ALL_REDUCE,
+                          .send = base,
+                          .recv = dp->zero == 2 ? base + lo * gb : base,
+                          .count = b->hi - b->lo,
+                          .dtype = dp->be->grad_dtype,
+                          .red = KILN_RED_SUM,
+                          .device = dp->be->device_memory};
+    if (b->event)
+        dp->be->ops->event_record(dp->be->ctx, b->event);
+    b->work = kiln_comm_submit(dp->comm, &k, b->event);
+}
+
+static void on_layer_backward_end(void *user, int l) {
+    struct kiln_dp *dp = user;
+    if (!dp->reducing)
+        return;
+    for (int i = 0; i < dp->nb; i++)
+        if (dp->b[i].ready_layer == l)
+            reduce_bucket(dp, &dp->b[i]);
+}
+
+static void on_embed_backward_end(void *user) {
+    on_layer_backward_end(user, -1);
+}
+
+void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
+    dp->g = g;
+    kiln_gpt_buffers(g, &dp->buf);
+    KILN_ASSERT(dp->buf.optim_elems == dp->optim_elems);
+    struct kiln_gpt_hooks h = {
+        .user = dp, .layer_backward_end = on_layer_backward_end, .embed_backward_end = on_embed_backward_end};
+    kiln_gpt_set_hooks(g, &h);
+}
+
+void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum) {
+    dp->reducing = micro == accum - 1;
+}
+
+void kiln_dp_finish_grads(struct kiln_dp *dp) {
+    for (int i = 0; i < dp->nb; i++) {
+        KILN_ASSERT(dp->b[i].work || !dp->reducing || dp->comm->kind == KILN_COMM_SINGLE);
+        kiln_comm_wait_stream(dp->comm, dp->b[i].work);
+        dp->b[i].work = NULL;
+    }
+    dp->reducing = 0;
+}
+
+double kiln_dp_grad_norm(struct kiln_dp *dp) {
+    // this rank's slices, in bucket order, then the ranks' sums: the same additions at every --zero level
+    double sum = 0;
+    size_t gb = grad_bytes(dp);
+    for (int r = 0; r < dp->n_ranges; r++) {
+        const struct kiln_dp_range *q = &dp->ranges[r];
+        sum += dp->be->ops->sum_squares(dp->be->ctx, (char *)dp->buf.grads + q->lo * gb, q->hi - q->lo);
+    }
+    kiln_comm_all_reduce_host(dp->comm, &sum, 1, KILN_F64, KILN_RED_SUM);
+    return sqrt(sum);
+}
+
+// The compute weights (or, with master = 1, the f32 master weights) of every bucket, gathered from their
+// owners in place.
+static void gather_weights(struct kiln_dp *dp, int master) {
+    void *base = master ? (void *)dp->buf.params : dp->buf.weights;
+    enum kiln_dtype dt = master ? KILN_F32 : dp->be->act_dtype;
+    size_t eb = kiln_dtype_bytes(dt);
+    struct kiln_comm_work **w = kiln_xcalloc((size_t)dp->nb, sizeof(*w));
+    for (int i = 0; i < dp->nb; i++) {
+        const struct bucket *b = &dp->b[i];
+        size_t lo, hi;
+        kiln_comm_slice(b->hi - b->lo, dp->comm->size, dp->comm->rank, &lo, &hi);
+        char *at = (char *)base + b->lo * eb;
+        struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER, .send = at + lo * eb, .recv = at,
+                              .count = b->hi - b->lo, .dtype = dt, .device = dp->be->device_memory};
+        w[i] = kiln_comm_submit(dp->comm, &k, NULL);
+    }
+    for (int i = 0; i < dp->nb; i++)
+        kiln_comm_wait_stream(dp->comm, w[i]);
+    free(w);
+}
+
+void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm) {
+    if (!dp->zero) {
+        kiln_gpt_adamw(dp->g, h, grad_norm);
+        return;
+    }
+    kiln_gpt_adamw_spans(dp->g, h, grad_norm, dp->spans, dp->n_spans);
+    gather_weights(dp, 0);
+}
+
+void kiln_dp_gather_master(struct kiln_dp *dp) {
+    if (dp->zero && dp->buf.weights != dp->buf.params)
+        gather_weights(dp, 1);
+}
+
+const struct kiln_dp_range *kiln_dp_ranges(const struct kiln_dp *dp, int *n) {
+    *n = dp->n_ranges;
+    return dp->ranges;
+}
+
+const size_t *kiln_dp_bucket_bounds(const struct kiln_dp *dp, int *n_buckets) {
+    *n_buckets = dp->nb;
+    return dp->bounds;
+}
+
+int kiln_dp_zero(const struct kiln_dp *dp) {
+    return dp->zero;
+}
+
+double kiln_dp_wait_s(const struct kiln_dp *dp) {
+    return dp->comm->wait_s;
+}

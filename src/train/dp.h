@@ -1,0 +1,71 @@
+// Data parallelism on top of dist/comm.h: DDP with bucketed, overlapped gradient reduction, and ZeRO-1/2.
+//
+// Buckets: the flat gradient buffer is cut at layer boundaries into buckets of about --bucket-mb, in the order
+// the backward completes them (the last layers first; the final norm and the LM head ride with the last
+// layer's bucket, the embeddings with layer 0's). On the last micro-step of an optimizer step, a bucket's
+// reduction is issued from the model's layer_backward_end hook as soon as its lowest layer's backward is done,
+// and runs (on the comm thread or stream) while the backward goes on. Earlier micro-steps communicate nothing.
+//
+// Shards: rank r of n owns slice r (kiln_comm_slice) of every bucket. --zero=0 (DDP) all-reduces each bucket
+// and every rank updates every parameter; --zero=1 all-reduces too, but a rank keeps AdamW's moments for its
+// own slices only, updates them, and the updated weights are all-gathered bucket by bucket; --zero=2
+// reduce-scatters each bucket instead, so a rank receives the reduced gradient of its own slices only.
+// Gradients are summed, not averaged: the loss of every rank is scaled by 1 / (tokens of the whole step).
+//
+// The global gradient norm is the same sum at every --zero level: each rank sums the squares of its own
+// slices, and the ranks' sums are added. So DDP, ZeRO-1 and ZeRO-2 compute bitwise the same update.
+#ifndef KILN_TRAIN_DP_H
+#define KILN_TRAIN_DP_H
+
+#include "dist/comm.h"
+#include "model/gpt.h"
+#include "model/params.h"
+
+struct kiln_dp_opts {
+    int zero;          // 0, 1 or 2
+    double bucket_mb;  // MiB of gradients per bucket (at least one layer each)
+};
+
+// One contiguous range of the flat parameter buffer that this rank owns, and where its AdamW moments sit.
+struct kiln_dp_range {
+    size_t lo, hi;       // flat elements [lo, hi)
+    size_t state_offset; // its first element's index in the rank's moments
+};
+
+struct kiln_dp;
+
+// Plans buckets and shards for the parameter table on comm's ranks. grad_dtype: the gradients' (and so the
+// wire's) dtype.
+void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_backend *be,
+                    const struct kiln_param_table *pt, const struct kiln_dp_opts *o);
+void kiln_dp_free(struct kiln_dp *dp);
+// AdamW moments this rank holds (kiln_gpt_opts.optim_elems): every element under DDP, its slices' under ZeRO.
+size_t kiln_dp_optim_elems(const struct kiln_dp *dp);
+// Installs the model's hooks. The model must have been created with kiln_dp_optim_elems.
+void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g);
+// The next backward is micro-step `micro` of `accum`: the last one reduces its buckets as they complete.
+void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum);
+// After the last micro-step's backward: every bucket's reduction is ordered before what the compute stream
+// does next (the host does not wait on the GPU).
+void kiln_dp_finish_grads(struct kiln_dp *dp);
+// The global gradient norm (the same value on every rank).
+double kiln_dp_grad_norm(struct kiln_dp *dp);
+// AdamW over this rank's part, then (ZeRO) the updated compute weights gathered from their owners.
+void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm);
+// ZeRO on a mixed-precision backend updates only its slices of the f32 master weights (the compute copy is
+// what is gathered every step): this gathers the master weights too, before they are saved.
+void kiln_dp_gather_master(struct kiln_dp *dp);
+
+// The ranges this rank owns (DDP: its slices too, which is what it writes to a checkpoint) and the bucket
+// bounds (n_buckets + 1 flat offsets, descending from pt->total to 0), for checkpoints.
+const struct kiln_dp_range *kiln_dp_ranges(const struct kiln_dp *dp, int *n);
+const size_t *kiln_dp_bucket_bounds(const struct kiln_dp *dp, int *n_buckets);
+int kiln_dp_zero(const struct kiln_dp *dp);
+// Seconds the host spent waiting on the gradient reductions so far (the metrics' comm_wait_ms).
+double kiln_dp_wait_s(const struct kiln_dp *dp);
+
+// The ranges rank r of n owns under these bucket bounds (the same rule as kiln_dp_ranges): for resharding a
+// checkpoint written by another world size. Returns the count; *out is malloc'd.
+int kiln_dp_ranges_for(const size_t *bounds, int n_buckets, int n, int r, struct kiln_dp_range **out);
+
+#endif

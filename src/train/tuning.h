@@ -1,0 +1,12 @@
+// The model's tuning knobs from the environment, for tests and measurements (model/ reads no environment):
+//   KILN_CLASSIFIER_ROWS=n   rows per LM-head chunk
+//   KILN_PARALLEL_FUSED=0    parallel blocks run two input GEMMs
+//   KILN_SCRATCH_SHARED=0    every scratch buffer in a range of its own
+#ifndef KILN_TRAIN_TUNING_H
+#define KILN_TRAIN_TUNING_H
+
+#include "model/gpt.h"
+
+void kiln_gpt_tuning_from_env(struct kiln_gpt_opts *o);
+
+#endif
