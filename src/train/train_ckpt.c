@@ -551,6 +551,11 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64
         cJSON *jb = cJSON_AddArrayToObject(lay, "bucket_bounds");
         for (int i = 0; i <= nb; i++)
             cJSON_AddItemToArray(jb, cJSON_CreateNumber((double)bounds[i]));
+        // the layout is part of what state_sha256 covers
+        char hex[65];
+        cJSON_DeleteItemFromObjectCaseSensitive(state, "state_sha256");
+        state_hash(state, hex);
+        cJSON_AddStringToObject(state, "state_sha256", hex);
     } else {
         kiln_gpt_get_params(g, w->params); // downloads synchronize: the snapshot is complete on return
         kiln_gpt_get_optim(g, w->m, w->v);

@@ -441,7 +441,9 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     if ((rc = kiln_backend_open(device, &bo, &r->be, err)))
         return rc;
     r->be_open = 1;
-    if (r->env.world > 1) {
+    // several ranks, or one whose --comm names a transport (the data-parallel path at world size 1: what it
+    // costs against no comm layer, and the NCCL path on one GPU)
+    if (r->env.world > 1 || kind != KILN_COMM_SINGLE) {
         struct kiln_comm_open_opts co = {.kind = kind, .device_is_gpu = gpu, .be = &r->be, .timeout_s = 300};
         if ((rc = kiln_comm_open_world(&r->env, &co, &r->comm, err)) ||
             (rc = kiln_comm_dup(r->comm, &r->ckpt_comm, err)))

@@ -436,8 +436,7 @@ static void test_missing_master_addr_or_port(void **state) {
     read_fails(
         no_addr,
         "MASTER_ADDR is not set (environment): torchrun-style launches with WORLD_SIZE=4 need MASTER_ADDR "
-        "and MASTER_PORT, the address of rank 0's TCP store; ",
-        NULL);
+        "and MASTER_PORT, the address of rank 0's TCP store; ");
     const char *no_port[] = {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", NULL};
     read_fails(no_port, "MASTER_PORT is not set (environment)", "WORLD_SIZE=2");
     const char *neither[] = {"RANK=1", "WORLD_SIZE=2", NULL};

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Data parallelism on the CPU under mpirun (label mpi): DDP at 2, 3 and 4 ranks follows the single-process
+# trajectory with the same global batch (fp32, reduction order only), is bitwise repeatable, and ZeRO-1/2 give
+# exactly DDP's weights; checkpoints reshard (4 -> 2, 2 -> 3, across --zero) and resume where the data
+# stopped, bit-exact at the same world size; a SIGKILLed rank brings the job down; kiln launch restarts a
+# crashed group to the uninterrupted run's weights; bad environments fail with one line.
+source "$(dirname "$0")/lib.sh" dist_mpi "$@"
+if ! command -v mpirun >/dev/null; then
+  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
+  exit 77
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+MPI=(mpirun --oversubscribe --bind-to none)
+# 2 layers, 3 buckets of gradients, clipping active; 768 tokens a step = 12 micro-batches of 2 x 32 (accum 12,
+# 6, 4, 3 on 1, 2, 3, 4 ranks); a constant LR, so that a run's schedule does not depend on --max-steps
+args=(--layers=2 --heads=2 --dim=32 --seq=32 --batch=2 --total-batch=768 --eval-every=4 --eval-steps=4
+  --threads=1 --quiet --log-every=1 --bucket-mb=0.02 --grad-clip=0.5 --schedule=constant --warmup=0 --lr=3e-3
+  --seed=$((RANDOM + 1)))
+
+# same_run A B TOL: the losses of the steps both logged agree within TOL (relative), and so do the final weights
+same_run() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, struct, sys
+a, b, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def losses(d):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(d + "/metrics.jsonl"))}
+la, lb = losses(a), losses(b)
+common = sorted(set(la) & set(lb))
+assert common, "no common steps"
+worst = max(abs(la[s] - lb[s]) / abs(la[s]) for s in common)
+def weights(d):
+    raw = open(d + "/model.safetensors", "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    body = raw[8 + n:]
+    return struct.unpack("<%df" % (len(body) // 4), body)
+wa, wb = weights(a), weights(b)
+wd = max(abs(x - y) for x, y in zip(wa, wb)) if len(wa) == len(wb) else float("inf")
+print(f"{a} vs {b}: steps {common[0]}..{common[-1]}, worst loss rel diff {worst:.2e}, weights max abs diff {wd:.2e}")
+sys.exit(0 if worst <= tol and wd <= 50 * tol else 1)
+PY
+}
+
+"$KILN" train "${args[@]}" --max-steps=8 --out="$T/single" || bad "single-process run failed"
+for np in 2 3 4; do
+  "${MPI[@]}" -np $np "$KILN" train "${args[@]}" --max-steps=8 --out="$T/ddp$np" 2>"$T/err" || bad "DDP at $np ranks failed: $(tail -3 "$T/err")"
+  same_run "$T/single" "$T/ddp$np" 2e-5 && ok || bad "DDP at $np ranks left the single-process trajectory"
+done
+grep -q '"comm_wait_ms":' "$T/ddp2/metrics.jsonl" && ok || bad "metrics.jsonl has no comm_wait_ms"
+[ "$(grep -c '"step":8,' "$T/ddp2/metrics.jsonl")" -eq 1 ] && ok || bad "metrics.jsonl written more than once per step (only rank 0 writes)"
+grep -q '"val_loss":' "$T/ddp3/metrics.jsonl" && ok || bad "no sharded evaluation in metrics.jsonl"
+
+"${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=8 --out="$T/ddp2b" 2>/dev/null || bad "repeat failed"
+cmp -s "$T/ddp2/model.safetensors" "$T/ddp2b/model.safetensors" && ok || bad "DDP at 2 ranks is not bitwise repeatable"
+for z in 1 2; do
+  "${MPI[@]}" -np 4 "$KILN" train "${args[@]}" --max-steps=8 --zero=$z --out="$T/zero$z" 2>"$T/err" || bad "zero $z failed: $(tail -3 "$T/err")"
+  cmp -s "$T/ddp4/model.safetensors" "$T/zero$z/model.safetensors" && ok || bad "ZeRO-$z's weights differ from DDP's at 4 ranks"
+  cmp -s <(grep -o '"loss":[^,]*' "$T/ddp4/metrics.jsonl") <(grep -o '"loss":[^,]*' "$T/zero$z/metrics.jsonl") && ok ||
+    bad "ZeRO-$z's losses differ from DDP's"
+done
+ls "$T/zero2/ckpt/step_00000008/" | grep -q "optim-00003-of-00004.safetensors" && ok || bad "no optimizer shard per rank"
+
+# resharding: 8 steps at 4 ranks (ZeRO-2), then 4 more at 2 ranks (ZeRO-1) and at 3 ranks (DDP), against 12
+# straight steps of one process
+"$KILN" train "${args[@]}" --max-steps=12 --out="$T/single12" || bad "single 12 failed"
+cp -r "$T/zero2" "$T/re42"
+"${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=12 --zero=1 --out="$T/re42" 2>"$T/err" || bad "resume 4 -> 2 failed: $(tail -3 "$T/err")"
+grep -q "resuming from .*step_00000008" "$T/err" && ok || bad "resume 4 -> 2 did not resume: $(cat "$T/err")"
+same_run "$T/single12" "$T/re42" 2e-5 && ok || bad "4 -> 2 ranks (ZeRO-2 -> ZeRO-1) left the trajectory"
+cp -r "$T/ddp2" "$T/re23"
+"${MPI[@]}" -np 3 "$KILN" train "${args[@]}" --max-steps=12 --out="$T/re23" 2>"$T/err" || bad "resume 2 -> 3 failed: $(tail -3 "$T/err")"
+same_run "$T/single12" "$T/re23" 2e-5 && ok || bad "2 -> 3 ranks left the trajectory"
+cp -r "$T/zero1" "$T/re41"
+"$KILN" train "${args[@]}" --max-steps=12 --out="$T/re41" 2>"$T/err" || bad "resume 4 -> 1 failed: $(tail -3 "$T/err")"
+same_run "$T/single12" "$T/re41" 2e-5 && ok || bad "4 ranks -> 1 process left the trajectory"
+
+# the same world size: bit-exact (a checkpoint at step 4, killed by --inject-crash, resumed)
+"${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=12 --zero=2 --out="$T/s2" 2>/dev/null || bad "straight 2-rank run failed"
+"${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=12 --zero=2 --ckpt-every=4 --inject-crash=7 --out="$T/c2" >/dev/null 2>&1
+[ -d "$T/c2/ckpt/step_00000004" ] && ok || bad "no checkpoint before the crash"
+"${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=12 --zero=2 --ckpt-every=4 --out="$T/c2" 2>/dev/null || bad "resume at 2 ranks failed"
+cmp -s "$T/s2/model.safetensors" "$T/c2/model.safetensors" && ok || bad "resume at the same world size is not bit-exact"
+
+# a rank SIGKILLed mid-run: mpirun ends the job, non-zero, within seconds
+"${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=1000000 --out="$T/kill" >/dev/null 2>&1 &
+job=$!
+for _ in $(seq 300); do [ -s "$T/kill/metrics.jsonl" ] && break; sleep 0.05; done
+victim=$(pgrep -f "out=$T/kill" | while read -r p; do [ "$(cat /proc/$p/comm 2>/dev/null)" = kiln ] && echo $p; done | tail -1)
+[ -n "$victim" ] && kill -9 "$victim"
+t0=$(date +%s)
+wait $job
+rc=$?
+[ $rc -ne 0 ] && [ $(($(date +%s) - t0)) -le 20 ] && ok || bad "after a rank's SIGKILL the job exited $rc after $(($(date +%s) - t0)) s"
+sleep 0.5
+[ -z "$(pgrep -f "out=$T/kill")" ] && ok || bad "ranks left running after a rank's SIGKILL"
+
+# kiln launch: a crashed 2-rank group restarts from its checkpoint to the uninterrupted run's weights
+"$KILN" launch --nproc-per-node=2 --max-restarts=2 --backoff=0 -- "${args[@]}" --max-steps=12 --zero=2 \
+  --ckpt-every=4 --inject-crash=7 --out="$T/l2" 2>"$T/err" || bad "kiln launch failed: $(tail -5 "$T/err")"
+[ "$(wc -l <"$T/l2/restarts.jsonl" 2>/dev/null)" = 1 ] && ok || bad "one restart expected: $(cat "$T/l2/restarts.jsonl" 2>/dev/null)"
+cmp -s "$T/s2/model.safetensors" "$T/l2/model.safetensors" && ok || bad "kiln launch's restarted group ended elsewhere"
+
+# bad environments and options: one line, exit 2, never a hang
+small=(--layers=1 --heads=2 --dim=32 --seq=32 --batch=2 --max-steps=2 --threads=1 --quiet)
+# a rank's error: one line, prefixed with the rank
+rank_error() { # CODE PATTERN -- ARGS
+  local code=$1 pat=$2
+  shift 3
+  timeout 20 "$KILN" "$@" >/dev/null 2>"$T/err"
+  local rc=$?
+  [ $rc -eq "$code" ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "^\[rank [0-9]*\] error: .*$pat" "$T/err" && ok ||
+    bad "kiln $*: exit $rc, expected $code and one line with '$pat': $(cat "$T/err")"
+}
+RANK=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 expect_error 2 "RANK" -- train "${small[@]}"
+RANK=0 WORLD_SIZE=2 expect_error 2 "MASTER_ADDR" -- train "${small[@]}"
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 rank_error 2 "mpirun" -- train "${small[@]}" --comm=mpi
+expect_error 2 "comm nccl" -- train "${small[@]}" --comm=nccl --device=cpu
+"${MPI[@]}" -np 2 "$KILN" train "${small[@]}" --comm=single 2>"$T/err"
+[ $? -ne 0 ] && grep -q "comm single (--comm)" "$T/err" && ok || bad "--comm=single at 2 ranks: $(cat "$T/err")"
+"${MPI[@]}" -np 3 "$KILN" train "${small[@]}" --total-batch=256 2>"$T/err"
+[ $? -ne 0 ] && grep -q "batch\*seq\*ranks" "$T/err" && ok || bad "total-batch not divisible by the ranks: $(cat "$T/err")"
+finish
