@@ -95,7 +95,7 @@ static const struct opt OPTS[] = {
     {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 1e5, NULL,
      "MiB of gradients per reduction bucket, each reduced while the backward goes on"},
     {"reduce-dtype", OPT_ENUM, OFF(reduce_dtype), 0, 0, "auto fp32 bf16",
-     "dtype of gradients between ranks (auto = fp32; bf16 halves the bytes, GPU only)"},
+     "dtype of gradients between ranks: auto/fp32 keep fp32 gradients when there are several ranks; bf16 (GPU, one micro-step) halves the bytes"},
     // checkpoints
     {"checkpoint", OPT_BOOL, OFF(checkpoint), 0, 1, NULL, "write checkpoints into --out (0 = none, for benchmarks)"},
     {"ckpt-every", OPT_INT, OFF(ckpt_every), 0, 1e9, NULL, "checkpoint every N steps (0 = at the end only)"},
@@ -606,6 +606,15 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
                             : kiln_errorf(err, KILN_ERR_USAGE,
                                           "total-batch %ld is not a multiple of batch*seq = %ld (--total-batch)",
                                           c->total_batch_tokens, bt);
+    if (c->reduce_dtype == KILN_GRAD_BF16 && c->grad_dtype == KILN_GRAD_FP32)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "reduce-dtype bf16 with grad-dtype fp32 (--reduce-dtype): gradients travel in their own "
+                           "dtype; use --grad-dtype=auto (bf16 with one micro-step) or --reduce-dtype=fp32");
+    if (c->reduce_dtype == KILN_GRAD_BF16 && kiln_config_micro_steps(c) > 1)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "reduce-dtype bf16 with %d micro-steps per step (--reduce-dtype): gradients accumulate "
+                           "in fp32 and travel in their own dtype; use --reduce-dtype=fp32, or one micro-step",
+                           kiln_config_micro_steps(c));
     if (c->reduce_dtype == KILN_GRAD_BF16 && !strcmp(c->device, "cpu"))
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "reduce-dtype bf16 on device cpu (--reduce-dtype): the cpu backend reduces fp32 "
@@ -629,8 +638,12 @@ int kiln_config_micro_steps(const struct kiln_config *c) {
 }
 
 enum kiln_dtype kiln_config_grad_dtype(const struct kiln_config *c, int mixed) {
-    if (c->grad_dtype == KILN_GRAD_AUTO)
+    if (c->grad_dtype == KILN_GRAD_AUTO) {
+        // several ranks reduce the gradients in their own dtype: fp32 unless --reduce-dtype=bf16 asks for less
+        if (c->world > 1 && c->reduce_dtype != KILN_GRAD_BF16)
+            return KILN_F32;
         return mixed && kiln_config_micro_steps(c) == 1 ? KILN_BF16 : KILN_F32;
+    }
     return c->grad_dtype == KILN_GRAD_BF16 ? KILN_BF16 : KILN_F32;
 }
 
