@@ -61,9 +61,10 @@ static int run_export(int argc, char **argv, struct kiln_error *err) {
     kiln_params_build(&pt, &cfg.model);
     float *params = kiln_xmalloc(pt.total * sizeof(float));
     char path[1200];
-    snprintf(path, sizeof(path), "%s/model.safetensors", v[0]);
     struct kiln_hf_export_opts o = {.bf16 = !strcmp(v[3], "bf16")};
-    rc = kiln_read_model_safetensors(path, &pt, params, err);
+    rc = kiln_run_weights_path(v[0], path, sizeof(path), err);
+    if (!rc)
+        rc = kiln_read_model_safetensors(path, &pt, params, err);
     if (!rc)
         rc = kiln_hf_export(v[2], &cfg.model, &tok, params, &o, err);
     if (!rc)

@@ -125,7 +125,8 @@ static int run_sample(const struct sample_opts *o, struct kiln_error *err) {
         goto out_be;
     const struct kiln_param_table *pt = kiln_gpt_params(g);
     params = kiln_xmalloc(pt->total * sizeof(float));
-    snprintf(path, sizeof(path), "%s/model.safetensors", o->run);
+    if ((rc = kiln_run_weights_path(o->run, path, sizeof(path), err)))
+        goto out;
     if ((rc = kiln_read_model_safetensors(path, pt, params, err)))
         goto out;
     kiln_gpt_set_params(g, params);

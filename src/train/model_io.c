@@ -1,5 +1,9 @@
 #include "train/model_io.h"
 
+#include <sys/stat.h>
+
+#include "io/checkpoint.h"
+
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -126,4 +130,23 @@ int kiln_run_write(const char *dir, const struct kiln_config *cfg, const struct 
     rc = kiln_write_model_safetensors(path, &pt, params, cfg, err);
     kiln_params_free(&pt);
     return rc;
+}
+
+int kiln_run_weights_path(const char *dir, char *path, size_t cap, struct kiln_error *err) {
+    struct stat st;
+    snprintf(path, cap, "%s/model.safetensors", dir);
+    if (stat(path, &st) == 0)
+        return 0;
+    char ck[1100];
+    int rc = kiln_ckpt_find_latest(dir, ck, sizeof(ck), NULL, NULL, err);
+    if (rc == KILN_CKPT_NONE)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "%s/model.safetensors does not exist (--run) and the run has no checkpoint: is %s the "
+                           "--out of a kiln train run?",
+                           dir, dir);
+    if (rc)
+        return rc;
+    fprintf(stderr, "kiln: %s has no model.safetensors yet: using the newest checkpoint, %s\n", dir, ck);
+    snprintf(path, cap, "%s/model.safetensors", ck);
+    return 0;
 }

@@ -25,6 +25,11 @@ struct kiln_run_tokenizer {
 // Reads DIR/config (and DIR/vocab.char for a char model) and sets cfg->model.vocab_size from the tokenizer.
 int kiln_run_read_config(const char *dir, struct kiln_config *cfg, struct kiln_run_tokenizer *tok,
                          struct kiln_error *err);
+// The weights file of a run directory: RUN/model.safetensors, written when a run finishes, or, for a run that
+// was stopped or is still going, the newest complete checkpoint's model.safetensors (one process's or a group's:
+// both hold the whole f32 weights). path gets it; an error when the run has neither.
+int kiln_run_weights_path(const char *dir, char *path, size_t cap, struct kiln_error *err);
+
 // Writes a run directory that kiln sample, kiln logits and kiln export read: DIR/config, DIR/vocab.char (char
 // tokenizer) and DIR/model.safetensors (params laid out by kiln_params_build(&cfg->model)).
 int kiln_run_write(const char *dir, const struct kiln_config *cfg, const struct kiln_run_tokenizer *tok,

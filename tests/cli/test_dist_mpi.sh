@@ -58,6 +58,14 @@ for z in 1 2; do
     bad "ZeRO-$z's losses differ from DDP's"
 done
 ls "$T/zero2/ckpt/step_00000008/" | grep -q "optim-00003-of-00004.safetensors" && ok || bad "no optimizer shard per rank"
+# sample and logits read a sharded checkpoint when the run has no model.safetensors (stopped, or still going)
+cp -r "$T/zero2" "$T/nomodel"
+rm "$T/nomodel/model.safetensors"
+"$KILN" logits --run="$T/zero2" --tokens=1,2,3 --device=cpu >"$T/lg_final" 2>/dev/null || bad "logits of the run failed"
+"$KILN" logits --run="$T/nomodel" --tokens=1,2,3 --device=cpu >"$T/lg_ckpt" 2>"$T/err" || bad "logits from the checkpoint failed: $(cat "$T/err")"
+grep -q "using the newest checkpoint" "$T/err" && cmp -s "$T/lg_final" "$T/lg_ckpt" && ok ||
+  bad "logits from the sharded checkpoint differ from the run's weights"
+"$KILN" sample --run="$T/nomodel" --max-tokens=5 --device=cpu >/dev/null 2>&1 && ok || bad "sample from a sharded checkpoint failed"
 
 # resharding: 8 steps at 4 ranks (ZeRO-2), then 4 more at 2 ranks (ZeRO-1) and at 3 ranks (DDP), against 12
 # straight steps of one process
