@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On a machine with a GPU (skipped elsewhere, exit 77): two MPI ranks sharing the one GPU (operands staged
+# through host memory) train as one rank does at the same global batch, with DDP, ZeRO-1 and ZeRO-2
+# (deterministic kernels; bf16, so within a tolerance), and the NCCL path at world size 1 trains too.
+source "$(dirname "$0")/lib.sh" dist_gpu_mpi "$@"
+if ! "$KILN" info 2>/dev/null | grep -q "gpu 0:"; then
+  echo "no GPU: skipped"
+  exit 77
+fi
+if ! command -v mpirun >/dev/null; then
+  echo "no mpirun: skipped"
+  exit 77
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+a=(--layers=2 --heads=4 --dim=128 --seq=64 --batch=4 --total-batch=1024 --max-steps=10 --eval-every=0 --quiet
+  --log-every=1 --device=cuda --deterministic=1 --bucket-mb=0.05 --schedule=constant --warmup=0 --lr=1e-3)
+"$KILN" train "${a[@]}" --out="$T/one" || bad "one rank failed"
+close() { # the losses of two runs within 2e-3 relative at every step
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+l = [[json.loads(x)["loss"] for x in open(d + "/metrics.jsonl")] for d in sys.argv[1:]]
+d = max(abs(a - b) / a for a, b in zip(*l)) if len(l[0]) == len(l[1]) == 10 else float("inf")
+print(f"{sys.argv[2]}: worst loss rel diff {d:.2e}")
+sys.exit(0 if d < 2e-3 else 1)
+PY
+}
+for z in 0 1 2; do
+  mpirun --oversubscribe --bind-to none -np 2 "$KILN" train "${a[@]}" --comm=mpi --zero=$z --out="$T/two$z" 2>"$T/err" ||
+    bad "2 ranks sharing the GPU, zero $z: $(tail -3 "$T/err")"
+  close "$T/one" "$T/two$z" && ok || bad "2 ranks sharing the GPU, zero $z, left the one-rank trajectory"
+done
+"$KILN" train "${a[@]}" --comm=nccl --out="$T/nccl1" 2>"$T/err" || bad "NCCL at world size 1: $(tail -3 "$T/err")"
+close "$T/one" "$T/nccl1" && ok || bad "NCCL at world size 1 left the no-comm trajectory"
+finish
