@@ -6,6 +6,7 @@
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
+#include "dist/comm.h"
 #include "train/tuning.h"
 #include "train/embedded.h"
 
@@ -81,5 +82,6 @@ int cmd_info(int argc, char **argv) {
                &plan, go.B * go.T);
     printf("\n");
     kiln_backends_describe(stdout);
+    printf("transports compiled: %s\n", kiln_comm_compiled());
     return 0;
 }

@@ -91,7 +91,7 @@ struct decode {
 // table put padding between W_qkv and W_fc (or their biases): QKV * C or QKV not a multiple of 64, no real
 // shape. With --recompute=mlp the forward keeps the two GEMMs (a fused forward would keep every layer's
 // fc_pre, which that mode exists to drop) and only the backward fuses; on CUDA that mode's numbers then
-// differ from --recompute=none's by bf16 rounding (on the CPU they do not). KILN_PARALLEL_FUSED=0 turns
+// differ from --recompute=none's by bf16 rounding (on the CPU they do not). opts.no_parallel_fusion turns
 // fusion off, so that tests and benchmarks can compare both on one build.
 struct fusion {
     int on;  // backward and decoding fuse
@@ -171,7 +171,7 @@ static struct dims dims_of(const struct kiln_model_config *m, int B, int T) {
 // 768 MiB (each chunk re-reads and re-writes the head's gradient: on the H100 7 chunks of 235 MiB cost GPT-2
 // 350M 0.84 ms per step more than 2 of 1 GiB), at most 1 GiB, and never under 64 rows. Then the rows are
 // spread evenly over the chunks that takes, so the last chunk is no sliver and the buffer no larger than it
-// needs. KILN_CLASSIFIER_ROWS=n sets the rows outright (tests: several chunks at tiny shapes; benchmarks:
+// needs. opts.classifier_rows sets the rows outright (tests: several chunks at tiny shapes; benchmarks:
 // what a chunk costs).
 static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t free_bytes, int set) {
     if (set > 0)
@@ -222,7 +222,7 @@ static struct fusion fusion_of(const struct kiln_model_config *m, const struct k
 // Hence the layout: [dln | dres | one layer: ao and mo, or its backward scratch], with the logits chunk over
 // dres and the layer region (dead during the classifier: the layers are done and backward has not begun).
 // Without training there is no backward: [ao and mo], with the logits chunk over them.
-// KILN_SCRATCH_SHARED=0 gives every buffer a range of its own (tests compare both; the chunk rows stay).
+// opts.scratch_apart gives every buffer a range of its own (tests compare both; the chunk rows stay).
 
 #define ARENA_ALIGN 256 // bytes: every buffer in the arena starts aligned for vector loads and cuBLASLt
 
@@ -261,7 +261,7 @@ static size_t scratch_layout(struct acts *a, int training, int fused, size_t *lo
     return end;
 }
 
-// every scratch buffer in a range of its own (KILN_SCRATCH_SHARED=0); returns the arena's bytes
+// every scratch buffer in a range of its own (opts.scratch_apart); returns the arena's bytes
 static size_t scratch_apart(struct acts *a) {
     struct buf *bufs = (struct buf *)a;
     size_t end = 0;
