@@ -150,17 +150,8 @@ static int entry_put(struct server *sv, const char *key, const unsigned char *va
     return 0;
 }
 
-// Queues a reply on c and sends what the socket takes now (the rest goes out when poll says it can).
-static void conn_reply(struct conn *c, int status, const void *payload, size_t n) {
-    c->out = kiln_xrealloc(c->out, c->out_len + REP_HEADER_BYTES + n);
-    unsigned char *h = c->out + c->out_len;
-    memcpy(h, REP_MAGIC, 4);
-    h[4] = (unsigned char)status;
-    h[5] = h[6] = h[7] = 0;
-    put_u32(h + 8, (uint32_t)n);
-    if (n)
-        memcpy(h + REP_HEADER_BYTES, payload, n);
-    c->out_len += REP_HEADER_BYTES + n;
+// Sends what the socket takes now of c's queued replies; the rest goes out when poll says it can.
+static void conn_write(struct conn *c) {
     while (c->out_sent < c->out_len) {
         ssize_t k = send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent, MSG_NOSIGNAL);
         if (k < 0 && errno == EINTR)
@@ -176,6 +167,20 @@ static void conn_reply(struct conn *c, int status, const void *payload, size_t n
     c->out_len = c->out_sent = 0;
     if (c->close_after_write)
         c->dead = 1;
+}
+
+// Queues a reply on c and sends what the socket takes now (the rest goes out when poll says it can).
+static void conn_reply(struct conn *c, int status, const void *payload, size_t n) {
+    c->out = kiln_xrealloc(c->out, c->out_len + REP_HEADER_BYTES + n);
+    unsigned char *h = c->out + c->out_len;
+    memcpy(h, REP_MAGIC, 4);
+    h[4] = (unsigned char)status;
+    h[5] = h[6] = h[7] = 0;
+    put_u32(h + 8, (uint32_t)n);
+    if (n)
+        memcpy(h + REP_HEADER_BYTES, payload, n);
+    c->out_len += REP_HEADER_BYTES + n;
+    conn_write(c);
 }
 
 // Answers a protocol error with its text, then hangs up: after garbage the stream cannot be trusted.
@@ -344,23 +349,6 @@ static void conn_read(struct server *sv, struct conn *c) {
     }
 }
 
-static void conn_write(struct conn *c) {
-    while (c->out_sent < c->out_len) {
-        ssize_t k = send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent, MSG_NOSIGNAL);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return;
-        if (k <= 0) {
-            c->dead = 1;
-            return;
-        }
-        c->out_sent += (size_t)k;
-    }
-    c->out_len = c->out_sent = 0;
-    if (c->close_after_write)
-        c->dead = 1;
-}
 
 static void conn_free(struct conn *c) {
     close(c->fd);
