@@ -126,4 +126,18 @@ expect_error 2 "comm nccl" -- train "${small[@]}" --comm=nccl --device=cpu
 [ $? -ne 0 ] && grep -q "comm single (--comm)" "$T/err" && ok || bad "--comm=single at 2 ranks: $(cat "$T/err")"
 "${MPI[@]}" -np 3 "$KILN" train "${small[@]}" --total-batch=256 2>"$T/err"
 [ $? -ne 0 ] && grep -q "batch\*seq\*ranks" "$T/err" && ok || bad "total-batch not divisible by the ranks: $(cat "$T/err")"
+expect_error 2 "zero" -- train "${small[@]}" --zero=3
+expect_error 2 "comm" -- train "${small[@]}" --comm=tcp
+expect_error 2 "bucket-mb" -- train "${small[@]}" --bucket-mb=0
+expect_error 2 "reduce-dtype bf16 on device cpu" -- train "${small[@]}" --reduce-dtype=bf16 --device=cpu
+
+# a damaged optimizer shard: the checkpoint does not verify, is named with its file, and nothing is overwritten
+cp -r "$T/zero2" "$T/bad"
+f="$T/bad/ckpt/step_00000008/optim-00001-of-00004.safetensors"
+printf 'X' | dd of="$f" bs=1 seek=200 conv=notrunc 2>/dev/null
+"${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=12 --out="$T/bad" 2>"$T/err"
+[ $? -ne 0 ] && grep -q "optim-00001-of-00004.safetensors" "$T/err" && grep -q "none of the 1 checkpoints" "$T/err" && ok ||
+  bad "a damaged shard: $(grep -v ORTE "$T/err" | head -5)"
+[ ! -e "$T/bad/ckpt/step_00000012" ] && cmp -s "$T/bad/model.safetensors" "$T/zero2/model.safetensors" && ok ||
+  bad "a refused resume changed the run directory"
 finish
