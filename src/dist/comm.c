@@ -102,18 +102,23 @@ int kiln_comm_open_world(const struct kiln_dist_env *env, const struct kiln_comm
     return 0;
 }
 
-int kiln_comm_dup(struct kiln_comm *c, struct kiln_comm **out, struct kiln_error *err) {
+int kiln_comm_split(struct kiln_comm *c, int color, int key, struct kiln_comm **out, struct kiln_error *err) {
+    KILN_ASSERT(color >= 0);
     struct kiln_comm *d = kiln_xcalloc(1, sizeof(*d));
     *d = *c;
     d->wait_s = 0;
     d->seq = 0;
-    int rc = c->impl->dup(c->state, &d->state, err);
+    int rc = c->impl->split(c->state, color, key, &d->state, &d->rank, &d->size, err);
     if (rc) {
         free(d);
         return rc;
     }
     *out = d;
     return 0;
+}
+
+int kiln_comm_dup(struct kiln_comm *c, struct kiln_comm **out, struct kiln_error *err) {
+    return kiln_comm_split(c, 0, c->rank, out, err);
 }
 
 void kiln_comm_close(struct kiln_comm *c) {

@@ -68,7 +68,8 @@ struct kiln_comm_impl {
     struct kiln_comm_work *(*submit)(void *impl, const struct kiln_coll *c, void *after_event);
     void (*wait)(void *impl, struct kiln_comm_work *w);        // host waits, then frees w
     void (*wait_stream)(void *impl, struct kiln_comm_work *w); // compute stream waits, then frees w
-    int (*dup)(void *impl, void **out, struct kiln_error *err); // an independent communicator, same ranks
+    // the ranks that pass the same color, ordered by key: a new communicator (collective over this one)
+    int (*split)(void *impl, int color, int key, void **out, int *rank, int *size, struct kiln_error *err);
     void (*close)(void *impl);                                   // frees this communicator
 };
 
@@ -101,6 +102,10 @@ int kiln_comm_open_world(const struct kiln_dist_env *env, const struct kiln_comm
                          struct kiln_comm **out, struct kiln_error *err);
 // A communicator over the same ranks whose operations never wait for this one's (and vice versa).
 int kiln_comm_dup(struct kiln_comm *c, struct kiln_comm **out, struct kiln_error *err);
+// Sub-groups (the data-parallel and sequence-parallel groups of a mesh): every rank of c calls this, and the
+// ranks that pass the same color form one new communicator, ranked by key (ties by their rank in c). Like
+// every operation, it must be called in the same order on every rank.
+int kiln_comm_split(struct kiln_comm *c, int color, int key, struct kiln_comm **out, struct kiln_error *err);
 void kiln_comm_close(struct kiln_comm *c); // NULL is fine
 // Ends this process after a fatal error in a job of several processes, so that no other rank waits forever
 // in a collective it can never complete: MPI_Abort under MPI (mpirun then stops every rank), else exit(code)

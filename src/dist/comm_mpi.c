@@ -20,13 +20,14 @@
 #include "dist/comm.h"
 #include "dist/env.h"
 
-enum { OP_DUP = KILN_COLL_N }; // internal: MPI_Comm_dup is collective too, so it runs in the queue's order
+enum { OP_SPLIT = KILN_COLL_N }; // internal: MPI_Comm_split is collective too, so it runs in the queue's order
 
 struct kiln_comm_work {
     struct kiln_coll k;
-    int op; // k.op, or OP_DUP
+    int op; // k.op, or OP_SPLIT
     void *after_event;
-    MPI_Comm dup_out;
+    int color, key;
+    MPI_Comm split_out;
     int done;
     struct kiln_comm_work *next;
 };
@@ -246,8 +247,8 @@ static void run_device(struct mpi_state *s, const struct kiln_coll *k, void *aft
 }
 
 static void run_work(struct mpi_state *s, struct kiln_comm_work *w) {
-    if (w->op == OP_DUP) {
-        MPI_Comm_dup(s->comm, &w->dup_out);
+    if (w->op == OP_SPLIT) {
+        MPI_Comm_split(s->comm, w->color, w->key, &w->split_out);
         return;
     }
     if (w->k.device)
@@ -333,12 +334,15 @@ static struct mpi_state *state_new(MPI_Comm comm, struct kiln_backend *be) {
     return s;
 }
 
-static int mpi_dup(void *impl, void **out, struct kiln_error *err) {
+static int mpi_split(void *impl, int color, int key, void **out, int *rank, int *size, struct kiln_error *err) {
     (void)err;
     struct mpi_state *s = impl;
-    struct kiln_comm_work w = {.op = OP_DUP};
+    struct kiln_comm_work w = {.op = OP_SPLIT, .color = color, .key = key};
     await(s, enqueue(s, &w));
-    *out = state_new(w.dup_out, s->be);
+    struct mpi_state *d = state_new(w.split_out, s->be);
+    *rank = d->rank;
+    *size = d->size;
+    *out = d;
     return 0;
 }
 
@@ -373,7 +377,7 @@ static const struct kiln_comm_impl mpi_impl = {
     .submit = mpi_submit,
     .wait = mpi_wait,
     .wait_stream = mpi_wait, // the upload that ends a staged operation is complete when the work is
-    .dup = mpi_dup,
+    .split = mpi_split,
     .close = mpi_close,
 };
 

@@ -213,12 +213,15 @@ static struct nccl_state *state_new(ncclComm_t comm, const struct nccl_state *li
     return s;
 }
 
-static int nccl_dup(void *impl, void **out, struct kiln_error *err) {
+static int nccl_split(void *impl, int color, int key, void **out, int *rank, int *size, struct kiln_error *err) {
     (void)err;
     struct nccl_state *s = (struct nccl_state *)impl;
     ncclComm_t comm;
-    NCCL_CHECK(ncclCommSplit(s->comm, 0, s->rank, &comm, NULL));
-    *out = state_new(comm, s, s->be, s->device);
+    NCCL_CHECK(ncclCommSplit(s->comm, color, key, &comm, NULL));
+    struct nccl_state *d = state_new(comm, s, s->be, s->device);
+    *rank = d->rank;
+    *size = d->size;
+    *out = d;
     return 0;
 }
 
@@ -234,7 +237,7 @@ static void nccl_close(void *impl) {
 }
 
 static const struct kiln_comm_impl nccl_impl = {
-    "nccl", nccl_submit, nccl_wait, nccl_wait_stream, nccl_dup, nccl_close,
+    "nccl", nccl_submit, nccl_wait, nccl_wait_stream, nccl_split, nccl_close,
 };
 
 extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_env *env, double timeout_s,

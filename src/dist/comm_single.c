@@ -44,8 +44,12 @@ static void single_wait(void *impl, struct kiln_comm_work *w) {
     KILN_ASSERT(!w);
 }
 
-static int single_dup(void *impl, void **out, struct kiln_error *err) {
+static int single_split(void *impl, int color, int key, void **out, int *rank, int *size, struct kiln_error *err) {
     (void)err;
+    (void)color;
+    (void)key;
+    *rank = 0;
+    *size = 1;
     struct single *d = kiln_xcalloc(1, sizeof(*d));
     *d = *(struct single *)impl;
     *out = d;
@@ -61,7 +65,7 @@ static const struct kiln_comm_impl single_impl = {
     .submit = single_submit,
     .wait = single_wait,
     .wait_stream = single_wait,
-    .dup = single_dup,
+    .split = single_split,
     .close = single_close,
 };
 
