@@ -128,6 +128,8 @@ struct kiln_gpt {
     struct kiln_gpt_hooks hooks; // all NULL with one process
     const void **window;         // (L) where layer l's weights are read: its range of the compute copy, or a
                                  // stand-in that a hook put there (kiln_gpt_set_layer_window)
+    void **gwin;                 // (L + 2) where each segment's gradients are written (kiln_gpt_grad_segments)
+    size_t *seg_begin;           // (L + 3) each segment's first element, then the table's total
 
     struct decode dec;
 };
@@ -344,7 +346,7 @@ void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts
     plan->params_bytes = pt.total * sizeof(float);
     plan->weights_bytes = weights_alias_master ? 0 : pt.total * ab;
     if (o->training) {
-        plan->grads_bytes = pt.total * kiln_dtype_bytes(grad);
+        plan->grads_bytes = o->external_grads ? 0 : pt.total * kiln_dtype_bytes(grad);
         plan->optim_bytes = 2 * (o->optim_elems ? o->optim_elems : pt.total) * sizeof(float);
     }
     plan->acts_bytes = plan->scratch_bytes;
@@ -375,9 +377,14 @@ static const void *W(const struct kiln_gpt *g, int i) {
     return act_at(g, g->window[p->layer], p->offset - g->pt.layer_begin[p->layer]);
 }
 
-// the gradient of parameter i (grad dtype), or NULL
+// the gradient of parameter i (grad dtype), or NULL, through its segment's window
 static void *G(const struct kiln_gpt *g, int i) {
-    return i < 0 ? NULL : (char *)g->grads + g->pt.p[i].offset * kiln_dtype_bytes(g->be->grad_dtype);
+    if (i < 0)
+        return NULL;
+    const struct kiln_param *p = &g->pt.p[i];
+    int s = p->layer >= 0 ? 1 + p->layer : p->offset < g->seg_begin[1] ? 0 : g->cfg.n_layer + 1;
+    KILN_ASSERT(g->gwin[s]); // external gradients: the window must have been set
+    return (char *)g->gwin[s] + (p->offset - g->seg_begin[s]) * kiln_dtype_bytes(g->be->grad_dtype);
 }
 
 static int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_error *err) {
@@ -433,7 +440,7 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
         g->weights = g->params;
     if (!rc && o->training) {
         rc = gpt_alloc(g, &g->grads, g->plan.grads_bytes, err);
-        if (!rc)
+        if (!rc && g->grads)
             g->ops->zero(g->ctx, g->grads, g->plan.grads_bytes);
         if (!rc)
             rc = gpt_alloc(g, (void **)&g->m, g->plan.optim_bytes / 2, err);
@@ -457,6 +464,13 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
     g->window = kiln_xcalloc((size_t)m->n_layer, sizeof(*g->window));
     for (int l = 0; l < m->n_layer; l++)
         kiln_gpt_set_layer_window(g, l, NULL);
+    g->gwin = kiln_xcalloc((size_t)m->n_layer + 2, sizeof(*g->gwin));
+    g->seg_begin = kiln_xcalloc((size_t)m->n_layer + 3, sizeof(*g->seg_begin));
+    for (int l = 0; l <= m->n_layer; l++)
+        g->seg_begin[1 + l] = g->pt.layer_begin[l];
+    g->seg_begin[m->n_layer + 2] = g->pt.total;
+    for (int s = 0; s < m->n_layer + 2; s++)
+        kiln_gpt_set_grad_window(g, s, NULL);
     g->tokens_host = kiln_xcalloc((size_t)d.N, sizeof(int32_t));
     g->losses_host = kiln_xcalloc((size_t)d.N, sizeof(float));
     build_spans(g);
@@ -495,7 +509,20 @@ void kiln_gpt_free(struct kiln_gpt *g) {
     free(g->losses_host);
     free(g->spans);
     free(g->window);
+    free(g->gwin);
+    free(g->seg_begin);
     free(g);
+}
+
+int kiln_gpt_grad_segments(const struct kiln_gpt *g, const size_t **begins) {
+    *begins = g->seg_begin;
+    return g->cfg.n_layer + 2;
+}
+
+void kiln_gpt_set_grad_window(struct kiln_gpt *g, int seg, void *base) {
+    KILN_ASSERT(seg >= 0 && seg < g->cfg.n_layer + 2);
+    size_t gb = kiln_dtype_bytes(g->be->grad_dtype);
+    g->gwin[seg] = base ? base : g->grads ? (char *)g->grads + g->seg_begin[seg] * gb : NULL;
 }
 
 void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h) {
@@ -552,6 +579,7 @@ void kiln_gpt_get_params(struct kiln_gpt *g, float *host) {
 }
 
 void kiln_gpt_get_grads(struct kiln_gpt *g, float *host) {
+    KILN_ASSERT(g->grads);
     g->ops->download_f32(g->ctx, host, g->grads, g->be->grad_dtype, g->pt.total);
 }
 
@@ -1001,6 +1029,7 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
 // optimizer
 
 double kiln_gpt_grad_norm(struct kiln_gpt *g) {
+    KILN_ASSERT(g->grads);
     return sqrt(g->ops->sum_squares(g->ctx, g->grads, g->pt.total));
 }
 
@@ -1009,14 +1038,29 @@ void kiln_gpt_adamw(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, doub
     kiln_gpt_adamw_spans(g, h, grad_norm, g->spans, g->n_spans);
 }
 
+static void adamw_over(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+                       const struct kiln_param_span *spans, int n_spans, const void *grads, int compact);
+
 void kiln_gpt_adamw_spans(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
                           const struct kiln_param_span *spans, int n_spans) {
+    KILN_ASSERT(g->grads);
+    adamw_over(g, h, grad_norm, spans, n_spans, g->grads, 0);
+}
+
+void kiln_gpt_adamw_shard(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+                          const struct kiln_param_span *spans, int n_spans, const void *grads) {
+    adamw_over(g, h, grad_norm, spans, n_spans, grads, 1);
+}
+
+static void adamw_over(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+                       const struct kiln_param_span *spans, int n_spans, const void *grads, int compact) {
     float scale = h->grad_scale;
     double norm = grad_norm * h->grad_scale;
     if (h->grad_clip > 0 && norm > h->grad_clip)
         scale *= (float)(h->grad_clip / norm);
     struct kiln_adamw_args a = {.params = g->params, .weights = g->weights == g->params ? NULL : g->weights,
-                                .grads = g->grads, .m = g->m, .v = g->v, .spans = spans, .n_spans = n_spans,
+                                .grads = grads, .grads_compact = compact, .m = g->m, .v = g->v, .spans = spans,
+                                .n_spans = n_spans,
                                 .lr = h->lr, .beta1 = h->beta1, .beta2 = h->beta2, .eps = h->eps,
                                 .weight_decay = h->weight_decay, .grad_scale = scale, .step = h->step,
                                 .stochastic_rounding = h->stochastic_rounding,

@@ -33,6 +33,8 @@ struct kiln_gpt_opts {
     int classifier_rows;          // rows per LM-head chunk (0: planned from the free scratch)
     int no_parallel_fusion;       // parallel blocks run two input GEMMs instead of one
     int scratch_apart;            // every scratch buffer in a range of its own
+    int external_grads;           // allocate no gradient buffer: every segment's gradients are written where
+                                  // kiln_gpt_set_grad_window points (ZeRO-2's staging buffers), set before use
 };
 
 struct kiln_gpt;
@@ -56,6 +58,14 @@ struct kiln_gpt_hooks {
     void (*attention)(void *user, int l, int phase);
 };
 void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h);
+
+// Gradients are written through windows too, one per segment of the flat buffer: segment 0 is what comes
+// before layer 0 (the embeddings), segment 1 + l is layer l, segment L + 1 what follows the last layer (the
+// final norm and the LM head). *begins gets the segments' first elements (n + 1 entries, the last the table's
+// total); returns n = L + 2. A window points at a copy of its segment, laid out as in the flat buffer from the
+// segment's first element, in the grad dtype; NULL restores the model's own buffer.
+int kiln_gpt_grad_segments(const struct kiln_gpt *g, const size_t **begins);
+void kiln_gpt_set_grad_window(struct kiln_gpt *g, int seg, void *base);
 
 // Layer l's weights are read through a window (the compute copy by default): base points at a copy of the
 // layer's tensors laid out as in the flat buffer from the layer's first element (kiln_param_table's
@@ -116,6 +126,10 @@ void kiln_gpt_adamw(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, doub
 // a ZeRO rank updates its shard. kiln_gpt_adamw is this over every tensor, with state_offset = offset.
 void kiln_gpt_adamw_spans(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
                           const struct kiln_param_span *spans, int n_spans);
+// AdamW over a ZeRO-2 rank's shard: grads holds the reduced gradients of the spans, compact, at each span's
+// state_offset (as the moments).
+void kiln_gpt_adamw_shard(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+                          const struct kiln_param_span *spans, int n_spans, const void *grads);
 // The spans of every tensor (padding excluded), for callers that shard them; *n gets the count.
 const struct kiln_param_span *kiln_gpt_spans(const struct kiln_gpt *g, int *n);
 

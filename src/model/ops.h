@@ -216,7 +216,7 @@ struct kiln_param_span {
 struct kiln_adamw_args {
     float *params;          // (P) master weights
     void *weights;          // act (P) compute copy, or NULL when it aliases params
-    const void *grads;      // grad (P)
+    const void *grads;      // grad (P), or compact like m and v when grads_compact
     float *m, *v;           // AdamW moments, indexed by each span's state_offset
     const struct kiln_param_span *spans; // host memory
     int n_spans;
@@ -225,6 +225,7 @@ struct kiln_adamw_args {
     int step;               // 1-based, for bias correction
     int stochastic_rounding;
     uint64_t seed;
+    int grads_compact;      // grads indexed by each span's state_offset (a ZeRO-2 rank's reduced shard)
 };
 
 struct kiln_ops {
@@ -261,6 +262,8 @@ struct kiln_ops {
     // Sum of squares of grads (n elements of grad dtype), in fp32/fp64 accumulation; synchronizes.
     // Returns NaN or Inf if any element is non-finite.
     double (*sum_squares)(void *ctx, const void *grads, size_t n);
+    // out[i] += x[i] over n f32 elements (ZeRO-2 adds each micro-step's reduced gradients into its shard)
+    void (*accumulate_f32)(void *ctx, float *out, const float *x, size_t n);
     void (*adamw)(void *ctx, const struct kiln_adamw_args *a);
 
     // ---- host memory ----

@@ -2,6 +2,7 @@
 #include "train/dp.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 struct bucket {
@@ -9,6 +10,16 @@ struct bucket {
     int ready_layer;          // reduce after this layer's backward; -1: after the embeddings' (lo == 0)
     void *event;              // the compute stream's point where the bucket is complete (NULL on the CPU)
     struct kiln_comm_work *work;
+    // ZeRO-2: where the bucket's gradients are written this micro-step (a staging buffer), or NULL
+    void *stage;
+    size_t state_offset;      // its slice's place in the rank's shard
+};
+
+// ZeRO-2's staging buffers: the top bucket (the final norm and head, written from the classifier on) and the
+// bottom one (the embeddings) have one each; the buckets between share two, in turn.
+struct slot {
+    void *p;
+    int bucket; // whose gradients it holds now, -1: none
 };
 
 struct kiln_dp {
@@ -27,7 +38,20 @@ struct kiln_dp {
     struct kiln_param_span *spans; // AdamW's spans over the ranges (ZeRO), with shard-local state offsets
     int n_spans;
     int reducing;     // this backward is the last micro-step: reduce buckets as they complete
+    // ZeRO-2: the gradients live in staging buffers for one micro-step, then in the shard
+    const size_t *seg_begin; // the model's gradient segments (kiln_gpt_grad_segments)
+    int n_seg;
+    void *top, *bottom;      // staging of b[0] and b[nb - 1]
+    struct slot mid[2];
+    int next_slot;
+    void *shard;             // (optim_elems) the reduced gradients of this rank's slices, summed over micro-steps
+    void *shard_tmp;         // (optim_elems) f32: a later micro-step's reduction, before it is added
+    int micro;               // this micro-step's index
 };
+
+int kiln_dp_external_grads(const struct kiln_dp *dp) {
+    return dp->zero == 2;
+}
 
 static size_t grad_bytes(const struct kiln_dp *dp) {
     return kiln_dtype_bytes(dp->be->grad_dtype);
@@ -125,6 +149,10 @@ void kiln_dp_free(struct kiln_dp *dp) {
         if (dp->b[i].event)
             dp->be->ops->event_destroy(dp->be->ctx, dp->b[i].event);
     }
+    void *bufs[] = {dp->top, dp->bottom, dp->mid[0].p, dp->mid[1].p, dp->shard, dp->shard_tmp};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        if (bufs[i] && (i != 1 || bufs[i] != dp->top))
+            dp->be->ops->free(dp->be->ctx, bufs[i]);
     free(dp->b);
     free(dp->bounds);
     free(dp->ranges);
@@ -141,10 +169,13 @@ static void reduce_bucket(struct kiln_dp *dp, struct bucket *b) {
     KILN_ASSERT(!b->work);
     size_t gb = grad_bytes(dp), lo, hi;
     kiln_comm_slice(b->hi - b->lo, dp->comm->size, dp->comm->rank, &lo, &hi);
-    char *base = (char *)dp->buf.grads + b->lo * gb;
+    char *base = dp->zero == 2 ? (char *)b->stage : (char *)dp->buf.grads + b->lo * gb;
+    // ZeRO-2: from the staging buffer onto the shard (a later micro-step's first into shard_tmp, then added)
+    void *shard = dp->micro == 0 ? dp->shard : dp->shard_tmp;
+    KILN_ASSERT(dp->zero != 2 || (base && shard));
     struct kiln_coll k = {.op = dp->zero == 2 ? KILN_COLL_REDUCE_SCATTER : KILN_COLL_ALL_REDUCE,
                           .send = base,
-                          .recv = dp->zero == 2 ? base + lo * gb : base,
+                          .recv = dp->zero == 2 ? (char *)shard + b->state_offset * gb : base,
                           .count = b->hi - b->lo,
                           .dtype = dp->be->grad_dtype,
                           .red = KILN_RED_SUM,
@@ -167,25 +198,125 @@ static void on_embed_backward_end(void *user) {
     on_layer_backward_end(user, -1);
 }
 
+// ---- ZeRO-2's staging: each bucket's gradients are written into a buffer of the bucket's size, reduced onto
+// the shard, and the buffer goes to the next bucket ----
+
+// points the model's gradient windows of every segment in bucket i at its staging buffer
+static void window_bucket(struct kiln_dp *dp, int i, void *stage) {
+    struct bucket *b = &dp->b[i];
+    b->stage = stage;
+    size_t gb = grad_bytes(dp);
+    for (int s = 0; s < dp->n_seg; s++)
+        if (dp->seg_begin[s] >= b->lo && dp->seg_begin[s] < b->hi)
+            kiln_gpt_set_grad_window(dp->g, s, (char *)stage + (dp->seg_begin[s] - b->lo) * gb);
+}
+
+static int bucket_of(const struct kiln_dp *dp, size_t at) {
+    for (int i = 0; i < dp->nb; i++)
+        if (at >= dp->b[i].lo && at < dp->b[i].hi)
+            return i;
+    return dp->nb - 1;
+}
+
+// Gives bucket i a staging buffer: the older of the two shared ones, once its reduction has read it (on the
+// GPU the compute stream waits, not the host), zeroed so that the padding between tensors sums to zero.
+static void stage_bucket(struct kiln_dp *dp, int i) {
+    if (dp->b[i].stage)
+        return;
+    struct slot *s = &dp->mid[dp->next_slot];
+    dp->next_slot ^= 1;
+    if (s->bucket >= 0) {
+        struct bucket *old = &dp->b[s->bucket];
+        KILN_ASSERT(old->work || dp->comm->kind == KILN_COMM_SINGLE); // reduced before its slot is wanted again
+        kiln_comm_wait_stream(dp->comm, old->work);
+        old->work = NULL;
+        old->stage = NULL;
+    }
+    s->bucket = i;
+    dp->be->ops->zero(dp->be->ctx, s->p, (dp->b[i].hi - dp->b[i].lo) * grad_bytes(dp));
+    window_bucket(dp, i, s->p);
+}
+
+// Before layer l's backward: its bucket, and layer l-1's (whose output-projection biases this layer's norm
+// backward writes), have staging buffers.
+static void on_layer_begin(void *user, int l, int recompute) {
+    struct kiln_dp *dp = user;
+    if (!recompute)
+        return;
+    stage_bucket(dp, bucket_of(dp, dp->seg_begin[1 + l]));
+    if (l > 0)
+        stage_bucket(dp, bucket_of(dp, dp->seg_begin[l]));
+}
+
+static void *alloc_or_die(struct kiln_dp *dp, size_t bytes, const char *what) {
+    void *p = dp->be->ops->alloc(dp->be->ctx, bytes ? bytes : 16);
+    if (!p) {
+        fprintf(stderr, "kiln: out of memory on %s allocating ZeRO-2's %s (%.2f GiB)\n", dp->be->name, what,
+                bytes / 1073741824.0);
+        kiln_comm_abort_job(1);
+    }
+    return p;
+}
+
 void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
     dp->g = g;
     kiln_gpt_buffers(g, &dp->buf);
     KILN_ASSERT(dp->buf.optim_elems == dp->optim_elems);
     struct kiln_gpt_hooks h = {
         .user = dp, .layer_backward_end = on_layer_backward_end, .embed_backward_end = on_embed_backward_end};
+    if (dp->zero == 2) {
+        KILN_ASSERT(!dp->buf.grads); // the model was created with external_grads
+        dp->n_seg = kiln_gpt_grad_segments(g, &dp->seg_begin);
+        size_t gb = grad_bytes(dp), mid = 0, state = 0;
+        for (int i = 0; i < dp->nb; i++) {
+            size_t lo, hi, n = dp->b[i].hi - dp->b[i].lo;
+            kiln_comm_slice(n, dp->comm->size, dp->comm->rank, &lo, &hi);
+            dp->b[i].state_offset = state;
+            state += hi - lo;
+            if (i > 0 && i < dp->nb - 1 && n > mid)
+                mid = n;
+        }
+        dp->top = alloc_or_die(dp, (dp->b[0].hi - dp->b[0].lo) * gb, "staging buffer");
+        dp->bottom = dp->nb > 1 ? alloc_or_die(dp, (dp->b[dp->nb - 1].hi - dp->b[dp->nb - 1].lo) * gb,
+                                               "staging buffer")
+                                : dp->top;
+        for (int k = 0; k < 2; k++)
+            dp->mid[k] = (struct slot){.p = mid ? alloc_or_die(dp, mid * gb, "staging buffer") : NULL, .bucket = -1};
+        dp->shard = alloc_or_die(dp, dp->optim_elems * gb, "gradient shard");
+        h.layer_begin = on_layer_begin;
+    }
     kiln_gpt_set_hooks(g, &h);
 }
 
 void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum) {
-    dp->reducing = micro == accum - 1;
+    dp->micro = micro;
+    if (dp->zero != 2) {
+        dp->reducing = micro == accum - 1;
+        return;
+    }
+    // ZeRO-2 reduces every micro-step's gradients onto the shard, since their staging buffers are reused
+    dp->reducing = 1;
+    if (micro > 0 && !dp->shard_tmp) {
+        KILN_ASSERT(dp->be->grad_dtype == KILN_F32); // accumulation keeps fp32 gradients (config.c)
+        dp->shard_tmp = alloc_or_die(dp, dp->optim_elems * sizeof(float), "gradient shard");
+    }
+    for (int i = 0; i < dp->nb; i++)
+        dp->b[i].stage = NULL;
+    dp->mid[0].bucket = dp->mid[1].bucket = -1;
+    window_bucket(dp, 0, dp->top); // written from the forward on (the classifier's gradients)
+    window_bucket(dp, dp->nb - 1, dp->bottom);
 }
 
-void kiln_dp_finish_grads(struct kiln_dp *dp) {
+void kiln_dp_after_backward(struct kiln_dp *dp) {
+    if (!dp->reducing)
+        return;
     for (int i = 0; i < dp->nb; i++) {
-        KILN_ASSERT(dp->b[i].work || !dp->reducing || dp->comm->kind == KILN_COMM_SINGLE);
+        KILN_ASSERT(dp->b[i].work || dp->comm->kind == KILN_COMM_SINGLE || (dp->zero == 2 && !dp->b[i].stage));
         kiln_comm_wait_stream(dp->comm, dp->b[i].work);
         dp->b[i].work = NULL;
     }
+    if (dp->zero == 2 && dp->micro > 0) // ordered after the reductions on the compute stream
+        dp->be->ops->accumulate_f32(dp->be->ctx, dp->shard, dp->shard_tmp, dp->optim_elems);
     dp->reducing = 0;
 }
 
@@ -193,9 +324,11 @@ double kiln_dp_grad_norm(struct kiln_dp *dp) {
     // this rank's slices, in bucket order, then the ranks' sums: the same additions at every --zero level
     double sum = 0;
     size_t gb = grad_bytes(dp);
-    for (int r = 0; r < dp->n_ranges; r++) {
+    for (int r = 0; r < dp->n_ranges; r++) { // ZeRO-2's shard holds the same slices, compact, in this order
         const struct kiln_dp_range *q = &dp->ranges[r];
-        sum += dp->be->ops->sum_squares(dp->be->ctx, (char *)dp->buf.grads + q->lo * gb, q->hi - q->lo);
+        const char *at = dp->zero == 2 ? (const char *)dp->shard + q->state_offset * gb
+                                       : (const char *)dp->buf.grads + q->lo * gb;
+        sum += dp->be->ops->sum_squares(dp->be->ctx, at, q->hi - q->lo);
     }
     kiln_comm_all_reduce_host(dp->comm, &sum, 1, KILN_F64, KILN_RED_SUM);
     return sqrt(sum);
@@ -227,7 +360,10 @@ void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, doubl
         kiln_gpt_adamw(dp->g, h, grad_norm);
         return;
     }
-    kiln_gpt_adamw_spans(dp->g, h, grad_norm, dp->spans, dp->n_spans);
+    if (dp->zero == 2)
+        kiln_gpt_adamw_shard(dp->g, h, grad_norm, dp->spans, dp->n_spans, dp->shard);
+    else
+        kiln_gpt_adamw_spans(dp->g, h, grad_norm, dp->spans, dp->n_spans);
     gather_weights(dp, 0);
 }
 

@@ -9,7 +9,9 @@
 // Shards: rank r of n owns slice r (kiln_comm_slice) of every bucket. --zero=0 (DDP) all-reduces each bucket
 // and every rank updates every parameter; --zero=1 all-reduces too, but a rank keeps AdamW's moments for its
 // own slices only, updates them, and the updated weights are all-gathered bucket by bucket; --zero=2
-// reduce-scatters each bucket instead, so a rank receives the reduced gradient of its own slices only.
+// reduce-scatters each bucket instead, so a rank receives, and holds, the reduced gradient of its own slices
+// only: bucket-sized staging buffers take each micro-step's gradients (kiln_dp_external_grads), which are
+// reduced every micro-step, since the staging is reused (DeepSpeed's ZeRO-2 does the same).
 // Gradients are summed, not averaged: the loss of every rank is scaled by 1 / (tokens of the whole step).
 //
 // The global gradient norm is the same sum at every --zero level: each rank sums the squares of its own
@@ -45,9 +47,14 @@ size_t kiln_dp_optim_elems(const struct kiln_dp *dp);
 void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g);
 // The next backward is micro-step `micro` of `accum`: the last one reduces its buckets as they complete.
 void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum);
-// After the last micro-step's backward: every bucket's reduction is ordered before what the compute stream
-// does next (the host does not wait on the GPU).
-void kiln_dp_finish_grads(struct kiln_dp *dp);
+// After each micro-step's backward: where it reduced, every bucket's reduction is ordered before what the
+// compute stream does next (the host does not wait on the GPU), and ZeRO-2 adds it into the shard.
+void kiln_dp_after_backward(struct kiln_dp *dp);
+// ZeRO-2 holds no whole gradient buffer: the model is created with external_grads, every micro-step's gradients
+// are written into bucket-sized staging buffers (the model's gradient windows), reduce-scattered onto the rank's
+// shard as each bucket completes, and summed there over micro-steps. The trainer zeroes the model's gradients
+// before every micro-step then.
+int kiln_dp_external_grads(const struct kiln_dp *dp);
 // The global gradient norm (the same value on every rank).
 double kiln_dp_grad_norm(struct kiln_dp *dp);
 // AdamW over this rank's part, then (ZeRO) the updated compute weights gathered from their owners.

@@ -458,6 +458,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         struct kiln_dp_opts dpo = {.zero = cfg->zero, .bucket_mb = cfg->bucket_mb};
         kiln_dp_create(&r->dp, r->comm, &r->be, &pt, &dpo);
         go.optim_elems = kiln_dp_optim_elems(r->dp);
+        go.external_grads = kiln_dp_external_grads(r->dp);
     }
     rc = kiln_gpt_create(&r->g, &cfg->model, &r->be, &go, err);
     kiln_params_free(&pt);
@@ -521,18 +522,20 @@ static int run_setup(struct run *r, struct kiln_error *err) {
 static void run_step(struct run *r, int64_t step, struct step_log *sl) {
     struct kiln_config *cfg = r->cfg;
     float lr = kiln_lr_at(cfg, (int)step);
-    kiln_gpt_zero_grad(r->g);
     double loss = 0;
     for (int micro = 0; micro < r->accum; micro++) {
         kiln_loader_next(r->data.train, r->in, r->tgt);
         if (r->dp)
             kiln_dp_micro_step(r->dp, micro, r->accum);
+        if (micro == 0 || (r->dp && kiln_dp_external_grads(r->dp))) // ZeRO-2: fresh gradients every micro-step
+            kiln_gpt_zero_grad(r->g);
         loss += kiln_gpt_forward(r->g, r->in, r->tgt, (float)(1.0 / r->tokens_per_step), cfg->z_loss) / r->accum;
         kiln_gpt_backward(r->g);
+        if (r->dp)
+            kiln_dp_after_backward(r->dp);
     }
     double norm;
     if (r->dp) {
-        kiln_dp_finish_grads(r->dp);
         norm = kiln_dp_grad_norm(r->dp);
         // the guards must see the same numbers on every rank, so that every rank skips the same steps
         kiln_comm_all_reduce_host(r->comm, &loss, 1, KILN_F64, KILN_RED_SUM);

@@ -31,4 +31,13 @@ for z in 0 1 2; do
 done
 "$KILN" train "${a[@]}" --comm=nccl --out="$T/nccl1" 2>"$T/err" || bad "NCCL at world size 1: $(tail -3 "$T/err")"
 close "$T/one" "$T/nccl1" && ok || bad "NCCL at world size 1 left the no-comm trajectory"
+# ZeRO-2's staging buffers over NCCL (reduce-scatter onto the shard, summed over micro-steps on the GPU)
+"$KILN" train "${a[@]}" --comm=nccl --zero=2 --out="$T/nccl1z2" 2>"$T/err" || bad "NCCL ZeRO-2: $(tail -3 "$T/err")"
+close "$T/one" "$T/nccl1z2" && ok || bad "NCCL ZeRO-2 at world size 1 left the no-comm trajectory"
+# bf16 gradients on the wire (one micro-step a rank), ZeRO-2, against one rank with its bf16 gradients
+b1=("${a[@]}" --total-batch=512)
+"$KILN" train "${b1[@]}" --batch=8 --out="$T/oneb" || bad "one rank, one micro-step failed"
+mpirun --oversubscribe --bind-to none -np 2 "$KILN" train "${b1[@]}" --batch=4 --comm=mpi --zero=2 --reduce-dtype=bf16 \
+  --total-batch=512 --out="$T/twob" 2>"$T/err" || bad "2 ranks, bf16 reduction: $(tail -3 "$T/err")"
+close "$T/oneb" "$T/twob" && ok || bad "2 ranks with bf16 gradients (ZeRO-2) left the one-rank trajectory"
 finish

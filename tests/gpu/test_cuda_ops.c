@@ -1148,7 +1148,7 @@ static void test_adamw_and_sum_squares_match_cpu(void **state) {
         for (int step = 1; step <= 3; step++) {
             pair_randn(&grads, 0.01f);
             struct kiln_adamw_args a_c = {params.c, weights.c, grads.c, m.c,  v.c,  spans, 5,  3e-4f,
-                                          0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  sr, 1234};
+                                          0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  sr, 1234, 0};
             struct kiln_adamw_args a_g = a_c;
             a_g.params = params.g;
             a_g.weights = weights.g;
@@ -1380,7 +1380,7 @@ static void test_bf16_gradients_in_adamw_and_sum_squares_match_cpu(void **state)
     for (int step = 1; step <= 3; step++) {
         pair_randn(&grads, 0.01f);
         struct kiln_adamw_args a_c = {params.c, weights.c, grads.c, m.c,  v.c,  spans, 5, 3e-4f,
-                                      0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  0, 1234};
+                                      0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  0, 1234, 0};
         struct kiln_adamw_args a_g = a_c;
         a_g.params = params.g;
         a_g.weights = weights.g;

@@ -20,7 +20,7 @@ void kiln_cpu_adamw(void *ctx, const struct kiln_adamw_args *a) {
 #pragma omp parallel for num_threads(kiln_cpu_threads(ctx)) schedule(static) if (KILN_CPU_PAR(count))
         for (long long k = 0; k < count; k++) {
             size_t i = off + (size_t)k, si = soff + (size_t)k;
-            float g = grads[i] * a->grad_scale;
+            float g = grads[a->grads_compact ? si : i] * a->grad_scale;
             float m = a->m[si] + (1.0f - a->beta1) * (g - a->m[si]);
             float v = a->beta2 * a->v[si] + (1.0f - a->beta2) * g * g;
             float p = a->params[i] * decay;
@@ -32,6 +32,12 @@ void kiln_cpu_adamw(void *ctx, const struct kiln_adamw_args *a) {
                 weights[i] = p;
         }
     }
+}
+
+void kiln_cpu_accumulate_f32(void *ctx, float *out, const float *x, size_t n) {
+#pragma omp parallel for num_threads(kiln_cpu_threads(ctx)) schedule(static) if (KILN_CPU_PAR((long long)n))
+    for (long long i = 0; i < (long long)n; i++)
+        out[i] += x[i];
 }
 
 // Sum of squares in double over fixed 64K-element chunks, added in chunk order: the result does not depend on

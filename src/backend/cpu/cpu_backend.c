@@ -42,6 +42,7 @@ static const struct kiln_ops cpu_ops = {
     .add = kiln_cpu_add,
     .cross_entropy = kiln_cpu_cross_entropy,
     .sum_squares = kiln_cpu_sum_squares,
+    .accumulate_f32 = kiln_cpu_accumulate_f32,
     .adamw = kiln_cpu_adamw,
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_host_free,

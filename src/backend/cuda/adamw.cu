@@ -16,6 +16,7 @@ struct adam_consts {
     float step_size;    // lr / (1 - beta1^step)
     float inv_sqrt_bc2; // 1 / sqrt(1 - beta2^step)
     int sr;
+    int grads_compact; // grads at the spans' state offsets (a ZeRO-2 shard), as m and v
     uint64_t seed;
 };
 
@@ -48,7 +49,7 @@ static __global__ void __launch_bounds__(ADAM_THREADS)
         if (j >= sp.count)
             break;
         size_t idx = sp.offset + j, sidx = sp.state_offset + j; // sidx: the moments (a shard's own when ZeRO)
-        float g = grad_load(grads + idx) * k.grad_scale;
+        float g = grad_load(grads + (k.grads_compact ? sidx : idx)) * k.grad_scale;
         float mi = k.beta1 * m[sidx] + (1.0f - k.beta1) * g;
         float vi = k.beta2 * v[sidx] + (1.0f - k.beta2) * g * g;
         m[sidx] = mi;
@@ -112,6 +113,7 @@ extern "C" void kiln_cuda_adamw(void *ctx, const struct kiln_adamw_args *a) {
     k.inv_sqrt_bc2 = (float)(1.0 / sqrt(1.0 - pow(a->beta2, a->step)));
     k.sr = a->stochastic_rounding;
     k.seed = a->seed;
+    k.grads_compact = a->grads_compact;
     if (c->grad_dtype == KILN_BF16)
         adamw_kernel<<<c->adam_n_blocks, ADAM_THREADS, 0, c->stream>>>(a->params, (bf16 *)a->weights,
                                                                        (const bf16 *)a->grads, a->m, a->v,

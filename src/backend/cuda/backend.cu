@@ -205,6 +205,11 @@ extern "C" void kiln_cuda_add_f32(struct cuda_ctx *c, float *out, const float *x
     CUDA_CHECK_LAUNCH();
 }
 
+static void cuda_accumulate_f32(void *ctx, float *out, const float *x, size_t n) {
+    for (size_t at = 0; at < n; at += (size_t)1 << 30) // the kernel counts in int
+        kiln_cuda_add_f32(cuda_ctx_of(ctx), out + at, x + at, (int)(n - at < ((size_t)1 << 30) ? n - at : (size_t)1 << 30));
+}
+
 // ---- host memory: page-locked, so that device-to-host copies run at full PCIe/NVLink-C2C speed ----------
 
 static void *cuda_host_alloc(void *ctx, size_t bytes) {
@@ -279,6 +284,7 @@ static const struct kiln_ops cuda_ops = {
     kiln_cuda_add,
     kiln_cuda_cross_entropy,
     kiln_cuda_sum_squares,
+    cuda_accumulate_f32,
     kiln_cuda_adamw,
     cuda_host_alloc,
     cuda_host_free,
