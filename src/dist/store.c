@@ -661,6 +661,19 @@ static int silent_error(struct kiln_store *s, const char *what, double waited_s,
                        what, s->addr, s->port, waited_s);
 }
 
+// Waits until the connection can take (POLLOUT) or give (POLLIN) more, by the deadline: 0, or the error of a
+// dead or silent server.
+static int wait_ready(struct kiln_store *s, short events, double deadline, double started, const char *what,
+                      struct kiln_error *err) {
+    struct pollfd pfd = {.fd = s->fd, .events = events};
+    int rc = poll(&pfd, 1, ms_until(deadline));
+    if (rc < 0 && errno != EINTR)
+        return lost_error(s, what, errno, err);
+    if (rc == 0)
+        return silent_error(s, what, now_s() - started, err);
+    return 0;
+}
+
 static int send_all(struct kiln_store *s, const unsigned char *p, size_t n, double deadline, double started,
                     const char *what, struct kiln_error *err) {
     while (n) {
@@ -673,12 +686,9 @@ static int send_all(struct kiln_store *s, const unsigned char *p, size_t n, doub
             continue;
         if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
             return lost_error(s, what, errno, err);
-        struct pollfd pfd = {.fd = s->fd, .events = POLLOUT};
-        int rc = poll(&pfd, 1, ms_until(deadline));
-        if (rc < 0 && errno != EINTR)
-            return lost_error(s, what, errno, err);
-        if (rc == 0)
-            return silent_error(s, what, now_s() - started, err);
+        int rc = wait_ready(s, POLLOUT, deadline, started, what, err);
+        if (rc)
+            return rc;
     }
     return 0;
 }
@@ -697,12 +707,9 @@ static int recv_all(struct kiln_store *s, unsigned char *p, size_t n, double dea
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return lost_error(s, what, errno, err);
-        struct pollfd pfd = {.fd = s->fd, .events = POLLIN};
-        int rc = poll(&pfd, 1, ms_until(deadline));
-        if (rc < 0 && errno != EINTR)
-            return lost_error(s, what, errno, err);
-        if (rc == 0)
-            return silent_error(s, what, now_s() - started, err);
+        int rc = wait_ready(s, POLLIN, deadline, started, what, err);
+        if (rc)
+            return rc;
     }
     return 0;
 }
