@@ -30,15 +30,16 @@ enum kiln_red { KILN_RED_SUM = 0, KILN_RED_MAX = 1, KILN_RED_MIN = 2 };
 
 enum kiln_coll_op {
     KILN_COLL_ALL_REDUCE = 0, // recv = reduce over ranks of send (count elements each; recv may == send)
-    KILN_COLL_REDUCE_SCATTER, // recv = this rank's slice (kiln_comm_slice of count) of the reduction over ranks
-                              // of send (count); in place when recv == send + lo
-    KILN_COLL_ALL_GATHER,     // recv (count) = every rank's slice, each from that rank's send (its slice's
-                              // length); in place when send == recv + lo
-    KILN_COLL_ALL_TO_ALL,     // recv block j (count) = rank j's send block `rank` (count); send and recv (count*n)
-    KILN_COLL_BROADCAST,      // recv (count) on every rank = root's send (count) (recv may == send)
-    KILN_COLL_SEND,           // send (count) to peer
-    KILN_COLL_RECV,           // recv (count) from peer
-    KILN_COLL_BARRIER,        // no data
+    KILN_COLL_REDUCE_SCATTER, // recv = this rank's slice (kiln_comm_slice of count) of the reduction over
+                              // ranks of send (count); in place when recv == send + lo
+    KILN_COLL_ALL_GATHER, // recv (count) = every rank's slice, each from that rank's send (its slice's
+                          // length); in place when send == recv + lo
+    KILN_COLL_ALL_TO_ALL, // recv block j (count) = rank j's send block `rank` (count); send and recv
+                          // (count*n)
+    KILN_COLL_BROADCAST,  // recv (count) on every rank = root's send (count) (recv may == send)
+    KILN_COLL_SEND,       // send (count) to peer
+    KILN_COLL_RECV,       // recv (count) from peer
+    KILN_COLL_BARRIER,    // no data
     KILN_COLL_N
 };
 const char *kiln_coll_name(enum kiln_coll_op op); // "all_reduce", ...
@@ -47,12 +48,12 @@ struct kiln_coll {
     enum kiln_coll_op op;
     const void *send;
     void *recv;
-    size_t count;         // elements per rank (see each op)
+    size_t count; // elements per rank (see each op)
     enum kiln_dtype dtype;
     enum kiln_red red;
-    int root;             // broadcast
-    int peer;             // send/recv: a rank of this communicator
-    int device;           // 1: send/recv are backend (device) memory; 0: host memory
+    int root;   // broadcast
+    int peer;   // send/recv: a rank of this communicator
+    int device; // 1: send/recv are backend (device) memory; 0: host memory
 };
 
 enum kiln_comm_kind { KILN_COMM_SINGLE = 0, KILN_COMM_MPI = 1, KILN_COMM_NCCL = 2 };
@@ -70,18 +71,18 @@ struct kiln_comm_impl {
     void (*wait_stream)(void *impl, struct kiln_comm_work *w); // compute stream waits, then frees w
     // the ranks that pass the same color, ordered by key: a new communicator (collective over this one)
     int (*split)(void *impl, int color, int key, void **out, int *rank, int *size, struct kiln_error *err);
-    void (*close)(void *impl);                                   // frees this communicator
+    void (*close)(void *impl); // frees this communicator
 };
 
 struct kiln_comm {
     enum kiln_comm_kind kind;
-    int rank, size;   // in this group
+    int rank, size; // in this group
     const struct kiln_comm_impl *impl;
-    void *state;      // the transport's
+    void *state;             // the transport's
     struct kiln_backend *be; // for device memory (staging, events); NULL: host memory only
     // time the host spent blocked in kiln_comm_wait, for the metrics' comm_wait_ms
     double wait_s;
-    uint64_t seq;     // operations issued so far (the flight recorder's sequence number)
+    uint64_t seq; // operations issued so far (the flight recorder's sequence number)
 };
 
 // ---- the world ---------------------------------------------------------------------------------
@@ -91,9 +92,9 @@ struct kiln_dist_env;
 
 struct kiln_comm_open_opts {
     enum kiln_comm_kind kind;
-    int device_is_gpu;   // the backend holds tensors in device memory
+    int device_is_gpu; // the backend holds tensors in device memory
     struct kiln_backend *be;
-    double timeout_s;    // rendezvous (the TCP store, NCCL's id exchange)
+    double timeout_s; // rendezvous (the TCP store, NCCL's id exchange)
 };
 
 // Opens the world communicator of kind o->kind (resolved from --comm by kiln_comm_choose). A transport that
@@ -113,8 +114,8 @@ void kiln_comm_close(struct kiln_comm *c); // NULL is fine
 void kiln_comm_abort_job(int code);
 
 // --comm=auto|nccl|mpi|single against what the job is: auto takes single for one process, nccl for CUDA
-// devices when this build has it, else mpi. A choice that cannot work (nccl on the CPU, mpi in a build without
-// MPI, mpi without mpirun, single for more than one process) is a usage error naming the option.
+// devices when this build has it, else mpi. A choice that cannot work (nccl on the CPU, mpi in a build
+// without MPI, mpi without mpirun, single for more than one process) is a usage error naming the option.
 int kiln_comm_choose(const char *opt, const struct kiln_dist_env *env, int device_is_gpu,
                      enum kiln_comm_kind *out, struct kiln_error *err);
 // Which transports this build has: "single mpi nccl" or less.

@@ -20,7 +20,9 @@
 #include "dist/comm.h"
 #include "dist/env.h"
 
-enum { OP_SPLIT = KILN_COLL_N }; // internal: MPI_Comm_split is collective too, so it runs in the queue's order
+enum {
+    OP_SPLIT = KILN_COLL_N
+}; // internal: MPI_Comm_split is collective too, so it runs in the queue's order
 
 struct kiln_comm_work {
     struct kiln_coll k;
@@ -334,7 +336,8 @@ static struct mpi_state *state_new(MPI_Comm comm, struct kiln_backend *be) {
     return s;
 }
 
-static int mpi_split(void *impl, int color, int key, void **out, int *rank, int *size, struct kiln_error *err) {
+static int mpi_split(void *impl, int color, int key, void **out, int *rank, int *size,
+                     struct kiln_error *err) {
     (void)err;
     struct mpi_state *s = impl;
     struct kiln_comm_work w = {.op = OP_SPLIT, .color = color, .key = key};

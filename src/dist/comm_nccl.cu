@@ -19,7 +19,7 @@ extern "C" {
     do {                                                                                                     \
         ncclResult_t r_ = (call);                                                                            \
         if (r_ != ncclSuccess) {                                                                             \
-            fprintf(stderr, "kiln: NCCL error at %s:%d: %s (%s); NCCL_DEBUG=INFO says more\n", __FILE__,      \
+            fprintf(stderr, "kiln: NCCL error at %s:%d: %s (%s); NCCL_DEBUG=INFO says more\n", __FILE__,     \
                     __LINE__, ncclGetErrorString(r_), #call);                                                \
             kiln_comm_abort_job(1);                                                                          \
         }                                                                                                    \
@@ -29,8 +29,8 @@ extern "C" {
     do {                                                                                                     \
         cudaError_t e_ = (call);                                                                             \
         if (e_ != cudaSuccess) {                                                                             \
-            fprintf(stderr, "kiln: CUDA error at %s:%d: %s (%s)\n", __FILE__, __LINE__, cudaGetErrorString(e_), \
-                    #call);                                                                                  \
+            fprintf(stderr, "kiln: CUDA error at %s:%d: %s (%s)\n", __FILE__, __LINE__,                      \
+                    cudaGetErrorString(e_), #call);                                                          \
             kiln_comm_abort_job(1);                                                                          \
         }                                                                                                    \
     } while (0)
@@ -42,11 +42,11 @@ struct kiln_comm_work {
 struct nccl_state {
     ncclComm_t comm;
     int rank, size, device;
-    cudaStream_t stream;        // the comm stream
-    cudaStream_t compute;       // the backend's compute stream
+    cudaStream_t stream;  // the comm stream
+    cudaStream_t compute; // the backend's compute stream
     struct kiln_backend *be;
-    cudaEvent_t issued;         // the compute stream's end, when the caller gave no event
-    void *dev_stage;            // host operands pass through here
+    cudaEvent_t issued; // the compute stream's end, when the caller gave no event
+    void *dev_stage;    // host operands pass through here
     size_t dev_stage_bytes;
 };
 
@@ -107,16 +107,18 @@ static void run_device(struct nccl_state *s, const struct kiln_coll *k, const vo
         for (int r = 0; r < s->size; r++) {
             size_t rl, rh;
             kiln_comm_slice(k->count, s->size, r, &rl, &rh);
-            NCCL_CHECK(ncclBroadcast(r == s->rank ? send : NULL, (char *)recv + rl * es, rh - rl, t, r, s->comm,
-                                     s->stream));
+            NCCL_CHECK(ncclBroadcast(r == s->rank ? send : NULL, (char *)recv + rl * es, rh - rl, t, r,
+                                     s->comm, s->stream));
         }
         NCCL_CHECK(ncclGroupEnd());
         break;
     case KILN_COLL_ALL_TO_ALL:
         NCCL_CHECK(ncclGroupStart());
         for (int r = 0; r < s->size; r++) {
-            NCCL_CHECK(ncclSend((const char *)send + (size_t)r * k->count * es, k->count, t, r, s->comm, s->stream));
-            NCCL_CHECK(ncclRecv((char *)recv + (size_t)r * k->count * es, k->count, t, r, s->comm, s->stream));
+            NCCL_CHECK(
+                ncclSend((const char *)send + (size_t)r * k->count * es, k->count, t, r, s->comm, s->stream));
+            NCCL_CHECK(
+                ncclRecv((char *)recv + (size_t)r * k->count * es, k->count, t, r, s->comm, s->stream));
         }
         NCCL_CHECK(ncclGroupEnd());
         break;
@@ -160,7 +162,8 @@ static struct kiln_comm_work *nccl_submit(void *impl, const struct kiln_coll *k,
         size_t n = k->op == KILN_COLL_ALL_TO_ALL ? k->count * (size_t)s->size : k->count;
         char *d = (char *)dev_stage(s, 2 * n * es + 16);
         char *dsend = d, *drecv = d + n * es;
-        size_t s_at = k->op == KILN_COLL_ALL_GATHER ? lo : 0, s_n = k->op == KILN_COLL_ALL_GATHER ? hi - lo : n;
+        size_t s_at = k->op == KILN_COLL_ALL_GATHER ? lo : 0,
+               s_n = k->op == KILN_COLL_ALL_GATHER ? hi - lo : n;
         if (k->send && k->op != KILN_COLL_RECV && k->op != KILN_COLL_BARRIER)
             CUDA_OK(cudaMemcpyAsync(dsend + s_at * es, k->send, s_n * es, cudaMemcpyHostToDevice, s->stream));
         run_device(s, k, dsend + s_at * es, drecv);
@@ -213,7 +216,8 @@ static struct nccl_state *state_new(ncclComm_t comm, const struct nccl_state *li
     return s;
 }
 
-static int nccl_split(void *impl, int color, int key, void **out, int *rank, int *size, struct kiln_error *err) {
+static int nccl_split(void *impl, int color, int key, void **out, int *rank, int *size,
+                      struct kiln_error *err) {
     (void)err;
     struct nccl_state *s = (struct nccl_state *)impl;
     ncclComm_t comm;
@@ -243,8 +247,9 @@ static const struct kiln_comm_impl nccl_impl = {
 extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_env *env, double timeout_s,
                                    struct kiln_error *err) {
     if (!c->be || !c->be->device_memory || !c->be->ops->native_stream)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "comm nccl (--comm): NCCL needs the cuda backend; use --device=cuda, or --comm=mpi");
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "comm nccl (--comm): NCCL needs the cuda backend; use --device=cuda, or --comm=mpi");
     int device = 0;
     CUDA_OK(cudaGetDevice(&device));
     ncclUniqueId id;
@@ -258,8 +263,8 @@ extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_e
     ncclResult_t r = ncclCommInitRank(&comm, env->world, id, env->rank);
     if (r != ncclSuccess)
         return kiln_errorf(err, KILN_ERR_RUNTIME,
-                           "NCCL (ncclCommInitRank, rank %d of %d, GPU %d): %s; NCCL_DEBUG=INFO says more", env->rank,
-                           env->world, device, ncclGetErrorString(r));
+                           "NCCL (ncclCommInitRank, rank %d of %d, GPU %d): %s; NCCL_DEBUG=INFO says more",
+                           env->rank, env->world, device, ncclGetErrorString(r));
     c->impl = &nccl_impl;
     c->state = state_new(comm, NULL, c->be, device);
     return 0;

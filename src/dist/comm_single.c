@@ -44,7 +44,8 @@ static void single_wait(void *impl, struct kiln_comm_work *w) {
     KILN_ASSERT(!w);
 }
 
-static int single_split(void *impl, int color, int key, void **out, int *rank, int *size, struct kiln_error *err) {
+static int single_split(void *impl, int color, int key, void **out, int *rank, int *size,
+                        struct kiln_error *err) {
     (void)err;
     (void)color;
     (void)key;

@@ -373,7 +373,8 @@ static int save_prepare(const char *run_dir, const char *ckpt_dir, const char *n
         rc = remove_stale(ckpt_dir, err);
     if (rc)
         return rc;
-    snprintf(tmp, cap, "%s/.tmp-%s-%ld-%016llx", ckpt_dir, name, (long)getpid(), (unsigned long long)kiln_nonce());
+    snprintf(tmp, cap, "%s/.tmp-%s-%ld-%016llx", ckpt_dir, name, (long)getpid(),
+             (unsigned long long)kiln_nonce());
     if (mkdir(tmp, 0777) != 0)
         return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot create directory (%s): %s", tmp, strerror(errno));
     return 0;
@@ -462,7 +463,11 @@ int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ck
     if (size > 1) {
         rc = grp->agree(grp->user, rc);
         if (rc) // the failing rank's own message, or a line saying another rank failed
-            return err && err->code ? rc : kiln_errorf(err, KILN_ERR_RUNTIME, "checkpoint step %lld (%s): another rank could not prepare it", (long long)step, run_dir);
+            return err && err->code
+                       ? rc
+                       : kiln_errorf(err, KILN_ERR_RUNTIME,
+                                     "checkpoint step %lld (%s): another rank could not prepare it",
+                                     (long long)step, run_dir);
         grp->broadcast(grp->user, tmp, sizeof(tmp));
     }
     if (rc)
@@ -499,7 +504,8 @@ int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ck
         for (int r = 0; r < size; r++) {
             char *rec = all + (size_t)r * KILN_CKPT_RECORD;
             rec[KILN_CKPT_RECORD - 1] = 0;
-            for (char *save = NULL, *line = strtok_r(rec, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+            for (char *save = NULL, *line = strtok_r(rec, "\n", &save); line;
+                 line = strtok_r(NULL, "\n", &save)) {
                 char *sp = strchr(line, ' ');
                 KILN_ASSERT(sp);
                 *sp = 0;
@@ -515,10 +521,11 @@ int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ck
     if (size > 1) { // everyone returns rank 0's verdict
         int r0 = grp->agree(grp->user, rc);
         if (r0 && !rc)
-            rc = kiln_errorf(err, KILN_ERR_RUNTIME,
-                             "checkpoint step %lld (%s): rank 0 could not install it; the previous checkpoint "
-                             "stays the newest",
-                             (long long)step, run_dir);
+            rc =
+                kiln_errorf(err, KILN_ERR_RUNTIME,
+                            "checkpoint step %lld (%s): rank 0 could not install it; the previous checkpoint "
+                            "stays the newest",
+                            (long long)step, run_dir);
     }
     return rc;
 }

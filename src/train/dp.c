@@ -6,13 +6,13 @@
 #include <string.h>
 
 struct bucket {
-    size_t lo, hi;            // flat elements
-    int ready_layer;          // reduce after this layer's backward; -1: after the embeddings' (lo == 0)
-    void *event;              // the compute stream's point where the bucket is complete (NULL on the CPU)
+    size_t lo, hi;   // flat elements
+    int ready_layer; // reduce after this layer's backward; -1: after the embeddings' (lo == 0)
+    void *event;     // the compute stream's point where the bucket is complete (NULL on the CPU)
     struct kiln_comm_work *work;
     // ZeRO-2: where the bucket's gradients are written this micro-step (a staging buffer), or NULL
     void *stage;
-    size_t state_offset;      // its slice's place in the rank's shard
+    size_t state_offset; // its slice's place in the rank's shard
 };
 
 // ZeRO-2's staging buffers: the top bucket (the final norm and head, written from the classifier on) and the
@@ -31,22 +31,22 @@ struct kiln_dp {
     int zero;
     struct bucket *b; // in backward order: b[0] is the last layers'
     int nb;
-    size_t *bounds;   // nb + 1 offsets: b[i] = [bounds[i+1], bounds[i])
+    size_t *bounds;               // nb + 1 offsets: b[i] = [bounds[i+1], bounds[i])
     struct kiln_dp_range *ranges; // this rank's slice of each bucket, in bucket order
     int n_ranges;
     size_t optim_elems;
     struct kiln_param_span *spans; // AdamW's spans over the ranges (ZeRO), with shard-local state offsets
     int n_spans;
-    int reducing;     // this backward is the last micro-step: reduce buckets as they complete
+    int reducing; // this backward is the last micro-step: reduce buckets as they complete
     // ZeRO-2: the gradients live in staging buffers for one micro-step, then in the shard
     const size_t *seg_begin; // the model's gradient segments (kiln_gpt_grad_segments)
     int n_seg;
-    void *top, *bottom;      // staging of b[0] and b[nb - 1]
+    void *top, *bottom; // staging of b[0] and b[nb - 1]
     struct slot mid[2];
     int next_slot;
-    void *shard;             // (optim_elems) the reduced gradients of this rank's slices, summed over micro-steps
-    void *shard_tmp;         // (optim_elems) f32: a later micro-step's reduction, before it is added
-    int micro;               // this micro-step's index
+    void *shard;     // (optim_elems) the reduced gradients of this rank's slices, summed over micro-steps
+    void *shard_tmp; // (optim_elems) f32: a later micro-step's reduction, before it is added
+    int micro;       // this micro-step's index
 };
 
 int kiln_dp_external_grads(const struct kiln_dp *dp) {
@@ -227,7 +227,8 @@ static void stage_bucket(struct kiln_dp *dp, int i) {
     dp->next_slot ^= 1;
     if (s->bucket >= 0) {
         struct bucket *old = &dp->b[s->bucket];
-        KILN_ASSERT(old->work || dp->comm->kind == KILN_COMM_SINGLE); // reduced before its slot is wanted again
+        KILN_ASSERT(old->work ||
+                    dp->comm->kind == KILN_COMM_SINGLE); // reduced before its slot is wanted again
         kiln_comm_wait_stream(dp->comm, old->work);
         old->work = NULL;
         old->stage = NULL;
@@ -281,7 +282,8 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
                                                "staging buffer")
                                 : dp->top;
         for (int k = 0; k < 2; k++)
-            dp->mid[k] = (struct slot){.p = mid ? alloc_or_die(dp, mid * gb, "staging buffer") : NULL, .bucket = -1};
+            dp->mid[k] =
+                (struct slot){.p = mid ? alloc_or_die(dp, mid * gb, "staging buffer") : NULL, .bucket = -1};
         dp->shard = alloc_or_die(dp, dp->optim_elems * gb, "gradient shard");
         h.layer_begin = on_layer_begin;
     }
@@ -311,7 +313,8 @@ void kiln_dp_after_backward(struct kiln_dp *dp) {
     if (!dp->reducing)
         return;
     for (int i = 0; i < dp->nb; i++) {
-        KILN_ASSERT(dp->b[i].work || dp->comm->kind == KILN_COMM_SINGLE || (dp->zero == 2 && !dp->b[i].stage));
+        KILN_ASSERT(dp->b[i].work || dp->comm->kind == KILN_COMM_SINGLE ||
+                    (dp->zero == 2 && !dp->b[i].stage));
         kiln_comm_wait_stream(dp->comm, dp->b[i].work);
         dp->b[i].work = NULL;
     }
@@ -346,8 +349,12 @@ static void gather_weights(struct kiln_dp *dp, int master) {
         size_t lo, hi;
         kiln_comm_slice(b->hi - b->lo, dp->comm->size, dp->comm->rank, &lo, &hi);
         char *at = (char *)base + b->lo * eb;
-        struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER, .send = at + lo * eb, .recv = at,
-                              .count = b->hi - b->lo, .dtype = dt, .device = dp->be->device_memory};
+        struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER,
+                              .send = at + lo * eb,
+                              .recv = at,
+                              .count = b->hi - b->lo,
+                              .dtype = dt,
+                              .device = dp->be->device_memory};
         w[i] = kiln_comm_submit(dp->comm, &k, NULL);
     }
     for (int i = 0; i < dp->nb; i++)

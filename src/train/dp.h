@@ -1,10 +1,11 @@
 // Data parallelism on top of dist/comm.h: DDP with bucketed, overlapped gradient reduction, and ZeRO-1/2.
 //
-// Buckets: the flat gradient buffer is cut at layer boundaries into buckets of about --bucket-mb, in the order
-// the backward completes them (the last layers first; the final norm and the LM head ride with the last
+// Buckets: the flat gradient buffer is cut at layer boundaries into buckets of about --bucket-mb, in the
+// order the backward completes them (the last layers first; the final norm and the LM head ride with the last
 // layer's bucket, the embeddings with layer 0's). On the last micro-step of an optimizer step, a bucket's
-// reduction is issued from the model's layer_backward_end hook as soon as its lowest layer's backward is done,
-// and runs (on the comm thread or stream) while the backward goes on. Earlier micro-steps communicate nothing.
+// reduction is issued from the model's layer_backward_end hook as soon as its lowest layer's backward is
+// done, and runs (on the comm thread or stream) while the backward goes on. Earlier micro-steps communicate
+// nothing.
 //
 // Shards: rank r of n owns slice r (kiln_comm_slice) of every bucket. --zero=0 (DDP) all-reduces each bucket
 // and every rank updates every parameter; --zero=1 all-reduces too, but a rank keeps AdamW's moments for its
@@ -24,8 +25,8 @@
 #include "model/params.h"
 
 struct kiln_dp_opts {
-    int zero;          // 0, 1 or 2
-    double bucket_mb;  // MiB of gradients per bucket (at least one layer each)
+    int zero;         // 0, 1 or 2
+    double bucket_mb; // MiB of gradients per bucket (at least one layer each)
 };
 
 // One contiguous range of the flat parameter buffer that this rank owns, and where its AdamW moments sit.
@@ -50,10 +51,10 @@ void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum);
 // After each micro-step's backward: where it reduced, every bucket's reduction is ordered before what the
 // compute stream does next (the host does not wait on the GPU), and ZeRO-2 adds it into the shard.
 void kiln_dp_after_backward(struct kiln_dp *dp);
-// ZeRO-2 holds no whole gradient buffer: the model is created with external_grads, every micro-step's gradients
-// are written into bucket-sized staging buffers (the model's gradient windows), reduce-scattered onto the rank's
-// shard as each bucket completes, and summed there over micro-steps. The trainer zeroes the model's gradients
-// before every micro-step then.
+// ZeRO-2 holds no whole gradient buffer: the model is created with external_grads, every micro-step's
+// gradients are written into bucket-sized staging buffers (the model's gradient windows), reduce-scattered
+// onto the rank's shard as each bucket completes, and summed there over micro-steps. The trainer zeroes the
+// model's gradients before every micro-step then.
 int kiln_dp_external_grads(const struct kiln_dp *dp);
 // The global gradient norm (the same value on every rank).
 double kiln_dp_grad_norm(struct kiln_dp *dp);

@@ -255,8 +255,8 @@ static int get_size(const cJSON *o, const char *name, size_t *out) {
 }
 
 // The moments from every rank's shard file, placed at their flat offsets.
-static int read_optim_shards(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *m, float *v,
-                             struct kiln_error *err) {
+static int read_optim_shards(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *m,
+                             float *v, struct kiln_error *err) {
     const cJSON *lay = cJSON_GetObjectItemCaseSensitive(ck->state, "optim_layout");
     const cJSON *jb = cJSON_GetObjectItemCaseSensitive(lay, "bucket_bounds");
     size_t world = 0;
@@ -281,8 +281,8 @@ static int read_optim_shards(const struct kiln_ckpt *ck, const struct kiln_param
     }
     if (!rc && (bounds[0] != pt->total || bounds[nb] != 0))
         rc = kiln_errorf(err, KILN_ERR_RUNTIME,
-                         "state.json (%s): optim_layout covers [%zu, %zu), the model has %zu elements", ck->path,
-                         bounds[nb], bounds[0], pt->total);
+                         "state.json (%s): optim_layout covers [%zu, %zu), the model has %zu elements",
+                         ck->path, bounds[nb], bounds[0], pt->total);
     memset(m, 0, pt->total * sizeof(float));
     memset(v, 0, pt->total * sizeof(float));
     for (size_t r = 0; r < world && !rc; r++) {
@@ -300,8 +300,8 @@ static int read_optim_shards(const struct kiln_ckpt *ck, const struct kiln_param
         if (!tm || !tv || tm->dtype != KILN_ST_F32 || tv->dtype != KILN_ST_F32 ||
             kiln_st_tensor_numel(tm) != (int64_t)len || kiln_st_tensor_numel(tv) != (int64_t)len)
             rc = kiln_errorf(err, KILN_ERR_RUNTIME,
-                             "%s: expected F32 tensors m and v of %zu elements (rank %zu of %zu's ranges)", path,
-                             len, r, world);
+                             "%s: expected F32 tensors m and v of %zu elements (rank %zu of %zu's ranges)",
+                             path, len, r, world);
         for (int i = 0; i < n && !rc; i++) {
             size_t k = ranges[i].hi - ranges[i].lo;
             memcpy(m + ranges[i].lo, (const float *)tm->data + ranges[i].state_offset, k * sizeof(float));
@@ -351,7 +351,8 @@ int kiln_ckpt_apply(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_
     return rc;
 }
 
-int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_dp *dp, struct kiln_error *err) {
+int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_dp *dp,
+                       struct kiln_error *err) {
     const struct kiln_param_table *pt = kiln_gpt_params(g);
     float *p = kiln_xmalloc(pt->total * sizeof(float)), *m = kiln_xmalloc(pt->total * sizeof(float)),
           *v = kiln_xmalloc(pt->total * sizeof(float));
@@ -390,10 +391,10 @@ struct kiln_ckpt_writer {
     char run_dir[1024];
     const struct kiln_param_table *pt;
     struct kiln_ckpt_policy policy;
-    float *params, *m, *v;                // host snapshot, (total) each
-    struct kiln_backend *be;              // its host_alloc gave the snapshot (page-locked on CUDA)
-    int pinned;                           // 1: from be->ops->host_alloc, 0: malloc
-    pthread_t prefault;                   // touches the snapshot pages once, off the step loop
+    float *params, *m, *v;   // host snapshot, (total) each
+    struct kiln_backend *be; // its host_alloc gave the snapshot (page-locked on CUDA)
+    int pinned;              // 1: from be->ops->host_alloc, 0: malloc
+    pthread_t prefault;      // touches the snapshot pages once, off the step loop
     int prefaulting;
     struct kiln_st_tensor *model, *optim; // (n), (2n) pointing into the snapshot
     char (*optim_names)[128];             // (2n) "m.NAME", "v.NAME"
@@ -419,9 +420,10 @@ static void *writer_main(void *arg) {
     double t0 = kiln_now_s();
     if (w->dp) {
         // rank 0: the weights and its shard; the others: their shards
-        struct kiln_ckpt_file files[2] = {{w->shard_name, w->shard, 2}, {"model.safetensors", w->model, w->pt->n}};
-        w->rc = kiln_ckpt_save_group(w->run_dir, w->step, files, w->grp.rank == 0 ? 2 : 1, w->state, &w->policy,
-                                     &w->grp, &w->err);
+        struct kiln_ckpt_file files[2] = {{w->shard_name, w->shard, 2},
+                                          {"model.safetensors", w->model, w->pt->n}};
+        w->rc = kiln_ckpt_save_group(w->run_dir, w->step, files, w->grp.rank == 0 ? 2 : 1, w->state,
+                                     &w->policy, &w->grp, &w->err);
         cJSON_Delete(w->state);
         w->state = NULL;
         w->write_ms = (kiln_now_s() - t0) * 1e3;
@@ -602,13 +604,17 @@ void kiln_ckpt_writer_create_group(struct kiln_ckpt_writer **out, const char *ru
     struct kiln_ckpt_writer *w = *out;
     w->dp = dp;
     w->comm = ckpt_comm;
-    w->grp = (struct kiln_ckpt_group){.rank = ckpt_comm->rank, .size = ckpt_comm->size, .user = ckpt_comm,
-                                      .agree = grp_agree, .broadcast = grp_broadcast,
+    w->grp = (struct kiln_ckpt_group){.rank = ckpt_comm->rank,
+                                      .size = ckpt_comm->size,
+                                      .user = ckpt_comm,
+                                      .agree = grp_agree,
+                                      .broadcast = grp_broadcast,
                                       .all_gather = grp_all_gather};
     int n;
     const struct kiln_dp_range *r = kiln_dp_ranges(dp, &n);
     w->shard_elems = n ? r[n - 1].state_offset + (r[n - 1].hi - r[n - 1].lo) : 0;
-    snprintf(w->shard_name, sizeof(w->shard_name), "optim-%05d-of-%05d.safetensors", w->grp.rank, w->grp.size);
+    snprintf(w->shard_name, sizeof(w->shard_name), "optim-%05d-of-%05d.safetensors", w->grp.rank,
+             w->grp.size);
     // the moments' snapshot buffers hold total floats: the shard fits (it is at most the whole)
     w->shard[0] = (struct kiln_st_tensor){.name = "m", .dtype = KILN_ST_F32, .ndim = 1, .data = w->m};
     w->shard[0].shape[0] = (int64_t)w->shard_elems;

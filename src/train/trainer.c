@@ -41,7 +41,8 @@ static void run_data_free(struct run_data *d) {
 }
 
 // The tokenizer, and loaders over shards (--data) or the embedded Tiny Shakespeare split 90/10.
-static int open_data(struct kiln_config *cfg, int rank, int world, struct run_data *d, struct kiln_error *err) {
+static int open_data(struct kiln_config *cfg, int rank, int world, struct run_data *d,
+                     struct kiln_error *err) {
     memset(d, 0, sizeof(*d));
     int rc;
     size_t n_text = 0;
@@ -134,8 +135,8 @@ static int write_vocab(const struct kiln_config *cfg, struct kiln_tokenizer *tok
 // The mean loss over --eval-steps batches of the validation stream's start, sharded: with n ranks each takes
 // every n-th window (the loader's rank partition) for ceil(eval-steps / n) batches, and the ranks' means are
 // averaged.
-static double evaluate(struct kiln_gpt *g, struct kiln_loader *val, const struct kiln_config *cfg, int32_t *in,
-                       int32_t *tgt, struct kiln_comm *comm) {
+static double evaluate(struct kiln_gpt *g, struct kiln_loader *val, const struct kiln_config *cfg,
+                       int32_t *in, int32_t *tgt, struct kiln_comm *comm) {
     int world = comm ? comm->size : 1;
     kiln_loader_reset(val);
     uint64_t windows = kiln_loader_rank_windows(val);
@@ -227,7 +228,7 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_gpt
     if (!rc)
         rc = dp ? kiln_ckpt_apply_dp(&ck, g, dp, err) : kiln_ckpt_apply(&ck, g, err);
     if (!rc && (rc = kiln_loader_set_state(train, &st->loader, err)))
-        rc = -2; // other data or T: falling back would not help
+        rc = -2;        // other data or T: falling back would not help
     if (!rc && verbose) // printed also with --quiet: where a run continues from belongs in every log
         fprintf(stderr, "kiln: resuming from %s (step %lld)\n", dir, (long long)st->step);
     if (!rc && verbose && changes[0]) {
@@ -240,9 +241,9 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_gpt
 }
 
 // 0 = resumed, KILN_CKPT_NONE = start fresh, else an error. *chosen gets the checkpoint resumed from.
-static int resume_pick(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *dp, struct kiln_loader *train,
-                       struct kiln_guards *guards, struct kiln_train_state *st, char *chosen, size_t cap,
-                       struct kiln_error *err) {
+static int resume_pick(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *dp,
+                       struct kiln_loader *train, struct kiln_guards *guards, struct kiln_train_state *st,
+                       char *chosen, size_t cap, struct kiln_error *err) {
     chosen[0] = 0;
     if (!strcmp(cfg->resume, "auto") || !strcmp(cfg->resume, "never")) {
         if (!cfg->out[0])
@@ -427,11 +428,12 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     if (gpu && r->env.world > 1) { // each rank takes GPU LOCAL_RANK; several share one only over MPI
         int n = kiln_backend_device_count(device);
         if (kind == KILN_COMM_NCCL && r->env.local_world > n)
-            return kiln_errorf(err, KILN_ERR_USAGE,
-                               "LOCAL_WORLD_SIZE=%d (environment): %d ranks on this node but %d GPU(s) visible, and "
-                               "NCCL needs a GPU per rank (LOCAL_RANK %d has none); start %d ranks per node, or "
-                               "share GPUs with --comm=mpi (tests only)",
-                               r->env.local_world, r->env.local_world, n, r->env.local_rank, n);
+            return kiln_errorf(
+                err, KILN_ERR_USAGE,
+                "LOCAL_WORLD_SIZE=%d (environment): %d ranks on this node but %d GPU(s) visible, and "
+                "NCCL needs a GPU per rank (LOCAL_RANK %d has none); start %d ranks per node, or "
+                "share GPUs with --comm=mpi (tests only)",
+                r->env.local_world, r->env.local_world, n, r->env.local_rank, n);
         device_index = n > 0 ? r->env.local_rank % n : 0;
     }
     struct kiln_backend_opts bo = {.device_index = device_index,
@@ -527,9 +529,11 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
         kiln_loader_next(r->data.train, r->in, r->tgt);
         if (r->dp)
             kiln_dp_micro_step(r->dp, micro, r->accum);
-        if (micro == 0 || (r->dp && kiln_dp_external_grads(r->dp))) // ZeRO-2: fresh gradients every micro-step
+        if (micro == 0 ||
+            (r->dp && kiln_dp_external_grads(r->dp))) // ZeRO-2: fresh gradients every micro-step
             kiln_gpt_zero_grad(r->g);
-        loss += kiln_gpt_forward(r->g, r->in, r->tgt, (float)(1.0 / r->tokens_per_step), cfg->z_loss) / r->accum;
+        loss +=
+            kiln_gpt_forward(r->g, r->in, r->tgt, (float)(1.0 / r->tokens_per_step), cfg->z_loss) / r->accum;
         kiln_gpt_backward(r->g);
         if (r->dp)
             kiln_dp_after_backward(r->dp);
@@ -565,8 +569,13 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
     }
     r->st.step = step + 1;
     r->st.tokens += (uint64_t)r->tokens_per_step;
-    *sl = (struct step_log){.step = r->st.step, .loss = loss, .norm = norm, .val_loss = NAN,
-                            .ckpt_stall_ms = NAN, .lr = lr, .skipped = why};
+    *sl = (struct step_log){.step = r->st.step,
+                            .loss = loss,
+                            .norm = norm,
+                            .val_loss = NAN,
+                            .ckpt_stall_ms = NAN,
+                            .lr = lr,
+                            .skipped = why};
 }
 
 static void note_skip(struct run *r, const struct step_log *sl) {
@@ -588,7 +597,8 @@ static void note_skip(struct run *r, const struct step_log *sl) {
 
 // After a step: the guards' verdict, evaluation, a checkpoint when due, metrics and progress. Returns 0 or an
 // error; *stop is set when a signal (that every rank agreed on) ends the run here.
-static int run_after_step(struct run *r, struct step_log *sl, double dt, int *stop_out, struct kiln_error *err) {
+static int run_after_step(struct run *r, struct step_log *sl, double dt, int *stop_out,
+                          struct kiln_error *err) {
     struct kiln_config *cfg = r->cfg;
     struct kiln_train_result *res = r->res;
     sl->tok_s = r->tokens_per_step / dt;
@@ -626,8 +636,8 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
         kiln_comm_all_reduce_host(r->comm, &stop, 1, KILN_I32, KILN_RED_MAX);
     // A checkpoint at its cadence (not in the middle of a run of skipped steps: those are not progress, and a
     // run stopped by --max-bad-steps keeps its last good checkpoint), at the end, and on a stop signal.
-    int due = (cfg->ckpt_every && r->st.step % cfg->ckpt_every == 0 && r->guards.consecutive == 0) || last ||
-              stop;
+    int due =
+        (cfg->ckpt_every && r->st.step % cfg->ckpt_every == 0 && r->guards.consecutive == 0) || last || stop;
     if (r->writer && due) {
         if (r->dp)
             kiln_dp_gather_master(r->dp);
@@ -646,9 +656,11 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
     if (r->metrics &&
         (r->st.step % cfg->log_every == 0 || last || !isnan(sl->val_loss) || sl->skipped || stop || due)) {
         double tok_s = sl->tok_s, pk = r->peak;
-        write_metrics(r->metrics, sl, &r->guards, kiln_gpt_mem_peak(r->g), pk > 0 ? r->fpt * tok_s / pk / r->env.world : 0,
+        write_metrics(r->metrics, sl, &r->guards, kiln_gpt_mem_peak(r->g),
+                      pk > 0 ? r->fpt * tok_s / pk / r->env.world : 0,
                       pk > 0 ? r->fpt_causal * tok_s / pk / r->env.world : 0,
-                      pk > 0 && r->fpt_recompute > 0 ? (r->fpt + r->fpt_recompute) * tok_s / pk / r->env.world : 0,
+                      pk > 0 && r->fpt_recompute > 0 ? (r->fpt + r->fpt_recompute) * tok_s / pk / r->env.world
+                                                     : 0,
                       comm_ms);
     }
     char extra[200] = "";
@@ -660,7 +672,8 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
         n += snprintf(extra + n, sizeof(extra) - (size_t)n, "MFU %.1f%% (causal %.1f%%) | ",
                       100.0 * r->fpt * sl->tok_s / r->peak / r->env.world,
                       100.0 * r->fpt_causal * sl->tok_s / r->peak / r->env.world);
-    n += snprintf(extra + n, sizeof(extra) - (size_t)n, "mem %.2f GiB", (double)kiln_gpt_mem_peak(r->g) / (1 << 30));
+    n += snprintf(extra + n, sizeof(extra) - (size_t)n, "mem %.2f GiB",
+                  (double)kiln_gpt_mem_peak(r->g) / (1 << 30));
     if (!isnan(sl->ckpt_stall_ms))
         snprintf(extra + n, sizeof(extra) - (size_t)n, " | ckpt stall %.1fms", sl->ckpt_stall_ms);
     kiln_progress_update(&r->prog, (int)r->st.step, sl->loss, sl->tok_s, extra);
@@ -709,7 +722,8 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     kiln_dp_free(r->dp);
     kiln_gpt_free(r->g);
     // after an error the other ranks may be inside a collective that this one will never join: closing the
-    // communicators (MPI_Finalize waits for them) would hang, so cmd/ ends the job instead (kiln_comm_abort_job)
+    // communicators (MPI_Finalize waits for them) would hang, so cmd/ ends the job instead
+    // (kiln_comm_abort_job)
     r->res->world = r->env.world > 0 ? r->env.world : 1;
     r->res->rank = r->env.rank;
     if (rc && r->comm) {

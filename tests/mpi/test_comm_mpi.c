@@ -1,7 +1,8 @@
-// The comm layer's operations under mpirun (ctest runs this at 2, 3 and 4 ranks; label mpi): every collective on
-// host memory against values each rank can compute alone, with counts the ranks do not divide, in place and
-// not, asynchronous operations awaited out of order, a duplicate communicator interleaved with its parent, and
-// sub-groups from kiln_comm_split. Prints "N passed, N failed" on rank 0; the exit status is the failures'.
+// The comm layer's operations under mpirun (ctest runs this at 2, 3 and 4 ranks; label mpi): every collective
+// on host memory against values each rank can compute alone, with counts the ranks do not divide, in place
+// and not, asynchronous operations awaited out of order, a duplicate communicator interleaved with its
+// parent, and sub-groups from kiln_comm_split. Prints "N passed, N failed" on rank 0; the exit status is the
+// failures'.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -49,11 +50,14 @@ static void test_reductions(struct kiln_comm *c, size_t n) {
         x[i] = val(c->rank, i);
     size_t lo, hi;
     kiln_comm_slice(n, W, c->rank, &lo, &hi);
-    struct kiln_coll rs = {.op = KILN_COLL_REDUCE_SCATTER, .send = x, .recv = x + lo, .count = n, .dtype = KILN_F32};
+    struct kiln_coll rs = {
+        .op = KILN_COLL_REDUCE_SCATTER, .send = x, .recv = x + lo, .count = n, .dtype = KILN_F32};
     kiln_comm_wait(c, kiln_comm_submit(c, &rs, NULL));
-    check(memcmp(x + lo, y + lo, (hi - lo) * sizeof(float)) == 0, "reduce_scatter gives the all_reduce's slice");
+    check(memcmp(x + lo, y + lo, (hi - lo) * sizeof(float)) == 0,
+          "reduce_scatter gives the all_reduce's slice");
     // all-gather in place around the slice: the whole all-reduce result again
-    struct kiln_coll ag = {.op = KILN_COLL_ALL_GATHER, .send = x + lo, .recv = x, .count = n, .dtype = KILN_F32};
+    struct kiln_coll ag = {
+        .op = KILN_COLL_ALL_GATHER, .send = x + lo, .recv = x, .count = n, .dtype = KILN_F32};
     kiln_comm_wait(c, kiln_comm_submit(c, &ag, NULL));
     check(memcmp(x, y, n * sizeof(float)) == 0, "all_gather of the slices rebuilds the all_reduce");
     free(x);
@@ -77,7 +81,8 @@ static void test_others(struct kiln_comm *c) {
     snprintf(want, sizeof(want), "from rank %d", W - 1);
     check(!strcmp(msg, want), "broadcast from the last rank");
     // all-to-all: block j of rank r's send is r*100+j; recv block j is rank j's block r
-    int32_t *s = kiln_xmalloc((size_t)W * 2 * sizeof(int32_t)), *t = kiln_xmalloc((size_t)W * 2 * sizeof(int32_t));
+    int32_t *s = kiln_xmalloc((size_t)W * 2 * sizeof(int32_t)),
+            *t = kiln_xmalloc((size_t)W * 2 * sizeof(int32_t));
     for (int j = 0; j < W; j++)
         s[2 * j] = s[2 * j + 1] = r * 100 + j;
     struct kiln_coll a2a = {.op = KILN_COLL_ALL_TO_ALL, .send = s, .recv = t, .count = 2, .dtype = KILN_I32};
@@ -105,7 +110,8 @@ static void test_others(struct kiln_comm *c) {
     float a[3] = {1, 2, 3};
     struct kiln_comm_work *w[3];
     for (int i = 0; i < 3; i++) {
-        struct kiln_coll k = {.op = KILN_COLL_ALL_REDUCE, .send = &a[i], .recv = &a[i], .count = 1, .dtype = KILN_F32};
+        struct kiln_coll k = {
+            .op = KILN_COLL_ALL_REDUCE, .send = &a[i], .recv = &a[i], .count = 1, .dtype = KILN_F32};
         w[i] = kiln_comm_submit(c, &k, NULL);
     }
     for (int i = 2; i >= 0; i--)
