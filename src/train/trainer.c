@@ -403,6 +403,7 @@ struct run {
     double timed_s;
     long timed_tokens;
     int64_t start, last_ckpt_step;
+    double prev_comm_ms; // the host's wait on reductions up to the last step
 };
 
 // The job's place (launcher environment), the backend on this rank's device, the communicators, the data
@@ -666,8 +667,9 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
     char extra[200] = "";
     int n = 0;
     if (r->env.world > 1)
-        n = snprintf(extra, sizeof(extra), "%.0f tok/s/rank | comm wait %.0f ms | ", sl->tok_s / r->env.world,
-                     comm_ms);
+        n = snprintf(extra, sizeof(extra), "%.0f tok/s/rank | comm wait %.1f ms/step | ",
+                     sl->tok_s / r->env.world,
+                     comm_ms - r->prev_comm_ms); // this step's; the metrics keep the running total
     if (r->peak > 0)
         n += snprintf(extra + n, sizeof(extra) - (size_t)n, "MFU %.1f%% (causal %.1f%%) | ",
                       100.0 * r->fpt * sl->tok_s / r->peak / r->env.world,
@@ -677,6 +679,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
     if (!isnan(sl->ckpt_stall_ms))
         snprintf(extra + n, sizeof(extra) - (size_t)n, " | ckpt stall %.1fms", sl->ckpt_stall_ms);
     kiln_progress_update(&r->prog, (int)r->st.step, sl->loss, sl->tok_s, extra);
+    r->prev_comm_ms = comm_ms;
     if (stop)
         res->stop_signal = stop;
     *stop_out = stop != 0;
