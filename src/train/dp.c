@@ -323,7 +323,7 @@ void kiln_dp_after_backward(struct kiln_dp *dp) {
     dp->reducing = 0;
 }
 
-double kiln_dp_grad_norm(struct kiln_dp *dp) {
+double kiln_dp_grad_norm(struct kiln_dp *dp, double *also) {
     // this rank's slices, in bucket order, then the ranks' sums: the same additions at every --zero level
     double sum = 0;
     size_t gb = grad_bytes(dp);
@@ -333,8 +333,11 @@ double kiln_dp_grad_norm(struct kiln_dp *dp) {
                                        : (const char *)dp->buf.grads + q->lo * gb;
         sum += dp->be->ops->sum_squares(dp->be->ctx, at, q->hi - q->lo);
     }
-    kiln_comm_all_reduce_host(dp->comm, &sum, 1, KILN_F64, KILN_RED_SUM);
-    return sqrt(sum);
+    double v[2] = {sum, also ? *also : 0};
+    kiln_comm_all_reduce_host(dp->comm, v, 2, KILN_F64, KILN_RED_SUM);
+    if (also)
+        *also = v[1];
+    return sqrt(v[0]);
 }
 
 // The compute weights (or, with master = 1, the f32 master weights) of every bucket, gathered from their

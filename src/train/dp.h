@@ -56,8 +56,9 @@ void kiln_dp_after_backward(struct kiln_dp *dp);
 // onto the rank's shard as each bucket completes, and summed there over micro-steps. The trainer zeroes the
 // model's gradients before every micro-step then.
 int kiln_dp_external_grads(const struct kiln_dp *dp);
-// The global gradient norm (the same value on every rank).
-double kiln_dp_grad_norm(struct kiln_dp *dp);
+// The global gradient norm (the same value on every rank). *sum (may be NULL) is summed over the ranks in the
+// same reduction: the loss, so that the step pays one round trip for both.
+double kiln_dp_grad_norm(struct kiln_dp *dp, double *sum);
 // AdamW over this rank's part, then (ZeRO) the updated compute weights gathered from their owners.
 void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm);
 // ZeRO on a mixed-precision backend updates only its slices of the f32 master weights (the compute copy is

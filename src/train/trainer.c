@@ -541,9 +541,9 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
     }
     double norm;
     if (r->dp) {
-        norm = kiln_dp_grad_norm(r->dp);
-        // the guards must see the same numbers on every rank, so that every rank skips the same steps
-        kiln_comm_all_reduce_host(r->comm, &loss, 1, KILN_F64, KILN_RED_SUM);
+        // the guards must see the same numbers on every rank, so that every rank skips the same steps: the
+        // ranks' losses are summed in the norm's reduction
+        norm = kiln_dp_grad_norm(r->dp, &loss);
         loss /= r->env.world;
     } else {
         norm = kiln_gpt_grad_norm(r->g);
