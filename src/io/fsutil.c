@@ -6,6 +6,7 @@
 #include <ftw.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -225,4 +226,45 @@ int kiln_remove_tree(const char *path, struct kiln_error *err) {
         return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot remove (%s): %s", path,
                            rc > 0 ? strerror(rc) : strerror(errno));
     return 0;
+}
+
+int kiln_dir_lock(const char *dir, const char *what, int *fd_out, struct kiln_error *err) {
+    char path[1100];
+    *fd_out = -1;
+    int rc = kiln_path_join(path, sizeof(path), dir, ".lock", err);
+    if (rc)
+        return rc;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot open %s (%s): %s", path, what, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char holder[256] = "";
+        ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+        close(fd);
+        if (e != EWOULDBLOCK)
+            return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot lock %s (%s): %s", path, what, strerror(e));
+        holder[n > 0 ? n : 0] = 0;
+        holder[strcspn(holder, "\n")] = 0;
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "%s (%s) is in use by another kiln job (%s, %s): one job writes a run directory at a "
+                           "time; wait for it to end, or use another %s",
+                           dir, what, holder[0] ? holder : "holder unknown", path, what);
+    }
+    char host[128] = "?", line[256];
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = 0;
+    int len = snprintf(line, sizeof(line), "pid %ld host %s\n", (long)getpid(), host);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len) {
+        int e = errno;
+        close(fd);
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot write %s (%s): %s", path, what, strerror(e));
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+void kiln_dir_unlock(int fd) {
+    if (fd >= 0)
+        close(fd); // releases the flock
 }

@@ -47,6 +47,12 @@ int kiln_is_dir(const char *path);
 // snprintf into out, failing (instead of truncating) when the result does not fit.
 int kiln_path_join(char *out, size_t cap, const char *dir, const char *name, struct kiln_error *err);
 
+// One writer per directory: an advisory lock (flock) on DIR/.lock, held until kiln_dir_unlock or the
+// process's death (the kernel releases it, so a crash never leaves a stale lock). The file names the holder
+// ("pid PID host HOST"); a second taker gets a usage error naming them. *fd_out gets the lock's descriptor.
+int kiln_dir_lock(const char *dir, const char *what, int *fd_out, struct kiln_error *err);
+void kiln_dir_unlock(int fd); // -1 is fine
+
 // A fresh 64-bit value for temp names (time, pid and a counter mixed); not cryptographic.
 uint64_t kiln_nonce(void);
 

@@ -404,6 +404,7 @@ struct run {
     long timed_tokens;
     int64_t start, last_ckpt_step;
     double prev_comm_ms; // the host's wait on reductions up to the last step
+    int lock_fd;         // the run directory's lock (kiln_dir_lock), -1 when not held
 };
 
 // The job's place (launcher environment), the backend on this rank's device, the communicators, the data
@@ -477,6 +478,12 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     }
 
     kiln_guards_init(&r->guards, cfg->spike_z, cfg->spike_window, cfg->max_bad_steps);
+    // One job owns the run directory (rank 0 for the group), before anything in it is read or cleaned up: a
+    // second job on the same --out would resume from the first's live checkpoint, remove its temporary
+    // directories and rewrite its metrics.
+    if (cfg->out[0] && r->rank0 &&
+        ((rc = kiln_mkdir_p(cfg->out, err)) || (rc = kiln_dir_lock(cfg->out, "--out", &r->lock_fd, err))))
+        return rc;
     rc = resume(cfg, r->g, r->dp, r->comm, r->data.train, &r->guards, &r->st, err);
     if (rc == KILN_CKPT_NONE)
         rc = 0;
@@ -486,7 +493,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     r->res->steps = (int)r->st.step;
     r->res->skipped_steps = (int)r->guards.skipped_total;
     if (cfg->out[0]) {
-        if (r->rank0 && ((rc = kiln_mkdir_p(cfg->out, err)) || (rc = write_config(cfg, err)) ||
+        if (r->rank0 && ((rc = write_config(cfg, err)) ||
                          (rc = write_vocab(cfg, r->data.tok, err)) ||
                          (rc = open_metrics(cfg, r->st.step, &r->metrics, err))))
             return rc;
@@ -740,6 +747,7 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     if (r->be_open)
         kiln_backend_close(&r->be);
     run_data_free(&r->data);
+    kiln_dir_unlock(r->lock_fd); // last: everything this run wrote into the directory is closed
     return rc;
 }
 
@@ -750,6 +758,7 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
     memset(&r, 0, sizeof(r));
     r.cfg = cfg;
     r.res = res;
+    r.lock_fd = -1;
     stop_requested = 0;
     int rc = run_setup(&r, err);
     if (rc)
