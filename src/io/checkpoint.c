@@ -287,6 +287,28 @@ int kiln_ckpt_load_latest(const char *run_dir, struct kiln_ckpt *out,
     return ckpt_newest_good(run_dir, NULL, 0, out, on_skip, user, err);
 }
 
+int kiln_ckpt_state_count(const cJSON *obj, const char *field, uint64_t *out, struct kiln_error *err) {
+    const char *dot = strrchr(field, '.');
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, dot ? dot + 1 : field);
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (!(d >= 0)) // also NaN
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "state.json field '%s' missing or not a count: not a kiln training checkpoint",
+                           field);
+    if (d > KILN_CKPT_COUNT_MAX)
+        return kiln_errorf(
+            err, KILN_ERR_RUNTIME,
+            "state.json field '%s' is %.16g: more than 2^53 = %.0f, the largest count kept exactly; "
+            "the checkpoint is damaged",
+            field, d, KILN_CKPT_COUNT_MAX);
+    if (d != (double)(uint64_t)d)
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "state.json field '%s' is %.16g: not a whole number; the checkpoint is damaged",
+                           field, d);
+    *out = (uint64_t)d;
+    return 0;
+}
+
 // ---- save -------------------------------------------------------------------------------------
 
 // Removes what killed writers left in RUN/ckpt: .tmp-* directories and latest.tmp-* files.

@@ -89,4 +89,12 @@ int kiln_ckpt_load_latest(const char *run_dir, struct kiln_ckpt *out,
                           struct kiln_error *err);
 void kiln_ckpt_close(struct kiln_ckpt *c); // safe on a zeroed or already closed struct
 
+// The largest count state.json holds: its numbers are doubles, whole numbers exact up to 2^53. Beyond 2^64
+// the conversion to an integer is undefined (a damaged opt_step of 1e300 came back as 0).
+#define KILN_CKPT_COUNT_MAX 9007199254740992.0 // 2^53
+// Reads the count field (a whole number in [0, 2^53]) of obj, an object of state.json; field is its full
+// name for messages ("loader.epoch"), the key being the part after the last '.'. A value out of range is an
+// error naming the field (KILN_ERR_RUNTIME).
+int kiln_ckpt_state_count(const cJSON *obj, const char *field, uint64_t *out, struct kiln_error *err);
+
 #endif

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/stat.h>
 
 // ----------------------------------------------------------------------------
 // the option table
@@ -413,7 +414,8 @@ int kiln_config_set(struct kiln_config *cfg, const char *name, const char *value
 // ----------------------------------------------------------------------------
 // flags and config files
 
-// Config files: `name = value` lines; '#' or ';' starts a comment line; [section] headers are ignored.
+// Config files: `name = value` lines; '#' or ';' starts a comment line, and a '#' after a blank a comment at
+// the end of a line (`lr = 3e-3   # peak`); [section] headers are ignored.
 // Calls fn(user, name, value, lineno) for each setting; stops at the first non-zero return.
 typedef int (*config_line_fn)(void *user, const char *name, const char *value, int lineno);
 
@@ -426,10 +428,29 @@ static char *trim(char *s) {
     return s;
 }
 
+// Cuts a line at its trailing comment: a '#' after a space or tab. Values are unquoted, so a '#' inside one
+// (`data = shards/a#b.bin`) stays part of it.
+static void strip_comment(char *s) {
+    for (char *p = s; *p; p++)
+        if (*p == '#' && p > s && (p[-1] == ' ' || p[-1] == '\t')) {
+            *p = 0;
+            return;
+        }
+}
+
 static int read_config_lines(const char *path, config_line_fn fn, void *user, struct kiln_error *err) {
     FILE *f = fopen(path, "r");
     if (!f)
         return kiln_errorf(err, KILN_ERR_USAGE, "cannot open config file '%s' (--config): %s", path, strerror(errno));
+    // fopen opens a directory for reading and the first read fails: it would read as an empty config
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "cannot open config file '%s' (--config): it is a directory; give a file of "
+                           "name = value lines",
+                           path);
+    }
     char line[4096];
     int lineno = 0, rc = 0;
     while (!rc && fgets(line, sizeof(line), f)) {
@@ -442,6 +463,8 @@ static int read_config_lines(const char *path, config_line_fn fn, void *user, st
         char *s = trim(line);
         if (!*s || *s == '#' || *s == ';' || *s == '[')
             continue;
+        strip_comment(s);
+        s = trim(s);
         char *eq = strchr(s, '=');
         if (!eq) {
             rc = kiln_errorf(err, KILN_ERR_USAGE, "syntax error in config file (%s:%d): expected 'name = value'", path,
@@ -457,6 +480,9 @@ static int read_config_lines(const char *path, config_line_fn fn, void *user, st
         }
         rc = fn(user, name, value, lineno);
     }
+    if (!rc && ferror(f)) // a read that failed part-way must not pass for the end of the file
+        rc = kiln_errorf(err, KILN_ERR_USAGE, "cannot read config file '%s' (--config): %s", path,
+                         strerror(errno));
     fclose(f);
     return rc;
 }

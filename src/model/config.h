@@ -112,8 +112,9 @@ struct kiln_config {
 int kiln_config_init(struct kiln_config *cfg, const char *preset, struct kiln_error *err);
 
 // Parses `--name=value` flags and `--config FILE` / `--config=FILE` (a file of `name = value` lines,
-// '#' comments, optional [sections] ignored). Order: preset, then the config file, then flags, whatever order
-// they were written in. Positional arguments are an error. Returns 0, or fills err (exit code 2).
+// '#' comments, also at the end of a line after a blank, optional [sections] ignored; a directory is
+// refused). Order: preset, then the config file, then flags, whatever order they were written in.
+// Positional arguments are an error. Returns 0, or fills err (exit code 2).
 int kiln_config_parse(struct kiln_config *cfg, int argc, char **argv, struct kiln_error *err);
 
 // Sets one option by name; `where` names the source for messages ("--lr", "cfg.ini:12").

@@ -1,8 +1,12 @@
 // Health guards. See guards.h.
 #include "train/guards.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "io/checkpoint.h"
 
 static const char *const SKIP_NAMES[KILN_SKIP_N] = {"", "nan", "spike_loss", "spike_grad"};
 
@@ -136,26 +140,50 @@ cJSON *kiln_guards_to_json(const struct kiln_guards *g) {
     return j;
 }
 
-static int get_count(const cJSON *j, const char *name, int64_t *out, struct kiln_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0)
-        return kiln_errorf(err, KILN_ERR_RUNTIME, "guards.%s missing or negative (state.json)", name);
-    *out = (int64_t)v->valuedouble;
-    return 0;
-}
-
+// The counters are checked among themselves: each skip has one reason, and skips in a row are skips. Each
+// count is at most 2^53 (kiln_ckpt_state_count): guards.skipped_total 1e300 once came back as -9.2e18.
 int kiln_guards_from_json(struct kiln_guards *g, const cJSON *j, struct kiln_error *err) {
     if (!cJSON_IsObject(j))
         return kiln_errorf(err, KILN_ERR_RUNTIME, "guards missing (state.json): not a kiln checkpoint state");
     int rc;
-    int64_t c = 0;
-    if ((rc = get_count(j, "skipped_total", &g->skipped_total, err)) ||
-        (rc = get_count(j, "consecutive", &c, err)))
+    uint64_t total = 0, consecutive = 0, reason[KILN_SKIP_N] = {0}, sum = 0;
+    if ((rc = kiln_ckpt_state_count(j, "guards.skipped_total", &total, err)) ||
+        (rc = kiln_ckpt_state_count(j, "guards.consecutive", &consecutive, err)))
         return rc;
-    g->consecutive = (int)c;
-    for (int s = 1; s < KILN_SKIP_N; s++)
-        if ((rc = get_count(j, kiln_skip_name(s), &g->skipped[s], err)))
+    for (int s = 1; s < KILN_SKIP_N; s++) {
+        char field[64];
+        snprintf(field, sizeof(field), "guards.%s", kiln_skip_name(s));
+        if ((rc = kiln_ckpt_state_count(j, field, &reason[s], err)))
             return rc;
+        if (reason[s] > total)
+            return kiln_errorf(
+                err, KILN_ERR_RUNTIME,
+                "state.json field '%s' is %llu: more than guards.skipped_total %llu (every skip has "
+                "one reason); the checkpoint is damaged",
+                field, (unsigned long long)reason[s], (unsigned long long)total);
+        sum += reason[s]; // each at most 2^53: no overflow
+    }
+    if (sum != total)
+        return kiln_errorf(
+            err, KILN_ERR_RUNTIME,
+            "state.json field 'guards.skipped_total' is %llu: the reasons' counts add up to %llu; "
+            "the checkpoint is damaged",
+            (unsigned long long)total, (unsigned long long)sum);
+    if (consecutive > total)
+        return kiln_errorf(
+            err, KILN_ERR_RUNTIME,
+            "state.json field 'guards.consecutive' is %llu: more than guards.skipped_total %llu "
+            "(skips in a row are skips); the checkpoint is damaged",
+            (unsigned long long)consecutive, (unsigned long long)total);
+    if (consecutive > INT_MAX)
+        return kiln_errorf(
+            err, KILN_ERR_RUNTIME,
+            "state.json field 'guards.consecutive' is %llu: more than %d; the checkpoint is damaged",
+            (unsigned long long)consecutive, INT_MAX);
+    g->skipped_total = (int64_t)total;
+    g->consecutive = (int)consecutive;
+    for (int s = 1; s < KILN_SKIP_N; s++)
+        g->skipped[s] = (int64_t)reason[s];
     if ((rc = window_from_json(&g->loss, cJSON_GetObjectItemCaseSensitive(j, "loss_window"), "loss_window",
                                err)))
         return rc;

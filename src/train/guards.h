@@ -49,7 +49,9 @@ static inline int kiln_guards_exhausted(const struct kiln_guards *g) {
 }
 
 // Counters and windows as JSON (for checkpoints), and back. from_json keeps the newest values that fit the
-// current window size, so --spike-window may change across a resume.
+// current window size, so --spike-window may change across a resume. It refuses counters above 2^53 or
+// inconsistent with each other (a reason's count above skipped_total, reasons not adding up to it,
+// consecutive above it), naming the field; kiln_train_state_from_json also checks skipped_total <= step.
 cJSON *kiln_guards_to_json(const struct kiln_guards *g);
 int kiln_guards_from_json(struct kiln_guards *g, const cJSON *j, struct kiln_error *err);
 

@@ -90,17 +90,6 @@ cJSON *kiln_train_state_to_json(const struct kiln_train_state *s, const struct k
     return j;
 }
 
-static int get_u64(const cJSON *j, const char *name, uint64_t *out, struct kiln_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble))
-        return kiln_errorf(err, KILN_ERR_RUNTIME,
-                           "state.json field '%s' missing or not a count: not a kiln "
-                           "training checkpoint",
-                           name);
-    *out = (uint64_t)v->valuedouble;
-    return 0;
-}
-
 int kiln_train_state_from_json(const cJSON *j, struct kiln_train_state *s, struct kiln_error *err) {
     memset(s, 0, sizeof(*s));
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "state_sha256");
@@ -111,21 +100,42 @@ int kiln_train_state_from_json(const cJSON *j, struct kiln_train_state *s, struc
                            "state.json does not match its state_sha256 (%.16s..., computed "
                            "%.16s...): the file was changed after it was written",
                            cJSON_IsString(h) ? h->valuestring : "none", hex);
+    // The hash only says the trainer wrote these numbers: each count is still bounded (kiln_ckpt_state_count)
+    // and checked against the others, so that a damaged state cannot silently change the run.
     uint64_t step = 0, opt = 0;
     int rc;
     const cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "loader");
-    if ((rc = get_u64(j, "step", &step, err)) || (rc = get_u64(j, "opt_step", &opt, err)) ||
-        (rc = get_u64(j, "tokens", &s->tokens, err)))
+    if ((rc = kiln_ckpt_state_count(j, "step", &step, err)) ||
+        (rc = kiln_ckpt_state_count(j, "opt_step", &opt, err)) ||
+        (rc = kiln_ckpt_state_count(j, "tokens", &s->tokens, err)))
         return rc;
     if (!cJSON_IsObject(l))
         return kiln_errorf(err, KILN_ERR_RUNTIME,
                            "state.json has no loader state: not a kiln training checkpoint");
-    if ((rc = get_u64(l, "epoch", &s->loader.epoch, err)) ||
-        (rc = get_u64(l, "position", &s->loader.position, err)))
+    if ((rc = kiln_ckpt_state_count(l, "loader.epoch", &s->loader.epoch, err)) ||
+        (rc = kiln_ckpt_state_count(l, "loader.position", &s->loader.position, err)))
         return rc;
     if (opt > step)
-        return kiln_errorf(err, KILN_ERR_RUNTIME, "state.json: opt_step %llu > step %llu",
-                           (unsigned long long)opt, (unsigned long long)step);
+        return kiln_errorf(
+            err, KILN_ERR_RUNTIME,
+            "state.json field 'opt_step' is %llu: more than step %llu (AdamW updates are at most "
+            "the steps); the checkpoint is damaged",
+            (unsigned long long)opt, (unsigned long long)step);
+    // The guards' counters are read (and checked among themselves) by kiln_guards_from_json, which does not
+    // know the step: every skipped step is a step.
+    struct kiln_guards g;
+    kiln_guards_init(&g, 0.0f, 2, 1);
+    rc = kiln_guards_from_json(&g, cJSON_GetObjectItemCaseSensitive(j, "guards"), err);
+    int64_t skipped = g.skipped_total;
+    kiln_guards_free(&g);
+    if (rc)
+        return rc;
+    if ((uint64_t)skipped > step)
+        return kiln_errorf(
+            err, KILN_ERR_RUNTIME,
+            "state.json field 'guards.skipped_total' is %lld: more than step %llu (skipped steps are "
+            "steps); the checkpoint is damaged",
+            (long long)skipped, (unsigned long long)step);
     s->step = (int64_t)step;
     s->opt_step = (int64_t)opt;
     return 0;

@@ -30,6 +30,8 @@ cJSON *kiln_config_to_json(const struct kiln_config *cfg);
 // The whole state.json object (the checkpoint writer adds format, files and hashes).
 cJSON *kiln_train_state_to_json(const struct kiln_train_state *s, const struct kiln_config *cfg,
                                 const struct kiln_guards *g, float next_lr);
+// Reads it back: checks state_sha256, then every count (at most 2^53, opt_step <= step, the guards'
+// counters as kiln_guards_from_json does and guards.skipped_total <= step). Errors are KILN_ERR_RUNTIME.
 int kiln_train_state_from_json(const cJSON *j, struct kiln_train_state *s, struct kiln_error *err);
 
 // Compares the checkpoint's config with cfg (whose vocab_size is already set from the tokenizer). A change of

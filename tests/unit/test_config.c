@@ -1,5 +1,6 @@
 // Options that choose how a run computes rather than what it trains: --grad-dtype, parsed, resolved against
 // the backend and the number of micro-steps, and refused where bf16 gradients would be wrong or unsupported.
+// Config files: a directory given as --config is refused, and a value may be followed by a '# comment'.
 #include "test_util.h"
 
 #include "backend/backend.h"
@@ -94,6 +95,59 @@ static void test_resolve_names_the_backend_auto_opens(void **state) {
     kiln_backend_close(&be);
 }
 
+static void test_a_config_path_that_is_a_directory_is_a_usage_error(void **state) {
+    (void)state;
+    char dir[256], flag[300];
+    test_tmpdir(dir, sizeof(dir));
+    snprintf(flag, sizeof(flag), "--config=%s", dir);
+    struct kiln_config c;
+    struct kiln_error e;
+    char *argv[] = {flag};
+    // not read as an empty file (which would train on the defaults): refused as a missing file is
+    assert_int_equal(kiln_config_parse(&c, 1, argv, &e), KILN_ERR_USAGE);
+    char want[600];
+    snprintf(want, sizeof(want),
+             "cannot open config file '%s' (--config): it is a directory; give a file of "
+             "name = value lines",
+             dir);
+    assert_string_equal(e.msg, want);
+    // with --preset (the config file is then read once, for its settings only) the same
+    char preset[] = "--preset=shakespeare-char";
+    char *argv2[] = {preset, flag};
+    assert_int_equal(kiln_config_parse(&c, 2, argv2, &e), KILN_ERR_USAGE);
+    assert_string_equal(e.msg, want);
+    test_rmrf(dir);
+}
+
+static void test_config_lines_may_end_in_a_comment(void **state) {
+    (void)state;
+    char dir[256], path[300], flag[320];
+    test_tmpdir(dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/run.cfg", dir);
+    snprintf(flag, sizeof(flag), "--config=%s", path);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("# a comment line\n"
+          "lr = 0.003   # peak\n"
+          "warmup = 7\t# steps\n"
+          "max-steps=40 #\n"
+          "data = shards/a#b.bin\n" // a '#' not preceded by blank space is part of the value
+          "val-data = v#1 # held out\n",
+          f);
+    fclose(f);
+    struct kiln_config c;
+    struct kiln_error e;
+    char *argv[] = {flag};
+    if (kiln_config_parse(&c, 1, argv, &e))
+        fail_msg("%s", e.msg);
+    assert_true(c.lr == 0.003f);
+    assert_int_equal(c.warmup_steps, 7);
+    assert_int_equal(c.max_steps, 40);
+    assert_string_equal(c.data, "shards/a#b.bin");
+    assert_string_equal(c.val_data, "v#1");
+    test_rmrf(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grad_dtype_defaults_to_auto_and_parses_its_values),
@@ -101,6 +155,8 @@ int main(void) {
         cmocka_unit_test(test_bf16_gradients_with_accumulation_are_refused),
         cmocka_unit_test(test_bf16_gradients_on_the_cpu_are_refused),
         cmocka_unit_test(test_resolve_names_the_backend_auto_opens),
+        cmocka_unit_test(test_a_config_path_that_is_a_directory_is_a_usage_error),
+        cmocka_unit_test(test_config_lines_may_end_in_a_comment),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 // Resume: N steps straight equal N/2 + resume + N/2 bit for bit; checkpoints do not perturb training; corrupt
 // checkpoints fall back to the previous one; a different model is refused and a safe change allowed; NaN
 // steps are skipped and counted; --max-bad-steps stops the run keeping the last good checkpoint; the spike
-// detector's statistics and its checkpoint round trip; metrics.jsonl truncation. Tiny models on the CPU.
+// detector's statistics and its checkpoint round trip; metrics.jsonl truncation; counts in state.json beyond
+// 2^53, or contradicting each other, are refused. Tiny models on the CPU.
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
@@ -11,6 +12,7 @@
 #include "train/guards.h"
 #include "train/train_ckpt.h"
 #include "train/trainer.h"
+#include "util/sha256.h"
 
 // ---- helpers ---------------------------------------------------------------------------------------
 
@@ -535,6 +537,134 @@ static void test_metrics_truncation_drops_later_and_torn_lines(void **state) {
     test_rmrf(root);
 }
 
+// ---- counts in state.json ------------------------------------------------------------------------------
+
+// Recomputes state_sha256 as docs/formats.md defines it: sha256 of the unformatted JSON of the object
+// without step, format, files and state_sha256. So a test can change a field and still pass the hash check.
+static void rehash_state(cJSON *j) {
+    cJSON *c = cJSON_Duplicate(j, 1);
+    const char *managed[] = {"step", "format", "files", "state_sha256"};
+    for (size_t i = 0; i < sizeof(managed) / sizeof(managed[0]); i++)
+        cJSON_DeleteItemFromObjectCaseSensitive(c, managed[i]);
+    char *text = cJSON_PrintUnformatted(c);
+    uint8_t d[32];
+    char hex[65];
+    kiln_sha256(text, strlen(text), d);
+    kiln_sha256_hex(d, hex);
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "state_sha256", cJSON_CreateString(hex));
+    free(text);
+    cJSON_Delete(c);
+}
+
+// state with field a (or a.b) set to v, re-hashed
+static cJSON *state_with(const cJSON *good, const char *a, const char *b, double v) {
+    cJSON *j = cJSON_Duplicate(good, 1), *o = b ? cJSON_GetObjectItemCaseSensitive(j, a) : j;
+    assert_true(cJSON_ReplaceItemInObjectCaseSensitive(o, b ? b : a, cJSON_CreateNumber(v)));
+    rehash_state(j);
+    return j;
+}
+
+static void test_state_counts_out_of_range_or_inconsistent_are_refused(void **state) {
+    (void)state;
+    struct kiln_config cfg;
+    struct kiln_error err;
+    if (kiln_config_init(&cfg, NULL, &err))
+        fail_msg("%s", err.msg);
+    cfg.model.vocab_size = 65;
+    struct kiln_guards g;
+    kiln_guards_init(&g, 6.0f, 100, 10);
+    g.skipped[KILN_SKIP_NAN] = 2; // 3 skips, the last 2 in a row
+    g.skipped[KILN_SKIP_SPIKE_LOSS] = 1;
+    g.skipped_total = 3;
+    g.consecutive = 2;
+    struct kiln_train_state st = {
+        .step = 10, .opt_step = 7, .tokens = 20480, .loader = {.epoch = 1, .position = 3}};
+    cJSON *good = kiln_train_state_to_json(&st, &cfg, &g, 1e-3f);
+    struct kiln_train_state back;
+    if (kiln_train_state_from_json(good, &back, &err))
+        fail_msg("%s", err.msg);
+    assert_true(back.step == 10 && back.opt_step == 7 && back.tokens == 20480);
+    assert_true(back.loader.epoch == 1 && back.loader.position == 3);
+    const double two64 = 18446744073709551616.0, two53 = 9007199254740992.0;
+    // a count at the edge of what a double holds exactly is still read
+    cJSON *edge = state_with(good, "tokens", NULL, two53);
+    if (kiln_train_state_from_json(edge, &back, &err))
+        fail_msg("%s", err.msg);
+    assert_true(back.tokens == (uint64_t)1 << 53);
+    cJSON_Delete(edge);
+
+    static const struct {
+        const char *a, *b;
+        double v;
+        const char *msg;
+    } cases[] = {
+        // beyond 2^53 a double no longer counts by ones, and beyond 2^64 the conversion is undefined:
+        // opt_step 1e300 used to come back as 0 and silently restart AdamW's bias correction
+        {"opt_step", NULL, 1e300,
+         "state.json field 'opt_step' is 1e+300: more than 2^53 = 9007199254740992, the largest count kept "
+         "exactly; the checkpoint is damaged"},
+        {"step", NULL, 18446744073709551616.0,
+         "state.json field 'step' is 1.844674407370955e+19: more than 2^53 = 9007199254740992, the largest "
+         "count kept exactly; the checkpoint is damaged"},
+        {"tokens", NULL, 9007199254740994.0, "state.json field 'tokens' is 9007199254740994: more than 2^53"},
+        {"loader", "epoch", 1e300, "state.json field 'loader.epoch' is 1e+300: more than 2^53"},
+        {"loader", "position", two64, "state.json field 'loader.position' is 1.844674407370955e+19"},
+        {"guards", "skipped_total", 1e300,
+         "state.json field 'guards.skipped_total' is 1e+300: more than 2^53 = 9007199254740992, the largest "
+         "count kept exactly; the checkpoint is damaged"},
+        {"guards", "spike_grad", two64, "state.json field 'guards.spike_grad' is 1.844674407370955e+19"},
+        {"guards", "consecutive", 1e300, "state.json field 'guards.consecutive' is 1e+300: more than"},
+        // counts that contradict each other
+        {"opt_step", NULL, 11,
+         "state.json field 'opt_step' is 11: more than step 10 (AdamW updates are at most the steps); the "
+         "checkpoint is damaged"},
+        {"guards", "nan", 4,
+         "state.json field 'guards.nan' is 4: more than guards.skipped_total 3 (every skip has one reason); "
+         "the checkpoint is damaged"},
+        {"guards", "consecutive", 4,
+         "state.json field 'guards.consecutive' is 4: more than guards.skipped_total 3 (skips in a row are "
+         "skips); the checkpoint is damaged"},
+        {"guards", "skipped_total", 4,
+         "state.json field 'guards.skipped_total' is 4: the reasons' counts add up to 3; the checkpoint is "
+         "damaged"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        cJSON *j = state_with(good, cases[i].a, cases[i].b, cases[i].v);
+        int rc = kiln_train_state_from_json(j, &back, &err);
+        if (rc != KILN_ERR_RUNTIME || strncmp(err.msg, cases[i].msg, strlen(cases[i].msg)))
+            fail_msg("%s%s%s = %.17g: rc %d, message \"%s\"; expected \"%s...\"", cases[i].a,
+                     cases[i].b ? "." : "", cases[i].b ? cases[i].b : "", cases[i].v, rc, rc ? err.msg : "",
+                     cases[i].msg);
+        cJSON_Delete(j);
+    }
+    // guards.skipped_total may not exceed the steps: every skipped step is a step
+    cJSON *j = cJSON_Duplicate(good, 1), *gj = cJSON_GetObjectItemCaseSensitive(j, "guards");
+    cJSON_ReplaceItemInObjectCaseSensitive(gj, "skipped_total", cJSON_CreateNumber(11));
+    cJSON_ReplaceItemInObjectCaseSensitive(gj, "nan", cJSON_CreateNumber(10));
+    rehash_state(j);
+    assert_int_equal(kiln_train_state_from_json(j, &back, &err), KILN_ERR_RUNTIME);
+    assert_string_equal(err.msg,
+                        "state.json field 'guards.skipped_total' is 11: more than step 10 (skipped steps "
+                        "are steps); the checkpoint is damaged");
+    cJSON_Delete(j);
+
+    // the guards' own reader refuses the same counts (the trainer calls it after kiln_train_state_from_json)
+    struct kiln_guards h;
+    kiln_guards_init(&h, 6.0f, 100, 10);
+    cJSON *bad = kiln_guards_to_json(&g);
+    cJSON_ReplaceItemInObjectCaseSensitive(bad, "skipped_total", cJSON_CreateNumber(1e300));
+    assert_int_equal(kiln_guards_from_json(&h, bad, &err), KILN_ERR_RUNTIME);
+    assert_non_null(strstr(err.msg, "'guards.skipped_total' is 1e+300"));
+    cJSON_ReplaceItemInObjectCaseSensitive(bad, "skipped_total", cJSON_CreateNumber(3));
+    cJSON_ReplaceItemInObjectCaseSensitive(bad, "spike_loss", cJSON_CreateNumber(5));
+    assert_int_equal(kiln_guards_from_json(&h, bad, &err), KILN_ERR_RUNTIME);
+    assert_non_null(strstr(err.msg, "'guards.spike_loss' is 5: more than guards.skipped_total 3"));
+    cJSON_Delete(bad);
+    kiln_guards_free(&h);
+    cJSON_Delete(good);
+    kiln_guards_free(&g);
+}
+
 int main(void) {
     run_seed = test_seed() % 1000003;
     const struct CMUnitTest tests[] = {
@@ -546,6 +676,7 @@ int main(void) {
         cmocka_unit_test(test_spike_detector_statistics_and_round_trip),
         cmocka_unit_test(test_spike_detector_adapts_to_a_change_of_level),
         cmocka_unit_test(test_metrics_truncation_drops_later_and_torn_lines),
+        cmocka_unit_test(test_state_counts_out_of_range_or_inconsistent_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
