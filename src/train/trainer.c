@@ -2,6 +2,8 @@
 #include "train/trainer.h"
 
 #include <errno.h>
+#include <glob.h>
+#include <libgen.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -40,6 +42,31 @@ static void run_data_free(struct run_data *d) {
     kiln_ids_free(&d->ids);
 }
 
+// The char vocabulary of shards: DIR/manifest.json beside the files --data matches (kiln tokenize writes it).
+// A pattern that matches nothing says so; matching files without their manifest say what is missing.
+static int char_shards_tokenizer(const struct kiln_config *cfg, struct kiln_tokenizer **tok,
+                                 struct kiln_error *err) {
+    glob_t g;
+    int found = glob(cfg->data, 0, NULL, &g) == 0 && g.gl_pathc > 0;
+    char manifest[1100] = "";
+    if (found) {
+        char *first = kiln_xstrdup(g.gl_pathv[0]);
+        snprintf(manifest, sizeof(manifest), "%s/manifest.json", dirname(first));
+        free(first);
+    }
+    globfree(&g);
+    if (!found)
+        return kiln_errorf(err, KILN_ERR_USAGE, "no files match '%s' (--data): check the path and quote the glob",
+                           cfg->data);
+    struct stat st;
+    if (stat(manifest, &st) != 0)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "%s is missing (--data, --tokenizer=char): char shards take their vocabulary from the "
+                           "manifest kiln tokenize --tokenizer=char writes beside them",
+                           manifest);
+    return kiln_tokenizer_open(tok, "char", manifest, err);
+}
+
 // The tokenizer, and loaders over shards (--data) or the embedded Tiny Shakespeare split 90/10.
 static int open_data(struct kiln_config *cfg, int rank, int world, struct run_data *d,
                      struct kiln_error *err) {
@@ -47,11 +74,11 @@ static int open_data(struct kiln_config *cfg, int rank, int world, struct run_da
     int rc;
     size_t n_text = 0;
     const char *text = NULL;
-    if (strcmp(cfg->tokenizer, "char") == 0) {
-        if (cfg->data[0] && strcmp(cfg->data, "random"))
-            return kiln_errorf(err, KILN_ERR_USAGE,
-                               "tokenizer char (--tokenizer) trains on the embedded text only; "
-                               "shards given with --data need --tokenizer=gpt2");
+    if (strcmp(cfg->tokenizer, "char") == 0 && cfg->data[0] && strcmp(cfg->data, "random")) {
+        // char shards (kiln tokenize --tokenizer=char): the vocabulary is the one their manifest saved
+        if ((rc = char_shards_tokenizer(cfg, &d->tok, err)))
+            return rc;
+    } else if (strcmp(cfg->tokenizer, "char") == 0) {
         text = kiln_embedded_shakespeare(&n_text);
         d->tok = kiln_chartok_from_text(text, n_text);
     } else if ((rc = kiln_tokenizer_open(&d->tok, cfg->tokenizer, NULL, err))) {
