@@ -25,7 +25,6 @@ struct slot {
 struct kiln_dp {
     struct kiln_comm *comm;
     struct kiln_backend *be;
-    const struct kiln_param_table *pt;
     struct kiln_gpt *g;
     struct kiln_gpt_buffers buf;
     int zero;
@@ -74,8 +73,7 @@ int kiln_dp_ranges_for(const size_t *bounds, int n_buckets, int n, int r, struct
 }
 
 // Buckets at layer boundaries, from the top: each takes layers (downwards) until it holds bucket_mb.
-static void plan_buckets(struct kiln_dp *dp, double bucket_mb) {
-    const struct kiln_param_table *pt = dp->pt;
+static void plan_buckets(struct kiln_dp *dp, const struct kiln_param_table *pt, double bucket_mb) {
     int L = 0; // layers in the table
     for (int i = 0; i < pt->n; i++)
         if (pt->p[i].layer + 1 > L)
@@ -104,8 +102,7 @@ static void plan_buckets(struct kiln_dp *dp, double bucket_mb) {
 }
 
 // AdamW's spans: every tensor's span cut to the owned ranges, with the range's state offsets.
-static void plan_spans(struct kiln_dp *dp) {
-    const struct kiln_param_table *pt = dp->pt;
+static void plan_spans(struct kiln_dp *dp, const struct kiln_param_table *pt) {
     dp->spans = kiln_xcalloc((size_t)pt->n * (size_t)(dp->n_ranges + 1), sizeof(*dp->spans));
     dp->n_spans = 0;
     for (int r = 0; r < dp->n_ranges; r++) {
@@ -127,15 +124,14 @@ void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_ba
     struct kiln_dp *dp = kiln_xcalloc(1, sizeof(*dp));
     dp->comm = comm;
     dp->be = be;
-    dp->pt = pt;
     dp->zero = o->zero;
-    plan_buckets(dp, o->bucket_mb);
+    plan_buckets(dp, pt, o->bucket_mb);
     dp->n_ranges = kiln_dp_ranges_for(dp->bounds, dp->nb, comm->size, comm->rank, &dp->ranges);
     size_t owned = 0;
     for (int r = 0; r < dp->n_ranges; r++)
         owned += dp->ranges[r].hi - dp->ranges[r].lo;
     dp->optim_elems = dp->zero ? (owned ? owned : 1) : pt->total;
-    plan_spans(dp);
+    plan_spans(dp, pt);
     for (int i = 0; i < dp->nb; i++)
         dp->b[i].event = be->ops->event_create ? be->ops->event_create(be->ctx) : NULL;
     *out = dp;
@@ -263,6 +259,7 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
     dp->g = g;
     kiln_gpt_buffers(g, &dp->buf);
     KILN_ASSERT(dp->buf.optim_elems == dp->optim_elems);
+    KILN_ASSERT(kiln_gpt_params(g)->total == dp->bounds[0]); // planned on this layout
     struct kiln_gpt_hooks h = {
         .user = dp, .layer_backward_end = on_layer_backward_end, .embed_backward_end = on_embed_backward_end};
     if (dp->zero == 2) {

@@ -37,8 +37,8 @@ struct kiln_dp_range {
 
 struct kiln_dp;
 
-// Plans buckets and shards for the parameter table on comm's ranks. grad_dtype: the gradients' (and so the
-// wire's) dtype.
+// Plans buckets and shards for the parameter table on comm's ranks (pt is read here only, not kept); the
+// gradients' dtype, and so the wire's, is the backend's.
 void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_backend *be,
                     const struct kiln_param_table *pt, const struct kiln_dp_opts *o);
 void kiln_dp_free(struct kiln_dp *dp);

@@ -56,14 +56,15 @@ static int char_shards_tokenizer(const struct kiln_config *cfg, struct kiln_toke
     }
     globfree(&g);
     if (!found)
-        return kiln_errorf(err, KILN_ERR_USAGE, "no files match '%s' (--data): check the path and quote the glob",
-                           cfg->data);
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "no files match '%s' (--data): check the path and quote the glob", cfg->data);
     struct stat st;
     if (stat(manifest, &st) != 0)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "%s is missing (--data, --tokenizer=char): char shards take their vocabulary from the "
-                           "manifest kiln tokenize --tokenizer=char writes beside them",
-                           manifest);
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "%s is missing (--data, --tokenizer=char): char shards take their vocabulary from the "
+            "manifest kiln tokenize --tokenizer=char writes beside them",
+            manifest);
     return kiln_tokenizer_open(tok, "char", manifest, err);
 }
 
@@ -497,12 +498,8 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         return rc;
     kiln_gpt_init_params(r->g, cfg->seed);
     r->pt = kiln_gpt_params(r->g);
-    if (r->dp) {
-        kiln_dp_free(r->dp); // planned on a table of our own: again on the model's, which outlives it
-        struct kiln_dp_opts dpo = {.zero = cfg->zero, .bucket_mb = cfg->bucket_mb};
-        kiln_dp_create(&r->dp, r->comm, &r->be, r->pt, &dpo);
+    if (r->dp) // planned on a table built from the same config: the model's is the same layout
         kiln_dp_attach(r->dp, r->g);
-    }
 
     kiln_guards_init(&r->guards, cfg->spike_z, cfg->spike_window, cfg->max_bad_steps);
     // One job owns the run directory (rank 0 for the group), before anything in it is read or cleaned up: a
@@ -520,8 +517,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     r->res->steps = (int)r->st.step;
     r->res->skipped_steps = (int)r->guards.skipped_total;
     if (cfg->out[0]) {
-        if (r->rank0 && ((rc = write_config(cfg, err)) ||
-                         (rc = write_vocab(cfg, r->data.tok, err)) ||
+        if (r->rank0 && ((rc = write_config(cfg, err)) || (rc = write_vocab(cfg, r->data.tok, err)) ||
                          (rc = open_metrics(cfg, r->st.step, &r->metrics, err))))
             return rc;
         struct kiln_ckpt_policy policy = {.keep_last = cfg->keep_last, .keep_every = cfg->keep_every};
