@@ -23,6 +23,8 @@ static const struct command COMMANDS[] = {
     {"import", cmd_import, "import a Hugging Face directory as a kiln run"},
     {"logits", cmd_logits, "print a run's next-token logits for given tokens, as JSON (--run=DIR --tokens=...)"},
     {"launch", cmd_launch, "supervise kiln train: restart it from the newest checkpoint after a crash"},
+    {"doctor", cmd_doctor, "explain a hang from a run's RUN/hang/ reports: which rank stalled, and where"},
+    {"plot", cmd_plot, "plot runs' metrics (loss, lr, grad norm, tok/s, MFU, memory) into a PNG"},
     {"help", cmd_help, "this help, or the options of a command (kiln help train)"},
 };
 #define N_COMMANDS (sizeof(COMMANDS) / sizeof(COMMANDS[0]))

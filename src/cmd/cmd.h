@@ -16,5 +16,7 @@ int cmd_export(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_doctor(int argc, char **argv); // cmd/doctor.c
+int cmd_plot(int argc, char **argv);   // cmd/plot.c
 
 #endif

@@ -91,8 +91,13 @@ static const struct opt OPTS[] = {
     // many processes
     {"comm", OPT_ENUM, OFF(comm), 0, 0, "auto nccl mpi single",
      "transport between processes (auto: nccl on GPUs, mpi on CPUs, single for one process)"},
-    {"zero", OPT_INT, OFF(zero), 0, 2, NULL,
-     "data parallelism: 0 DDP, 1 optimizer state sharded (ZeRO-1), 2 gradients sharded too (ZeRO-2)"},
+    {"zero", OPT_INT, OFF(zero), 0, 3, NULL,
+     "data parallelism: 0 DDP, 1 optimizer state sharded (ZeRO-1), 2 gradients sharded too (ZeRO-2), 3 "
+     "parameters sharded too, gathered per layer (ZeRO-3, FSDP)"},
+    {"prefetch", OPT_INT, OFF(prefetch), 1, 2, NULL,
+     "ZeRO-3: layers whose weights are gathered ahead of the one computing (bounds the gathered copies)"},
+    {"offload", OPT_ENUM, OFF(offload), 0, 0, "none optimizer",
+     "optimizer: fp32 master weights and AdamW moments in pinned host memory, AdamW on the CPU"},
     {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 1e5, NULL,
      "MiB of gradients per reduction bucket, each reduced while the backward goes on"},
     {"reduce-dtype", OPT_ENUM, OFF(reduce_dtype), 0, 0, "auto fp32 bf16",
@@ -107,9 +112,16 @@ static const struct opt OPTS[] = {
     {"spike-z", OPT_FLOAT, OFF(spike_z), 0, 1000, NULL, "skip steps whose loss/grad-norm z-score exceeds this (0 = off)"},
     {"spike-window", OPT_INT, OFF(spike_window), 2, 1e6, NULL, "steps in the spike detector's running statistics"},
     {"max-bad-steps", OPT_INT, OFF(max_bad_steps), 1, 1e9, NULL, "stop after this many consecutive skipped steps"},
+    // cluster operations (docs/operations.md)
+    {"hang-timeout", OPT_FLOAT, OFF(hang_timeout), 0, 1e6, NULL,
+     "seconds without progress in a step or a collective before the watchdog dumps RUN/hang/ and aborts "
+     "the job (0 = off)"},
+    {"tensorboard", OPT_STR, OFF(tensorboard), 0, 0, NULL, "also write TensorBoard event files into this directory"},
     // fault injection (tests only)
     {"inject-nan", OPT_STR, OFF(inject_nan), 0, 0, NULL, "testing only: steps (1-based, comma-separated) whose loss is made NaN"},
     {"inject-crash", OPT_INT, OFF(inject_crash), 0, 1e9, NULL, "testing only: abort() before step N of a fresh run, after the last checkpoint is written (0 = off)"},
+    {"inject-stall", OPT_STR, OFF(inject_stall), 0, 0, NULL,
+     "testing only: RANK:STEP, that rank stops making progress (sleeps) before step STEP"},
 };
 #define N_OPTS (sizeof(OPTS) / sizeof(OPTS[0]))
 
@@ -221,6 +233,8 @@ static void config_defaults(struct kiln_config *c) {
     strcpy(c->device, "auto");
     strcpy(c->comm, "auto");
     c->bucket_mb = 25;
+    c->prefetch = 1;
+    c->hang_timeout = 600;
     c->world = 1;
     c->checkpoint = 1;
     c->keep_last = 3;

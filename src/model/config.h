@@ -17,6 +17,7 @@ enum kiln_schedule { KILN_SCHED_COSINE = 0, KILN_SCHED_LINEAR, KILN_SCHED_CONSTA
 // act: only the MLP activation's output is recomputed (from its kept input), as torch.compile does
 enum kiln_recompute { KILN_RECOMPUTE_NONE = 0, KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_BLOCK, KILN_RECOMPUTE_ACT };
 enum kiln_grad_dtype { KILN_GRAD_AUTO = 0, KILN_GRAD_FP32, KILN_GRAD_BF16 };
+enum kiln_offload { KILN_OFFLOAD_NONE = 0, KILN_OFFLOAD_OPTIMIZER };
 
 struct kiln_model_config {
     int n_layer;        // L
@@ -85,7 +86,9 @@ struct kiln_config {
 
     // many processes (docs/distributed.md)
     char comm[16];        // auto, nccl, mpi, single: the transport (dist/comm.h)
-    int zero;             // 0 DDP, 1 optimizer state sharded, 2 gradients too (ZeRO-1/2)
+    int zero;             // 0 DDP, 1 optimizer state sharded, 2 gradients too, 3 parameters too (ZeRO-1/2/3)
+    int prefetch;         // ZeRO-3: layers gathered ahead of the computing one (1 or 2)
+    enum kiln_offload offload; // where the optimizer state lives
     float bucket_mb;      // gradient bucket size for DDP's overlapped reduction, in MiB
     enum kiln_grad_dtype reduce_dtype; // the gradients' dtype on the wire: AUTO/FP32 = fp32, BF16 = bf16
     int world;            // data-parallel ranks: not an option but the job's size, set by the trainer from the
@@ -103,9 +106,14 @@ struct kiln_config {
     int spike_window;     // steps in the running statistics
     int max_bad_steps;    // stop after this many consecutive skipped steps
 
+    // cluster operations (docs/operations.md)
+    float hang_timeout;   // seconds without progress before the watchdog dumps RUN/hang/ and aborts (0 = off)
+    char tensorboard[1024]; // TensorBoard event directory ("" = none)
+
     // fault injection, for tests only (docs/runs.md)
     char inject_nan[256]; // "STEP,STEP,...": make these steps' loss and grad norm NaN
     int inject_crash;     // abort() before step N of a run that started fresh (0 = off), checkpoints written
+    char inject_stall[64]; // "RANK:STEP": that rank sleeps before step STEP, forever (the watchdog's tests)
 };
 
 // Fills cfg with the defaults and the named preset ("shakespeare-char" when NULL).

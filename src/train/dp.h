@@ -25,8 +25,10 @@
 #include "model/params.h"
 
 struct kiln_dp_opts {
-    int zero;         // 0, 1 or 2
+    int zero;         // 0, 1, 2 or 3
     double bucket_mb; // MiB of gradients per bucket (at least one layer each)
+    int prefetch;     // ZeRO-3: layers gathered ahead of the computing one
+    int offload;      // 1: master weights and moments in pinned host memory, AdamW on the CPU
 };
 
 // One contiguous range of the flat parameter buffer that this rank owns, and where its AdamW moments sit.

@@ -649,37 +649,3 @@ void kiln_ckpt_writer_free(struct kiln_ckpt_writer *w) {
     free(w->optim_names);
     free(w);
 }
-
-// ----------------------------------------------------------------------------
-// metrics.jsonl
-
-int kiln_metrics_truncate(const char *path, int64_t step, struct kiln_error *err) {
-    char *data;
-    size_t n;
-    FILE *probe = fopen(path, "rb");
-    if (!probe)
-        return errno == ENOENT
-                   ? 0
-                   : kiln_errorf(err, KILN_ERR_RUNTIME, "cannot read %s: %s", path, strerror(errno));
-    fclose(probe);
-    int rc = kiln_read_file(path, &data, &n, err);
-    if (rc)
-        return rc;
-    char *out = kiln_xmalloc(n + 1);
-    size_t m = 0;
-    for (char *line = data; line < data + n;) {
-        char *nl = memchr(line, '\n', (size_t)(data + n - line));
-        if (!nl)
-            break; // a torn last line
-        long long s;
-        if (sscanf(line, "{\"step\":%lld", &s) == 1 && s <= step) {
-            memcpy(out + m, line, (size_t)(nl - line + 1));
-            m += (size_t)(nl - line + 1);
-        }
-        line = nl + 1;
-    }
-    rc = m == n ? 0 : kiln_write_file_atomic(path, out, m, err);
-    free(out);
-    free(data);
-    return rc;
-}

@@ -1,6 +1,6 @@
 // The trainer's side of checkpoints (docs/formats.md, "Checkpoints"): what goes into state.json, an
 // asynchronous writer (snapshot to host memory, write from a background thread), loading a checkpoint back
-// into a model, the resume compatibility check, and metrics.jsonl truncation.
+// into a model and the resume compatibility check.
 #ifndef KILN_TRAIN_TRAIN_CKPT_H
 #define KILN_TRAIN_TRAIN_CKPT_H
 
@@ -82,9 +82,5 @@ int kiln_ckpt_writer_join(struct kiln_ckpt_writer *w, double *wait_ms, struct ki
 double
 kiln_ckpt_writer_last_write_ms(const struct kiln_ckpt_writer *w); // duration of the last finished write
 void kiln_ckpt_writer_free(struct kiln_ckpt_writer *w);           // joins first; NULL is fine
-
-// Rewrites path (atomically) without the lines of steps > step, and without a torn last line. A missing file
-// is fine.
-int kiln_metrics_truncate(const char *path, int64_t step, struct kiln_error *err);
 
 #endif

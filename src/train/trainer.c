@@ -19,6 +19,7 @@
 #include "train/model_io.h"
 #include "train/embedded.h"
 #include "train/guards.h"
+#include "train/metrics.h"
 #include "train/schedule.h"
 #include "train/dp.h"
 #include "train/tuning.h"
@@ -359,47 +360,29 @@ struct step_log {
     enum kiln_skip skipped;
 };
 
-static void write_metrics(FILE *f, const struct step_log *s, const struct kiln_guards *gd, size_t mem_bytes,
-                          double mfu, double mfu_causal, double hfu, double comm_wait_ms) {
-    fprintf(f,
-            "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
-            "\"peak_mem_bytes\":%zu",
-            (long long)s->step, s->loss, (double)s->lr, s->norm, s->tok_s, s->ms, mem_bytes);
-    if (mfu > 0)
-        fprintf(f, ",\"mfu\":%.4f,\"mfu_causal\":%.4f", mfu, mfu_causal);
-    if (hfu > 0) // with recompute: model FLOPs plus the recomputed forward work
-        fprintf(f, ",\"hfu\":%.4f", hfu);
-    if (!isnan(s->val_loss))
-        fprintf(f, ",\"val_loss\":%.6f", s->val_loss);
-    if (s->skipped)
-        fprintf(f, ",\"skipped\":\"%s\"", kiln_skip_name(s->skipped));
-    if (gd->skipped_total)
-        fprintf(f,
-                ",\"skipped_steps\":%lld,\"skipped_nan\":%lld,\"skipped_spike_loss\":%lld,"
-                "\"skipped_spike_grad\":%lld",
-                (long long)gd->skipped_total, (long long)gd->skipped[KILN_SKIP_NAN],
-                (long long)gd->skipped[KILN_SKIP_SPIKE_LOSS], (long long)gd->skipped[KILN_SKIP_SPIKE_GRAD]);
-    if (!isnan(s->ckpt_stall_ms))
-        fprintf(f, ",\"ckpt_stall_ms\":%.3f", s->ckpt_stall_ms);
-    if (!isnan(comm_wait_ms)) // several ranks: the host's time waiting on gradient reductions, so far
-        fprintf(f, ",\"comm_wait_ms\":%.3f", comm_wait_ms);
-    if (s->prev_ckpt_write_ms > 0) // the background write of the previous checkpoint, finished by now
-        fprintf(f, ",\"prev_ckpt_write_ms\":%.3f", s->prev_ckpt_write_ms);
-    fprintf(f, "}\n");
-    fflush(f);
-}
-
-static int open_metrics(const struct kiln_config *cfg, int64_t resumed_step, FILE **out,
-                        struct kiln_error *err) {
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/metrics.jsonl", cfg->out);
-    int rc;
-    // a killed run may have logged steps past its last checkpoint: those lines go, the rest is appended to
-    if (resumed_step > 0 && (rc = kiln_metrics_truncate(path, resumed_step, err)))
-        return rc;
-    if (!(*out = fopen(path, resumed_step > 0 ? "a" : "w")))
-        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot write %s: %s", path, strerror(errno));
-    return 0;
+// The metrics line of a step (NAN and 0 leave fields out).
+static void log_metrics(struct kiln_metrics *m, const struct step_log *s, const struct kiln_guards *gd,
+                        size_t mem_bytes, double mfu, double mfu_causal, double hfu, double comm_wait_ms) {
+    struct kiln_metrics_row row = {.step = s->step,
+                                   .loss = s->loss,
+                                   .lr = s->lr,
+                                   .grad_norm = s->norm,
+                                   .tokens_per_s = s->tok_s,
+                                   .ms = s->ms,
+                                   .peak_mem_bytes = mem_bytes,
+                                   .mfu = mfu,
+                                   .mfu_causal = mfu_causal,
+                                   .hfu = hfu,
+                                   .val_loss = s->val_loss,
+                                   .skipped = s->skipped ? kiln_skip_name(s->skipped) : NULL,
+                                   .skipped_total = gd->skipped_total,
+                                   .skipped_nan = gd->skipped[KILN_SKIP_NAN],
+                                   .skipped_spike_loss = gd->skipped[KILN_SKIP_SPIKE_LOSS],
+                                   .skipped_spike_grad = gd->skipped[KILN_SKIP_SPIKE_GRAD],
+                                   .ckpt_stall_ms = s->ckpt_stall_ms,
+                                   .comm_wait_ms = comm_wait_ms,
+                                   .prev_ckpt_write_ms = s->prev_ckpt_write_ms};
+    kiln_metrics_write(m, &row);
 }
 
 // ----------------------------------------------------------------------------
@@ -417,7 +400,7 @@ struct run {
     struct kiln_guards guards;
     struct kiln_train_state st;
     struct kiln_ckpt_writer *writer;
-    FILE *metrics;
+    struct kiln_metrics *metrics;
     int32_t *in, *tgt;
     // many processes: the job's place, the step's communicator, the checkpoint writer's own, and DDP/ZeRO
     struct kiln_dist_env env;
@@ -487,7 +470,10 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         .B = cfg->batch_size, .T = cfg->seq_len, .recompute = cfg->recompute, .training = 1};
     kiln_gpt_tuning_from_env(&go);
     if (r->comm) {
-        struct kiln_dp_opts dpo = {.zero = cfg->zero, .bucket_mb = cfg->bucket_mb};
+        struct kiln_dp_opts dpo = {.zero = cfg->zero,
+                                   .bucket_mb = cfg->bucket_mb,
+                                   .prefetch = cfg->prefetch,
+                                   .offload = cfg->offload == KILN_OFFLOAD_OPTIMIZER};
         kiln_dp_create(&r->dp, r->comm, &r->be, &pt, &dpo);
         go.optim_elems = kiln_dp_optim_elems(r->dp);
         go.external_grads = kiln_dp_external_grads(r->dp);
@@ -518,7 +504,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     r->res->skipped_steps = (int)r->guards.skipped_total;
     if (cfg->out[0]) {
         if (r->rank0 && ((rc = write_config(cfg, err)) || (rc = write_vocab(cfg, r->data.tok, err)) ||
-                         (rc = open_metrics(cfg, r->st.step, &r->metrics, err))))
+                         (rc = kiln_metrics_open(cfg, r->st.step, &r->metrics, err))))
             return rc;
         struct kiln_ckpt_policy policy = {.keep_last = cfg->keep_last, .keep_every = cfg->keep_every};
         if (cfg->checkpoint && r->dp)
@@ -641,7 +627,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
         note_skip(r, sl);
     if (kiln_guards_exhausted(&r->guards)) {
         if (r->metrics)
-            write_metrics(r->metrics, sl, &r->guards, kiln_gpt_mem_peak(r->g), 0, 0, 0, NAN);
+            log_metrics(r->metrics, sl, &r->guards, kiln_gpt_mem_peak(r->g), 0, 0, 0, NAN);
         kiln_progress_end(&r->prog);
         struct kiln_error we;
         if (r->writer && kiln_ckpt_writer_join(r->writer, NULL, &we))
@@ -687,7 +673,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
     if (r->metrics &&
         (r->st.step % cfg->log_every == 0 || last || !isnan(sl->val_loss) || sl->skipped || stop || due)) {
         double tok_s = sl->tok_s, pk = r->peak;
-        write_metrics(r->metrics, sl, &r->guards, kiln_gpt_mem_peak(r->g),
+        log_metrics(r->metrics, sl, &r->guards, kiln_gpt_mem_peak(r->g),
                       pk > 0 ? r->fpt * tok_s / pk / r->env.world : 0,
                       pk > 0 ? r->fpt_causal * tok_s / pk / r->env.world : 0,
                       pk > 0 && r->fpt_recompute > 0 ? (r->fpt + r->fpt_recompute) * tok_s / pk / r->env.world
@@ -749,8 +735,7 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     free(r->in);
     free(r->tgt);
     free(r->nan_steps);
-    if (r->metrics)
-        fclose(r->metrics);
+    kiln_metrics_close(r->metrics);
     kiln_guards_free(&r->guards);
     kiln_dp_free(r->dp);
     kiln_gpt_free(r->g);

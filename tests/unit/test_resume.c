@@ -11,6 +11,7 @@
 #include "io/fsutil.h"
 #include "train/guards.h"
 #include "train/train_ckpt.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 #include "util/sha256.h"
 
