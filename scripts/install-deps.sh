@@ -2,7 +2,10 @@
 # Installs the Debian packages kiln needs to build and test, if any are missing.
 # As root it runs apt-get; otherwise it prints the exact command to run.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libcmocka-dev libpcre2-dev libcjson-dev liblzma-dev libopenmpi-dev openmpi-bin)
+# protobuf-c: TensorBoard event files; PLplot with its cairo driver: kiln plot's PNGs; netpbm: test_plot reads
+# the PNGs back
+pkgs=(build-essential cmake pkg-config libcmocka-dev libpcre2-dev libcjson-dev liblzma-dev libopenmpi-dev openmpi-bin
+      libprotobuf-c-dev protobuf-c-compiler libplplot-dev plplot-driver-cairo netpbm)
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -4,7 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend.h"
+#include "dist/comm.h"
 #include "model/config.h"
+#include "util/build_info.h"
 
 struct command {
     const char *name;
@@ -33,8 +36,27 @@ static void usage(FILE *f) {
     fprintf(f, "usage: kiln <command> [--option=value ...]\n\ncommands:\n");
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-10s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
-    fprintf(f, "\nkiln help <command> lists a command's options.\n");
+    fprintf(f, "\nkiln help <command> lists a command's options; kiln --version says what this binary is.\n");
 }
+
+// kiln --version: what a bug report needs to name the binary.
+static int print_version(void) {
+    printf("kiln %s\n", kiln_build_version);
+    printf("commit: %s\n", kiln_build_commit);
+    printf("build type: %s\n", kiln_build_type[0] ? kiln_build_type : "(none)");
+    printf("backends: %s\n", kiln_backends_compiled());
+    printf("cuda archs: %s\n",
+           kiln_build_cuda_archs[0] ? kiln_build_cuda_archs : "none (built without CUDA)");
+    printf("transports: %s\n", kiln_comm_compiled());
+    return 0;
+}
+
+// Only the options info reads: kiln info also accepts every kiln train option, for the resolved config.
+static const char *const INFO_OPTS[] = {
+    "layers",      "heads",          "kv-heads",   "dim",       "block-size", "vocab-multiple",
+    "pos",         "norm",           "norm-bias",  "bias",      "mlp",        "mlp-hidden",
+    "block",       "tie-embeddings", "qk-norm",    "tokenizer", "batch",      "seq",
+    "total-batch", "recompute",      "grad-dtype", NULL};
 
 int cmd_help(int argc, char **argv) {
     if (argc == 0) {
@@ -42,9 +64,23 @@ int cmd_help(int argc, char **argv) {
         return 0;
     }
     const char *c = argv[0];
-    if (!strcmp(c, "train") || !strcmp(c, "info")) {
-        printf("kiln %s [--preset=NAME] [--config=FILE] [--option=value ...]\n\n", c);
+    if (!strcmp(c, "train")) {
+        printf("kiln train [--preset=NAME] [--config=FILE] [--option=value ...]\n\n");
         kiln_config_print_help(stdout);
+        return 0;
+    }
+    if (!strcmp(c, "info")) {
+        printf(
+            "kiln info [--preset=NAME] [--config=FILE] [--option=value ...]\n"
+            "  prints the resolved config, the parameter count, FLOPs and memory of a model, and the "
+            "backends\n"
+            "  and GPUs of this machine. It accepts every kiln train option (kiln help train); these change\n"
+            "  what it computes:\n\n");
+        kiln_config_print_help_only(stdout, INFO_OPTS);
+        return 0;
+    }
+    if (!strcmp(c, "help")) {
+        printf("kiln help [COMMAND]\n  lists the commands, or the options of COMMAND\n");
         return 0;
     }
     for (size_t i = 0; i < N_COMMANDS; i++)
@@ -52,7 +88,10 @@ int cmd_help(int argc, char **argv) {
             char *h[] = {"--help"};
             return COMMANDS[i].run(1, h);
         }
-    fprintf(stderr, "error: unknown command '%s' (kiln help): see kiln help for the commands\n", c);
+    fprintf(stderr,
+            "error: unknown command '%s' (kiln help): there is no such command; see kiln help for the "
+            "commands\n",
+            c);
     return 2;
 }
 
@@ -64,10 +103,14 @@ int kiln_cmd_main(int argc, char **argv) {
     const char *name = argv[1];
     if (!strcmp(name, "--help") || !strcmp(name, "-h"))
         return cmd_help(0, NULL);
+    if (!strcmp(name, "--version") || !strcmp(name, "-V"))
+        return print_version();
     for (size_t i = 0; i < N_COMMANDS; i++)
         if (!strcmp(name, COMMANDS[i].name))
             return COMMANDS[i].run(argc - 2, argv + 2);
-    fprintf(stderr, "error: unknown command '%s': see kiln help for the commands\n",
+    fprintf(stderr,
+            "error: unknown command '%s' (kiln): there is no such command; see kiln help for the "
+            "commands\n",
             name);
     return 2;
 }

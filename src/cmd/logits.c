@@ -1,7 +1,9 @@
 // kiln logits: the model's next-token logits at every position of a token sequence, as JSON. For checking
 // exports against other implementations (tests/interop/check_hf.py) and for debugging.
 //   {"device": "cpu", "vocab_size": V, "tokens": [...], "logits": [[V floats] per position]}
+// A non-finite logit is written as null, so stdout is always valid JSON, and the exit status is then 1.
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,12 +122,25 @@ static int run_logits(const struct logits_opts *o, struct kiln_error *err) {
     for (size_t i = 0; i < ids.n; i++)
         printf("%s%d", i ? ", " : "", ids.data[i]);
     printf("],\n \"logits\": [");
-    // the KV-cache path, one position at a time: logits at position t see tokens 0..t
+    // the KV-cache path, one position at a time: logits at position t see tokens 0..t. JSON has no NaN or
+    // Infinity: a non-finite logit prints as null (the output stays valid JSON) and the exit status is 1,
+    // with an error naming the first one.
     for (size_t t = 0; t < ids.n; t++) {
         kiln_gpt_decode_step(g, &ids.data[t], (int)t, logits);
         printf("%s[", t ? ",\n  " : "");
-        for (int k = 0; k < V; k++)
-            printf("%s%.9g", k ? "," : "", (double)logits[k]);
+        for (int k = 0; k < V; k++) {
+            if (isfinite(logits[k])) {
+                printf("%s%.9g", k ? "," : "", (double)logits[k]);
+                continue;
+            }
+            printf("%snull", k ? "," : "");
+            if (!rc)
+                rc =
+                    kiln_errorf(err, KILN_ERR_RUNTIME,
+                                "non-finite logit %g (kiln logits: position %zu, token %d): printed as null; "
+                                "the model overflows, check the run's weights",
+                                (double)logits[k], t, k);
+        }
         printf("]");
     }
     printf("]}\n");
@@ -143,7 +158,8 @@ out_ids:
 int cmd_logits(int argc, char **argv) {
     if (argc == 1 && !strcmp(argv[0], "--help")) {
         printf("kiln logits --run=DIR (--tokens=ID,ID,... | --text=TEXT) [--device=cpu|cuda|auto]\n"
-               "  prints {\"vocab_size\", \"tokens\", \"logits\": [[V floats] per position]} as JSON\n");
+               "  prints {\"vocab_size\", \"tokens\", \"logits\": [[V floats] per position]} as JSON;\n"
+               "  a non-finite logit prints as null and kiln exits 1\n");
         return 0;
     }
     struct logits_opts o;

@@ -159,6 +159,17 @@ static int run_sample(const struct sample_opts *o, struct kiln_error *err) {
     for (; pos < (int)ids.n; pos++)
         kiln_gpt_decode_step(g, &ids.data[pos], pos, logits);
     for (int i = 0; i < o->max_tokens; i++) {
+        // finite weights can still overflow to inf; a sampler fed NaN would print garbage and exit 0
+        for (int k = 0; k < V; k++)
+            if (!isfinite(logits[k])) {
+                rc =
+                    kiln_errorf(err, KILN_ERR_RUNTIME,
+                                "non-finite logit %g (kiln sample: token %d of the vocabulary, position %d): "
+                                "the model overflows; check the run's weights",
+                                (double)logits[k], k, pos);
+                fputc('\n', stdout);
+                goto out;
+            }
         int32_t next = kiln_sample_token(logits, V, o->temperature, o->top_k, &rng);
         kiln_ids_push(&ids, next);
         text.n = 0;

@@ -65,8 +65,8 @@ static int parse_u64(const char *flag, const char *v, uint64_t *out, struct kiln
     errno = 0;
     double d = strtod(v, &end); // accepts 1e8 as well as 100000000
     if (errno || end == v || *end || d < 0 || d > 1.8e19 || d != floor(d))
-        return kiln_errorf(err, KILN_ERR_USAGE, "bad value for %s (\"%s\"): expected a non-negative integer",
-                           flag, v);
+        return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): expected a non-negative integer",
+                           v, flag + 2, flag);
     *out = (uint64_t)d;
     return 0;
 }
@@ -77,7 +77,11 @@ static int add_inputs(struct tok_args *a, const char *pattern, struct kiln_error
     if (rc != 0) {
         if (rc != GLOB_NOMATCH)
             globfree(&g);
-        return kiln_errorf(err, KILN_ERR_USAGE, "no input files match (%s): check the path or glob", pattern);
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "no input files match (%s): expected .txt or .jsonl files, optionally .xz; fix the "
+            "path or quote the glob",
+            pattern);
     }
     a->inputs = realloc(a->inputs, sizeof(char *) * ((size_t)a->n_inputs + g.gl_pathc));
     KILN_ASSERT(a->inputs);
@@ -107,15 +111,14 @@ static int parse_args(struct tok_args *a, int argc, char **argv, struct kiln_err
             exit(0);
         } else if (!eq) {
             rc = kiln_errorf(err, KILN_ERR_USAGE,
-                             "unknown option (%s): allowed are --out, --tokenizer, --vocab, "
+                             "unknown option '%s' (kiln tokenize): allowed are --out, --tokenizer, --vocab, "
                              "--shard-tokens, --val-tokens, --val-fraction, --threads, --quiet",
-                             s);
+                             s + 2);
         } else if (strncmp(s, "--tokenizer=", 12) == 0) {
             a->tokenizer = eq + 1;
             if (strcmp(a->tokenizer, "gpt2") != 0 && strcmp(a->tokenizer, "char") != 0)
                 rc = kiln_errorf(err, KILN_ERR_USAGE,
-                                 "bad value for --tokenizer (\"%s\"): allowed values are "
-                                 "gpt2, char",
+                                 "bad value '%s' for tokenizer (--tokenizer): allowed values are gpt2,char",
                                  a->tokenizer);
         } else if (strncmp(s, "--vocab=", 8) == 0) {
             a->vocab = eq + 1;
@@ -124,10 +127,11 @@ static int parse_args(struct tok_args *a, int argc, char **argv, struct kiln_err
         } else if (strncmp(s, "--shard-tokens=", 15) == 0) {
             rc = parse_u64("--shard-tokens", eq + 1, &a->shard_tokens, err);
             if (!rc && (a->shard_tokens < 1 || a->shard_tokens > INT32_MAX))
-                rc = kiln_errorf(err, KILN_ERR_USAGE,
-                                 "bad value for --shard-tokens (%s): allowed 1..%d (the "
-                                 "shard header holds an int32 count)",
-                                 eq + 1, INT32_MAX);
+                rc =
+                    kiln_errorf(err, KILN_ERR_USAGE,
+                                "bad value '%s' for shard-tokens (--shard-tokens): allowed range is 1 to %d; "
+                                "the shard header holds an int32 count",
+                                eq + 1, INT32_MAX);
         } else if (strncmp(s, "--val-tokens=", 13) == 0) {
             rc = parse_u64("--val-tokens", eq + 1, &a->val_tokens, err);
             have_val_tokens = 1;
@@ -136,34 +140,40 @@ static int parse_args(struct tok_args *a, int argc, char **argv, struct kiln_err
             a->val_fraction = strtod(eq + 1, &end);
             if (end == eq + 1 || *end || !(a->val_fraction >= 0 && a->val_fraction < 1))
                 rc = kiln_errorf(err, KILN_ERR_USAGE,
-                                 "bad value for --val-fraction (\"%s\"): allowed 0 <= F < 1", eq + 1);
+                                 "bad value '%s' for val-fraction (--val-fraction): allowed range is 0 to 1, "
+                                 "1 excluded",
+                                 eq + 1);
         } else if (strncmp(s, "--threads=", 10) == 0) {
             uint64_t t = 0;
             rc = parse_u64("--threads", eq + 1, &t, err);
             if (!rc && (t < 1 || t > 1024))
                 rc =
-                    kiln_errorf(err, KILN_ERR_USAGE, "bad value for --threads (%s): allowed 1..1024", eq + 1);
+                    kiln_errorf(err, KILN_ERR_USAGE,
+                                "bad value '%s' for threads (--threads): allowed range is 1 to 1024", eq + 1);
             a->threads = (int)t;
         } else {
-            rc = kiln_errorf(err, KILN_ERR_USAGE,
-                             "unknown option (%.*s): allowed are --out, --tokenizer, --vocab, "
-                             "--shard-tokens, --val-tokens, --val-fraction, --threads, --quiet",
-                             (int)(eq - s), s);
+            rc =
+                kiln_errorf(err, KILN_ERR_USAGE,
+                            "unknown option '%.*s' (kiln tokenize): allowed are --out, --tokenizer, --vocab, "
+                            "--shard-tokens, --val-tokens, --val-fraction, --threads, --quiet",
+                            (int)(eq - s - 2), s + 2);
         }
         if (rc)
             return rc;
     }
     if (have_val_tokens && a->val_fraction >= 0)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "conflicting options (--val-tokens and --val-fraction): give one");
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "both --val-tokens and --val-fraction (kiln tokenize): they set the same split; give "
+            "one");
     if (!a->out)
         return kiln_errorf(err, KILN_ERR_USAGE,
-                           "missing option (--out): give the output directory, e.g. "
+                           "missing --out=DIR (kiln tokenize): give the output directory, e.g. "
                            "--out=data/gutenberg");
     if (a->n_inputs == 0)
         return kiln_errorf(err, KILN_ERR_USAGE,
-                           "no inputs (kiln tokenize): give .txt/.jsonl files (optionally "
-                           ".xz) or globs");
+                           "no inputs (kiln tokenize): nothing to tokenize; give .txt/.jsonl files "
+                           "(optionally .xz) or globs");
     return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -227,6 +228,8 @@ struct kiln_safetensors {
     int *by_name;             // (n) indices into t sorted by name
     int nmeta;
     char **meta; // (2*nmeta) key, value, ...
+    const uint8_t *data; // the byte buffer after the header (data_bytes)
+    size_t data_bytes;
 };
 
 void kiln_safetensors_close(struct kiln_safetensors *f) {
@@ -281,6 +284,11 @@ int kiln_safetensors_meta_count(const struct kiln_safetensors *f) {
 
 const char *kiln_safetensors_path(const struct kiln_safetensors *f) {
     return f->path;
+}
+
+const void *kiln_safetensors_data(const struct kiln_safetensors *f, size_t *bytes) {
+    *bytes = f->data_bytes;
+    return f->data;
 }
 
 // qsort contexts without globals: sort small index records that carry their keys.
@@ -392,29 +400,48 @@ static int st_parse_header(struct kiln_safetensors *f, const cJSON *root, const 
         }
         if (rc)
             break;
-        int64_t b = -1, e = -1;
-        if (cJSON_IsArray(offs) && cJSON_GetArraySize(offs) == 2) {
-            b = json_uint(cJSON_GetArrayItem(offs, 0));
-            e = json_uint(cJSON_GetArrayItem(offs, 1));
+        // offsets as doubles first, so that an offset past 2^53 is reported as past the data, not as
+        // malformed
+        double bd = -1, ed = -1;
+        if (cJSON_IsArray(offs) && cJSON_GetArraySize(offs) == 2 &&
+            cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) && cJSON_IsNumber(cJSON_GetArrayItem(offs, 1))) {
+            bd = cJSON_GetArrayItem(offs, 0)->valuedouble;
+            ed = cJSON_GetArrayItem(offs, 1)->valuedouble;
         }
-        if ((b < 0 || e < 0 || e < b) && ST_BAD("bad safetensors file (%s): tensor \"%s\" has "
-                                                "\"data_offsets\" that are not [begin, end] with "
-                                                "0 <= begin <= end; %s",
-                                                p, name, hint))
+        if ((!(bd >= 0 && ed >= 0) || bd != floor(bd) || ed != floor(ed)) &&
+            ST_BAD("bad safetensors file (%s): tensor \"%s\" has \"data_offsets\" that are not a pair of "
+                   "non-negative integers [begin, end]; %s",
+                   p, name, hint))
             break;
+        if (ed < bd &&
+            ST_BAD("bad safetensors file (%s): tensor \"%s\" has data_offsets [%.0f, %.0f] that end "
+                   "before they begin; %s",
+                   p, name, bd, ed, hint))
+            break;
+        if (ed > (double)data_bytes &&
+            ST_BAD(
+                "bad safetensors file (%s): tensor \"%s\" has data_offsets [%.0f, %.0f] that exceed the %lld "
+                "data bytes in the file; the file is truncated or corrupt",
+                p, name, bd, ed, (long long)data_bytes))
+            break;
+        int64_t b = (int64_t)bd, e = (int64_t)ed;
         int64_t nb = st_nbytes(t->dtype, t->ndim, t->shape);
+        if (nb < 0) {
+            char dims[160] = "";
+            for (int k = 0; k < t->ndim; k++)
+                snprintf(dims + strlen(dims), sizeof(dims) - strlen(dims), "%s%lld", k ? ", " : "",
+                         (long long)t->shape[k]);
+            (void)ST_BAD("bad safetensors file (%s): tensor \"%s\" has shape [%s] whose size overflows (more "
+                         "than 2^53 bytes of %s); %s",
+                         p, name, dims, dt->valuestring, hint);
+            break;
+        }
         if (nb != e - b &&
             ST_BAD(
                 "bad safetensors file (%s): tensor \"%s\" has data_offsets [%lld, %lld] (%lld bytes) but its "
                 "shape and dtype %s need %lld bytes; %s",
                 p, name, (long long)b, (long long)e, (long long)(e - b), dt->valuestring, (long long)nb,
                 hint))
-            break;
-        if (e > data_bytes &&
-            ST_BAD(
-                "bad safetensors file (%s): tensor \"%s\" has data_offsets [%lld, %lld] beyond the %lld data "
-                "bytes in the file; the file is truncated or corrupt",
-                p, name, (long long)b, (long long)e, (long long)data_bytes))
             break;
         t->data = data + b;
         spans[f->n - 1] = (struct st_span){b, e, f->n - 1};
@@ -524,7 +551,9 @@ int kiln_safetensors_open(struct kiln_safetensors **out, const char *path, struc
             path, at, (unsigned long long)hlen);
     }
     free(hdr);
-    int rc = st_parse_header(f, root, base + 8 + hlen, (int64_t)(f->map_bytes - 8 - hlen), err);
+    f->data = base + 8 + hlen;
+    f->data_bytes = f->map_bytes - 8 - hlen;
+    int rc = st_parse_header(f, root, f->data, (int64_t)f->data_bytes, err);
     cJSON_Delete(root);
     if (rc) {
         kiln_safetensors_close(f);

@@ -58,6 +58,8 @@ const struct kiln_st_tensor *kiln_safetensors_find(const struct kiln_safetensors
 const char *kiln_safetensors_meta(const struct kiln_safetensors *f, const char *key); // NULL if absent
 int kiln_safetensors_meta_count(const struct kiln_safetensors *f);
 const char *kiln_safetensors_path(const struct kiln_safetensors *f);
+// The byte buffer after the header (every tensor's data, in offset order) and its size.
+const void *kiln_safetensors_data(const struct kiln_safetensors *f, size_t *bytes);
 void kiln_safetensors_close(struct kiln_safetensors *f); // NULL is fine
 
 #endif

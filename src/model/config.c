@@ -327,9 +327,29 @@ static int enum_index(const char *choices, const char *value) {
     return -1;
 }
 
+// A range bound as a person writes it: whole numbers in full (1048576, not 1.04858e+06), others briefly.
+static void format_bound(double x, char *buf, size_t cap) {
+    if (x == floor(x) && fabs(x) < 1e15) {
+        snprintf(buf, cap, "%.0f", x);
+        return;
+    }
+    char tmp[32], *out = buf;
+    snprintf(tmp, sizeof(tmp), "%g", x);
+    // 1e+18 -> 1e18, 1e-05 -> 1e-5
+    for (const char *c = tmp; *c && (size_t)(out - buf) + 1 < cap; c++) {
+        if ((c[0] == '+' || c[0] == '0') && c > tmp && (c[-1] == 'e' || (c[-1] == '-' && c[-2] == 'e')))
+            continue;
+        *out++ = *c;
+    }
+    *out = 0;
+}
+
 static int range_error(const struct opt *o, const char *value, const char *where, struct kiln_error *err) {
-    return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): allowed range is %g to %g", value, o->name,
-                       where, o->min, o->max);
+    char lo[32], hi[32];
+    format_bound(o->min, lo, sizeof(lo));
+    format_bound(o->max, hi, sizeof(hi));
+    return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): allowed range is %s to %s", value,
+                       o->name, where, lo, hi);
 }
 
 int kiln_config_set(struct kiln_config *cfg, const char *name, const char *value, const char *where,
@@ -465,13 +485,25 @@ static int read_config_lines(const char *path, config_line_fn fn, void *user, st
                            "name = value lines",
                            path);
     }
-    char line[4096];
+    char *line = NULL;
+    size_t line_cap = 0;
+    ssize_t len;
     int lineno = 0, rc = 0;
-    while (!rc && fgets(line, sizeof(line), f)) {
+    while (!rc && (len = getline(&line, &line_cap, f)) >= 0) {
         lineno++;
-        if (!strchr(line, '\n') && !feof(f)) {
-            rc = kiln_errorf(err, KILN_ERR_USAGE, "line too long in config file (%s:%d): at most %zu characters", path,
-                             lineno, sizeof(line) - 2);
+        // a NUL would cut the line short unseen: config files are text
+        if (memchr(line, '\0', (size_t)len)) {
+            rc = kiln_errorf(
+                err, KILN_ERR_USAGE,
+                "NUL byte in config file (%s:%d): config files are text of name = value lines; is "
+                "this a binary file?",
+                path, lineno);
+            break;
+        }
+        if (len > 4094) {
+            rc = kiln_errorf(err, KILN_ERR_USAGE,
+                             "line too long in config file (%s:%d): at most %d characters", path, lineno,
+                             4094);
             break;
         }
         char *s = trim(line);
@@ -497,6 +529,7 @@ static int read_config_lines(const char *path, config_line_fn fn, void *user, st
     if (!rc && ferror(f)) // a read that failed part-way must not pass for the end of the file
         rc = kiln_errorf(err, KILN_ERR_USAGE, "cannot read config file '%s' (--config): %s", path,
                          strerror(errno));
+    free(line);
     fclose(f);
     return rc;
 }
@@ -668,6 +701,15 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "grad-dtype bf16 on device cpu (--grad-dtype): the cpu backend keeps fp32 gradients; "
                            "use --grad-dtype=auto or fp32, or --device=cuda");
+    if (c->tensorboard[0] && !c->out[0])
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "tensorboard without a run directory (--tensorboard=%s): the events mirror "
+                           "RUN/metrics.jsonl; add --out=DIR",
+                           c->tensorboard);
+    if (c->offload == KILN_OFFLOAD_OPTIMIZER && c->stochastic_rounding)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "offload optimizer with stochastic rounding (--offload, --stochastic-rounding): the "
+                           "host's AdamW rounds the bf16 weights to nearest; drop one of the two");
     return 0;
 }
 
@@ -702,12 +744,25 @@ static void opt_format(const struct opt *o, const struct kiln_config *cfg, char 
     case OPT_LONG:
         snprintf(buf, cap, "%ld", *(const long *)p);
         break;
-    case OPT_FLOAT:
-        snprintf(buf, cap, "%.9g", (double)*(const float *)p);
+    case OPT_FLOAT: {
+        // the shortest form that reads back as the same float: 0.003, not 0.00300000003 (9 digits always do)
+        float x = *(const float *)p;
+        for (int digits = 6; digits <= 9; digits++) {
+            snprintf(buf, cap, "%.*g", digits, (double)x);
+            if (strtof(buf, NULL) == x)
+                break;
+        }
         break;
-    case OPT_DOUBLE:
-        snprintf(buf, cap, "%.17g", *(const double *)p);
+    }
+    case OPT_DOUBLE: {
+        double x = *(const double *)p;
+        for (int digits = 15; digits <= 17; digits++) {
+            snprintf(buf, cap, "%.*g", digits, x);
+            if (strtod(buf, NULL) == x)
+                break;
+        }
         break;
+    }
     case OPT_U64:
         snprintf(buf, cap, "%llu", (unsigned long long)*(const uint64_t *)p);
         break;
@@ -752,21 +807,69 @@ uint64_t kiln_model_config_hash(const struct kiln_model_config *m) {
     return h;
 }
 
-void kiln_config_print_help(FILE *f) {
-    fprintf(f, "options (--name=value on the command line, name = value in a --config file):\n");
-    fprintf(f, "  %-16s %s\n", "preset", "model and training preset; one of:");
-    for (size_t i = 0; i < N_PRESETS; i++)
-        fprintf(f, "  %-16s   %-18s %s\n", "", PRESETS[i].name, PRESETS[i].desc);
-    fprintf(f, "  %-16s %s\n", "config", "a file of name = value lines");
-    for (size_t i = 0; i < N_OPTS; i++) {
-        const struct opt *o = &OPTS[i];
-        char extra[300] = "";
-        if (o->type == OPT_ENUM)
-            snprintf(extra, sizeof(extra), " [%s]", o->choices);
-        else if (o->type == OPT_BOOL)
-            snprintf(extra, sizeof(extra), " [0 1]");
-        fprintf(f, "  %-16s %s%s\n", o->name, o->help, extra);
+// One option's help line: the help text, then what it accepts and its default (kiln train's: the
+// shakespeare-char preset over the built-in defaults).
+static void print_opt_help(FILE *f, const struct opt *o, const struct kiln_config *def) {
+    char allowed[300] = "", dflt[1100];
+    char lo[32], hi[32];
+    format_bound(o->min, lo, sizeof(lo));
+    format_bound(o->max, hi, sizeof(hi));
+    switch (o->type) {
+    case OPT_ENUM: {
+        char choices[256];
+        snprintf(choices, sizeof(choices), "%s", o->choices);
+        for (char *c = choices; *c; c++)
+            if (*c == ' ')
+                *c = ',';
+        snprintf(allowed, sizeof(allowed), "one of %s", choices);
+        break;
     }
+    case OPT_BOOL:
+        snprintf(allowed, sizeof(allowed), "0 or 1");
+        break;
+    case OPT_INT:
+    case OPT_LONG:
+        snprintf(allowed, sizeof(allowed), "integer %s to %s", lo, hi);
+        break;
+    case OPT_FLOAT:
+    case OPT_DOUBLE:
+        snprintf(allowed, sizeof(allowed), "%s to %s", lo, hi);
+        break;
+    case OPT_U64:
+        snprintf(allowed, sizeof(allowed), "integer 0 to 2^64-1");
+        break;
+    case OPT_STR:
+        snprintf(allowed, sizeof(allowed), "text");
+        break;
+    }
+    opt_format(o, def, dflt, sizeof(dflt));
+    fprintf(f, "  %-20s %s [%s; default %s]\n", o->name, o->help, allowed, dflt[0] ? dflt : "empty");
+}
+
+static void print_help_header(FILE *f) {
+    fprintf(f, "options (--name=value on the command line, name = value in a --config file):\n");
+    fprintf(f, "  %-20s %s\n", "preset", "model and training preset (default shakespeare-char); one of:");
+    for (size_t i = 0; i < N_PRESETS; i++)
+        fprintf(f, "  %-20s   %-18s %s\n", "", PRESETS[i].name, PRESETS[i].desc);
+    fprintf(f, "  %-20s %s\n", "config", "a file of name = value lines");
+}
+
+void kiln_config_print_help(FILE *f) {
+    struct kiln_config def;
+    KILN_ASSERT(kiln_config_init(&def, NULL, NULL) == 0);
+    print_help_header(f);
+    for (size_t i = 0; i < N_OPTS; i++)
+        print_opt_help(f, &OPTS[i], &def);
+}
+
+void kiln_config_print_help_only(FILE *f, const char *const *names) {
+    struct kiln_config def;
+    KILN_ASSERT(kiln_config_init(&def, NULL, NULL) == 0);
+    print_help_header(f);
+    for (size_t i = 0; i < N_OPTS; i++)
+        for (const char *const *n = names; *n; n++)
+            if (!strcmp(*n, OPTS[i].name))
+                print_opt_help(f, &OPTS[i], &def);
 }
 
 double kiln_model_flops_per_token(const struct kiln_model_config *m, size_t n_params, int T, int causal) {

@@ -146,7 +146,8 @@ void kiln_config_write(const struct kiln_config *cfg, FILE *f);
 // 64-bit FNV-1a hash of the options that define the model shape (for refusing mismatched resumes).
 uint64_t kiln_model_config_hash(const struct kiln_model_config *m);
 
-// Prints the option table with help text (for `kiln help train`).
+// Prints the option table with help text, each option's allowed values and its default (for `kiln help
+// train`).
 void kiln_config_print_help(FILE *f);
 // Names of the presets, space-separated.
 const char *kiln_config_preset_names(void);
@@ -164,5 +165,8 @@ double kiln_model_flops_per_token(const struct kiln_model_config *m, size_t n_pa
 // utilization; recompute FLOPs are not model FLOPs): the MLP GEMMs for MLP, each block's forward for BLOCK
 // (GEMMs plus attention, in the same non-causal convention as the mfu numerator).
 double kiln_model_recompute_flops_per_token(const struct kiln_model_config *m, enum kiln_recompute r, int T);
+
+// The same, for the named options only (names: NULL-terminated; for `kiln help info`).
+void kiln_config_print_help_only(FILE *f, const char *const *names);
 
 #endif

@@ -126,8 +126,8 @@ struct kiln_gpt {
     size_t optim_elems; // of m and v each
 
     struct kiln_gpt_hooks hooks; // all NULL with one process
-    const void **window;         // (L) where layer l's weights are read: its range of the compute copy, or a
-                                 // stand-in that a hook put there (kiln_gpt_set_layer_window)
+    const void **wwin;           // (L + 2) where each segment's weights are read: its range of the compute
+                                 // copy, or a stand-in that a hook put there (kiln_gpt_set_weight_window)
     void **gwin;                 // (L + 2) where each segment's gradients are written (kiln_gpt_grad_segments)
     size_t *seg_begin;           // (L + 3) each segment's first element, then the table's total
 
@@ -343,11 +343,15 @@ void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts
     struct acts a;
     memset(plan, 0, sizeof(*plan));
     plan->scratch_bytes = acts_layout(&a, &plan->classifier_rows, &d, o, &fu, ab);
-    plan->params_bytes = pt.total * sizeof(float);
-    plan->weights_bytes = weights_alias_master ? 0 : pt.total * ab;
+    // ZeRO-3 holds a shard (optim_elems) of the master weights and of their compute copy
+    size_t held = o->sharded_params && o->optim_elems ? o->optim_elems : pt.total;
+    // an offloaded optimizer keeps the master weights in host memory, except where they are the compute copy
+    plan->params_bytes = o->offload_optimizer && !weights_alias_master ? 0 : held * sizeof(float);
+    plan->weights_bytes = weights_alias_master ? 0 : held * ab;
     if (o->training) {
         plan->grads_bytes = o->external_grads ? 0 : pt.total * kiln_dtype_bytes(grad);
-        plan->optim_bytes = 2 * (o->optim_elems ? o->optim_elems : pt.total) * sizeof(float);
+        plan->optim_bytes =
+            o->offload_optimizer ? 0 : 2 * (o->optim_elems ? o->optim_elems : pt.total) * sizeof(float);
     }
     plan->acts_bytes = plan->scratch_bytes;
     struct buf *bufs = (struct buf *)&a;
@@ -366,25 +370,29 @@ static void *act_at(const struct kiln_gpt *g, const void *base, size_t elems) {
     return (char *)base + elems * kiln_dtype_bytes(g->be->act_dtype);
 }
 
-// the compute copy of parameter i (act dtype), or NULL for an absent tensor (index -1); a layer's tensors are
-// read through the layer's window
+// the segment of parameter i (kiln_gpt_grad_segments): 0 before layer 0, 1 + l for layer l, L + 1 after
+static int segment_of(const struct kiln_gpt *g, int i) {
+    const struct kiln_param *p = &g->pt.p[i];
+    return p->layer >= 0 ? 1 + p->layer : p->offset < g->seg_begin[1] ? 0 : g->cfg.n_layer + 1;
+}
+
+// the compute copy of parameter i (act dtype), or NULL for an absent tensor (index -1), read through its
+// segment's window
 static const void *W(const struct kiln_gpt *g, int i) {
     if (i < 0)
         return NULL;
-    const struct kiln_param *p = &g->pt.p[i];
-    if (p->layer < 0)
-        return act_at(g, g->weights, p->offset);
-    return act_at(g, g->window[p->layer], p->offset - g->pt.layer_begin[p->layer]);
+    int s = segment_of(g, i);
+    KILN_ASSERT(g->wwin[s]); // sharded parameters: the window must have been set
+    return act_at(g, g->wwin[s], g->pt.p[i].offset - g->seg_begin[s]);
 }
 
 // the gradient of parameter i (grad dtype), or NULL, through its segment's window
 static void *G(const struct kiln_gpt *g, int i) {
     if (i < 0)
         return NULL;
-    const struct kiln_param *p = &g->pt.p[i];
-    int s = p->layer >= 0 ? 1 + p->layer : p->offset < g->seg_begin[1] ? 0 : g->cfg.n_layer + 1;
+    int s = segment_of(g, i);
     KILN_ASSERT(g->gwin[s]); // external gradients: the window must have been set
-    return (char *)g->gwin[s] + (p->offset - g->seg_begin[s]) * kiln_dtype_bytes(g->be->grad_dtype);
+    return (char *)g->gwin[s] + (g->pt.p[i].offset - g->seg_begin[s]) * kiln_dtype_bytes(g->be->grad_dtype);
 }
 
 static int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_error *err) {
@@ -461,16 +469,16 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
         *out = NULL;
         return rc;
     }
-    g->window = kiln_xcalloc((size_t)m->n_layer, sizeof(*g->window));
-    for (int l = 0; l < m->n_layer; l++)
-        kiln_gpt_set_layer_window(g, l, NULL);
+    g->wwin = kiln_xcalloc((size_t)m->n_layer + 2, sizeof(*g->wwin));
     g->gwin = kiln_xcalloc((size_t)m->n_layer + 2, sizeof(*g->gwin));
     g->seg_begin = kiln_xcalloc((size_t)m->n_layer + 3, sizeof(*g->seg_begin));
     for (int l = 0; l <= m->n_layer; l++)
         g->seg_begin[1 + l] = g->pt.layer_begin[l];
     g->seg_begin[m->n_layer + 2] = g->pt.total;
-    for (int s = 0; s < m->n_layer + 2; s++)
+    for (int s = 0; s < m->n_layer + 2; s++) {
+        kiln_gpt_set_weight_window(g, s, NULL);
         kiln_gpt_set_grad_window(g, s, NULL);
+    }
     g->tokens_host = kiln_xcalloc((size_t)d.N, sizeof(int32_t));
     g->losses_host = kiln_xcalloc((size_t)d.N, sizeof(float));
     build_spans(g);
@@ -508,7 +516,7 @@ void kiln_gpt_free(struct kiln_gpt *g) {
     free(g->tokens_host);
     free(g->losses_host);
     free(g->spans);
-    free(g->window);
+    free(g->wwin);
     free(g->gwin);
     free(g->seg_begin);
     free(g);
@@ -532,9 +540,14 @@ void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h) {
         memset(&g->hooks, 0, sizeof(g->hooks));
 }
 
+void kiln_gpt_set_weight_window(struct kiln_gpt *g, int seg, const void *base) {
+    KILN_ASSERT(seg >= 0 && seg < g->cfg.n_layer + 2);
+    g->wwin[seg] = base ? base : g->opts.sharded_params ? NULL : act_at(g, g->weights, g->seg_begin[seg]);
+}
+
 void kiln_gpt_set_layer_window(struct kiln_gpt *g, int l, const void *base) {
     KILN_ASSERT(l >= 0 && l < g->cfg.n_layer);
-    g->window[l] = base ? base : act_at(g, g->weights, g->pt.layer_begin[l]);
+    kiln_gpt_set_weight_window(g, 1 + l, base);
 }
 
 void kiln_gpt_buffers(const struct kiln_gpt *g, struct kiln_gpt_buffers *out) {
@@ -569,12 +582,22 @@ void kiln_gpt_fused_projection(const struct kiln_gpt *g, int *fwd, int *bwd) {
 // parameters
 
 void kiln_gpt_set_params(struct kiln_gpt *g, const float *host) {
+    if (g->opts.sharded_params || g->opts.offload_optimizer) {
+        KILN_ASSERT(g->hooks.params_set);
+        g->hooks.params_set(g->hooks.user, host);
+        return;
+    }
     g->ops->upload(g->ctx, g->params, host, g->pt.total * sizeof(float));
     if (g->weights != g->params)
         g->ops->upload_f32(g->ctx, g->weights, g->be->act_dtype, host, g->pt.total);
 }
 
 void kiln_gpt_get_params(struct kiln_gpt *g, float *host) {
+    if (g->opts.sharded_params || g->opts.offload_optimizer) {
+        KILN_ASSERT(g->hooks.params_get);
+        g->hooks.params_get(g->hooks.user, host);
+        return;
+    }
     g->ops->download(g->ctx, host, g->params, g->pt.total * sizeof(float));
 }
 
@@ -584,11 +607,21 @@ void kiln_gpt_get_grads(struct kiln_gpt *g, float *host) {
 }
 
 void kiln_gpt_get_optim(struct kiln_gpt *g, float *m_host, float *v_host) {
+    if (g->opts.offload_optimizer) {
+        KILN_ASSERT(g->hooks.optim_get);
+        g->hooks.optim_get(g->hooks.user, m_host, v_host);
+        return;
+    }
     g->ops->download(g->ctx, m_host, g->m, g->optim_elems * sizeof(float));
     g->ops->download(g->ctx, v_host, g->v, g->optim_elems * sizeof(float));
 }
 
 void kiln_gpt_set_optim(struct kiln_gpt *g, const float *m_host, const float *v_host) {
+    if (g->opts.offload_optimizer) {
+        KILN_ASSERT(g->hooks.optim_set);
+        g->hooks.optim_set(g->hooks.user, m_host, v_host);
+        return;
+    }
     g->ops->upload(g->ctx, g->m, m_host, g->optim_elems * sizeof(float));
     g->ops->upload(g->ctx, g->v, v_host, g->optim_elems * sizeof(float));
 }
@@ -823,6 +856,8 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
     memcpy(g->tokens_host, inputs, tok_bytes);
     g->ops->upload(g->ctx, a->tokens.p, inputs, tok_bytes);
     g->ops->upload(g->ctx, a->targets.p, targets, tok_bytes);
+    if (g->hooks.forward_begin)
+        g->hooks.forward_begin(g->hooks.user);
 
     // x = wte[idx] + wpe[t]
     struct kiln_embed_args e = {.out = buf_at(&a->x, 0), .tokens = a->tokens.p, .tokens_host = g->tokens_host,
@@ -1043,7 +1078,7 @@ static void adamw_over(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, d
 
 void kiln_gpt_adamw_spans(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
                           const struct kiln_param_span *spans, int n_spans) {
-    KILN_ASSERT(g->grads);
+    KILN_ASSERT(g->grads && !g->opts.sharded_params);
     adamw_over(g, h, grad_norm, spans, n_spans, g->grads, 0);
 }
 
@@ -1052,19 +1087,35 @@ void kiln_gpt_adamw_shard(struct kiln_gpt *g, const struct kiln_adamw_hparams *h
     adamw_over(g, h, grad_norm, spans, n_spans, grads, 1);
 }
 
-static void adamw_over(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
-                       const struct kiln_param_span *spans, int n_spans, const void *grads, int compact) {
+void kiln_adamw_args_from(const struct kiln_adamw_hparams *h, double grad_norm, struct kiln_adamw_args *a) {
     float scale = h->grad_scale;
     double norm = grad_norm * h->grad_scale;
     if (h->grad_clip > 0 && norm > h->grad_clip)
         scale *= (float)(h->grad_clip / norm);
-    struct kiln_adamw_args a = {.params = g->params, .weights = g->weights == g->params ? NULL : g->weights,
-                                .grads = grads, .grads_compact = compact, .m = g->m, .v = g->v, .spans = spans,
-                                .n_spans = n_spans,
-                                .lr = h->lr, .beta1 = h->beta1, .beta2 = h->beta2, .eps = h->eps,
-                                .weight_decay = h->weight_decay, .grad_scale = scale, .step = h->step,
-                                .stochastic_rounding = h->stochastic_rounding,
-                                .seed = h->seed ^ ((uint64_t)h->step * 0x9E3779B97F4A7C15ULL)};
+    a->lr = h->lr;
+    a->beta1 = h->beta1;
+    a->beta2 = h->beta2;
+    a->eps = h->eps;
+    a->weight_decay = h->weight_decay;
+    a->grad_scale = scale;
+    a->step = h->step;
+    a->stochastic_rounding = h->stochastic_rounding;
+    a->seed = h->seed ^ ((uint64_t)h->step * 0x9E3779B97F4A7C15ULL);
+}
+
+static void adamw_over(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+                       const struct kiln_param_span *spans, int n_spans, const void *grads, int compact) {
+    KILN_ASSERT(!g->opts.offload_optimizer); // the data-parallel layer runs AdamW on the host
+    struct kiln_adamw_args a = {.params = g->params,
+                                .weights = g->weights == g->params ? NULL : g->weights,
+                                .grads = grads,
+                                .grads_compact = compact,
+                                .params_compact = g->opts.sharded_params,
+                                .m = g->m,
+                                .v = g->v,
+                                .spans = spans,
+                                .n_spans = n_spans};
+    kiln_adamw_args_from(h, grad_norm, &a);
     g->ops->adamw(g->ctx, &a);
 }
 
@@ -1072,6 +1123,7 @@ static void adamw_over(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, d
 // KV-cache decoding
 
 int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error *err) {
+    KILN_ASSERT(!g->opts.sharded_params); // decoding runs on one process, over whole weights
     struct dims d = dims_of(&g->cfg, B, 1);
     struct decode *dc = &g->dec;
     size_t ab = kiln_dtype_bytes(g->be->act_dtype), kv = (size_t)B * maxT * d.NKV * d.HS;

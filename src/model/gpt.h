@@ -35,6 +35,14 @@ struct kiln_gpt_opts {
     int scratch_apart;            // every scratch buffer in a range of its own
     int external_grads;           // allocate no gradient buffer: every segment's gradients are written where
                                   // kiln_gpt_set_grad_window points (ZeRO-2's staging buffers), set before use
+    int sharded_params;           // ZeRO-3: the model holds optim_elems elements of the master weights and of
+                                  // their compute copy only, compact at the spans' state offsets (a rank's
+                                  // shard); every weight is read through a window the hooks set
+                                  // (kiln_gpt_set_weight_window), and get/set_params go through the hooks
+    int offload_optimizer;        // the f32 master weights and AdamW's moments live in host memory, with the
+                                  // data-parallel layer: the model holds neither (the compute copy only, which
+                                  // is the master on backends where they alias); get/set_params and
+                                  // get/set_optim go through the hooks
 };
 
 struct kiln_gpt;
@@ -56,6 +64,15 @@ struct kiln_gpt_hooks {
     // around the attention core of layer l (sequence parallelism): phase 0 before the forward kernel, 1 after
     // it, 2 before the backward kernel, 3 after it
     void (*attention)(void *user, int l, int phase);
+    // at the start of every forward, before the embedding: the weights read outside the layers (embeddings,
+    // final norm, head) and layer 0's must be in place (ZeRO-3 gathers them here)
+    void (*forward_begin)(void *user);
+    // sharded_params: the whole master weights (the table's total f32, host memory) from and to the shards
+    void (*params_get)(void *user, float *host);
+    void (*params_set)(void *user, const float *host);
+    // offload_optimizer: AdamW's moments (optim_elems each) from and to where they live
+    void (*optim_get)(void *user, float *m, float *v);
+    void (*optim_set)(void *user, const float *m, const float *v);
 };
 void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h);
 
@@ -67,9 +84,11 @@ void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h);
 int kiln_gpt_grad_segments(const struct kiln_gpt *g, const size_t **begins);
 void kiln_gpt_set_grad_window(struct kiln_gpt *g, int seg, void *base);
 
-// Layer l's weights are read through a window (the compute copy by default): base points at a copy of the
-// layer's tensors laid out as in the flat buffer from the layer's first element (kiln_param_table's
-// layer_begin[l]), in the act dtype; NULL restores the default.
+// Weights are read through windows too, one per segment as above (the compute copy by default): base points
+// at a copy of the segment's tensors laid out as in the flat buffer from the segment's first element, in the
+// act dtype; NULL restores the default (none with sharded_params: a window must be set before use).
+void kiln_gpt_set_weight_window(struct kiln_gpt *g, int seg, const void *base);
+// Layer l's window: segment 1 + l.
 void kiln_gpt_set_layer_window(struct kiln_gpt *g, int l, const void *base);
 
 // Plans memory without allocating (act_bytes/grad_bytes from the backend's dtypes).
@@ -92,7 +111,8 @@ size_t kiln_gpt_mem_peak(const struct kiln_gpt *g);
 // decoding (*bwd) and in the forward (*fwd). Both 0 for sequential blocks; gpt.c's struct fusion says when.
 void kiln_gpt_fused_projection(const struct kiln_gpt *g, int *fwd, int *bwd);
 
-// Master weights <-> host f32 (t->total floats, padding included). Setting refreshes the compute copy.
+// Master weights <-> host f32 (t->total floats, padding included). Setting refreshes the compute copy. With
+// sharded_params these are the params_get/params_set hooks (the data-parallel layer's gather and scatter).
 void kiln_gpt_set_params(struct kiln_gpt *g, const float *host);
 void kiln_gpt_get_params(struct kiln_gpt *g, float *host);
 void kiln_gpt_get_grads(struct kiln_gpt *g, float *host);       // for tests and checkpoints
@@ -120,6 +140,9 @@ struct kiln_adamw_hparams {
     int stochastic_rounding; // round the bf16 weight copy stochastically (mixed-precision backends)
     uint64_t seed;     // with step, seeds the rounding so that runs stay repeatable
 };
+// The hyperparameters of an AdamW step (learning rate, the clipping scale from grad_norm, the rounding seed)
+// into a, whose buffers and spans the caller sets (an offloaded optimizer's host buffers).
+void kiln_adamw_args_from(const struct kiln_adamw_hparams *h, double grad_norm, struct kiln_adamw_args *a);
 double kiln_gpt_grad_norm(struct kiln_gpt *g);
 void kiln_gpt_adamw(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm);
 // AdamW over the given spans only (each with its state_offset into the optimizer state the model holds):
@@ -127,7 +150,8 @@ void kiln_gpt_adamw(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, doub
 void kiln_gpt_adamw_spans(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
                           const struct kiln_param_span *spans, int n_spans);
 // AdamW over a ZeRO-2 rank's shard: grads holds the reduced gradients of the spans, compact, at each span's
-// state_offset (as the moments).
+// state_offset (as the moments). With sharded_params (ZeRO-3) the master weights and their compute copy are
+// compact there too.
 void kiln_gpt_adamw_shard(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
                           const struct kiln_param_span *spans, int n_spans, const void *grads);
 // The spans of every tensor (padding excluded), for callers that shard them; *n gets the count.

@@ -226,7 +226,14 @@ struct kiln_adamw_args {
     int stochastic_rounding;
     uint64_t seed;
     int grads_compact;      // grads indexed by each span's state_offset (a ZeRO-2 rank's reduced shard)
+    int params_compact;     // params and weights indexed by each span's state_offset too (a ZeRO-3 shard);
+                            // stochastic rounding still seeds by the flat index, so shards round as one model
 };
+
+// AdamW on host memory (the CPU backend's op, and the offloaded optimizer of every backend: model/adamw_host.c),
+// with OpenMP over `threads`. weights, when not NULL, receives the updated weights in weights_dtype (F32, or
+// BF16 rounded to nearest even). Stochastic rounding is not done here.
+void kiln_adamw_host(const struct kiln_adamw_args *a, enum kiln_dtype weights_dtype, int threads);
 
 struct kiln_ops {
     // ---- memory ----

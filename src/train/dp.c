@@ -15,6 +15,15 @@ struct bucket {
     size_t state_offset; // its slice's place in the rank's shard
 };
 
+// ZeRO-3: one bucket's compute weights, gathered, and whether they are the current ones (until AdamW)
+struct unit {
+    void *p;
+    int bucket;   // whose weights it holds, -1: none
+    int valid;    // gathered (or being gathered) since the last update
+    void *issued; // the compute stream's point where its gather was issued (NULL on the CPU)
+    struct kiln_comm_work *work;
+};
+
 // ZeRO-2's staging buffers: the top bucket (the final norm and head, written from the classifier on) and the
 // bottom one (the embeddings) have one each; the buckets between share two, in turn.
 struct slot {
@@ -46,10 +55,38 @@ struct kiln_dp {
     void *shard;     // (optim_elems) the reduced gradients of this rank's slices, summed over micro-steps
     void *shard_tmp; // (optim_elems) f32: a later micro-step's reduction, before it is added
     int micro;       // this micro-step's index
+    // ZeRO-3: the compute weights of each bucket are gathered from their owners when the model needs them.
+    // The top bucket (the last layer, final norm, head) and the bottom one (embeddings, layer 0) stay gathered
+    // from the first forward of a step to its last backward; each layer between has its own bucket and comes
+    // through a ring of K slots: the computing layer, the next one (whose first norm ends this one's forward)
+    // and --prefetch more.
+    int L, K;
+    struct unit *top_w, *bottom_w; // the top and bottom buckets' gathered weights
+    struct unit *slots;            // (K) the layers' between, slot l % K for layer l
+    const size_t *layer_begin;     // the model's (L + 1), for windows into a gathered bucket
+    float *host_master;            // (the table's total) the whole master weights, after kiln_dp_gather_master
+    // --offload=optimizer: this rank's part (optim_elems, at the spans' state offsets) of the f32 master weights,
+    // AdamW's moments, the reduced gradients and the updated compute weights (act dtype) in host memory
+    int offload, host_threads;
+    float *h_master, *h_m, *h_v, *h_grads; // buffers 0-3 (host_alloc)
+    void *h_weights;                       // buffer 4
+    unsigned h_pinned;
+    const struct kiln_param_span *o_spans; // AdamW's (DDP: the model's, with state offset = offset)
+    int o_n_spans;
 };
 
+static void gather_weights(struct kiln_dp *dp, int master);
+static void offload_params_set(struct kiln_dp *dp, const float *host);
+
 int kiln_dp_external_grads(const struct kiln_dp *dp) {
-    return dp->zero == 2;
+    return dp->zero >= 2;
+}
+
+void kiln_dp_model_opts(const struct kiln_dp *dp, struct kiln_gpt_opts *o) {
+    o->optim_elems = dp->optim_elems;
+    o->external_grads = dp->zero >= 2;
+    o->sharded_params = dp->zero == 3;
+    o->offload_optimizer = dp->offload;
 }
 
 static size_t grad_bytes(const struct kiln_dp *dp) {
@@ -101,6 +138,28 @@ static void plan_buckets(struct kiln_dp *dp, const struct kiln_param_table *pt, 
     }
 }
 
+// ZeRO-3's buckets are its gathering units: the last layer with the final norm and head, each layer between
+// on its own, and layer 0 with the embeddings (--bucket-mb does not apply).
+static void plan_layer_buckets(struct kiln_dp *dp, const struct kiln_param_table *pt) {
+    int L = 0;
+    for (int i = 0; i < pt->n; i++)
+        if (pt->p[i].layer + 1 > L)
+            L = pt->p[i].layer + 1;
+    dp->b = kiln_xcalloc((size_t)L + 1, sizeof(*dp->b));
+    dp->bounds = kiln_xcalloc((size_t)L + 2, sizeof(*dp->bounds));
+    size_t hi = pt->total;
+    dp->nb = 0;
+    dp->bounds[0] = hi;
+    for (int l = L - 1; l >= 0 || dp->nb == 0; l--) {
+        size_t lo = l <= 0 ? 0 : pt->layer_begin[l];
+        dp->b[dp->nb] = (struct bucket){.lo = lo, .hi = hi, .ready_layer = l <= 0 ? -1 : l};
+        dp->bounds[++dp->nb] = lo;
+        hi = lo;
+        if (l <= 0)
+            break;
+    }
+}
+
 // AdamW's spans: every tensor's span cut to the owned ranges, with the range's state offsets.
 static void plan_spans(struct kiln_dp *dp, const struct kiln_param_table *pt) {
     dp->spans = kiln_xcalloc((size_t)pt->n * (size_t)(dp->n_ranges + 1), sizeof(*dp->spans));
@@ -119,22 +178,89 @@ static void plan_spans(struct kiln_dp *dp, const struct kiln_param_table *pt) {
     }
 }
 
-void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_backend *be,
-                    const struct kiln_param_table *pt, const struct kiln_dp_opts *o) {
-    struct kiln_dp *dp = kiln_xcalloc(1, sizeof(*dp));
-    dp->comm = comm;
-    dp->be = be;
+// Buckets, ranges and spans for rank `rank` of `world` (no backend memory).
+static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world,
+                 int rank) {
     dp->zero = o->zero;
-    plan_buckets(dp, pt, o->bucket_mb);
-    dp->n_ranges = kiln_dp_ranges_for(dp->bounds, dp->nb, comm->size, comm->rank, &dp->ranges);
+    dp->offload = o->offload;
+    dp->host_threads = o->host_threads;
+    if (o->zero == 3)
+        plan_layer_buckets(dp, pt);
+    else
+        plan_buckets(dp, pt, o->bucket_mb);
+    dp->K = 2 + (o->prefetch > 0 ? o->prefetch : 1);
+    dp->n_ranges = kiln_dp_ranges_for(dp->bounds, dp->nb, world, rank, &dp->ranges);
     size_t owned = 0;
     for (int r = 0; r < dp->n_ranges; r++)
         owned += dp->ranges[r].hi - dp->ranges[r].lo;
     dp->optim_elems = dp->zero ? (owned ? owned : 1) : pt->total;
     plan_spans(dp, pt);
+}
+
+void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_backend *be,
+                    const struct kiln_param_table *pt, const struct kiln_dp_opts *o) {
+    struct kiln_dp *dp = kiln_xcalloc(1, sizeof(*dp));
+    dp->comm = comm;
+    dp->be = be;
+    plan(dp, pt, o, comm->size, comm->rank);
     for (int i = 0; i < dp->nb; i++)
         dp->b[i].event = be->ops->event_create ? be->ops->event_create(be->ctx) : NULL;
     *out = dp;
+}
+
+// the largest bucket between the top and the bottom one (0: none)
+static size_t mid_elems(const struct kiln_dp *dp) {
+    size_t mid = 0;
+    for (int i = 1; i < dp->nb - 1; i++)
+        if (dp->b[i].hi - dp->b[i].lo > mid)
+            mid = dp->b[i].hi - dp->b[i].lo;
+    return mid;
+}
+
+size_t kiln_dp_plan_bytes(const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world, int rank,
+                          enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_gpt_opts *model) {
+    struct kiln_backend be = {.act_dtype = act, .grad_dtype = grad};
+    struct kiln_dp dp = {.be = &be};
+    plan(&dp, pt, o, world, rank);
+    kiln_dp_model_opts(&dp, model);
+    size_t gb = kiln_dtype_bytes(grad), ab = kiln_dtype_bytes(act), bytes = 0;
+    size_t top = dp.b[0].hi - dp.b[0].lo, bottom = dp.nb > 1 ? dp.b[dp.nb - 1].hi - dp.b[dp.nb - 1].lo : 0;
+    size_t mid = mid_elems(&dp);
+    if (dp.zero >= 2) // staging (two shared between), the gradient shard, and with accumulation its addend
+        bytes += (top + bottom + 2 * mid) * gb + dp.optim_elems * gb + (accum > 1 ? dp.optim_elems * 4 : 0);
+    if (dp.zero == 3) // the gathered top and bottom buckets, and the ring of layers
+        bytes += (top + bottom + (size_t)dp.K * mid) * ab;
+    free(dp.b);
+    free(dp.bounds);
+    free(dp.ranges);
+    free(dp.spans);
+    return bytes;
+}
+
+// Page-locked host memory where the backend has it (copies at the link's speed), else malloc'd: bit k of
+// dp->h_pinned says which, for buffer k of the offload's.
+static void *host_alloc(struct kiln_dp *dp, size_t bytes, int k) {
+    void *p = dp->be->ops->host_alloc ? dp->be->ops->host_alloc(dp->be->ctx, bytes ? bytes : 16) : NULL;
+    if (p)
+        dp->h_pinned |= 1u << k;
+    else
+        p = kiln_xcalloc(1, bytes ? bytes : 16);
+    return p;
+}
+
+static void host_free(struct kiln_dp *dp, void *p, int k) {
+    if (p && (dp->h_pinned >> k & 1u))
+        dp->be->ops->host_free(dp->be->ctx, p);
+    else
+        free(p);
+}
+
+static void unit_free(struct kiln_dp *dp, struct unit *u) {
+    kiln_comm_wait(dp->comm, u->work);
+    if (u->p)
+        dp->be->ops->free(dp->be->ctx, u->p);
+    if (u->issued)
+        dp->be->ops->event_destroy(dp->be->ctx, u->issued);
 }
 
 void kiln_dp_free(struct kiln_dp *dp) {
@@ -149,6 +275,19 @@ void kiln_dp_free(struct kiln_dp *dp) {
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i] && (i != 1 || bufs[i] != dp->top))
             dp->be->ops->free(dp->be->ctx, bufs[i]);
+    struct unit *units[] = {dp->top_w, dp->bottom_w};
+    for (int i = 0; i < 2; i++)
+        if (units[i] && (i == 0 || units[i] != dp->top_w))
+            unit_free(dp, units[i]);
+    for (int k = 0; dp->slots && k < dp->K; k++)
+        unit_free(dp, &dp->slots[k]);
+    free(dp->top_w != dp->bottom_w ? dp->bottom_w : NULL);
+    free(dp->top_w);
+    free(dp->slots);
+    free(dp->host_master);
+    void *host[] = {dp->h_master, dp->h_m, dp->h_v, dp->h_grads, dp->h_weights};
+    for (int k = 0; k < 5; k++)
+        host_free(dp, host[k], k);
     free(dp->b);
     free(dp->bounds);
     free(dp->ranges);
@@ -165,13 +304,13 @@ static void reduce_bucket(struct kiln_dp *dp, struct bucket *b) {
     KILN_ASSERT(!b->work);
     size_t gb = grad_bytes(dp), lo, hi;
     kiln_comm_slice(b->hi - b->lo, dp->comm->size, dp->comm->rank, &lo, &hi);
-    char *base = dp->zero == 2 ? (char *)b->stage : (char *)dp->buf.grads + b->lo * gb;
+    char *base = dp->zero >= 2 ? (char *)b->stage : (char *)dp->buf.grads + b->lo * gb;
     // ZeRO-2: from the staging buffer onto the shard (a later micro-step's first into shard_tmp, then added)
     void *shard = dp->micro == 0 ? dp->shard : dp->shard_tmp;
-    KILN_ASSERT(dp->zero != 2 || (base && shard));
-    struct kiln_coll k = {.op = dp->zero == 2 ? KILN_COLL_REDUCE_SCATTER : KILN_COLL_ALL_REDUCE,
+    KILN_ASSERT(dp->zero < 2 || (base && shard));
+    struct kiln_coll k = {.op = dp->zero >= 2 ? KILN_COLL_REDUCE_SCATTER : KILN_COLL_ALL_REDUCE,
                           .send = base,
-                          .recv = dp->zero == 2 ? (char *)shard + b->state_offset * gb : base,
+                          .recv = dp->zero >= 2 ? (char *)shard + b->state_offset * gb : base,
                           .count = b->hi - b->lo,
                           .dtype = dp->be->grad_dtype,
                           .red = KILN_RED_SUM,
@@ -248,11 +387,309 @@ static void on_layer_begin(void *user, int l, int recompute) {
 static void *alloc_or_die(struct kiln_dp *dp, size_t bytes, const char *what) {
     void *p = dp->be->ops->alloc(dp->be->ctx, bytes ? bytes : 16);
     if (!p) {
-        fprintf(stderr, "kiln: out of memory on %s allocating ZeRO-2's %s (%.2f GiB)\n", dp->be->name, what,
+        fprintf(stderr, "kiln: out of memory on %s allocating ZeRO-%d's %s (%.2f GiB)\n", dp->be->name, dp->zero, what,
                 bytes / 1073741824.0);
         kiln_comm_abort_job(1);
     }
     return p;
+}
+
+// ---- ZeRO-3: gathering the compute weights ----
+
+// Issues the gather of bucket i's compute weights into u (nothing when u holds them already). It is ordered
+// after everything the compute stream was given so far: the update of the shard, and the last reads of what
+// the slot held before.
+static void unit_gather(struct kiln_dp *dp, struct unit *u, int i) {
+    if (u->bucket == i && u->valid)
+        return;
+    kiln_comm_wait_stream(dp->comm, u->work); // a gather never waited for (a slot is only reused once read)
+    const struct bucket *b = &dp->b[i];
+    size_t ab = kiln_dtype_bytes(dp->be->act_dtype), lo, hi;
+    kiln_comm_slice(b->hi - b->lo, dp->comm->size, dp->comm->rank, &lo, &hi);
+    struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER,
+                          .send = (const char *)dp->buf.weights + b->state_offset * ab,
+                          .recv = u->p,
+                          .count = b->hi - b->lo,
+                          .dtype = dp->be->act_dtype,
+                          .device = dp->be->device_memory};
+    if (u->issued)
+        dp->be->ops->event_record(dp->be->ctx, u->issued);
+    u->work = kiln_comm_submit(dp->comm, &k, u->issued);
+    u->bucket = i;
+    u->valid = 1;
+}
+
+// Points the model's weight windows of every segment in bucket i at u, once the gather is done (the compute
+// stream waits, not the host).
+static void unit_use(struct kiln_dp *dp, struct unit *u) {
+    kiln_comm_wait_stream(dp->comm, u->work);
+    u->work = NULL;
+    const struct bucket *b = &dp->b[u->bucket];
+    size_t ab = kiln_dtype_bytes(dp->be->act_dtype);
+    for (int s = 0; s < dp->n_seg; s++)
+        if (dp->seg_begin[s] >= b->lo && dp->seg_begin[s] < b->hi)
+            kiln_gpt_set_weight_window(dp->g, s, (char *)u->p + (dp->seg_begin[s] - b->lo) * ab);
+}
+
+// Layer l's unit: the bottom or top bucket's, or its slot in the ring.
+static struct unit *layer_unit(struct kiln_dp *dp, int l, int *bucket) {
+    *bucket = bucket_of(dp, dp->seg_begin[1 + l]);
+    if (*bucket == dp->nb - 1)
+        return dp->bottom_w;
+    if (*bucket == 0)
+        return dp->top_w;
+    return &dp->slots[l % dp->K];
+}
+
+static void want_layer(struct kiln_dp *dp, int l) { // a prefetch
+    int i;
+    struct unit *u = layer_unit(dp, l, &i);
+    unit_gather(dp, u, i);
+}
+
+static void have_layer(struct kiln_dp *dp, int l) {
+    int i;
+    struct unit *u = layer_unit(dp, l, &i);
+    unit_gather(dp, u, i);
+    unit_use(dp, u);
+}
+
+// Before the embedding: the top and bottom buckets (gathered once a step), and the first layers' prefetch.
+static void on_forward_begin(void *user) {
+    struct kiln_dp *dp = user;
+    unit_gather(dp, dp->bottom_w, dp->nb - 1);
+    unit_gather(dp, dp->top_w, 0);
+    for (int j = 1; j < dp->L && j <= dp->K - 1; j++)
+        want_layer(dp, j);
+    unit_use(dp, dp->bottom_w);
+    if (dp->top_w != dp->bottom_w)
+        unit_use(dp, dp->top_w);
+}
+
+// Layer l's forward reads its weights and the next layer's first norm; its backward (and recompute) its own.
+// The ring holds K = 2 + prefetch layers, so each prefetch goes into the slot of a layer that is done.
+static void on_layer_begin_zero3(void *user, int l, int recompute) {
+    struct kiln_dp *dp = user;
+    if (!recompute) {
+        have_layer(dp, l);
+        if (l + 1 < dp->L)
+            have_layer(dp, l + 1);
+        for (int j = l + 2; j < dp->L && j <= l + dp->K - 1; j++)
+            want_layer(dp, j);
+        return;
+    }
+    on_layer_begin(user, l, recompute); // the gradients' staging
+    have_layer(dp, l);
+    for (int j = l - 1; j >= 0 && j >= l - (dp->K - 2); j--)
+        want_layer(dp, j);
+}
+
+// The shards changed (AdamW, or new parameters): every gathered copy is stale.
+static void invalidate_units(struct kiln_dp *dp) {
+    struct unit *units[] = {dp->top_w, dp->bottom_w};
+    for (int i = 0; i < 2; i++)
+        if (units[i])
+            units[i]->valid = 0;
+    for (int k = 0; dp->slots && k < dp->K; k++)
+        dp->slots[k].valid = 0;
+}
+
+// The whole master weights to the shards (init, resume): this rank uploads its slices.
+static void on_params_set(void *user, const float *host) {
+    struct kiln_dp *dp = user;
+    if (dp->offload) {
+        offload_params_set(dp, host);
+        return;
+    }
+    const struct kiln_ops *ops = dp->be->ops;
+    for (int r = 0; r < dp->n_ranges; r++) {
+        const struct kiln_dp_range *q = &dp->ranges[r];
+        size_t n = q->hi - q->lo;
+        ops->upload(dp->be->ctx, dp->buf.params + q->state_offset, host + q->lo, n * sizeof(float));
+        if (dp->buf.weights != dp->buf.params)
+            ops->upload_f32(dp->be->ctx,
+                            (char *)dp->buf.weights + q->state_offset * kiln_dtype_bytes(dp->be->act_dtype),
+                            dp->be->act_dtype, host + q->lo, n);
+    }
+    invalidate_units(dp);
+}
+
+// The whole master weights, as the last kiln_dp_gather_master left them (every rank holds a host copy).
+static void on_params_get(void *user, float *host) {
+    struct kiln_dp *dp = user;
+    if (dp->offload && !dp->zero) { // the host master is whole
+        memcpy(host, dp->h_master, dp->bounds[0] * sizeof(float));
+        return;
+    }
+    KILN_ASSERT(dp->host_master); // kiln_dp_gather_master first: a collective, which this is not
+    memcpy(host, dp->host_master, dp->bounds[0] * sizeof(float));
+}
+
+// Where bucket i's slice of this rank sits in its shard (its range's state offset; the ranges skip empty slices).
+static size_t bucket_state_offset(const struct kiln_dp *dp, int i) {
+    size_t so = 0;
+    for (int j = 0; j < i; j++) {
+        size_t lo, hi;
+        kiln_comm_slice(dp->b[j].hi - dp->b[j].lo, dp->comm->size, dp->comm->rank, &lo, &hi);
+        so += hi - lo;
+    }
+    return so;
+}
+
+// ZeRO-3's (and an offloaded ZeRO-1/2's) kiln_dp_gather_master: each rank's slices of the f32 master weights, gathered into host memory.
+static void gather_master_host(struct kiln_dp *dp) {
+    size_t total = dp->bounds[0];
+    if (!dp->host_master)
+        dp->host_master = kiln_xmalloc(total * sizeof(float));
+    struct kiln_comm_work **w = kiln_xcalloc((size_t)dp->nb, sizeof(*w));
+    for (int i = 0; i < dp->nb; i++) {
+        const struct bucket *b = &dp->b[i];
+        size_t lo, hi;
+        kiln_comm_slice(b->hi - b->lo, dp->comm->size, dp->comm->rank, &lo, &hi);
+        float *at = dp->host_master + b->lo;
+        size_t so = bucket_state_offset(dp, i);
+        if (dp->offload)
+            memcpy(at + lo, dp->h_master + so, (hi - lo) * sizeof(float));
+        else
+            dp->be->ops->download(dp->be->ctx, at + lo, dp->buf.params + so, (hi - lo) * sizeof(float));
+        struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER, .send = at + lo, .recv = at, .count = b->hi - b->lo,
+                              .dtype = KILN_F32, .device = 0};
+        w[i] = kiln_comm_submit(dp->comm, &k, NULL);
+    }
+    for (int i = 0; i < dp->nb; i++)
+        kiln_comm_wait(dp->comm, w[i]);
+    free(w);
+}
+
+// ---- --offload=optimizer: AdamW on the host ----
+
+// The ranges of the flat buffer this rank updates, with their place in the host buffers: its slices under
+// ZeRO, everything (state offset = offset) under DDP.
+static const struct kiln_dp_range *update_ranges(const struct kiln_dp *dp, int *n, struct kiln_dp_range *all) {
+    if (dp->zero) {
+        *n = dp->n_ranges;
+        return dp->ranges;
+    }
+    *all = (struct kiln_dp_range){0, dp->bounds[0], 0};
+    *n = 1;
+    return all;
+}
+
+// The whole master weights (host) to the host master and the backend's compute copy.
+static void offload_params_set(struct kiln_dp *dp, const float *host) {
+    struct kiln_dp_range all;
+    int n;
+    const struct kiln_dp_range *q = update_ranges(dp, &n, &all);
+    size_t ab = kiln_dtype_bytes(dp->be->act_dtype);
+    for (int r = 0; r < n; r++) {
+        memcpy(dp->h_master + q[r].state_offset, host + q[r].lo, (q[r].hi - q[r].lo) * sizeof(float));
+        if (dp->zero == 3) // the compute copy is a shard too
+            dp->be->ops->upload_f32(dp->be->ctx, (char *)dp->buf.weights + q[r].state_offset * ab,
+                                    dp->be->act_dtype, host + q[r].lo, q[r].hi - q[r].lo);
+    }
+    if (dp->zero != 3)
+        dp->be->ops->upload_f32(dp->be->ctx, dp->buf.weights, dp->be->act_dtype, host, dp->bounds[0]);
+    invalidate_units(dp);
+}
+
+static void on_optim_get(void *user, float *m, float *v) {
+    struct kiln_dp *dp = user;
+    memcpy(m, dp->h_m, dp->optim_elems * sizeof(float));
+    memcpy(v, dp->h_v, dp->optim_elems * sizeof(float));
+}
+
+static void on_optim_set(void *user, const float *m, const float *v) {
+    struct kiln_dp *dp = user;
+    memcpy(dp->h_m, m, dp->optim_elems * sizeof(float));
+    memcpy(dp->h_v, v, dp->optim_elems * sizeof(float));
+}
+
+// The step's reduced gradients of this rank's ranges to the host, AdamW there, and the updated compute weights
+// back to the backend (then, under ZeRO-1/2, gathered from their owners as without offload).
+static void offload_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm) {
+    const struct kiln_ops *ops = dp->be->ops;
+    void *ctx = dp->be->ctx;
+    enum kiln_dtype gd = dp->be->grad_dtype, act = dp->be->act_dtype;
+    size_t gb = kiln_dtype_bytes(gd), ab = kiln_dtype_bytes(act);
+    struct kiln_dp_range all;
+    int n;
+    const struct kiln_dp_range *q = update_ranges(dp, &n, &all);
+    if (dp->zero >= 2) // the shard holds them compact already
+        ops->download_f32(ctx, dp->h_grads, dp->shard, gd, dp->optim_elems);
+    else
+        for (int r = 0; r < n; r++)
+            ops->download_f32(ctx, dp->h_grads + q[r].state_offset, (const char *)dp->buf.grads + q[r].lo * gb, gd,
+                              q[r].hi - q[r].lo);
+    struct kiln_adamw_args a = {.params = dp->h_master,
+                                .weights = dp->h_weights,
+                                .grads = dp->h_grads,
+                                .grads_compact = 1,
+                                .params_compact = 1,
+                                .m = dp->h_m,
+                                .v = dp->h_v,
+                                .spans = dp->o_spans,
+                                .n_spans = dp->o_n_spans};
+    kiln_adamw_args_from(h, grad_norm, &a);
+    kiln_adamw_host(&a, act, dp->host_threads);
+    if (dp->zero == 3) {
+        ops->upload(ctx, dp->buf.weights, dp->h_weights, dp->optim_elems * ab);
+        invalidate_units(dp);
+        return;
+    }
+    for (int r = 0; r < n; r++)
+        ops->upload(ctx, (char *)dp->buf.weights + q[r].lo * ab, (const char *)dp->h_weights + q[r].state_offset * ab,
+                    (q[r].hi - q[r].lo) * ab);
+    if (dp->zero)
+        gather_weights(dp, 0);
+}
+
+static void attach_offload(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {
+    size_t n = dp->optim_elems;
+    dp->h_master = host_alloc(dp, n * sizeof(float), 0);
+    dp->h_m = host_alloc(dp, n * sizeof(float), 1);
+    dp->h_v = host_alloc(dp, n * sizeof(float), 2);
+    dp->h_grads = host_alloc(dp, n * sizeof(float), 3);
+    dp->h_weights = host_alloc(dp, n * kiln_dtype_bytes(dp->be->act_dtype), 4);
+    memset(dp->h_m, 0, n * sizeof(float));
+    memset(dp->h_v, 0, n * sizeof(float));
+    if (dp->zero) {
+        dp->o_spans = dp->spans;
+        dp->o_n_spans = dp->n_spans;
+    } else {
+        dp->o_spans = kiln_gpt_spans(dp->g, &dp->o_n_spans); // state offset = offset
+    }
+    h->params_get = on_params_get;
+    h->params_set = on_params_set;
+    h->optim_get = on_optim_get;
+    h->optim_set = on_optim_set;
+}
+
+static void unit_alloc(struct kiln_dp *dp, struct unit *u, size_t elems) {
+    *u = (struct unit){.p = alloc_or_die(dp, elems * kiln_dtype_bytes(dp->be->act_dtype), "gathered weights"),
+                       .bucket = -1,
+                       .issued = dp->be->ops->event_create ? dp->be->ops->event_create(dp->be->ctx) : NULL};
+}
+
+static void attach_zero3(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {
+    dp->L = dp->n_seg - 2;
+    size_t mid = mid_elems(dp);
+    dp->top_w = kiln_xcalloc(1, sizeof(*dp->top_w));
+    unit_alloc(dp, dp->top_w, dp->b[0].hi - dp->b[0].lo);
+    if (dp->nb > 1) {
+        dp->bottom_w = kiln_xcalloc(1, sizeof(*dp->bottom_w));
+        unit_alloc(dp, dp->bottom_w, dp->b[dp->nb - 1].hi - dp->b[dp->nb - 1].lo);
+    } else {
+        dp->bottom_w = dp->top_w;
+    }
+    if (mid) {
+        dp->slots = kiln_xcalloc((size_t)dp->K, sizeof(*dp->slots));
+        for (int k = 0; k < dp->K; k++)
+            unit_alloc(dp, &dp->slots[k], mid);
+    }
+    h->forward_begin = on_forward_begin;
+    h->layer_begin = on_layer_begin_zero3;
+    h->params_get = on_params_get;
+    h->params_set = on_params_set;
 }
 
 void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
@@ -262,17 +699,15 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
     KILN_ASSERT(kiln_gpt_params(g)->total == dp->bounds[0]); // planned on this layout
     struct kiln_gpt_hooks h = {
         .user = dp, .layer_backward_end = on_layer_backward_end, .embed_backward_end = on_embed_backward_end};
-    if (dp->zero == 2) {
+    if (dp->zero >= 2) {
         KILN_ASSERT(!dp->buf.grads); // the model was created with external_grads
         dp->n_seg = kiln_gpt_grad_segments(g, &dp->seg_begin);
-        size_t gb = grad_bytes(dp), mid = 0, state = 0;
+        size_t gb = grad_bytes(dp), mid = mid_elems(dp), state = 0;
         for (int i = 0; i < dp->nb; i++) {
-            size_t lo, hi, n = dp->b[i].hi - dp->b[i].lo;
-            kiln_comm_slice(n, dp->comm->size, dp->comm->rank, &lo, &hi);
+            size_t lo, hi;
+            kiln_comm_slice(dp->b[i].hi - dp->b[i].lo, dp->comm->size, dp->comm->rank, &lo, &hi);
             dp->b[i].state_offset = state;
             state += hi - lo;
-            if (i > 0 && i < dp->nb - 1 && n > mid)
-                mid = n;
         }
         dp->top = alloc_or_die(dp, (dp->b[0].hi - dp->b[0].lo) * gb, "staging buffer");
         dp->bottom = dp->nb > 1 ? alloc_or_die(dp, (dp->b[dp->nb - 1].hi - dp->b[dp->nb - 1].lo) * gb,
@@ -284,12 +719,16 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
         dp->shard = alloc_or_die(dp, dp->optim_elems * gb, "gradient shard");
         h.layer_begin = on_layer_begin;
     }
+    if (dp->zero == 3)
+        attach_zero3(dp, &h);
+    if (dp->offload)
+        attach_offload(dp, &h);
     kiln_gpt_set_hooks(g, &h);
 }
 
 void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum) {
     dp->micro = micro;
-    if (dp->zero != 2) {
+    if (dp->zero < 2) {
         dp->reducing = micro == accum - 1;
         return;
     }
@@ -311,11 +750,11 @@ void kiln_dp_after_backward(struct kiln_dp *dp) {
         return;
     for (int i = 0; i < dp->nb; i++) {
         KILN_ASSERT(dp->b[i].work || dp->comm->kind == KILN_COMM_SINGLE ||
-                    (dp->zero == 2 && !dp->b[i].stage));
+                    (dp->zero >= 2 && !dp->b[i].stage));
         kiln_comm_wait_stream(dp->comm, dp->b[i].work);
         dp->b[i].work = NULL;
     }
-    if (dp->zero == 2 && dp->micro > 0) // ordered after the reductions on the compute stream
+    if (dp->zero >= 2 && dp->micro > 0) // ordered after the reductions on the compute stream
         dp->be->ops->accumulate_f32(dp->be->ctx, dp->shard, dp->shard_tmp, dp->optim_elems);
     dp->reducing = 0;
 }
@@ -326,7 +765,7 @@ double kiln_dp_grad_norm(struct kiln_dp *dp, double *also) {
     size_t gb = grad_bytes(dp);
     for (int r = 0; r < dp->n_ranges; r++) { // ZeRO-2's shard holds the same slices, compact, in this order
         const struct kiln_dp_range *q = &dp->ranges[r];
-        const char *at = dp->zero == 2 ? (const char *)dp->shard + q->state_offset * gb
+        const char *at = dp->zero >= 2 ? (const char *)dp->shard + q->state_offset * gb
                                        : (const char *)dp->buf.grads + q->lo * gb;
         sum += dp->be->ops->sum_squares(dp->be->ctx, at, q->hi - q->lo);
     }
@@ -363,19 +802,32 @@ static void gather_weights(struct kiln_dp *dp, int master) {
 }
 
 void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm) {
+    if (dp->offload) {
+        offload_adamw(dp, h, grad_norm);
+        return;
+    }
     if (!dp->zero) {
         kiln_gpt_adamw(dp->g, h, grad_norm);
         return;
     }
-    if (dp->zero == 2)
+    if (dp->zero >= 2)
         kiln_gpt_adamw_shard(dp->g, h, grad_norm, dp->spans, dp->n_spans, dp->shard);
     else
         kiln_gpt_adamw_spans(dp->g, h, grad_norm, dp->spans, dp->n_spans);
-    gather_weights(dp, 0);
+    if (dp->zero == 3) // gathered again as the next forward needs them
+        invalidate_units(dp);
+    else
+        gather_weights(dp, 0);
 }
 
 void kiln_dp_gather_master(struct kiln_dp *dp) {
-    if (dp->zero && dp->buf.weights != dp->buf.params)
+    if (dp->offload && dp->zero)
+        gather_master_host(dp);
+    else if (dp->offload)
+        return; // the host master is whole
+    else if (dp->zero == 3)
+        gather_master_host(dp);
+    else if (dp->zero && dp->buf.weights != dp->buf.params)
         gather_weights(dp, 1);
 }
 
@@ -387,6 +839,12 @@ const struct kiln_dp_range *kiln_dp_ranges(const struct kiln_dp *dp, int *n) {
 const size_t *kiln_dp_bucket_bounds(const struct kiln_dp *dp, int *n_buckets) {
     *n_buckets = dp->nb;
     return dp->bounds;
+}
+
+int kiln_dp_host_moments(const struct kiln_dp *dp, const float **m, const float **v) {
+    *m = dp->h_m;
+    *v = dp->h_v;
+    return dp->offload;
 }
 
 int kiln_dp_zero(const struct kiln_dp *dp) {

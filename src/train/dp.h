@@ -1,4 +1,4 @@
-// Data parallelism on top of dist/comm.h: DDP with bucketed, overlapped gradient reduction, and ZeRO-1/2.
+// Data parallelism on top of dist/comm.h: DDP with bucketed, overlapped gradient reduction, and ZeRO-1/2/3.
 //
 // Buckets: the flat gradient buffer is cut at layer boundaries into buckets of about --bucket-mb, in the
 // order the backward completes them (the last layers first; the final norm and the LM head ride with the last
@@ -13,6 +13,12 @@
 // reduce-scatters each bucket instead, so a rank receives, and holds, the reduced gradient of its own slices
 // only: bucket-sized staging buffers take each micro-step's gradients (kiln_dp_external_grads), which are
 // reduced every micro-step, since the staging is reused (DeepSpeed's ZeRO-2 does the same).
+// --zero=3 shards the weights too (FSDP): a rank holds its slices of the f32 master weights and of their
+// compute copy, compact like the moments. Its buckets are layers (the last one with the final norm and head,
+// the first with the embeddings; --bucket-mb does not apply), and each is all-gathered just before the model
+// reads it: from the model's forward_begin and layer_begin hooks, --prefetch layers ahead on the comm stream,
+// into a ring of 2 + prefetch slots (the top and bottom buckets stay gathered for the whole step). Gradients
+// go as under ZeRO-2. The whole master weights exist only in host memory, gathered for a checkpoint.
 // Gradients are summed, not averaged: the loss of every rank is scaled by 1 / (tokens of the whole step).
 //
 // The global gradient norm is the same sum at every --zero level: each rank sums the squares of its own
@@ -29,6 +35,7 @@ struct kiln_dp_opts {
     double bucket_mb; // MiB of gradients per bucket (at least one layer each)
     int prefetch;     // ZeRO-3: layers gathered ahead of the computing one
     int offload;      // 1: master weights and moments in pinned host memory, AdamW on the CPU
+    int host_threads; // the offloaded AdamW's OpenMP threads (0: OpenMP's default)
 };
 
 // One contiguous range of the flat parameter buffer that this rank owns, and where its AdamW moments sit.
@@ -58,6 +65,14 @@ void kiln_dp_after_backward(struct kiln_dp *dp);
 // onto the rank's shard as each bucket completes, and summed there over micro-steps. The trainer zeroes the
 // model's gradients before every micro-step then.
 int kiln_dp_external_grads(const struct kiln_dp *dp);
+// What the model holds of the state (kiln_gpt_opts): the moments of optim_elems elements (ZeRO-1 and up), no
+// gradient buffer (ZeRO-2 and up: external_grads), and a shard of the weights (ZeRO-3: sharded_params).
+void kiln_dp_model_opts(const struct kiln_dp *dp, struct kiln_gpt_opts *o);
+// The plan of rank `rank` of `world` without creating anything (kiln info): the backend bytes data parallelism
+// adds to the model's (staging buffers, the gradient shard, ZeRO-3's gathered weights; accum = micro-steps per
+// step), and the model options it implies (*model: kiln_dp_model_opts).
+size_t kiln_dp_plan_bytes(const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world, int rank,
+                          enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_gpt_opts *model);
 // The global gradient norm (the same value on every rank). *sum (may be NULL) is summed over the ranks in the
 // same reduction: the loss, so that the step pays one round trip for both.
 double kiln_dp_grad_norm(struct kiln_dp *dp, double *sum);
@@ -72,6 +87,9 @@ void kiln_dp_gather_master(struct kiln_dp *dp);
 const struct kiln_dp_range *kiln_dp_ranges(const struct kiln_dp *dp, int *n);
 const size_t *kiln_dp_bucket_bounds(const struct kiln_dp *dp, int *n_buckets);
 int kiln_dp_zero(const struct kiln_dp *dp);
+// With --offload=optimizer, AdamW's moments live in host memory, laid out as the model's would be (compact
+// under ZeRO, flat under DDP): *m and *v point at them and it returns 1; else 0.
+int kiln_dp_host_moments(const struct kiln_dp *dp, const float **m, const float **v);
 // Seconds the host spent waiting on the gradient reductions so far (the metrics' comm_wait_ms).
 double kiln_dp_wait_s(const struct kiln_dp *dp);
 

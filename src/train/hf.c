@@ -564,11 +564,16 @@ static int import_tokenizer(const char *dir, struct kiln_config *cfg, struct kil
     int V = cfg->model.vocab_size;
     FILE *f = fopen(path, "r");
     if (!f) {
+        // not written by kiln export: only the GPT-2 tokenizer can be inferred, from the vocabulary size
         if (V != 50257)
-            return kiln_errorf(err, KILN_ERR_USAGE,
-                               "vocab_size %d (%s/config.json): kiln's tokenizers are gpt2 "
-                               "(50257 tokens) and char; only models with one of them import",
-                               V, dir);
+            return kiln_errorf(
+                err, KILN_ERR_USAGE,
+                "no kiln.json in %s (kiln import): kiln export writes it to name the tokenizer; "
+                "without it only GPT-2's can be assumed, and config.json has vocab_size %d, not "
+                "50257; for a char model add %s/kiln.json: {\"tokenizer\": \"char\", "
+                "\"char_vocab\": [the byte of each token id]}",
+                dir, V, dir);
+        fprintf(stderr, "kiln: no kiln.json in %s: vocab_size 50257, so the GPT-2 tokenizer\n", dir);
         snprintf(tok->name, sizeof(tok->name), "gpt2");
         snprintf(cfg->tokenizer, sizeof(cfg->tokenizer), "gpt2");
         return 0;
@@ -795,9 +800,13 @@ int kiln_hf_import_weights(const char *dir, const struct kiln_model_config *m, f
         int64_t cols = p->ndim == 2 ? p->shape[1] : 1;
         float *dst = params + p->offset + e->row0 * cols;
         int64_t R = e->shape[0], Cn = e->ndim == 2 ? e->shape[1] : 1;
-        for (int64_t r = 0; r < R; r++)
+        for (int64_t r = 0; r < R && !rc; r++)
             for (int64_t c = 0; c < Cn; c++) {
                 float v = st_get(t, r * Cn + c);
+                if (!isfinite(v)) { // a NaN model would import, sample newlines and print "nan" logits
+                    rc = kiln_nonfinite_error(err, path, t->name, r * Cn + c, v);
+                    break;
+                }
                 if (e->transpose)
                     dst[c * R + r] = v;
                 else

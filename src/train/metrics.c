@@ -8,10 +8,41 @@
 #include <string.h>
 
 #include "io/fsutil.h"
+#include "io/tensorboard.h"
 
 struct kiln_metrics {
     FILE *jsonl;
+    struct kiln_tb *tb; // --tensorboard, or NULL (also after a failed write)
 };
+
+// The run's options as the Text tab's first entry, as a Markdown code block (one option a line).
+static int tb_write_config(struct kiln_tb *tb, const struct kiln_config *cfg, int64_t step,
+                           struct kiln_error *err) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot format the config for TensorBoard: out of memory");
+    kiln_config_write(cfg, f);
+    fclose(f);
+    size_t lines = 1;
+    for (size_t i = 0; i < n; i++)
+        lines += buf[i] == '\n';
+    char *md = kiln_xmalloc(n + 4 * lines + 1), *o = md;
+    for (char *line = buf; *line;) {
+        char *nl = strchr(line, '\n');
+        size_t len = nl ? (size_t)(nl - line + 1) : strlen(line);
+        memcpy(o, "    ", 4);
+        memcpy(o + 4, line, len);
+        o += 4 + len;
+        line += len;
+    }
+    *o = '\0';
+    int rc = kiln_tb_write_text(tb, step, "config", md, err);
+    free(md);
+    free(buf);
+    return rc;
+}
 
 int kiln_metrics_open(const struct kiln_config *cfg, int64_t resumed_step, struct kiln_metrics **out,
                       struct kiln_error *err) {
@@ -27,8 +58,57 @@ int kiln_metrics_open(const struct kiln_config *cfg, int64_t resumed_step, struc
         return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot write %s: %s", path, strerror(errno));
     struct kiln_metrics *m = kiln_xcalloc(1, sizeof(*m));
     m->jsonl = f;
+    // Every open starts a new event file (TensorBoard merges a directory's files) with a session start at the
+    // first step to come: as in metrics.jsonl, what a killed run logged past its checkpoint is dropped.
+    if (cfg->tensorboard[0] && ((rc = kiln_tb_open(cfg->tensorboard, "--tensorboard", &m->tb, err)) ||
+                                (rc = kiln_tb_write_start(m->tb, resumed_step + 1, err)) ||
+                                (rc = tb_write_config(m->tb, cfg, resumed_step, err)))) {
+        kiln_metrics_close(m);
+        return rc;
+    }
     *out = m;
     return 0;
+}
+
+// The row's numbers as scalars, tagged by what they measure.
+static void tb_write_row(struct kiln_metrics *m, const struct kiln_metrics_row *r) {
+    struct kiln_tb_scalar v[24];
+    int n = 0;
+    v[n++] = (struct kiln_tb_scalar){"train/loss", r->loss};
+    v[n++] = (struct kiln_tb_scalar){"train/lr", r->lr};
+    v[n++] = (struct kiln_tb_scalar){"train/grad_norm", r->grad_norm};
+    if (r->tokens > 0)
+        v[n++] = (struct kiln_tb_scalar){"train/tokens", (double)r->tokens};
+    if (!isnan(r->val_loss))
+        v[n++] = (struct kiln_tb_scalar){"val/loss", r->val_loss};
+    v[n++] = (struct kiln_tb_scalar){"perf/tokens_per_s", r->tokens_per_s};
+    v[n++] = (struct kiln_tb_scalar){"perf/step_ms", r->ms};
+    v[n++] = (struct kiln_tb_scalar){"perf/peak_mem_bytes", (double)r->peak_mem_bytes};
+    if (r->mfu > 0) {
+        v[n++] = (struct kiln_tb_scalar){"perf/mfu", r->mfu};
+        v[n++] = (struct kiln_tb_scalar){"perf/mfu_causal", r->mfu_causal};
+    }
+    if (r->hfu > 0)
+        v[n++] = (struct kiln_tb_scalar){"perf/hfu", r->hfu};
+    if (!isnan(r->comm_wait_ms))
+        v[n++] = (struct kiln_tb_scalar){"perf/comm_wait_ms", r->comm_wait_ms};
+    if (!isnan(r->ckpt_stall_ms))
+        v[n++] = (struct kiln_tb_scalar){"ckpt/stall_ms", r->ckpt_stall_ms};
+    if (r->prev_ckpt_write_ms > 0)
+        v[n++] = (struct kiln_tb_scalar){"ckpt/prev_write_ms", r->prev_ckpt_write_ms};
+    if (r->skipped_total) {
+        v[n++] = (struct kiln_tb_scalar){"guards/skipped_steps", (double)r->skipped_total};
+        v[n++] = (struct kiln_tb_scalar){"guards/skipped_nan", (double)r->skipped_nan};
+        v[n++] = (struct kiln_tb_scalar){"guards/skipped_spike_loss", (double)r->skipped_spike_loss};
+        v[n++] = (struct kiln_tb_scalar){"guards/skipped_spike_grad", (double)r->skipped_spike_grad};
+    }
+    struct kiln_error err;
+    if (kiln_tb_write_scalars(m->tb, r->step, v, n, &err)) {
+        // metrics.jsonl goes on; one warning rather than one per step
+        fprintf(stderr, "kiln: warning: TensorBoard writing stopped: %s\n", err.msg);
+        kiln_tb_close(m->tb);
+        m->tb = NULL;
+    }
 }
 
 void kiln_metrics_write(struct kiln_metrics *m, const struct kiln_metrics_row *r) {
@@ -57,14 +137,19 @@ void kiln_metrics_write(struct kiln_metrics *m, const struct kiln_metrics_row *r
         fprintf(f, ",\"comm_wait_ms\":%.3f", r->comm_wait_ms);
     if (r->prev_ckpt_write_ms > 0) // the background write of the previous checkpoint, finished by now
         fprintf(f, ",\"prev_ckpt_write_ms\":%.3f", r->prev_ckpt_write_ms);
+    if (r->tokens > 0)
+        fprintf(f, ",\"tokens\":%lld", (long long)r->tokens);
     fprintf(f, "}\n");
     fflush(f);
+    if (m->tb)
+        tb_write_row(m, r);
 }
 
 void kiln_metrics_close(struct kiln_metrics *m) {
     if (!m)
         return;
     fclose(m->jsonl);
+    kiln_tb_close(m->tb);
     free(m);
 }
 

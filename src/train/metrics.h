@@ -23,12 +23,14 @@ struct kiln_metrics_row {
     double ckpt_stall_ms;
     double comm_wait_ms;       // several ranks: the host's wait on reductions so far
     double prev_ckpt_write_ms; // 0: none finished since the last line
+    int64_t tokens;            // tokens trained on through this step, the whole job's (0: left out)
 };
 
 struct kiln_metrics;
 
 // Opens RUN/metrics.jsonl for appending after a resume at resumed_step (the lines of steps past it, written by
-// a killed run, are dropped first), or fresh. cfg->tensorboard names an event directory to write too.
+// a killed run, are dropped first), or fresh. cfg->tensorboard names an event directory to write too: each
+// open starts a new event file there, with a session start at resumed_step + 1 and the config as text.
 int kiln_metrics_open(const struct kiln_config *cfg, int64_t resumed_step, struct kiln_metrics **out,
                       struct kiln_error *err);
 void kiln_metrics_write(struct kiln_metrics *m, const struct kiln_metrics_row *row);

@@ -11,6 +11,31 @@
 #include "data/tokenizer.h"
 #include "io/fsutil.h"
 #include "io/safetensors.h"
+#include "util/sha256.h"
+
+#include <math.h>
+#include <strings.h>
+
+// A run's model.safetensors carries the SHA-256 of its data buffer (every tensor's bytes, in file order) in
+// its metadata under this key (docs/formats.md). The header cannot hold its own hash; a damaged header fails
+// to parse or names other tensors, which the reader refuses anyway.
+#define DATA_SHA_KEY "data_sha256"
+
+int kiln_nonfinite_error(struct kiln_error *err, const char *file, const char *tensor, int64_t index,
+                         float value) {
+    return kiln_errorf(err, KILN_ERR_RUNTIME,
+                       "non-finite weight %g (%s: tensor %s, element %lld): the model's outputs would be "
+                       "NaN; the run diverged or the file is damaged: use an earlier checkpoint",
+                       (double)value, file, tensor, (long long)index);
+}
+
+int kiln_check_finite(const float *x, size_t n, const char *file, const char *tensor,
+                      struct kiln_error *err) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return kiln_nonfinite_error(err, file, tensor, (int64_t)i, x[i]);
+    return 0;
+}
 
 int kiln_write_model_safetensors(const char *path, const struct kiln_param_table *pt, const float *params,
                                  const struct kiln_config *cfg, struct kiln_error *err) {
@@ -23,9 +48,19 @@ int kiln_write_model_safetensors(const char *path, const struct kiln_param_table
         t[i].shape[1] = pt->p[i].shape[1];
         t[i].data = params + pt->p[i].offset;
     }
+    // the data buffer is the tensors' bytes in this order: hash them before the header that carries the hash
+    struct kiln_sha256 sha;
+    kiln_sha256_init(&sha);
+    for (int i = 0; i < pt->n; i++)
+        kiln_sha256_update(&sha, params + pt->p[i].offset, pt->p[i].count * sizeof(float));
+    uint8_t digest[32];
+    char hex[65];
+    kiln_sha256_final(&sha, digest);
+    kiln_sha256_hex(digest, hex);
     char vocab[32];
     snprintf(vocab, sizeof(vocab), "%d", cfg->model.vocab_size);
-    const char *meta[] = {"format", "pt", "producer", "kiln", "vocab_size", vocab, "preset", cfg->preset, NULL};
+    const char *meta[] = {"format", "pt",        "producer",   "kiln", "vocab_size", vocab,
+                          "preset", cfg->preset, DATA_SHA_KEY, hex,    NULL};
     int rc = kiln_safetensors_write(path, t, pt->n, meta, err);
     free(t);
     return rc;
@@ -37,6 +72,23 @@ int kiln_read_model_safetensors(const char *path, const struct kiln_param_table 
     int rc = kiln_safetensors_open(&f, path, err);
     if (rc)
         return rc;
+    const char *want = kiln_safetensors_meta(f, DATA_SHA_KEY);
+    if (want) { // files without it (older runs, hand-made) load unchecked
+        size_t n;
+        const void *data = kiln_safetensors_data(f, &n);
+        uint8_t digest[32];
+        char hex[65];
+        kiln_sha256(data, n, digest);
+        kiln_sha256_hex(digest, hex);
+        if (strcasecmp(hex, want)) {
+            rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                             "checksum mismatch (%s): the tensor data's sha256 is %.16s..., the file's "
+                             "data_sha256 says %.16s...; the file was damaged or changed after kiln wrote it",
+                             path, hex, want);
+            kiln_safetensors_close(f);
+            return rc;
+        }
+    }
     memset(params, 0, pt->total * sizeof(float));
     for (int i = 0; i < pt->n && !rc; i++) {
         const struct kiln_param *p = &pt->p[i];
@@ -53,6 +105,7 @@ int kiln_read_model_safetensors(const char *path, const struct kiln_param_table 
                              (long long)(p->ndim > 1 ? p->shape[1] : 0));
         } else {
             memcpy(params + p->offset, t->data, p->count * sizeof(float));
+            rc = kiln_check_finite(params + p->offset, p->count, path, p->name, err);
         }
     }
     if (!rc && kiln_safetensors_count(f) != pt->n)

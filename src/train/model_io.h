@@ -9,9 +9,19 @@
 int kiln_write_model_safetensors(const char *path, const struct kiln_param_table *pt, const float *params,
                                  const struct kiln_config *cfg, struct kiln_error *err);
 // Reads path into params (pt->total floats, padding zeroed). Every tensor of the table must be present, F32,
-// with the same shape; extra tensors are an error too (they mean a different architecture).
+// with the same shape; extra tensors are an error too (they mean a different architecture). A file with a
+// data_sha256 in its metadata (every model.safetensors that kiln_write_model_safetensors wrote) must match
+// it; one without (older runs, hand-made files) loads unchecked. Every weight must be finite. The writer
+// stores that data_sha256: the SHA-256 of the data buffer (docs/formats.md).
 int kiln_read_model_safetensors(const char *path, const struct kiln_param_table *pt, float *params,
                                 struct kiln_error *err);
+
+// The first non-finite element of x (n floats) as an error naming the file, the tensor and the element's
+// index; 0 when all are finite. kiln_nonfinite_error words the same error for a caller that converts as it
+// goes (import from BF16/F16).
+int kiln_check_finite(const float *x, size_t n, const char *file, const char *tensor, struct kiln_error *err);
+int kiln_nonfinite_error(struct kiln_error *err, const char *file, const char *tensor, int64_t index,
+                         float value);
 
 // ---- run directories (kiln train --out): config, model.safetensors, vocab.char --------------------
 

@@ -10,6 +10,7 @@
 #include "dist/comm.h"
 #include "io/fsutil.h"
 #include "train/dp.h"
+#include "train/model_io.h"
 #include "util/sha256.h"
 #include "util/progress.h"
 
@@ -176,6 +177,16 @@ static void append_change(char **buf, size_t *len, const char *sep, const char *
     *len += n;
 }
 
+// Equal as text, or both numbers equal as floats: checkpoints from before RUN/config printed floats at their
+// shortest (0.00300000003) still match 0.003.
+static int same_value(const char *a, const char *b) {
+    if (!strcmp(a, b))
+        return 1;
+    char *ea, *eb;
+    double da = strtod(a, &ea), db = strtod(b, &eb);
+    return *a && *b && !*ea && !*eb && (float)da == (float)db;
+}
+
 int kiln_resume_check_config(const cJSON *state, const struct kiln_config *cfg, char **changes,
                              struct kiln_error *err) {
     *changes = NULL;
@@ -188,7 +199,7 @@ int kiln_resume_check_config(const cJSON *state, const struct kiln_config *cfg, 
     const cJSON *o;
     cJSON_ArrayForEach(o, now) {
         const cJSON *old = cJSON_GetObjectItemCaseSensitive(saved, o->string);
-        if (!cJSON_IsString(old) || !strcmp(old->valuestring, o->valuestring) ||
+        if (!cJSON_IsString(old) || same_value(old->valuestring, o->valuestring) ||
             in_list(o->string, QUIET_OPTS, sizeof(QUIET_OPTS) / sizeof(QUIET_OPTS[0])))
             continue;
         if (in_list(o->string, SHAPE_OPTS, sizeof(SHAPE_OPTS) / sizeof(SHAPE_OPTS[0])))
@@ -246,6 +257,10 @@ static int copy_tensors(struct kiln_safetensors *f, const struct kiln_param_tabl
                                name, kiln_st_dtype_name(t->dtype), (long long)kiln_st_tensor_numel(t),
                                kiln_safetensors_path(f), p->count);
         memcpy(host + p->offset, t->data, p->count * sizeof(float));
+        // a NaN that reached a checkpoint would poison every step after the resume (issue 18)
+        int rc = kiln_check_finite(host + p->offset, p->count, kiln_safetensors_path(f), name, err);
+        if (rc)
+            return rc;
     }
     return 0;
 }
@@ -550,10 +565,17 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64
         struct kiln_gpt_buffers b;
         kiln_gpt_buffers(g, &b);
         int zero = kiln_dp_zero(w->dp);
+        const float *hm, *hv; // an offloaded optimizer's moments, in host memory
+        int host = kiln_dp_host_moments(w->dp, &hm, &hv);
         for (int i = 0; i < n; i++) {
             size_t from = zero ? r[i].state_offset : r[i].lo, k = r[i].hi - r[i].lo;
-            w->be->ops->download(w->be->ctx, w->m + r[i].state_offset, b.m + from, k * sizeof(float));
-            w->be->ops->download(w->be->ctx, w->v + r[i].state_offset, b.v + from, k * sizeof(float));
+            if (host) {
+                memcpy(w->m + r[i].state_offset, hm + from, k * sizeof(float));
+                memcpy(w->v + r[i].state_offset, hv + from, k * sizeof(float));
+            } else {
+                w->be->ops->download(w->be->ctx, w->m + r[i].state_offset, b.m + from, k * sizeof(float));
+                w->be->ops->download(w->be->ctx, w->v + r[i].state_offset, b.v + from, k * sizeof(float));
+            }
         }
         int nb;
         const size_t *bounds = kiln_dp_bucket_bounds(w->dp, &nb);

@@ -147,7 +147,7 @@ expect_error 2 "comm nccl" -- train "${small[@]}" --comm=nccl --device=cpu
 [ $? -ne 0 ] && grep -q "comm single (--comm)" "$T/err" && ok || bad "--comm=single at 2 ranks: $(cat "$T/err")"
 "${MPI[@]}" -np 3 "$KILN" train "${small[@]}" --total-batch=256 2>"$T/err"
 [ $? -ne 0 ] && grep -q "batch\*seq\*ranks" "$T/err" && ok || bad "total-batch not divisible by the ranks: $(cat "$T/err")"
-expect_error 2 "zero" -- train "${small[@]}" --zero=3
+expect_error 2 "zero" -- train "${small[@]}" --zero=4
 expect_error 2 "comm" -- train "${small[@]}" --comm=tcp
 expect_error 2 "bucket-mb" -- train "${small[@]}" --bucket-mb=0
 expect_error 2 "reduce-dtype bf16 on device cpu" -- train "${small[@]}" --reduce-dtype=bf16 --device=cpu

@@ -79,7 +79,7 @@ check_usage() {
     grep -q "^error: .*$1" "$tmp/err" || grep -q "^error: " "$tmp/err" || fail "tokenize $*: $(cat "$tmp/err")"
 }
 check_usage --tokenizer=bpe --out="$tmp/x" "$doc"
-grep -q 'gpt2, char' "$tmp/err" || fail "tokenizer error does not list allowed values"
+grep -q 'allowed values are gpt2,char' "$tmp/err" || fail "tokenizer error does not list allowed values"
 check_usage --shard-tokens=lots --out="$tmp/x" "$doc"
 grep -q -- '--shard-tokens' "$tmp/err" || fail "shard-tokens error does not name the option"
 check_usage --val-fraction=1.5 --out="$tmp/x" "$doc"

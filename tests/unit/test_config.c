@@ -1,6 +1,8 @@
 // Options that choose how a run computes rather than what it trains: --grad-dtype, parsed, resolved against
 // the backend and the number of micro-steps, and refused where bf16 gradients would be wrong or unsupported.
 // Config files: a directory given as --config is refused, and a value may be followed by a '# comment'.
+// Issue 18: a NUL byte is reported as such, ranges print integers in full, floats print at the precision they
+// were given and still read back to the same bits, and the help shows each option's range and default.
 #include "test_util.h"
 
 #include "backend/backend.h"
@@ -148,6 +150,122 @@ static void test_config_lines_may_end_in_a_comment(void **state) {
     test_rmrf(dir);
 }
 
+// RUN/config as the trainer writes it, parsed back into a fresh config
+static void write_and_reparse(const struct kiln_config *c, struct kiln_config *back, char **text) {
+    size_t n = 0;
+    FILE *m = open_memstream(text, &n);
+    kiln_config_write(c, m);
+    fclose(m);
+    char dir[256], path[300], flag[320];
+    test_tmpdir(dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/config", dir);
+    snprintf(flag, sizeof(flag), "--config=%s", path);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(*text, f);
+    fclose(f);
+    struct kiln_error e;
+    char *argv[] = {flag};
+    if (kiln_config_parse(back, 1, argv, &e))
+        fail_msg("%s", e.msg);
+    test_rmrf(dir);
+}
+
+static void test_floats_print_as_given_and_read_back_exactly(void **state) {
+    (void)state;
+    struct kiln_config c, back;
+    struct kiln_error e;
+    char *argv[] = {"--lr=0.003", "--norm-eps=1e-5", "--beta2=0.95", "--peak-flops=989.5e12"};
+    assert_int_equal(kiln_config_parse(&c, 4, argv, &e), 0);
+    char *text = NULL;
+    write_and_reparse(&c, &back, &text);
+    // not lr = 0.00300000003, norm-eps = 9.99999975e-06
+    assert_non_null(strstr(text, "\nlr = 0.003\n"));
+    assert_non_null(strstr(text, "\nnorm-eps = 1e-05\n"));
+    assert_non_null(strstr(text, "\nbeta2 = 0.95\n"));
+    assert_non_null(strstr(text, "\npeak-flops = 989500000000000\n"));
+    free(text);
+    // any float reads back to the same bits: random ones, whose shortest form needs up to 9 digits
+    uint64_t rng = test_seed() ^ 0xf10a7;
+    for (int trial = 0; trial < 60; trial++) {
+        assert_int_equal(kiln_config_init(&c, NULL, &e), 0);
+        c.lr = 10.0f * test_rand_uniform(&rng);
+        c.beta2 = 0.999999f * test_rand_uniform(&rng);
+        c.model.norm_eps = 1e-12f + test_rand_uniform(&rng) * 1e-3f;
+        c.model.rope_theta = 1.0f + 1e6f * test_rand_uniform(&rng);
+        c.peak_flops = 1e15 * (double)test_rand_uniform(&rng) + 1.0 / 3.0;
+        write_and_reparse(&c, &back, &text);
+        free(text);
+        if (back.lr != c.lr || back.beta2 != c.beta2 || back.model.norm_eps != c.model.norm_eps ||
+            back.model.rope_theta != c.model.rope_theta || back.peak_flops != c.peak_flops)
+            fail_msg(
+                "trial %d: lr %.9g -> %.9g, beta2 %.9g -> %.9g, eps %.9g -> %.9g, theta %.9g -> %.9g, flops "
+                "%.17g -> %.17g",
+                trial, (double)c.lr, (double)back.lr, (double)c.beta2, (double)back.beta2,
+                (double)c.model.norm_eps, (double)back.model.norm_eps, (double)c.model.rope_theta,
+                (double)back.model.rope_theta, c.peak_flops, back.peak_flops);
+    }
+}
+
+static void test_a_nul_byte_in_a_config_line_is_named(void **state) {
+    (void)state;
+    char dir[256], path[300], flag[320];
+    test_tmpdir(dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/bin.cfg", dir);
+    snprintf(flag, sizeof(flag), "--config=%s", path);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fwrite("layers = 2\nlr = 3e-3\0junk\n", 1, 27, f);
+    fclose(f);
+    struct kiln_config c;
+    struct kiln_error e;
+    char *argv[] = {flag};
+    assert_int_equal(kiln_config_parse(&c, 1, argv, &e), KILN_ERR_USAGE);
+    char want[600];
+    snprintf(want, sizeof(want), "NUL byte in config file (%s:2)", path); // was "line too long"
+    if (!strstr(e.msg, want))
+        fail_msg("got \"%s\"", e.msg);
+    test_rmrf(dir);
+}
+
+static void test_ranges_print_integers_in_full(void **state) {
+    (void)state;
+    struct kiln_config c;
+    struct kiln_error e;
+    char *argv[] = {"--batch=0"};
+    assert_int_equal(kiln_config_parse(&c, 1, argv, &e), KILN_ERR_USAGE);
+    assert_string_equal(
+        e.msg, "bad value '0' for batch (--batch): allowed range is 1 to 1048576"); // not 1.04858e+06
+    char *argv2[] = {"--norm-eps=0"};
+    assert_int_equal(kiln_config_parse(&c, 1, argv2, &e), KILN_ERR_USAGE);
+    assert_string_equal(e.msg, "bad value '0' for norm-eps (--norm-eps): allowed range is 1e-12 to 1");
+}
+
+static void test_help_shows_each_options_range_and_default(void **state) {
+    (void)state;
+    char *text = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&text, &n);
+    kiln_config_print_help(m);
+    fclose(m);
+    // the defaults are kiln train's: the shakespeare-char preset (layers 4, lr 3e-3) over the built-in ones
+    assert_non_null(strstr(
+        text, "  layers               number of transformer blocks (L) [integer 1 to 1024; default 4]\n"));
+    assert_non_null(strstr(text, "[0 to 10; default 0.003]\n"));
+    assert_non_null(strstr(text, "[integer 1 to 1048576; default 16]\n"));
+    assert_non_null(strstr(text, "[one of learned,rope,alibi,none; default learned]\n"));
+    // every option line carries its bracket
+    int lines = 0, bracketed = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+        if (!strncmp(l, "  ", 2) && l[2] != ' ' && strncmp(l, "  preset", 8) && strncmp(l, "  config", 8)) {
+            lines++;
+            bracketed += strstr(l, "; default ") != NULL;
+        }
+    assert_true(lines > 40);
+    assert_int_equal(bracketed, lines);
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grad_dtype_defaults_to_auto_and_parses_its_values),
@@ -157,6 +275,10 @@ int main(void) {
         cmocka_unit_test(test_resolve_names_the_backend_auto_opens),
         cmocka_unit_test(test_a_config_path_that_is_a_directory_is_a_usage_error),
         cmocka_unit_test(test_config_lines_may_end_in_a_comment),
+        cmocka_unit_test(test_floats_print_as_given_and_read_back_exactly),
+        cmocka_unit_test(test_a_nul_byte_in_a_config_line_is_named),
+        cmocka_unit_test(test_ranges_print_integers_in_full),
+        cmocka_unit_test(test_help_shows_each_options_range_and_default),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -251,7 +251,13 @@ static void test_open_rejects_every_malformed_header(void **state) {
         {"{\"a\": {\"dtype\": \"BF16\", \"shape\": [2, 3], \"data_offsets\": [0, 24]}}", -1, 24,
          "need 12 bytes"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]}}", -1, 8,
-         "beyond the 8 data bytes"},
+         "exceed the 8 data bytes"},
+        // an offset past 2^53 is past the data (issue 18: it read as "0 <= begin <= end")
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 1152921504606846976]}}", -1, 4,
+         "[0, 1152921504606846976] that exceed the 4 data bytes"},
+        // a shape whose byte count overflows (it read as "need -1 bytes")
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], \"data_offsets\": [0, 4]}}", -1,
+         4, "shape [4294967296, 4294967296] whose size overflows"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
          " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}",
          -1, 12, "(overlap)"},
@@ -264,7 +270,7 @@ static void test_open_rejects_every_malformed_header(void **state) {
          -1, 8, "duplicate tensor name \"a\""},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", -1, 12, "trailing bytes"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [], \"data_offsets\": [0, 4]}}", -1, 3,
-         "beyond the 3 data bytes"},
+         "exceed the 3 data bytes"},
         {"{\"__metadata__\": {\"k\": 1}}", -1, 0, "metadata \"k\" is not a string"},
         {"{\"__metadata__\": [], \"a\": {\"dtype\": \"F32\", \"shape\": [], \"data_offsets\": [0, 4]}}", -1,
          4, "\"__metadata__\" is not an object"},

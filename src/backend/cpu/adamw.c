@@ -4,34 +4,10 @@
 #include <math.h>
 #include <stddef.h>
 
-// PyTorch's AdamW (torch.optim.AdamW, foreach=False), per element of each span:
-//   g = grad * grad_scale;  p *= 1 - lr * wd (decay spans only)
-//   m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g^2
-//   p -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// kiln_adamw_host (model/adamw_host.c), shared with the offloaded optimizer of every backend: the same code,
+// so that offload gives bitwise the same weights here.
 void kiln_cpu_adamw(void *ctx, const struct kiln_adamw_args *a) {
-    double bc1 = 1.0 - pow(a->beta1, a->step), bc2 = 1.0 - pow(a->beta2, a->step);
-    float step_size = (float)(a->lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    const float *grads = a->grads;
-    float *weights = a->weights; // f32 on the CPU: a plain copy of the updated master weights
-    for (int s = 0; s < a->n_spans; s++) {
-        size_t off = a->spans[s].offset, soff = a->spans[s].state_offset;
-        long long count = (long long)a->spans[s].count;
-        float decay = a->spans[s].decay ? 1.0f - a->lr * a->weight_decay : 1.0f;
-#pragma omp parallel for num_threads(kiln_cpu_threads(ctx)) schedule(static) if (KILN_CPU_PAR(count))
-        for (long long k = 0; k < count; k++) {
-            size_t i = off + (size_t)k, si = soff + (size_t)k;
-            float g = grads[a->grads_compact ? si : i] * a->grad_scale;
-            float m = a->m[si] + (1.0f - a->beta1) * (g - a->m[si]);
-            float v = a->beta2 * a->v[si] + (1.0f - a->beta2) * g * g;
-            float p = a->params[i] * decay;
-            p -= step_size * m / (sqrtf(v) / bc2_sqrt + a->eps);
-            a->m[si] = m;
-            a->v[si] = v;
-            a->params[i] = p;
-            if (weights)
-                weights[i] = p;
-        }
-    }
+    kiln_adamw_host(a, KILN_F32, kiln_cpu_threads(ctx));
 }
 
 void kiln_cpu_accumulate_f32(void *ctx, float *out, const float *x, size_t n) {

@@ -17,6 +17,7 @@ struct adam_consts {
     float inv_sqrt_bc2; // 1 / sqrt(1 - beta2^step)
     int sr;
     int grads_compact; // grads at the spans' state offsets (a ZeRO-2 shard), as m and v
+    int params_compact; // params and weights there too (a ZeRO-3 shard); rounding still seeds by idx
     uint64_t seed;
 };
 
@@ -54,13 +55,14 @@ static __global__ void __launch_bounds__(ADAM_THREADS)
         float vi = k.beta2 * v[sidx] + (1.0f - k.beta2) * g * g;
         m[sidx] = mi;
         v[sidx] = vi;
-        float p = params[idx];
+        size_t pidx = k.params_compact ? sidx : idx;
+        float p = params[pidx];
         if (sp.decay)
             p *= 1.0f - k.lr * k.wd; // decoupled weight decay, as torch.optim.AdamW
         p -= k.step_size * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
-        params[idx] = p;
+        params[pidx] = p;
         if (weights)
-            weights[idx] =
+            weights[pidx] =
                 k.sr ? bf16_stochastic(p, hash_u32(k.seed ^ ((uint64_t)idx * 0xD1B54A32D192ED03ull)))
                      : f2bf(p);
     }
@@ -114,6 +116,7 @@ extern "C" void kiln_cuda_adamw(void *ctx, const struct kiln_adamw_args *a) {
     k.sr = a->stochastic_rounding;
     k.seed = a->seed;
     k.grads_compact = a->grads_compact;
+    k.params_compact = a->params_compact;
     if (c->grad_dtype == KILN_BF16)
         adamw_kernel<<<c->adam_n_blocks, ADAM_THREADS, 0, c->stream>>>(a->params, (bf16 *)a->weights,
                                                                        (const bf16 *)a->grads, a->m, a->v,

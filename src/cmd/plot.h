@@ -1,0 +1,30 @@
+// kiln plot: the runs' metrics (read by plot.c from RUN/metrics.jsonl) and their rendering into a PNG
+// (plot_render.c with PLplot, or plot_render_none.c in a build without it).
+#ifndef KILN_CMD_PLOT_H
+#define KILN_CMD_PLOT_H
+
+#include "util/error.h"
+
+// One run's logged steps; a field the line lacks is NAN.
+struct kiln_plot_run {
+    char name[256]; // the RUN argument, for the legend
+    int n;          // rows
+    double *step, *tokens, *loss, *val_loss, *lr, *grad_norm, *tokens_per_s, *ms, *mfu,
+        *peak_mem_bytes; // (n)
+};
+
+struct kiln_plot_spec {
+    const char *out;   // FILE.png
+    int width, height; // pixels
+    int x_tokens;      // x axis: tokens (1) or step (0)
+    int n_runs;
+    const struct kiln_plot_run *runs;
+};
+
+// 1 if this build draws plots (it found PLplot), else 0 and kiln_plot_render says what is missing.
+int kiln_plot_available(void);
+// Draws the panels (loss and validation loss, learning rate, grad norm, tokens/s, MFU, peak memory) into
+// spec->out, the runs overlaid with a legend.
+int kiln_plot_render(const struct kiln_plot_spec *spec, struct kiln_error *err);
+
+#endif
