@@ -4,7 +4,7 @@
 set -euo pipefail
 # protobuf-c: TensorBoard event files; PLplot with its cairo driver: kiln plot's PNGs; netpbm: test_plot reads
 # the PNGs back
-pkgs=(build-essential cmake pkg-config libcmocka-dev libpcre2-dev libcjson-dev liblzma-dev libopenmpi-dev openmpi-bin
+pkgs=(build-essential cmake pkg-config iproute2 util-linux libcmocka-dev libpcre2-dev libcjson-dev liblzma-dev libopenmpi-dev openmpi-bin
       libprotobuf-c-dev protobuf-c-compiler libplplot-dev plplot-driver-cairo netpbm)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -7,8 +7,9 @@
 #include "data/tokenizer.h"
 #include "model/gpt.h"
 #include "dist/comm.h"
-#include "train/tuning.h"
+#include "train/dp.h"
 #include "train/embedded.h"
+#include "train/tuning.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -25,6 +26,54 @@ static void print_plan(const char *label, const struct kiln_mem_plan *p, int tok
     printf("  total                    %9.3f GiB\n", p->total_bytes / GIB);
 }
 
+// Data parallelism's share of rank 0's memory (the ranks' differ by an element a bucket at most): what the
+// model holds under --zero/--offload, and what dp.c adds. The sharded state is what falls as 1/N.
+static void print_rank_plan(const char *label, const struct kiln_config *cfg, const struct kiln_param_table *pt,
+                            int world, enum kiln_dtype act, enum kiln_dtype grad, int alias) {
+    struct kiln_dp_opts o = {.zero = cfg->zero,
+                             .bucket_mb = cfg->bucket_mb,
+                             .prefetch = cfg->prefetch,
+                             .offload = cfg->offload == KILN_OFFLOAD_OPTIMIZER};
+    struct kiln_gpt_opts go = {.B = cfg->batch_size, .T = cfg->seq_len, .recompute = cfg->recompute, .training = 1};
+    kiln_gpt_tuning_from_env(&go);
+    struct kiln_dp_mem dm;
+    kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &dm);
+    struct kiln_mem_plan p;
+    kiln_gpt_plan(&cfg->model, &go, act, grad, alias, &p);
+    size_t state = p.params_bytes + p.weights_bytes + p.grads_bytes + p.optim_bytes + dm.grad_shard;
+    size_t total = p.total_bytes + dm.staging + dm.grad_shard + dm.gathered;
+    printf("per rank (%s; zero %d, %d ranks%s):\n", label, cfg->zero, world,
+           o.offload ? ", optimizer offloaded" : "");
+    printf("  sharded state: %zu bytes (%.3f GiB: master %.3f, compute copy %.3f, gradients %.3f, moments %.3f)\n",
+           state, state / GIB, p.params_bytes / GIB, p.weights_bytes / GIB, (p.grads_bytes + dm.grad_shard) / GIB,
+           p.optim_bytes / GIB);
+    printf("  gradient staging %.3f GiB, gathered weights %.3f GiB, activations %.3f GiB\n", dm.staging / GIB,
+           dm.gathered / GIB, p.acts_bytes / GIB);
+    if (o.offload)
+        printf("  host memory (offload): %zu bytes (%.3f GiB)\n", dm.host, dm.host / GIB);
+    printf("  per rank: %zu bytes (%.3f GiB) on the %s\n", total, total / GIB, alias ? "cpu" : "gpu");
+}
+
+// --world=N (kiln info only: a training job's size comes from its launcher): removed from argv, 1 when absent
+static int take_world(int *argc, char **argv, int *world, struct kiln_error *err) {
+    *world = 1;
+    int k = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (strncmp(argv[i], "--world=", 8)) {
+            argv[k++] = argv[i];
+            continue;
+        }
+        char *end;
+        long w = strtol(argv[i] + 8, &end, 10);
+        if (end == argv[i] + 8 || *end || w < 1 || w > 1 << 20)
+            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for world (--world): allowed range is 1 to %d",
+                               argv[i] + 8, 1 << 20);
+        *world = (int)w;
+    }
+    *argc = k;
+    return 0;
+}
+
 int cmd_info(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help")) {
@@ -33,8 +82,10 @@ int cmd_info(int argc, char **argv) {
         }
     struct kiln_config cfg;
     struct kiln_error err = {0};
-    if (kiln_config_parse(&cfg, argc, argv, &err))
+    int world;
+    if (take_world(&argc, argv, &world, &err) || kiln_config_parse(&cfg, argc, argv, &err))
         return kiln_error_print(&err);
+    cfg.world = world;
     // the vocabulary size comes from the tokenizer
     if (!strcmp(cfg.tokenizer, "char")) {
         size_t n;
@@ -65,7 +116,6 @@ int cmd_info(int argc, char **argv) {
     printf("FLOPs per token (T=%d): %.4g (6N + 12LHQT, for mfu), %.4g (causal, for mfu_causal)\n", cfg.seq_len, fpt,
            fptc);
     printf("FLOPs per step: %.4g (B=%d)\n", fpt * cfg.batch_size * cfg.seq_len, cfg.batch_size);
-    kiln_params_free(&pt);
 
     struct kiln_gpt_opts go = {.B = cfg.batch_size, .T = cfg.seq_len, .recompute = cfg.recompute, .training = 1};
     struct kiln_mem_plan plan;
@@ -80,6 +130,12 @@ int cmd_info(int argc, char **argv) {
     print_plan(grad == KILN_BF16 ? "cuda: bf16 weights, activations and gradients, f32 master and AdamW"
                                  : "cuda: bf16 weights and activations, f32 master, gradients and AdamW",
                &plan, go.B * go.T);
+    if (world > 1 || cfg.zero || cfg.offload) {
+        printf("\n");
+        print_rank_plan("cpu", &cfg, &pt, world, KILN_F32, kiln_config_grad_dtype(&cfg, 0), 1);
+        print_rank_plan("cuda", &cfg, &pt, world, KILN_BF16, grad, 0);
+    }
+    kiln_params_free(&pt);
     printf("\n");
     kiln_backends_describe(stdout);
     printf("transports compiled: %s\n", kiln_comm_compiled());

@@ -1,5 +1,6 @@
 // kiln train: parse options, train, report. SIGTERM, SIGINT and SIGUSR1 (Slurm's pre-emption warning) finish
 // the current step, save a checkpoint and exit with KILN_EXIT_STOPPED (75); a second SIGINT exits at once.
+// SIGUSR2 dumps the flight recorder and every thread's stack (RUN/hang/rank-N-usr2.txt) and goes on.
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 
 #include "cmd/cmd.h"
 #include "dist/comm.h"
+#include "dist/watchdog.h"
 #include "train/trainer.h"
 
 static volatile sig_atomic_t n_sigint = 0;
@@ -22,6 +24,11 @@ static void on_stop_signal(int sig) {
     kiln_train_request_stop(sig);
 }
 
+static void on_dump_signal(int sig) {
+    (void)sig;
+    kiln_watchdog_request_dump();
+}
+
 static void install_stop_handlers(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
@@ -31,6 +38,8 @@ static void install_stop_handlers(void) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    sa.sa_handler = on_dump_signal;
+    sigaction(SIGUSR2, &sa, NULL);
 }
 
 static const char *signal_name(int sig) {

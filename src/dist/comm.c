@@ -2,10 +2,88 @@
 // conveniences for control values.
 #include "dist/comm.h"
 
+#include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dist/env.h"
+#include "dist/flight.h"
 #include "util/progress.h"
+
+// ---- the flight recorder's side of a communicator ----
+
+// Work handles in flight on one communicator, oldest first, with their recorder tokens. Operations on a
+// communicator complete in issue order, so a wait on one also completes every older one.
+struct in_flight {
+    struct kiln_comm_work *w;
+    uint64_t token;
+};
+struct kiln_comm_flight {
+    pthread_mutex_t mu; // a communicator may be used by two threads in turn (the checkpoint writer's)
+    struct in_flight *q;
+    int n, cap;
+};
+
+// Every open communicator, for kiln_comm_abort_all.
+static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct kiln_comm **open_list;
+static int n_open, cap_open;
+
+static void flight_attach(struct kiln_comm *c, const char *name) {
+    c->flight = kiln_xcalloc(1, sizeof(*c->flight));
+    pthread_mutex_init(&c->flight->mu, NULL);
+    c->id = kiln_flight_comm_register(name, c->rank, c->size);
+    pthread_mutex_lock(&open_mu);
+    if (n_open == cap_open) {
+        cap_open = cap_open ? 2 * cap_open : 8;
+        open_list = kiln_xrealloc(open_list, (size_t)cap_open * sizeof(*open_list));
+    }
+    open_list[n_open++] = c;
+    pthread_mutex_unlock(&open_mu);
+}
+
+static void flight_detach(struct kiln_comm *c) {
+    pthread_mutex_lock(&open_mu);
+    for (int i = 0; i < n_open; i++)
+        if (open_list[i] == c) {
+            open_list[i] = open_list[--n_open];
+            break;
+        }
+    pthread_mutex_unlock(&open_mu);
+    pthread_mutex_destroy(&c->flight->mu);
+    free(c->flight->q);
+    free(c->flight);
+}
+
+static void flight_push(struct kiln_comm *c, struct kiln_comm_work *w, uint64_t token) {
+    struct kiln_comm_flight *f = c->flight;
+    pthread_mutex_lock(&f->mu);
+    if (f->n == f->cap) {
+        f->cap = f->cap ? 2 * f->cap : 16;
+        f->q = kiln_xrealloc(f->q, (size_t)f->cap * sizeof(*f->q));
+    }
+    f->q[f->n].w = w;
+    f->q[f->n].token = token;
+    f->n++;
+    pthread_mutex_unlock(&f->mu);
+}
+
+// w completed, and with it everything issued before it on c
+static void flight_complete(struct kiln_comm *c, const struct kiln_comm_work *w) {
+    struct kiln_comm_flight *f = c->flight;
+    pthread_mutex_lock(&f->mu);
+    int at = -1;
+    for (int i = 0; i < f->n && at < 0; i++)
+        if (f->q[i].w == w)
+            at = i;
+    for (int i = 0; i <= at; i++)
+        kiln_flight_done(f->q[i].token);
+    if (at >= 0) {
+        memmove(f->q, f->q + at + 1, (size_t)(f->n - at - 1) * sizeof(*f->q));
+        f->n -= at + 1;
+    }
+    pthread_mutex_unlock(&f->mu);
+}
 
 const char *kiln_coll_name(enum kiln_coll_op op) {
     static const char *const names[KILN_COLL_N] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all",
@@ -98,32 +176,48 @@ int kiln_comm_open_world(const struct kiln_dist_env *env, const struct kiln_comm
         free(c);
         return rc;
     }
+    flight_attach(c, "world");
     *out = c;
     return 0;
 }
 
-int kiln_comm_split(struct kiln_comm *c, int color, int key, struct kiln_comm **out, struct kiln_error *err) {
+static int split_named(struct kiln_comm *c, int color, int key, const char *name, struct kiln_comm **out,
+                       struct kiln_error *err) {
     KILN_ASSERT(color >= 0);
     struct kiln_comm *d = kiln_xcalloc(1, sizeof(*d));
     *d = *c;
     d->wait_s = 0;
     d->seq = 0;
+    d->flight = NULL;
+    // the split is itself an operation of c: it is recorded, so that a rank that never joins it shows
+    uint64_t token = kiln_flight_issue(c->id, ++c->seq, KILN_FLIGHT_OP_SPLIT, KILN_U8, 0);
     int rc = c->impl->split(c->state, color, key, &d->state, &d->rank, &d->size, err);
+    kiln_flight_done(token);
     if (rc) {
         free(d);
         return rc;
     }
+    flight_attach(d, name);
     *out = d;
     return 0;
 }
 
+int kiln_comm_split(struct kiln_comm *c, int color, int key, struct kiln_comm **out, struct kiln_error *err) {
+    char name[48];
+    snprintf(name, sizeof(name), "split-of-%d-color-%d", c->id, color);
+    return split_named(c, color, key, name, out, err);
+}
+
 int kiln_comm_dup(struct kiln_comm *c, struct kiln_comm **out, struct kiln_error *err) {
-    return kiln_comm_split(c, 0, c->rank, out, err);
+    char name[48];
+    snprintf(name, sizeof(name), "dup-of-%d", c->id);
+    return split_named(c, 0, c->rank, name, out, err);
 }
 
 void kiln_comm_close(struct kiln_comm *c) {
     if (!c)
         return;
+    flight_detach(c);
     c->impl->close(c->state);
     free(c);
 }
@@ -132,7 +226,14 @@ struct kiln_comm_work *kiln_comm_submit(struct kiln_comm *c, const struct kiln_c
                                         void *after_event) {
     KILN_ASSERT(coll->op >= 0 && coll->op < KILN_COLL_N);
     c->seq++;
-    return c->impl->submit(c->state, coll, after_event);
+    uint64_t token = kiln_flight_issue(c->id, c->seq, coll->op, coll->dtype,
+                                       (uint64_t)coll->count * kiln_dtype_bytes(coll->dtype));
+    struct kiln_comm_work *w = c->impl->submit(c->state, coll, after_event);
+    if (w)
+        flight_push(c, w, token);
+    else
+        kiln_flight_done(token);
+    return w;
 }
 
 void kiln_comm_wait(struct kiln_comm *c, struct kiln_comm_work *w) {
@@ -141,14 +242,19 @@ void kiln_comm_wait(struct kiln_comm *c, struct kiln_comm_work *w) {
     double t0 = kiln_now_s();
     c->impl->wait(c->state, w);
     c->wait_s += kiln_now_s() - t0;
+    flight_complete(c, w);
 }
 
+// On NCCL the operation may still be running when this returns (the compute stream waits, not the host): the
+// recorder then counts it complete when it was handed to the stream. A hang there stops the step instead,
+// at the host's next synchronization, which the watchdog sees as a step without progress.
 void kiln_comm_wait_stream(struct kiln_comm *c, struct kiln_comm_work *w) {
     if (!w)
         return;
     double t0 = kiln_now_s();
     c->impl->wait_stream(c->state, w);
     c->wait_s += kiln_now_s() - t0;
+    flight_complete(c, w);
 }
 
 void kiln_comm_abort_job(int code) {
@@ -157,6 +263,22 @@ void kiln_comm_abort_job(int code) {
     if (kiln_comm_mpi_available())
         kiln_comm_mpi_abort(code);
     exit(code);
+}
+
+void kiln_comm_abort_all(int code) {
+    // no waiting for the lock: the hang may be a thread that holds it
+    int locked = 0;
+    for (int i = 0; i < 100 && !locked; i++)
+        if (!(locked = (pthread_mutex_trylock(&open_mu) == 0)))
+            usleep(10000);
+    for (int i = 0; locked && i < n_open; i++)
+        if (open_list[i]->impl->abort)
+            open_list[i]->impl->abort(open_list[i]->state);
+    fflush(stdout);
+    fflush(stderr);
+    if (kiln_comm_mpi_available())
+        kiln_comm_mpi_abort(code);
+    _exit(code); // not exit(): its handlers could wait for the very threads that hang
 }
 
 // ---- host conveniences ----

@@ -72,6 +72,9 @@ struct kiln_comm_impl {
     // the ranks that pass the same color, ordered by key: a new communicator (collective over this one)
     int (*split)(void *impl, int color, int key, void **out, int *rank, int *size, struct kiln_error *err);
     void (*close)(void *impl); // frees this communicator
+    // Unblocks every operation in flight so that the process can exit after a hang (ncclCommAbort); NULL
+    // where ending the process is enough (MPI_Abort ends every rank's operations).
+    void (*abort)(void *impl);
 };
 
 struct kiln_comm {
@@ -83,6 +86,8 @@ struct kiln_comm {
     // time the host spent blocked in kiln_comm_wait, for the metrics' comm_wait_ms
     double wait_s;
     uint64_t seq; // operations issued so far (the flight recorder's sequence number)
+    int id;       // the flight recorder's communicator id: creation order, the same on every rank
+    struct kiln_comm_flight *flight; // work handles in flight and their recorder tokens (comm.c)
 };
 
 // ---- the world ---------------------------------------------------------------------------------
@@ -112,6 +117,9 @@ void kiln_comm_close(struct kiln_comm *c); // NULL is fine
 // in a collective it can never complete: MPI_Abort under MPI (mpirun then stops every rank), else exit(code)
 // (kiln launch stops the rest of the group when one rank exits non-zero).
 void kiln_comm_abort_job(int code);
+// After a hang (the watchdog): aborts every open communicator that needs it (NCCL), then ends the job as
+// kiln_comm_abort_job does. Never returns.
+void kiln_comm_abort_all(int code);
 
 // --comm=auto|nccl|mpi|single against what the job is: auto takes single for one process, nccl for CUDA
 // devices when this build has it, else mpi. A choice that cannot work (nccl on the CPU, mpi in a build

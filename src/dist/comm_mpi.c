@@ -330,6 +330,7 @@ static struct mpi_state *state_new(MPI_Comm comm, struct kiln_backend *be) {
     pthread_cond_init(&s->queued, NULL);
     pthread_cond_init(&s->finished, NULL);
     KILN_ASSERT(pthread_create(&s->thread, NULL, worker_main, s) == 0);
+    pthread_setname_np(s->thread, "kiln-mpi-comm"); // as the hang watchdog's stack dumps name it
     pthread_mutex_lock(&init_mu);
     open_comms++;
     pthread_mutex_unlock(&init_mu);

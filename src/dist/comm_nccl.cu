@@ -240,8 +240,15 @@ static void nccl_close(void *impl) {
     free(s);
 }
 
+// The watchdog's way out of a hang: every NCCL call or kernel waiting on this communicator returns, so that
+// the process can exit. Nothing else is freed: the process ends right after.
+static void nccl_abort(void *impl) {
+    struct nccl_state *s = (struct nccl_state *)impl;
+    ncclCommAbort(s->comm);
+}
+
 static const struct kiln_comm_impl nccl_impl = {
-    "nccl", nccl_submit, nccl_wait, nccl_wait_stream, nccl_split, nccl_close,
+    "nccl", nccl_submit, nccl_wait, nccl_wait_stream, nccl_split, nccl_close, nccl_abort,
 };
 
 extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_env *env, double timeout_s,

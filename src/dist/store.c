@@ -349,7 +349,6 @@ static void conn_read(struct server *sv, struct conn *c) {
     }
 }
 
-
 static void conn_free(struct conn *c) {
     close(c->fd);
     free(c->body);
@@ -1004,6 +1003,25 @@ int kiln_store_get(struct kiln_store *s, const char *key, void *buf, size_t cap,
     return 0;
 }
 
+int kiln_store_try_get(struct kiln_store *s, const char *key, void *buf, size_t cap, size_t *n,
+                       double timeout_s, int *found, struct kiln_error *err) {
+    int rc = check_key(s, "get", key, err);
+    if (rc)
+        return rc;
+    char what[300];
+    snprintf(what, sizeof(what), "store get '%s'", key);
+    return get_raw(s, key, what, buf, cap, n, timeout_s, found, err);
+}
+
+int kiln_store_local_addr(const struct kiln_store *s, char *buf, size_t cap) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (s->fd < 0 || getsockname(s->fd, (struct sockaddr *)&ss, &len) ||
+        getnameinfo((struct sockaddr *)&ss, len, buf, (socklen_t)cap, NULL, 0, NI_NUMERICHOST))
+        return -1;
+    return 0;
+}
+
 int kiln_store_add(struct kiln_store *s, const char *key, int64_t delta, int64_t *out,
                    struct kiln_error *err) {
     int rc = check_key(s, "add", key, err);
@@ -1078,5 +1096,14 @@ void kiln_store_close(struct kiln_store *s) {
     client_break(s);
     if (s->srv)
         server_stop(s->srv, s->timeout_s);
+    free(s);
+}
+
+void kiln_store_close_now(struct kiln_store *s) {
+    if (!s)
+        return;
+    client_break(s);
+    if (s->srv)
+        server_stop(s->srv, -1);
     free(s);
 }

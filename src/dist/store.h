@@ -54,6 +54,15 @@ int kiln_store_set(struct kiln_store *s, const char *key, const void *val, size_
 int kiln_store_get(struct kiln_store *s, const char *key, void *buf, size_t cap, size_t *n, double timeout_s,
                    struct kiln_error *err);
 
+// As kiln_store_get, but a key still unset after timeout_s is no error: *found says whether it was set (for
+// callers that poll, such as kiln launch watching for another node's failure).
+int kiln_store_try_get(struct kiln_store *s, const char *key, void *buf, size_t cap, size_t *n,
+                       double timeout_s, int *found, struct kiln_error *err);
+
+// The address this client's connection comes from, as the server sees it (numeric), e.g. "10.1.0.2": the
+// address by which the others can reach this host. 0, or -1 when the connection is lost.
+int kiln_store_local_addr(const struct kiln_store *s, char *buf, size_t cap);
+
 // Adds delta to the 64-bit counter at key (0 when unset) and returns the sum in *out (may be NULL).
 int kiln_store_add(struct kiln_store *s, const char *key, int64_t delta, int64_t *out,
                    struct kiln_error *err);
@@ -68,6 +77,10 @@ int kiln_store_barrier(struct kiln_store *s, const char *name, double timeout_s,
 // disconnected again (at most the open's timeout_s, so a rank that died costs time, not a hang), then stops
 // the server thread, which drops whoever is still connected, and closes its socket. NULL is fine.
 void kiln_store_close(struct kiln_store *s);
+
+// As kiln_store_close, but the server stops at once, without waiting for the others: for a rank that gives
+// up (the others then see the connection lost). NULL is fine.
+void kiln_store_close_now(struct kiln_store *s);
 
 #ifdef __cplusplus
 }

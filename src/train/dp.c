@@ -1,6 +1,8 @@
 // Data parallelism: buckets, overlapped reductions, ZeRO-1/2. See dp.h.
 #include "train/dp.h"
 
+#include "dist/flight.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -217,24 +219,29 @@ static size_t mid_elems(const struct kiln_dp *dp) {
     return mid;
 }
 
-size_t kiln_dp_plan_bytes(const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world, int rank,
-                          enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_gpt_opts *model) {
+void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world, int rank,
+                         enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_gpt_opts *model,
+                         struct kiln_dp_mem *out) {
     struct kiln_backend be = {.act_dtype = act, .grad_dtype = grad};
     struct kiln_dp dp = {.be = &be};
     plan(&dp, pt, o, world, rank);
     kiln_dp_model_opts(&dp, model);
-    size_t gb = kiln_dtype_bytes(grad), ab = kiln_dtype_bytes(act), bytes = 0;
+    size_t gb = kiln_dtype_bytes(grad), ab = kiln_dtype_bytes(act);
     size_t top = dp.b[0].hi - dp.b[0].lo, bottom = dp.nb > 1 ? dp.b[dp.nb - 1].hi - dp.b[dp.nb - 1].lo : 0;
-    size_t mid = mid_elems(&dp);
-    if (dp.zero >= 2) // staging (two shared between), the gradient shard, and with accumulation its addend
-        bytes += (top + bottom + 2 * mid) * gb + dp.optim_elems * gb + (accum > 1 ? dp.optim_elems * 4 : 0);
+    size_t mid = mid_elems(&dp), n = dp.optim_elems;
+    memset(out, 0, sizeof(*out));
+    if (dp.zero >= 2) { // staging (two shared between), the gradient shard, and with accumulation its addend
+        out->staging = (top + bottom + 2 * mid) * gb;
+        out->grad_shard = n * gb + (accum > 1 ? n * sizeof(float) : 0);
+    }
     if (dp.zero == 3) // the gathered top and bottom buckets, and the ring of layers
-        bytes += (top + bottom + (size_t)dp.K * mid) * ab;
+        out->gathered = (top + bottom + (size_t)dp.K * mid) * ab;
+    if (dp.offload) // master, moments and gradients in f32, and the updated compute weights
+        out->host = n * (4 * sizeof(float) + ab);
     free(dp.b);
     free(dp.bounds);
     free(dp.ranges);
     free(dp.spans);
-    return bytes;
 }
 
 // Page-locked host memory where the backend has it (copies at the link's speed), else malloc'd: bit k of
@@ -322,6 +329,7 @@ static void reduce_bucket(struct kiln_dp *dp, struct bucket *b) {
 
 static void on_layer_backward_end(void *user, int l) {
     struct kiln_dp *dp = user;
+    kiln_flight_set_layer(l); // -1: the embeddings' (the flight recorder's "where")
     if (!dp->reducing)
         return;
     for (int i = 0; i < dp->nb; i++)
@@ -377,6 +385,7 @@ static void stage_bucket(struct kiln_dp *dp, int i) {
 // backward writes), have staging buffers.
 static void on_layer_begin(void *user, int l, int recompute) {
     struct kiln_dp *dp = user;
+    kiln_flight_set_layer(l);
     if (!recompute)
         return;
     stage_bucket(dp, bucket_of(dp, dp->seg_begin[1 + l]));
@@ -457,6 +466,7 @@ static void have_layer(struct kiln_dp *dp, int l) {
 // Before the embedding: the top and bottom buckets (gathered once a step), and the first layers' prefetch.
 static void on_forward_begin(void *user) {
     struct kiln_dp *dp = user;
+    kiln_flight_set_layer(-1);
     unit_gather(dp, dp->bottom_w, dp->nb - 1);
     unit_gather(dp, dp->top_w, 0);
     for (int j = 1; j < dp->L && j <= dp->K - 1; j++)
@@ -470,6 +480,7 @@ static void on_forward_begin(void *user) {
 // The ring holds K = 2 + prefetch layers, so each prefetch goes into the slot of a layer that is done.
 static void on_layer_begin_zero3(void *user, int l, int recompute) {
     struct kiln_dp *dp = user;
+    kiln_flight_set_layer(l);
     if (!recompute) {
         have_layer(dp, l);
         if (l + 1 < dp->L)
@@ -760,6 +771,7 @@ void kiln_dp_after_backward(struct kiln_dp *dp) {
 }
 
 double kiln_dp_grad_norm(struct kiln_dp *dp, double *also) {
+    kiln_flight_set_layer(-1);
     // this rank's slices, in bucket order, then the ranks' sums: the same additions at every --zero level
     double sum = 0;
     size_t gb = grad_bytes(dp);

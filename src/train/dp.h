@@ -68,11 +68,17 @@ int kiln_dp_external_grads(const struct kiln_dp *dp);
 // What the model holds of the state (kiln_gpt_opts): the moments of optim_elems elements (ZeRO-1 and up), no
 // gradient buffer (ZeRO-2 and up: external_grads), and a shard of the weights (ZeRO-3: sharded_params).
 void kiln_dp_model_opts(const struct kiln_dp *dp, struct kiln_gpt_opts *o);
-// The plan of rank `rank` of `world` without creating anything (kiln info): the backend bytes data parallelism
-// adds to the model's (staging buffers, the gradient shard, ZeRO-3's gathered weights; accum = micro-steps per
-// step), and the model options it implies (*model: kiln_dp_model_opts).
-size_t kiln_dp_plan_bytes(const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world, int rank,
-                          enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_gpt_opts *model);
+// The plan of rank `rank` of `world` without creating anything (kiln info): what data parallelism adds to the
+// model's plan, and the model options it implies (*model: kiln_dp_model_opts; accum = micro-steps per step).
+struct kiln_dp_mem {
+    size_t staging;    // backend: ZeRO-2/3's gradient staging buffers
+    size_t grad_shard; // backend: the reduced gradients of the rank's slices (with accumulation, their addend)
+    size_t gathered;   // backend: ZeRO-3's gathered weights (the top and bottom buckets, the ring of layers)
+    size_t host;       // --offload: host memory (master weights, moments, gradients, updated compute weights)
+};
+void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world, int rank,
+                         enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_gpt_opts *model,
+                         struct kiln_dp_mem *out);
 // The global gradient norm (the same value on every rank). *sum (may be NULL) is summed over the ranks in the
 // same reduction: the loss, so that the step pays one round trip for both.
 double kiln_dp_grad_norm(struct kiln_dp *dp, double *sum);

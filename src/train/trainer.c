@@ -9,10 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "data/loader.h"
 #include "dist/comm.h"
 #include "dist/env.h"
+#include "dist/flight.h"
+#include "dist/watchdog.h"
 #include "data/tokenizer.h"
 #include "io/fsutil.h"
 #include "model/gpt.h"
@@ -222,6 +226,46 @@ static int parse_step_list(const char *s, int64_t **out, struct kiln_error *err)
     return 0;
 }
 
+// --inject-stall=RANK:STEP: both numbers, STEP >= 1 and RANK a rank of this job; "" = off (*step = 0)
+static int parse_stall(const char *s, int world, int *rank, int64_t *step, struct kiln_error *err) {
+    *rank = -1;
+    *step = 0;
+    if (!s[0])
+        return 0;
+    char *end;
+    errno = 0;
+    long r = strtol(s, &end, 10);
+    long long st = 0;
+    int ok = end != s && *end == ':' && r >= 0 && !errno;
+    if (ok) {
+        const char *p = end + 1;
+        st = strtoll(p, &end, 10);
+        ok = end != p && !*end && st >= 1 && !errno;
+    }
+    if (!ok)
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "bad value '%s' for inject-stall (--inject-stall): expected RANK:STEP, a rank >= 0 "
+            "and a step >= 1, e.g. 1:3",
+            s);
+    if (r >= world)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "rank %ld does not exist (--inject-stall=%s): the job has %d rank(s); use 0..%d",
+                           r, s, world, world - 1);
+    *rank = (int)r;
+    *step = st;
+    return 0;
+}
+
+// --inject-stall: this rank stops making progress, outside any collective, as a rank stuck in I/O or a
+// deadlock would. Named and exported, so that the watchdog's stack dump shows where it sleeps.
+void kiln_train_injected_stall(int64_t step) {
+    fprintf(stderr, "kiln: --inject-stall: sleeping before step %lld, forever (testing the hang watchdog)\n",
+            (long long)step);
+    for (;;)
+        sleep(1000);
+}
+
 static int in_step_list(const int64_t *list, int64_t step) {
     for (; list && *list; list++)
         if (*list == step)
@@ -354,8 +398,10 @@ static int resume(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *d
 // the loop
 
 struct step_log {
-    int64_t step; // 1-based
+    int64_t step;   // 1-based
+    int64_t tokens; // the whole job's, through this step
     double loss, norm, tok_s, ms, val_loss, ckpt_stall_ms, prev_ckpt_write_ms;
+    double slowest_ms; // several ranks: the slowest rank's step time (0 with one process)
     float lr;
     enum kiln_skip skipped;
 };
@@ -381,7 +427,9 @@ static void log_metrics(struct kiln_metrics *m, const struct step_log *s, const 
                                    .skipped_spike_grad = gd->skipped[KILN_SKIP_SPIKE_GRAD],
                                    .ckpt_stall_ms = s->ckpt_stall_ms,
                                    .comm_wait_ms = comm_wait_ms,
-                                   .prev_ckpt_write_ms = s->prev_ckpt_write_ms};
+                                   .prev_ckpt_write_ms = s->prev_ckpt_write_ms,
+                                   .slowest_ms = s->slowest_ms,
+                                   .tokens = s->tokens};
     kiln_metrics_write(m, &row);
 }
 
@@ -415,8 +463,52 @@ struct run {
     long timed_tokens;
     int64_t start, last_ckpt_step;
     double prev_comm_ms; // the host's wait on reductions up to the last step
-    int lock_fd;         // the run directory's lock (kiln_dir_lock), -1 when not held
+    double first_tok_s;  // the first step's rate: all a run of one step has
+    int stall_rank;      // --inject-stall
+    int64_t stall_step;
+    int lock_fd; // the run directory's lock (kiln_dir_lock), -1 when not held
 };
+
+// The start banner's name for the model: the preset's when the model is that preset's (the vocabulary is the
+// tokenizer's either way), else "custom" and its shape.
+static void describe_model(const struct kiln_config *cfg, char *out, size_t cap) {
+    const struct kiln_model_config *m = &cfg->model;
+    struct kiln_config tmp;
+    struct kiln_error e;
+    int same = 0;
+    if (!kiln_config_init(&tmp, cfg->preset, &e)) {
+        tmp.model.vocab_size = m->vocab_size;
+        same = kiln_model_config_hash(&tmp.model) == kiln_model_config_hash(m);
+    }
+    if (same)
+        snprintf(out, cap, "%s", cfg->preset);
+    else
+        snprintf(out, cap,
+                 "custom (L=%d, heads=%d, kv heads=%d, dim=%d, mlp=%d, vocab=%d, block=%d; from %s)",
+                 m->n_layer, m->n_head, kiln_model_kv_heads(m), m->n_embd, kiln_model_mlp_hidden(m),
+                 m->vocab_size, m->block_size, cfg->preset);
+}
+
+// The hang watchdog (dist/watchdog.h). Dumps go to RUN/hang, or to ./kiln-hang without --out (made only
+// when there is something to dump). The ranks agree on a job id (rank 0's): it tells this job's dumps from
+// those of an earlier attempt in the same directory.
+static int start_watchdog(struct run *r, struct kiln_error *err) {
+    struct kiln_config *cfg = r->cfg;
+    uint64_t job = ((uint64_t)time(NULL) << 24) ^ ((uint64_t)getpid() << 8) ^ (uint64_t)(kiln_now_s() * 1e9);
+    if (r->comm)
+        kiln_comm_broadcast_host(r->comm, &job, sizeof(job), 0);
+    char dir[1100] = "kiln-hang";
+    if (cfg->out[0])
+        snprintf(dir, sizeof(dir), "%s/hang", cfg->out);
+    // one process without a communicator has nobody waiting on it, and its only progress marks are steps,
+    // which a big model on the CPU may take longer than the timeout over: there it only answers SIGUSR2
+    struct kiln_watchdog_opts o = {.dir = dir,
+                                   .rank = r->env.rank,
+                                   .world = r->env.world,
+                                   .timeout_s = r->comm ? cfg->hang_timeout : 0,
+                                   .job = job};
+    return kiln_watchdog_start(&o, err);
+}
 
 // The job's place (launcher environment), the backend on this rank's device, the communicators, the data
 // (this rank's part), the model, resume, and the run directory.
@@ -429,7 +521,9 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     r->rank0 = r->env.rank == 0;
     if ((rc = open_data(cfg, r->env.rank, r->env.world, &r->data, err)))
         return rc;
-    if ((rc = kiln_config_validate(cfg, err)) || (rc = parse_step_list(cfg->inject_nan, &r->nan_steps, err)))
+    if ((rc = kiln_config_validate(cfg, err)) ||
+        (rc = parse_step_list(cfg->inject_nan, &r->nan_steps, err)) ||
+        (rc = parse_stall(cfg->inject_stall, r->env.world, &r->stall_rank, &r->stall_step, err)))
         return rc;
 
     const char *device = kiln_backend_resolve(cfg->device);
@@ -457,8 +551,9 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         return rc;
     r->be_open = 1;
     // several ranks, or one whose --comm names a transport (the data-parallel path at world size 1: what it
-    // costs against no comm layer, and the NCCL path on one GPU)
-    if (r->env.world > 1 || kind != KILN_COMM_SINGLE) {
+    // costs against no comm layer, and the NCCL path on one GPU), or --zero/--offload at world size 1
+    // (ZeRO-3's gathers and the offloaded optimizer run through the same code)
+    if (r->env.world > 1 || kind != KILN_COMM_SINGLE || cfg->zero || cfg->offload) {
         struct kiln_comm_open_opts co = {.kind = kind, .device_is_gpu = gpu, .be = &r->be, .timeout_s = 300};
         if ((rc = kiln_comm_open_world(&r->env, &co, &r->comm, err)) ||
             (rc = kiln_comm_dup(r->comm, &r->ckpt_comm, err)))
@@ -473,19 +568,19 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         struct kiln_dp_opts dpo = {.zero = cfg->zero,
                                    .bucket_mb = cfg->bucket_mb,
                                    .prefetch = cfg->prefetch,
-                                   .offload = cfg->offload == KILN_OFFLOAD_OPTIMIZER};
+                                   .offload = cfg->offload == KILN_OFFLOAD_OPTIMIZER,
+                                   .host_threads = cfg->threads};
         kiln_dp_create(&r->dp, r->comm, &r->be, &pt, &dpo);
-        go.optim_elems = kiln_dp_optim_elems(r->dp);
-        go.external_grads = kiln_dp_external_grads(r->dp);
+        kiln_dp_model_opts(r->dp, &go); // what the model holds of the state: ZeRO shards it
     }
     rc = kiln_gpt_create(&r->g, &cfg->model, &r->be, &go, err);
     kiln_params_free(&pt);
     if (rc)
         return rc;
-    kiln_gpt_init_params(r->g, cfg->seed);
     r->pt = kiln_gpt_params(r->g);
     if (r->dp) // planned on a table built from the same config: the model's is the same layout
         kiln_dp_attach(r->dp, r->g);
+    kiln_gpt_init_params(r->g, cfg->seed); // after the hooks: ZeRO-3 scatters the weights to the shards
 
     kiln_guards_init(&r->guards, cfg->spike_z, cfg->spike_window, cfg->max_bad_steps);
     // One job owns the run directory (rank 0 for the group), before anything in it is read or cleaned up: a
@@ -523,8 +618,10 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     r->in = kiln_xmalloc((size_t)B * T * sizeof(int32_t));
     r->tgt = kiln_xmalloc((size_t)B * T * sizeof(int32_t));
     if (!cfg->quiet && r->rank0) {
+        char model[256];
+        describe_model(cfg, model, sizeof(model));
         fprintf(stderr, "kiln: %s | %.2fM params | %s (%s) | B=%d T=%d accum=%d | grads %s | %d steps\n",
-                cfg->preset, r->pt->n_params / 1e6, r->be.name, r->be.device_name, B, T, r->accum,
+                model, r->pt->n_params / 1e6, r->be.name, r->be.device_name, B, T, r->accum,
                 kiln_dtype_name(r->be.grad_dtype), cfg->max_steps);
         if (r->comm) {
             char where[256];
@@ -533,7 +630,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
                     kiln_comm_kind_name(r->comm->kind), where, cfg->zero, r->tokens_per_step);
         }
     }
-    return 0;
+    return start_watchdog(r, err);
 }
 
 // One optimizer step: the micro-steps' forward and backward (the last one's gradients reduced across ranks as
@@ -620,6 +717,8 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
     struct kiln_train_result *res = r->res;
     sl->tok_s = r->tokens_per_step / dt;
     sl->ms = dt * 1e3;
+    sl->tokens = (int64_t)r->st.tokens;
+    sl->slowest_ms = 0;
     res->final_loss = sl->loss;
     res->steps = (int)r->st.step;
     res->skipped_steps = (int)r->guards.skipped_total;
@@ -648,9 +747,15 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
         snprintf(line, sizeof(line), "step %lld: val loss %.4f", (long long)r->st.step, sl->val_loss);
         kiln_progress_note(&r->prog, line);
     }
-    int32_t stop = stop_requested;
-    if (r->comm) // a signal may reach one rank first: all stop at the same step
-        kiln_comm_all_reduce_host(r->comm, &stop, 1, KILN_I32, KILN_RED_MAX);
+    // a signal may reach one rank first: all stop at the same step; the same reduction finds the slowest
+    // rank's step time
+    double agreed[2] = {stop_requested, sl->ms};
+    if (r->comm)
+        kiln_comm_all_reduce_host(r->comm, agreed, 2, KILN_F64, KILN_RED_MAX);
+    int32_t stop = (int32_t)agreed[0];
+    double slowest_ms = agreed[1];
+    if (r->comm)
+        sl->slowest_ms = slowest_ms;
     // A checkpoint at its cadence (not in the middle of a run of skipped steps: those are not progress, and a
     // run stopped by --max-bad-steps keeps its last good checkpoint), at the end, and on a stop signal.
     int due =
@@ -674,17 +779,18 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
         (r->st.step % cfg->log_every == 0 || last || !isnan(sl->val_loss) || sl->skipped || stop || due)) {
         double tok_s = sl->tok_s, pk = r->peak;
         log_metrics(r->metrics, sl, &r->guards, kiln_gpt_mem_peak(r->g),
-                      pk > 0 ? r->fpt * tok_s / pk / r->env.world : 0,
-                      pk > 0 ? r->fpt_causal * tok_s / pk / r->env.world : 0,
-                      pk > 0 && r->fpt_recompute > 0 ? (r->fpt + r->fpt_recompute) * tok_s / pk / r->env.world
-                                                     : 0,
-                      comm_ms);
+                    pk > 0 ? r->fpt * tok_s / pk / r->env.world : 0,
+                    pk > 0 ? r->fpt_causal * tok_s / pk / r->env.world : 0,
+                    pk > 0 && r->fpt_recompute > 0 ? (r->fpt + r->fpt_recompute) * tok_s / pk / r->env.world
+                                                   : 0,
+                    comm_ms);
     }
     char extra[200] = "";
     int n = 0;
     if (r->env.world > 1)
-        n = snprintf(extra, sizeof(extra), "%.0f tok/s/rank | comm wait %.1f ms/step | ",
-                     sl->tok_s / r->env.world,
+        n = snprintf(extra, sizeof(extra),
+                     "%.0f tok/s/rank | slowest rank %.1f ms/step | comm wait %.1f ms/step | ",
+                     sl->tok_s / r->env.world, slowest_ms,
                      comm_ms - r->prev_comm_ms); // this step's; the metrics keep the running total
     if (r->peak > 0)
         n += snprintf(extra + n, sizeof(extra) - (size_t)n, "MFU %.1f%% (causal %.1f%%) | ",
@@ -745,13 +851,16 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     r->res->world = r->env.world > 0 ? r->env.world : 1;
     r->res->rank = r->env.rank;
     if (rc && r->comm) {
-        r->res->abort_job = 1;
+        r->res->abort_job = 1; // the watchdog keeps watching until the job ends
     } else {
         if (r->comm) // every rank is done with the step's collectives before any leaves
             kiln_comm_barrier(r->comm);
+        kiln_watchdog_stop(); // before the communicators it could abort are gone
         kiln_comm_close(r->ckpt_comm);
         kiln_comm_close(r->comm);
     }
+    if (!r->res->abort_job)
+        kiln_watchdog_stop();
     if (r->be_open)
         kiln_backend_close(&r->be);
     run_data_free(&r->data);
@@ -775,6 +884,10 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
     r.start = r.st.step;
     r.last_ckpt_step = r.start > 0 ? r.start : -1;
     for (int64_t step = r.start; step < cfg->max_steps; step++) {
+        kiln_flight_set_step(step + 1);
+        // as --inject-crash, only in a run that started fresh: the restart after the hang runs on
+        if (step + 1 == r.stall_step && r.env.rank == r.stall_rank && r.start == 0)
+            kiln_train_injected_stall(step + 1);
         if (cfg->inject_crash && step + 1 == cfg->inject_crash && r.start == 0) {
             // the checkpoint in flight completes first, so that tests know where the run resumes (kills at
             // random moments, during writes too, are tested with SIGKILL)
@@ -792,6 +905,8 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
         if (step > r.start) { // the first step pays one-time costs
             r.timed_s += dt;
             r.timed_tokens += (long)r.tokens_per_step;
+        } else {
+            r.first_tok_s = r.tokens_per_step / dt;
         }
         int stop = 0;
         if ((rc = run_after_step(&r, &sl, dt, &stop, err)))
@@ -800,7 +915,8 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
             break;
     }
     kiln_progress_end(&r.prog);
-    res->tokens_per_s = r.timed_s > 0 ? r.timed_tokens / r.timed_s : 0;
+    // a run of one step has only its first, slower one to show
+    res->tokens_per_s = r.timed_s > 0 ? r.timed_tokens / r.timed_s : r.first_tok_s;
     rc = run_finish(&r, err);
     return run_teardown(&r, rc, err);
 }

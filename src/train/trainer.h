@@ -18,7 +18,8 @@ struct kiln_train_result {
     int start_step;        // the step resumed from (0 for a fresh run)
     double final_loss;     // last training loss
     double final_val_loss; // last validation loss (NaN if none)
-    double tokens_per_s;   // mean over this process's steps, excluding its first
+    double tokens_per_s;   // mean over this process's steps, excluding its first (the first's own rate
+                           // when it was the only one)
     int skipped_steps;     // all skipped steps of the run (non-finite, loss spike, grad-norm spike)
     int stop_signal;       // != 0: stopped by this signal after saving a checkpoint (exit KILN_EXIT_STOPPED)
     int checkpoints;       // checkpoints written by this process
@@ -38,5 +39,8 @@ int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct ki
 // Asks a running kiln_train to finish its current step, save a checkpoint and return. Async-signal-safe:
 // meant to be called from a signal handler (cmd/train.c).
 void kiln_train_request_stop(int signo);
+
+// --inject-stall: sleeps forever (testing the hang watchdog). Exported so that stack dumps name it.
+void kiln_train_injected_stall(int64_t step);
 
 #endif

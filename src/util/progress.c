@@ -1,8 +1,36 @@
 #include "util/progress.h"
 
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+static pthread_mutex_t recent_mu = PTHREAD_MUTEX_INITIALIZER;
+static char recent[KILN_LOG_RECENT][256];
+static unsigned n_recent; // lines remembered so far
+
+void kiln_log_remember(const char *line) {
+    pthread_mutex_lock(&recent_mu);
+    char *slot = recent[n_recent % KILN_LOG_RECENT];
+    size_t n = strnlen(line, sizeof(recent[0]) - 1); // a longer line is cut
+    memcpy(slot, line, n);
+    slot[n] = 0;
+    n_recent++;
+    pthread_mutex_unlock(&recent_mu);
+}
+
+void kiln_log_write_recent(FILE *f) {
+    int locked = 0;
+    for (int i = 0; i < 100 && !locked; i++)
+        if (!(locked = (pthread_mutex_trylock(&recent_mu) == 0)))
+            usleep(10000);
+    if (!locked)
+        return;
+    unsigned first = n_recent > KILN_LOG_RECENT ? n_recent - KILN_LOG_RECENT : 0;
+    for (unsigned i = first; i < n_recent; i++)
+        fprintf(f, "  %s\n", recent[i % KILN_LOG_RECENT]);
+    pthread_mutex_unlock(&recent_mu);
+}
 
 double kiln_now_s(void) {
     struct timespec ts;
@@ -39,21 +67,23 @@ static void format_rate(double r, char *buf, size_t cap) {
         snprintf(buf, cap, "%.0f", r);
 }
 
-void kiln_progress_update(struct kiln_progress *p, int step, double loss, double tok_per_s, const char *extra) {
+void kiln_progress_update(struct kiln_progress *p, int step, double loss, double tok_per_s,
+                          const char *extra) {
+    double now = kiln_now_s();
+    char rate[32], eta[32], line[512];
+    format_rate(tok_per_s, rate, sizeof(rate));
+    double elapsed = now - p->t_start;
+    kiln_format_duration(step > 0 ? elapsed / step * (p->total - step) : 0, eta, sizeof(eta));
+    int n = snprintf(line, sizeof(line), "step %d/%d | loss %.4f | %s tok/s%s%s | ETA %s", step, p->total,
+                     loss, rate, extra ? " | " : "", extra ? extra : "", eta);
+    kiln_log_remember(line); // every rank, every step: what a hang dump shows
     if (!p->enabled)
         return;
-    double now = kiln_now_s();
     int last = step == p->total;
     // on a terminal redraw at most 10x a second; in a log, a line every 10 s (and the last step)
     if (!last && now - p->t_last_print < (p->tty ? 0.1 : 10.0))
         return;
     p->t_last_print = now;
-    char rate[32], eta[32], line[512];
-    format_rate(tok_per_s, rate, sizeof(rate));
-    double elapsed = now - p->t_start;
-    kiln_format_duration(step > 0 ? elapsed / step * (p->total - step) : 0, eta, sizeof(eta));
-    int n = snprintf(line, sizeof(line), "step %d/%d | loss %.4f | %s tok/s%s%s | ETA %s", step, p->total, loss,
-                     rate, extra ? " | " : "", extra ? extra : "", eta);
     if (p->tty) {
         fprintf(stderr, "\r%s%*s", line, p->last_len > n ? p->last_len - n : 0, "");
         p->last_len = n;
@@ -64,6 +94,7 @@ void kiln_progress_update(struct kiln_progress *p, int step, double loss, double
 }
 
 void kiln_progress_note(struct kiln_progress *p, const char *line) {
+    kiln_log_remember(line);
     if (!p->enabled)
         return;
     if (p->tty && p->last_len) {

@@ -672,8 +672,55 @@ static void test_the_server_closes_once_every_rank_has_left(void **state) {
     kiln_store_close(NULL);
 }
 
+// kiln launch polls keys that may never be set (another node's failure): not being set is no error there.
+static void test_try_get_reports_an_unset_key_without_an_error(void **state) {
+    (void)state;
+    struct kiln_store *s = open_server(1, 3.0);
+    struct kiln_error err = {0};
+    char buf[16];
+    size_t n = 99;
+    int found = -1;
+    double t0 = now_s();
+    assert_int_equal(kiln_store_try_get(s, "never", buf, sizeof(buf), &n, 0.2, &found, &err), 0);
+    assert_int_equal(found, 0);
+    assert_int_equal(n, 0);
+    assert_true(now_s() - t0 >= 0.15);
+    assert_int_equal(kiln_store_set(s, "k", "abc", 3, &err), 0);
+    assert_int_equal(kiln_store_try_get(s, "k", buf, sizeof(buf), &n, 0, &found, &err), 0);
+    assert_int_equal(found, 1);
+    assert_int_equal(n, 3);
+    assert_memory_equal(buf, "abc", 3);
+    char addr[64];
+    assert_int_equal(kiln_store_local_addr(s, addr, sizeof(addr)), 0); // rank 0 reaches itself over loopback
+    assert_string_equal(addr, LOOPBACK);
+    kiln_store_close(s);
+}
+
+// kiln_store_close_now does not wait for ranks that never came; a client then finds the store gone.
+static void test_close_now_stops_the_server_at_once(void **state) {
+    (void)state;
+    struct kiln_store *s = open_server(3, 5.0);
+    int port = kiln_store_port(s);
+    struct kiln_store *c = NULL;
+    struct kiln_error err = {0};
+    if (kiln_store_open(&c, LOOPBACK, port, 0, 3, 2.0, &err))
+        fail_msg("client: %s", err.msg);
+    double t0 = now_s();
+    kiln_store_close_now(s); // the third rank never came: kiln_store_close would wait 5 s for it
+    assert_true(now_s() - t0 < 1.0);
+    int64_t v;
+    assert_int_not_equal(kiln_store_add(c, "x", 1, &v, &err), 0);
+    assert_msg_has(err, "TCP store at 127.0.0.1");
+    assert_int_equal(kiln_store_local_addr(c, (char[64]){0}, 64), -1);
+    kiln_store_close(c);
+    kiln_store_close_now(NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_try_get_reports_an_unset_key_without_an_error),
+        cmocka_unit_test(test_close_now_stops_the_server_at_once),
+
         cmocka_unit_test(test_four_ranks_set_get_add_and_meet_at_barriers),
         cmocka_unit_test(test_four_processes_meet_through_one_server),
         cmocka_unit_test(test_get_waits_for_a_later_set),

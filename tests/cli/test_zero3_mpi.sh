@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# ZeRO-3 and the offloaded optimizer on the CPU under mpirun (label mpi): ZeRO-3 at 2, 3 and 4 ranks follows the
+# single-process trajectory for sequential and parallel blocks, GQA with RoPE and SwiGLU, and an untied head with
+# ALiBi and QK-norm; --prefetch and --recompute do not change a bit; --offload=optimizer gives bitwise the weights
+# of the same run without it at every --zero level; checkpoints resume across every pair of --zero levels, with
+# and without offload, on another world size; per-rank memory falls as the ranks grow and stays within 10% of
+# kiln info's plan; bad combinations fail with one line.
+source "$(dirname "$0")/lib.sh" zero3_mpi "$@"
+if ! command -v mpirun >/dev/null; then
+  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
+  exit 77
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+MPI=(mpirun --oversubscribe --bind-to none)
+# 4 layers (a bottom, two ring and a top bucket), 768 tokens a step = 12 micro-batches of 2 x 32, clipping on
+args=(--layers=4 --heads=4 --dim=32 --seq=32 --batch=2 --total-batch=768 --eval-every=3 --eval-steps=2
+  --threads=1 --quiet --log-every=1 --grad-clip=0.5 --schedule=constant --warmup=0 --lr=3e-3
+  --seed=$((RANDOM + 1)))
+
+# same_run A B TOL: the losses of the steps both logged agree within TOL (relative), and the final weights
+# within 50 TOL
+same_run() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, struct, sys
+a, b, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def losses(d):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(d + "/metrics.jsonl"))}
+la, lb = losses(a), losses(b)
+common = sorted(set(la) & set(lb))
+assert common, "no common steps"
+worst = max(abs(la[s] - lb[s]) / abs(la[s]) for s in common)
+def weights(d):
+    raw = open(d + "/model.safetensors", "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    body = raw[8 + n:]
+    return struct.unpack("<%df" % (len(body) // 4), body)
+wa, wb = weights(a), weights(b)
+wd = max(abs(x - y) for x, y in zip(wa, wb)) if len(wa) == len(wb) else float("inf")
+print(f"{a.split('/')[-1]} vs {b.split('/')[-1]}: worst loss rel diff {worst:.2e}, weights max abs diff {wd:.2e}")
+sys.exit(0 if worst <= tol and wd <= 50 * tol else 1)
+PY
+}
+# same_weights A B: the tensors of the two runs' model.safetensors are bitwise equal (the headers carry the
+# data's hash, and the run's config)
+same_weights() {
+  python3 - "$1" "$2" <<'PY'
+import struct, sys
+def body(d):
+    raw = open(d + "/model.safetensors", "rb").read()
+    return raw[8 + struct.unpack("<Q", raw[:8])[0]:]
+sys.exit(0 if body(sys.argv[1]) == body(sys.argv[2]) else 1)
+PY
+}
+
+# ---- the trajectory, at every world size and for the model family ----
+"$KILN" train "${args[@]}" --max-steps=6 --out="$T/single" || bad "single-process run failed"
+for np in 2 3 4; do
+  "${MPI[@]}" -np $np "$KILN" train "${args[@]}" --max-steps=6 --zero=3 --out="$T/z3n$np" 2>"$T/err" ||
+    bad "ZeRO-3 at $np ranks failed: $(tail -3 "$T/err")"
+  same_run "$T/single" "$T/z3n$np" 2e-5 && ok || bad "ZeRO-3 at $np ranks left the single-process trajectory"
+done
+models=("--block=parallel" "--kv-heads=2 --pos=rope --mlp=swiglu --norm=rmsnorm"
+  "--tie-embeddings=0 --pos=alibi --qk-norm=1 --layers=3")
+for i in 0 1 2; do
+  # shellcheck disable=SC2086
+  "$KILN" train "${args[@]}" ${models[$i]} --max-steps=4 --out="$T/m$i" 2>"$T/err" || bad "model $i: $(tail -2 "$T/err")"
+  # shellcheck disable=SC2086
+  "${MPI[@]}" -np 3 "$KILN" train "${args[@]}" ${models[$i]} --max-steps=4 --zero=3 --out="$T/m${i}z" 2>"$T/err" ||
+    bad "model $i under ZeRO-3: $(tail -2 "$T/err")"
+  same_run "$T/m$i" "$T/m${i}z" 2e-5 && ok || bad "ZeRO-3 left the trajectory for ${models[$i]}"
+done
+# what is gathered when changes no number: two layers prefetched, and the backward's recompute of each block
+"${MPI[@]}" -np 3 "$KILN" train "${args[@]}" --max-steps=6 --zero=3 --prefetch=2 --recompute=block \
+  --out="$T/z3pf" 2>"$T/err" || bad "prefetch 2: $(tail -3 "$T/err")"
+same_weights "$T/z3n3" "$T/z3pf" && ok || bad "--prefetch=2 --recompute=block changed ZeRO-3's weights"
+
+# ---- offload: the host's AdamW is the CPU backend's, so the weights are bitwise the same ----
+for z in 0 1 2 3; do
+  for np in 1 3; do
+    "${MPI[@]}" -np $np "$KILN" train "${args[@]}" --max-steps=4 --zero=$z --out="$T/n$z$np" 2>/dev/null &&
+      "${MPI[@]}" -np $np "$KILN" train "${args[@]}" --max-steps=4 --zero=$z --offload=optimizer \
+        --out="$T/o$z$np" 2>"$T/err" || bad "offload, zero $z, $np ranks: $(tail -3 "$T/err")"
+    same_weights "$T/n$z$np" "$T/o$z$np" && ok || bad "offload changed the weights at zero $z, $np ranks"
+  done
+done
+# and without mpirun: one process, no --comm
+"$KILN" train "${args[@]}" --max-steps=4 --offload=optimizer --out="$T/o1" 2>"$T/err" || bad "offload alone: $(tail -3 "$T/err")"
+"$KILN" train "${args[@]}" --max-steps=4 --out="$T/n1" 2>/dev/null
+same_weights "$T/n1" "$T/o1" && ok || bad "offload in one process changed the weights"
+
+# ---- resume across every pair of --zero levels (4 ranks -> 2), with and without offload on either side ----
+ck=("${args[@]}" --ckpt-every=3)
+"$KILN" train "${ck[@]}" --max-steps=6 --out="$T/full" 2>/dev/null || bad "uninterrupted run failed"
+for from in 0 1 2 3; do
+  off=""
+  [ "$from" -eq 2 ] && off="--offload=optimizer" # a checkpoint written by an offloaded run too
+  # shellcheck disable=SC2086
+  "${MPI[@]}" -np 4 "$KILN" train "${ck[@]}" --max-steps=3 --zero=$from $off --out="$T/src$from" 2>"$T/err" ||
+    bad "checkpoint at zero $from: $(tail -3 "$T/err")"
+  for to in 0 1 2 3; do
+    rm -rf "$T/dst"
+    cp -r "$T/src$from" "$T/dst"
+    off=""
+    [ "$to" -eq 3 ] && off="--offload=optimizer"
+    # shellcheck disable=SC2086
+    "${MPI[@]}" -np 2 "$KILN" train "${ck[@]}" --max-steps=6 --zero=$to $off --out="$T/dst" 2>"$T/err" ||
+      bad "resume zero $from -> $to: $(tail -3 "$T/err")"
+    same_run "$T/full" "$T/dst" 2e-5 >/dev/null && ok || bad "resume zero $from (4 ranks) -> $to (2 ranks) left the trajectory"
+  done
+done
+# at the same world size and level, a resume is bit-exact
+"${MPI[@]}" -np 3 "$KILN" train "${ck[@]}" --max-steps=6 --zero=3 --offload=optimizer --out="$T/bx" 2>/dev/null
+cp -r "$T/bx" "$T/bx2"
+rm -rf "$T/bx2/ckpt/step_00000006" "$T/bx2/model.safetensors"
+"${MPI[@]}" -np 3 "$KILN" train "${ck[@]}" --max-steps=6 --zero=3 --offload=optimizer --out="$T/bx2" 2>/dev/null
+same_weights "$T/bx" "$T/bx2" && ok || bad "ZeRO-3 with offload: a resume at the same world size is not bit-exact"
+
+# ---- memory: the measured peak against kiln info's per-rank plan, and 1/N ----
+peak() { tail -1 "$1/metrics.jsonl" | grep -o '"peak_mem_bytes":[0-9]*' | cut -d: -f2; }
+planned() { "$KILN" info "${mem[@]}" --total-batch=$((16 * $1)) --zero=3 --world="$1" | grep -o 'per rank: [0-9]* bytes' | head -1 | grep -o '[0-9]*'; }
+state() { "$KILN" info "${mem[@]}" --total-batch=$((16 * $1)) --zero=3 --world="$1" | grep -o 'sharded state: [0-9]* bytes' | head -1 | grep -o '[0-9]*'; }
+mem=(--layers=12 --heads=2 --dim=96 --seq=16 --batch=1 --max-steps=2 --eval-every=0 --threads=1 --quiet)
+for np in 2 4; do
+  "${MPI[@]}" -np $np "$KILN" train "${mem[@]}" --total-batch=$((16 * np)) --zero=3 --out="$T/mem$np" 2>"$T/err" ||
+    bad "memory run at $np ranks: $(tail -2 "$T/err")"
+  p=$(planned $np)
+  m=$(peak "$T/mem$np")
+  if [ -n "$p" ] && [ -n "$m" ] && [ $((m * 10)) -le $((p * 11)) ] && [ $((m * 10)) -ge $((p * 9)) ]; then ok; else
+    bad "ZeRO-3 at $np ranks: measured peak ${m:-?} bytes is not within 10% of the plan ${p:-?}"
+  fi
+done
+# what falls as 1/N: the sharded state (master weights, gradients, moments); the gathered layers and the
+# activations stay. The measured drop from 2 to 4 ranks is half the state at 2 ranks, within 10%.
+s2=$(state 2)
+d=$(($(peak "$T/mem2") - $(peak "$T/mem4")))
+if [ -n "$s2" ] && [ $((d * 20)) -ge $((s2 * 9)) ] && [ $((d * 20)) -le $((s2 * 11)) ]; then ok; else
+  bad "from 2 to 4 ranks the peak fell by $d bytes; half the sharded state at 2 ranks is $((s2 / 2))"
+fi
+echo "ZeRO-3 peak bytes at 12 layers: 2 ranks $(peak "$T/mem2") (plan $(planned 2)), 4 ranks $(peak "$T/mem4") (plan $(planned 4))"
+
+# ---- bad combinations ----
+small=(--layers=1 --heads=2 --dim=32 --seq=32 --batch=2 --max-steps=2 --threads=1 --quiet)
+expect_error 2 "prefetch" -- train "${small[@]}" --zero=3 --prefetch=3
+expect_error 2 "offload" -- train "${small[@]}" --offload=disk
+expect_error 2 "stochastic" -- train "${small[@]}" --offload=optimizer --stochastic-rounding=1
+finish
