@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with a GPU (skipped elsewhere, exit 77): two MPI ranks sharing the one GPU (operands staged
-# through host memory) train as one rank does at the same global batch, with DDP, ZeRO-1 and ZeRO-2
-# (deterministic kernels; bf16, so within a tolerance), and the NCCL path at world size 1 trains too.
+# through host memory) train as one rank does at the same global batch, with DDP, ZeRO-1, ZeRO-2, ZeRO-3 and the
+# offloaded optimizer (deterministic kernels; bf16, so within a tolerance), and the NCCL path at world size 1
+# trains too, ZeRO-3 and offload included.
 source "$(dirname "$0")/lib.sh" dist_gpu_mpi "$@"
 if ! "$KILN" info 2>/dev/null | grep -q "gpu 0:"; then
   echo "no GPU: skipped"
@@ -24,16 +25,27 @@ print(f"{sys.argv[2]}: worst loss rel diff {d:.2e}")
 sys.exit(0 if d < 2e-3 else 1)
 PY
 }
-for z in 0 1 2; do
+for z in 0 1 2 3; do
   mpirun --oversubscribe --bind-to none -np 2 "$KILN" train "${a[@]}" --comm=mpi --zero=$z --out="$T/two$z" 2>"$T/err" ||
     bad "2 ranks sharing the GPU, zero $z: $(tail -3 "$T/err")"
   close "$T/one" "$T/two$z" && ok || bad "2 ranks sharing the GPU, zero $z, left the one-rank trajectory"
+done
+for z in 0 3; do # the optimizer on the host: gradients down, AdamW there, bf16 weights up
+  mpirun --oversubscribe --bind-to none -np 2 "$KILN" train "${a[@]}" --comm=mpi --zero=$z --offload=optimizer \
+    --out="$T/two${z}o" 2>"$T/err" || bad "2 ranks sharing the GPU, zero $z, offload: $(tail -3 "$T/err")"
+  close "$T/one" "$T/two${z}o" && ok || bad "2 ranks sharing the GPU, zero $z with offload, left the trajectory"
 done
 "$KILN" train "${a[@]}" --comm=nccl --out="$T/nccl1" 2>"$T/err" || bad "NCCL at world size 1: $(tail -3 "$T/err")"
 close "$T/one" "$T/nccl1" && ok || bad "NCCL at world size 1 left the no-comm trajectory"
 # ZeRO-2's staging buffers over NCCL (reduce-scatter onto the shard, summed over micro-steps on the GPU)
 "$KILN" train "${a[@]}" --comm=nccl --zero=2 --out="$T/nccl1z2" 2>"$T/err" || bad "NCCL ZeRO-2: $(tail -3 "$T/err")"
 close "$T/one" "$T/nccl1z2" && ok || bad "NCCL ZeRO-2 at world size 1 left the no-comm trajectory"
+# ZeRO-3's gathers on NCCL's stream (prefetch 2, block recompute), and the offloaded optimizer at world size 1
+"$KILN" train "${a[@]}" --comm=nccl --zero=3 --prefetch=2 --recompute=block --out="$T/nccl1z3" 2>"$T/err" ||
+  bad "NCCL ZeRO-3: $(tail -3 "$T/err")"
+close "$T/one" "$T/nccl1z3" && ok || bad "NCCL ZeRO-3 at world size 1 left the no-comm trajectory"
+"$KILN" train "${a[@]}" --offload=optimizer --out="$T/off1" 2>"$T/err" || bad "offload: $(tail -3 "$T/err")"
+close "$T/one" "$T/off1" && ok || bad "the offloaded optimizer left the trajectory on the GPU"
 # bf16 gradients on the wire (one micro-step a rank), ZeRO-2, against one rank with its bf16 gradients
 b1=("${a[@]}" --total-batch=512)
 "$KILN" train "${b1[@]}" --batch=8 --out="$T/oneb" || bad "one rank, one micro-step failed"
