@@ -3,7 +3,8 @@
 # tests they touch (AdamW's compact shards, the model against the CPU, two ranks sharing the GPU at every --zero
 # level and with offload), then at the 1.3B shape: plain single-GPU training, NCCL at world size 1 with ZeRO-0
 # and ZeRO-3 (prefetch 1 and 2), and the offloaded optimizer; and the largest models on one GPU with offload
-# (KILN_BIG="olmo-7b llama-8b" to ask for them). Logs in $OUT; a table last.
+# (KILN_BIG="olmo-7b llama-8b" to ask for them). KILN_PART=tests|fsdp|offload|all picks what runs. Logs in $OUT
+# (few files: the device returns at most 8), each table row printed as soon as it is measured, the table last.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-zero3}
@@ -15,24 +16,26 @@ fi
 BUILD=${BUILD:-build-gpu}
 t0=$(date +%s)
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 &&
-  cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  cmake --build "$BUILD" -j "$(nproc)" -t kiln test_cuda_ops test_cuda_model >>"$OUT/build.log" 2>&1 ||
+  { tail -40 "$OUT/build.log"; exit 1; }
+PART=${KILN_PART:-all}
 echo "build: ok in $(($(date +%s) - t0)) s"
 
-if [ "${KILN_SKIP_TESTS:-0}" != 1 ]; then
-  KILN_TEST_FILTER="*adamw*" timeout 120 "$BUILD/test_cuda_ops" >"$OUT/test_adamw.log" 2>&1
-  echo "test_cuda_ops adamw: exit $?, $(grep -c '\[       OK \]' "$OUT/test_adamw.log") ok"
-  timeout 200 "$BUILD/test_cuda_model" >"$OUT/test_model.log" 2>&1
-  echo "test_cuda_model: exit $?, $(grep -c '\[       OK \]' "$OUT/test_model.log") ok, $(grep -E '^\[  FAILED  \] [0-9]' "$OUT/test_model.log")"
-  KILN="$BUILD/kiln" timeout 300 bash tests/cli/test_dist_gpu_mpi.sh "$BUILD/kiln" >"$OUT/test_dist_gpu_mpi.log" 2>&1
-  echo "test_dist_gpu_mpi: exit $?, $(tail -1 "$OUT/test_dist_gpu_mpi.log")"
-  grep -E "FAIL|worst" "$OUT/test_dist_gpu_mpi.log" | head -20
+if [ "$PART" = tests ] || [ "$PART" = all ]; then
+  KILN_TEST_FILTER="*adamw*" timeout 120 "$BUILD/test_cuda_ops" >"$OUT/tests.log" 2>&1
+  echo "test_cuda_ops adamw: exit $?, $(grep -c PASS "$OUT/tests.log") PASS lines, $(grep -c FAIL "$OUT/tests.log") FAIL"
+  timeout 200 "$BUILD/test_cuda_model" >>"$OUT/tests.log" 2>&1
+  echo "test_cuda_model: exit $?, $(grep -E '^\[  FAILED  \] [0-9]' "$OUT/tests.log")"
+  timeout 300 bash tests/cli/test_dist_gpu_mpi.sh "$BUILD/kiln" >>"$OUT/tests.log" 2>&1
+  echo "test_dist_gpu_mpi: exit $?"
+  grep -E "FAIL|worst|passed," "$OUT/tests.log" | tail -14
 fi
 
 stats() { # median ms after the first 5 steps, the last loss, the peak bytes, and the peak GiB
   python3 - "$1" <<'PY'
 import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print(f'{statistics.median(r["ms"] for r in rows[5:]):.2f} {rows[-1]["loss"]:.5f} {rows[-1]["peak_mem_bytes"] / 2**30:.2f}')
+print(f'{statistics.median(r["ms"] for r in rows[min(5, len(rows) - 1):]):.2f} {rows[-1]["loss"]:.5f} {rows[-1]["peak_mem_bytes"] / 2**30:.2f}')
 PY
 }
 echo "| run | ms/step | tok/s | last loss | peak GiB (GPU) | host RSS GiB |" >"$OUT/table.md"
@@ -45,26 +48,41 @@ bench() { # name tokens-per-step steps args...
   local dir="/tmp/z3_$name"
   rm -rf "$dir"
   "${TIMEV[@]}" timeout 400 "$BUILD/kiln" train "$@" --data=random --max-steps="$steps" --warmup=2 --device=cuda \
-    --eval-every=0 --checkpoint=0 --quiet --log-every=1 --out="$dir" >"$OUT/$name.log" 2>&1 ||
-    { echo "| $name | failed: $(grep -v "^\s" "$OUT/$name.log" | tail -1) |" >>"$OUT/table.md"; return; }
+    --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1 --out="$dir" >"$OUT/run.log" 2>&1 ||
+    { echo "| $name | failed: $(grep -v "^\s" "$OUT/run.log" | tail -1) |" | tee -a "$OUT/table.md"; cat "$OUT/run.log" >>"$OUT/runs.log"; return; }
+  { echo "== $name"; cat "$OUT/run.log" "$dir/metrics.jsonl"; } >>"$OUT/runs.log"
   local rss
-  rss=$(grep "Maximum resident" "$OUT/$name.log" | awk '{printf "%.1f", $6 / 1048576}')
+  rss=$(grep "Maximum resident" "$OUT/run.log" | awk '{printf "%.1f", $6 / 1048576}')
   rss=${rss:-?}
   read -r ms loss gib < <(stats "$dir/metrics.jsonl")
-  echo "| $name | $ms | $(python3 -c "print(round($tokens/($ms/1e3)))") | $loss | $gib | $rss |" >>"$OUT/table.md"
+  echo "| $name | $ms | $(python3 -c "print(round($tokens/($ms/1e3)))") | $loss | $gib | $rss |" | tee -a "$OUT/table.md"
 }
 s13=(--preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --seq=1024 --batch=8)
-for rep in 1 2; do # alternated, twice: the machine's drift shows as the spread
-  bench "1.3b-plain-r$rep" 8192 25 "${s13[@]}"
-  bench "1.3b-nccl-z0-r$rep" 8192 25 "${s13[@]}" --comm=nccl
-  bench "1.3b-nccl-z3-r$rep" 8192 25 "${s13[@]}" --comm=nccl --zero=3
-  bench "1.3b-nccl-z3-pf2-r$rep" 8192 25 "${s13[@]}" --comm=nccl --zero=3 --prefetch=2
-done
-bench "1.3b-offload" 8192 15 "${s13[@]}" --offload=optimizer
-bench "1.3b-offload-accum8" 65536 8 "${s13[@]}" --offload=optimizer --total-batch=65536
-bench "1.3b-plain-accum8" 65536 8 "${s13[@]}" --total-batch=65536
-for m in ${KILN_BIG:-}; do
-  bench "$m-offload" 2048 6 --preset="$m" --seq=2048 --batch=1 --recompute=block --offload=optimizer
-done
+if [ "$PART" = fsdp ] || [ "$PART" = all ]; then
+  for rep in 1 2; do # alternated, twice: the machine's drift shows as the spread
+    bench "1.3b-plain-r$rep" 8192 25 "${s13[@]}"
+    bench "1.3b-nccl-z3-r$rep" 8192 25 "${s13[@]}" --comm=nccl --zero=3
+  done
+  bench "1.3b-nccl-z0" 8192 25 "${s13[@]}" --comm=nccl
+  bench "1.3b-nccl-z3-pf2" 8192 25 "${s13[@]}" --comm=nccl --zero=3 --prefetch=2
+  bench "1.3b-offload" 8192 10 "${s13[@]}" --offload=optimizer
+  if command -v nsys >/dev/null; then # does the prefetch overlap? NCCL's kernels against the compute's
+    rm -rf /tmp/z3trace* /tmp/z3_trace
+    timeout 200 nsys profile -t cuda -o /tmp/z3trace "$BUILD/kiln" train "${s13[@]}" --comm=nccl --zero=3 \
+      --data=random --max-steps=6 --device=cuda --eval-every=0 --checkpoint=0 --save-model=0 --quiet \
+      --out=/tmp/z3_trace >/dev/null 2>&1
+    nsys stats -q --report cuda_gpu_trace --format csv -o /tmp/z3trace /tmp/z3trace.nsys-rep >/dev/null 2>&1
+    python3 bench/overlap.py /tmp/z3trace_cuda_gpu_trace.csv 2>&1 | tee -a "$OUT/table.md"
+  else
+    echo "no nsys on this machine: no trace" | tee -a "$OUT/table.md"
+  fi
+fi
+if [ "$PART" = offload ] || [ "$PART" = all ]; then
+  bench "1.3b-plain-accum64" 524288 3 "${s13[@]}" --total-batch=524288
+  bench "1.3b-offload-accum64" 524288 3 "${s13[@]}" --offload=optimizer --total-batch=524288
+  for m in ${KILN_BIG:-}; do
+    bench "$m-offload" 2048 5 --preset="$m" --seq=2048 --batch=1 --recompute=block --offload=optimizer
+  done
+fi
 echo "host: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
 cat "$OUT/table.md"

@@ -34,6 +34,7 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg, co
                              .bucket_mb = cfg->bucket_mb,
                              .prefetch = cfg->prefetch,
                              .offload = cfg->offload == KILN_OFFLOAD_OPTIMIZER};
+    kiln_dp_tuning_from_env(&o);
     struct kiln_gpt_opts go = {.B = cfg->batch_size, .T = cfg->seq_len, .recompute = cfg->recompute, .training = 1};
     kiln_gpt_tuning_from_env(&go);
     struct kiln_dp_mem dm;

@@ -104,6 +104,8 @@ static const struct opt OPTS[] = {
      "dtype of gradients between ranks: auto/fp32 keep fp32 gradients when there are several ranks; bf16 (GPU, one micro-step) halves the bytes"},
     // checkpoints
     {"checkpoint", OPT_BOOL, OFF(checkpoint), 0, 1, NULL, "write checkpoints into --out (0 = none, for benchmarks)"},
+    {"save-model", OPT_BOOL, OFF(save_model), 0, 1, NULL,
+     "write RUN/model.safetensors when the run ends (0: metrics only, for benchmarks)"},
     {"ckpt-every", OPT_INT, OFF(ckpt_every), 0, 1e9, NULL, "checkpoint every N steps (0 = at the end only)"},
     {"keep-last", OPT_INT, OFF(keep_last), 0, 1e9, NULL, "keep the newest K checkpoints (0 = all)"},
     {"keep-every", OPT_INT, OFF(keep_every), 0, 1e9, NULL, "also keep checkpoints at multiples of M steps"},
@@ -234,6 +236,7 @@ static void config_defaults(struct kiln_config *c) {
     strcpy(c->comm, "auto");
     c->bucket_mb = 25;
     c->prefetch = 1;
+    c->save_model = 1;
     c->hang_timeout = 600;
     c->world = 1;
     c->checkpoint = 1;

@@ -96,6 +96,7 @@ struct kiln_config {
 
     // checkpoints and resume
     int checkpoint;       // write checkpoints at all (0: none, for benchmarks)
+    int save_model;       // write RUN/model.safetensors at the end (0: metrics only, for benchmarks)
     int ckpt_every;       // steps between checkpoints (0 = only at the end and on signals)
     int keep_last;        // keep the newest K checkpoints (0 = all)
     int keep_every;       // also keep every checkpoint whose step is a multiple of M (0 = off)

@@ -231,9 +231,12 @@ struct kiln_adamw_args {
 };
 
 // AdamW on host memory (the CPU backend's op, and the offloaded optimizer of every backend: model/adamw_host.c),
-// with OpenMP over `threads`. weights, when not NULL, receives the updated weights in weights_dtype (F32, or
-// BF16 rounded to nearest even). Stochastic rounding is not done here.
-void kiln_adamw_host(const struct kiln_adamw_args *a, enum kiln_dtype weights_dtype, int threads);
+// with OpenMP over `threads` (0: OpenMP's default). grads are in grads_dtype (F32 or BF16); weights, when not
+// NULL, receives the updated weights in weights_dtype (F32, or BF16 rounded to nearest even). With compact
+// grads (and params), grads and weights are staging buffers that begin at state offset stage_offset (a chunk
+// of a shard); 0 otherwise. Stochastic rounding is not done here.
+void kiln_adamw_host(const struct kiln_adamw_args *a, enum kiln_dtype grads_dtype, enum kiln_dtype weights_dtype,
+                     size_t stage_offset, int threads);
 
 struct kiln_ops {
     // ---- memory ----

@@ -4,8 +4,12 @@
 #include "dist/flight.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+
+// elements a chunk of the offloaded optimizer's pipeline (offload_adamw), unless kiln_dp_opts says
+#define OFFLOAD_CHUNK ((size_t)1 << 25)
 
 struct bucket {
     size_t lo, hi;   // flat elements
@@ -70,9 +74,13 @@ struct kiln_dp {
     // --offload=optimizer: this rank's part (optim_elems, at the spans' state offsets) of the f32 master weights,
     // AdamW's moments, the reduced gradients and the updated compute weights (act dtype) in host memory
     int offload, host_threads;
-    float *h_master, *h_m, *h_v, *h_grads; // buffers 0-3 (host_alloc)
-    void *h_weights;                       // buffer 4
+    float *h_master, *h_m, *h_v;
+    void *h_gstage[2], *h_wstage[2]; // (host_alloc 0-3) a chunk's gradients on the way down, weights on the way up
     unsigned h_pinned;
+    size_t chunk;                   // elements a chunk
+    struct ochunk *chunks;          // the update ranges, cut into the pipeline's chunks
+    int n_chunks;
+    struct kiln_param_span *c_spans; // AdamW's spans cut to the chunks
     const struct kiln_param_span *o_spans; // AdamW's (DDP: the model's, with state offset = offset)
     int o_n_spans;
 };
@@ -186,6 +194,7 @@ static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const st
     dp->zero = o->zero;
     dp->offload = o->offload;
     dp->host_threads = o->host_threads;
+    dp->chunk = o->offload_chunk ? o->offload_chunk : OFFLOAD_CHUNK;
     if (o->zero == 3)
         plan_layer_buckets(dp, pt);
     else
@@ -236,8 +245,10 @@ void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp
     }
     if (dp.zero == 3) // the gathered top and bottom buckets, and the ring of layers
         out->gathered = (top + bottom + (size_t)dp.K * mid) * ab;
-    if (dp.offload) // master, moments and gradients in f32, and the updated compute weights
-        out->host = n * (4 * sizeof(float) + ab);
+    if (dp.offload) { // master and moments in f32, and the pipeline's staging (two chunks each way)
+        size_t chunk = n < dp.chunk ? n : dp.chunk;
+        out->host = n * 3 * sizeof(float) + 2 * chunk * (gb + ab);
+    }
     free(dp.b);
     free(dp.bounds);
     free(dp.ranges);
@@ -245,7 +256,7 @@ void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp
 }
 
 // Page-locked host memory where the backend has it (copies at the link's speed), else malloc'd: bit k of
-// dp->h_pinned says which, for buffer k of the offload's.
+// dp->h_pinned says which, for staging buffer k of the offload's.
 static void *host_alloc(struct kiln_dp *dp, size_t bytes, int k) {
     void *p = dp->be->ops->host_alloc ? dp->be->ops->host_alloc(dp->be->ctx, bytes ? bytes : 16) : NULL;
     if (p)
@@ -292,9 +303,14 @@ void kiln_dp_free(struct kiln_dp *dp) {
     free(dp->top_w);
     free(dp->slots);
     free(dp->host_master);
-    void *host[] = {dp->h_master, dp->h_m, dp->h_v, dp->h_grads, dp->h_weights};
-    for (int k = 0; k < 5; k++)
-        host_free(dp, host[k], k);
+    free(dp->h_master);
+    free(dp->h_m);
+    free(dp->h_v);
+    void *stage[] = {dp->h_gstage[0], dp->h_gstage[1], dp->h_wstage[0], dp->h_wstage[1]};
+    for (int k = 0; k < 4; k++)
+        host_free(dp, stage[k], k);
+    free(dp->chunks);
+    free(dp->c_spans);
     free(dp->b);
     free(dp->bounds);
     free(dp->ranges);
@@ -615,60 +631,153 @@ static void on_optim_set(void *user, const float *m, const float *v) {
     memcpy(dp->h_v, v, dp->optim_elems * sizeof(float));
 }
 
+// The optimizer step streams through the host in chunks of at most CHUNK elements: while the host runs AdamW on
+// chunk k, a copy thread brings chunk k+1's gradients down and takes chunk k-1's updated weights up (two
+// staging buffers each way), so the copies hide behind the host's arithmetic, and host memory holds the master
+// weights and moments only, not a second copy of the gradients or of the weights.
+struct ochunk {
+    const void *grads;  // backend: the chunk's reduced gradients (grad dtype)
+    void *weights;      // backend: where its updated compute weights go (act dtype)
+    size_t so, n;       // state offsets [so, so + n)
+    int span0, n_spans; // its spans in dp->c_spans (cut to the chunk)
+};
+
+struct opipe {
+    struct kiln_dp *dp;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int grads_in, adam_done, weights_out; // chunks done by each stage, in order
+};
+
+static void opipe_wait(struct opipe *p, const int *counter, int at_least) {
+    pthread_mutex_lock(&p->mu);
+    while (*counter < at_least)
+        pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void opipe_bump(struct opipe *p, int *counter) {
+    pthread_mutex_lock(&p->mu);
+    (*counter)++;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+// The copy thread: chunk k's gradients down into staging k % 2 once AdamW is done with what it held (chunk
+// k - 2), then chunk k - 1's weights up once AdamW wrote them.
+static void *offload_copier(void *arg) {
+    struct opipe *p = arg;
+    struct kiln_dp *dp = p->dp;
+    const struct kiln_ops *ops = dp->be->ops;
+    size_t gb = kiln_dtype_bytes(dp->be->grad_dtype), ab = kiln_dtype_bytes(dp->be->act_dtype);
+    for (int k = 0; k <= dp->n_chunks; k++) {
+        if (k < dp->n_chunks) {
+            opipe_wait(p, &p->adam_done, k - 1);
+            const struct ochunk *c = &dp->chunks[k];
+            ops->download(dp->be->ctx, dp->h_gstage[k % 2], c->grads, c->n * gb);
+            opipe_bump(p, &p->grads_in);
+        }
+        if (k > 0) {
+            opipe_wait(p, &p->adam_done, k);
+            const struct ochunk *c = &dp->chunks[k - 1];
+            ops->upload(dp->be->ctx, c->weights, dp->h_wstage[(k - 1) % 2], c->n * ab);
+            opipe_bump(p, &p->weights_out);
+        }
+    }
+    return NULL;
+}
+
 // The step's reduced gradients of this rank's ranges to the host, AdamW there, and the updated compute weights
 // back to the backend (then, under ZeRO-1/2, gathered from their owners as without offload).
 static void offload_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm) {
-    const struct kiln_ops *ops = dp->be->ops;
-    void *ctx = dp->be->ctx;
-    enum kiln_dtype gd = dp->be->grad_dtype, act = dp->be->act_dtype;
-    size_t gb = kiln_dtype_bytes(gd), ab = kiln_dtype_bytes(act);
-    struct kiln_dp_range all;
-    int n;
-    const struct kiln_dp_range *q = update_ranges(dp, &n, &all);
-    if (dp->zero >= 2) // the shard holds them compact already
-        ops->download_f32(ctx, dp->h_grads, dp->shard, gd, dp->optim_elems);
-    else
-        for (int r = 0; r < n; r++)
-            ops->download_f32(ctx, dp->h_grads + q[r].state_offset, (const char *)dp->buf.grads + q[r].lo * gb, gd,
-                              q[r].hi - q[r].lo);
     struct kiln_adamw_args a = {.params = dp->h_master,
-                                .weights = dp->h_weights,
-                                .grads = dp->h_grads,
                                 .grads_compact = 1,
                                 .params_compact = 1,
                                 .m = dp->h_m,
-                                .v = dp->h_v,
-                                .spans = dp->o_spans,
-                                .n_spans = dp->o_n_spans};
+                                .v = dp->h_v};
     kiln_adamw_args_from(h, grad_norm, &a);
-    kiln_adamw_host(&a, act, dp->host_threads);
-    if (dp->zero == 3) {
-        ops->upload(ctx, dp->buf.weights, dp->h_weights, dp->optim_elems * ab);
-        invalidate_units(dp);
-        return;
+    struct opipe p = {.dp = dp};
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_cond_init(&p.cv, NULL);
+    pthread_t t;
+    int threaded = pthread_create(&t, NULL, offload_copier, &p) == 0;
+    if (!threaded) {
+        fprintf(stderr, "kiln: cannot start the offloaded optimizer's copy thread\n");
+        kiln_comm_abort_job(1);
     }
-    for (int r = 0; r < n; r++)
-        ops->upload(ctx, (char *)dp->buf.weights + q[r].lo * ab, (const char *)dp->h_weights + q[r].state_offset * ab,
-                    (q[r].hi - q[r].lo) * ab);
-    if (dp->zero)
+    for (int k = 0; k < dp->n_chunks; k++) {
+        const struct ochunk *c = &dp->chunks[k];
+        opipe_wait(&p, &p.grads_in, k + 1);
+        opipe_wait(&p, &p.weights_out, k - 1); // staging k % 2 was taken up
+        a.grads = dp->h_gstage[k % 2];
+        a.weights = dp->h_wstage[k % 2];
+        a.spans = dp->c_spans + c->span0;
+        a.n_spans = c->n_spans;
+        kiln_adamw_host(&a, dp->be->grad_dtype, dp->be->act_dtype, c->so, dp->host_threads);
+        opipe_bump(&p, &p.adam_done);
+    }
+    pthread_join(t, NULL);
+    pthread_mutex_destroy(&p.mu);
+    pthread_cond_destroy(&p.cv);
+    if (dp->zero == 3)
+        invalidate_units(dp);
+    else if (dp->zero)
         gather_weights(dp, 0);
+}
+
+// Cuts the update ranges into chunks, and AdamW's spans to them.
+static void plan_chunks(struct kiln_dp *dp) {
+    struct kiln_dp_range all;
+    int n;
+    const struct kiln_dp_range *q = update_ranges(dp, &n, &all);
+    size_t gb = kiln_dtype_bytes(dp->be->grad_dtype), ab = kiln_dtype_bytes(dp->be->act_dtype);
+    int cap = 0;
+    for (int r = 0; r < n; r++)
+        cap += (int)((q[r].hi - q[r].lo + dp->chunk - 1) / dp->chunk);
+    dp->chunks = kiln_xcalloc((size_t)cap + 1, sizeof(*dp->chunks));
+    dp->c_spans = kiln_xcalloc((size_t)(dp->o_n_spans + cap) + 1, sizeof(*dp->c_spans));
+    int ns = 0;
+    for (int r = 0; r < n; r++)
+        for (size_t at = q[r].lo; at < q[r].hi; at += dp->chunk) {
+            size_t len = q[r].hi - at < dp->chunk ? q[r].hi - at : dp->chunk;
+            size_t so = q[r].state_offset + (at - q[r].lo);
+            // the gradients: the shard (ZeRO-2/3, compact) or the flat buffer; the weights: the compute copy's
+            // shard (ZeRO-3) or the flat copy
+            const char *g = dp->zero >= 2 ? (const char *)dp->shard + so * gb : (const char *)dp->buf.grads + at * gb;
+            char *w = dp->zero == 3 ? (char *)dp->buf.weights + so * ab : (char *)dp->buf.weights + at * ab;
+            struct ochunk *c = &dp->chunks[dp->n_chunks++];
+            *c = (struct ochunk){.grads = g, .weights = w, .so = so, .n = len, .span0 = ns};
+            for (int i = 0; i < dp->o_n_spans; i++) { // the spans' parts in [so, so + len)
+                const struct kiln_param_span *sp = &dp->o_spans[i];
+                size_t lo = sp->state_offset > so ? sp->state_offset : so;
+                size_t hi = sp->state_offset + sp->count < so + len ? sp->state_offset + sp->count : so + len;
+                if (lo >= hi)
+                    continue;
+                dp->c_spans[ns++] = (struct kiln_param_span){sp->offset + (lo - sp->state_offset), hi - lo, sp->decay,
+                                                             lo};
+            }
+            c->n_spans = ns - c->span0;
+        }
 }
 
 static void attach_offload(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {
     size_t n = dp->optim_elems;
-    dp->h_master = host_alloc(dp, n * sizeof(float), 0);
-    dp->h_m = host_alloc(dp, n * sizeof(float), 1);
-    dp->h_v = host_alloc(dp, n * sizeof(float), 2);
-    dp->h_grads = host_alloc(dp, n * sizeof(float), 3);
-    dp->h_weights = host_alloc(dp, n * kiln_dtype_bytes(dp->be->act_dtype), 4);
-    memset(dp->h_m, 0, n * sizeof(float));
-    memset(dp->h_v, 0, n * sizeof(float));
+    // only the staging buffers are copied to and from the device, so only they are page-locked
+    dp->h_master = kiln_xmalloc(n * sizeof(float));
+    dp->h_m = kiln_xcalloc(n, sizeof(float));
+    dp->h_v = kiln_xcalloc(n, sizeof(float));
+    size_t chunk = n < dp->chunk ? n : dp->chunk;
+    for (int k = 0; k < 2; k++) {
+        dp->h_gstage[k] = host_alloc(dp, chunk * kiln_dtype_bytes(dp->be->grad_dtype), k);
+        dp->h_wstage[k] = host_alloc(dp, chunk * kiln_dtype_bytes(dp->be->act_dtype), 2 + k);
+    }
     if (dp->zero) {
         dp->o_spans = dp->spans;
         dp->o_n_spans = dp->n_spans;
     } else {
         dp->o_spans = kiln_gpt_spans(dp->g, &dp->o_n_spans); // state offset = offset
     }
+    plan_chunks(dp);
     h->params_get = on_params_get;
     h->params_set = on_params_set;
     h->optim_get = on_optim_get;

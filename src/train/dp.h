@@ -36,6 +36,7 @@ struct kiln_dp_opts {
     int prefetch;     // ZeRO-3: layers gathered ahead of the computing one
     int offload;      // 1: master weights and moments in pinned host memory, AdamW on the CPU
     int host_threads; // the offloaded AdamW's OpenMP threads (0: OpenMP's default)
+    size_t offload_chunk; // elements per chunk of the offloaded optimizer's pipeline (0: 32M)
 };
 
 // One contiguous range of the flat parameter buffer that this rank owns, and where its AdamW moments sit.

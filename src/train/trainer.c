@@ -570,6 +570,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
                                    .prefetch = cfg->prefetch,
                                    .offload = cfg->offload == KILN_OFFLOAD_OPTIMIZER,
                                    .host_threads = cfg->threads};
+        kiln_dp_tuning_from_env(&dpo);
         kiln_dp_create(&r->dp, r->comm, &r->be, &pt, &dpo);
         kiln_dp_model_opts(r->dp, &go); // what the model holds of the state: ZeRO shards it
     }
@@ -814,7 +815,7 @@ static int run_finish(struct run *r, struct kiln_error *err) {
     int rc;
     if (r->writer && (rc = kiln_ckpt_writer_join(r->writer, NULL, err)))
         return rc;
-    if (!cfg->out[0] || r->res->stop_signal)
+    if (!cfg->out[0] || r->res->stop_signal || !cfg->save_model)
         return 0;
     if (r->dp)
         kiln_dp_gather_master(r->dp);

@@ -4,10 +4,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/dp.h"
+
 void kiln_gpt_tuning_from_env(struct kiln_gpt_opts *o) {
     const char *rows = getenv("KILN_CLASSIFIER_ROWS"), *fused = getenv("KILN_PARALLEL_FUSED"),
                *shared = getenv("KILN_SCRATCH_SHARED");
     o->classifier_rows = rows ? atoi(rows) : 0;
     o->no_parallel_fusion = fused && strcmp(fused, "0") == 0;
     o->scratch_apart = shared && strcmp(shared, "0") == 0;
+}
+
+void kiln_dp_tuning_from_env(struct kiln_dp_opts *o) {
+    const char *chunk = getenv("KILN_OFFLOAD_CHUNK");
+    o->offload_chunk = chunk ? strtoull(chunk, NULL, 10) : 0;
 }

@@ -2,11 +2,15 @@
 //   KILN_CLASSIFIER_ROWS=n   rows per LM-head chunk
 //   KILN_PARALLEL_FUSED=0    parallel blocks run two input GEMMs
 //   KILN_SCRATCH_SHARED=0    every scratch buffer in a range of its own
+// and data parallelism's (train/dp.h):
+//   KILN_OFFLOAD_CHUNK=n     elements per chunk of the offloaded optimizer's pipeline (tests use a few hundred)
 #ifndef KILN_TRAIN_TUNING_H
 #define KILN_TRAIN_TUNING_H
 
 #include "model/gpt.h"
 
 void kiln_gpt_tuning_from_env(struct kiln_gpt_opts *o);
+struct kiln_dp_opts;
+void kiln_dp_tuning_from_env(struct kiln_dp_opts *o);
 
 #endif

@@ -1148,7 +1148,7 @@ static void test_adamw_and_sum_squares_match_cpu(void **state) {
         for (int step = 1; step <= 3; step++) {
             pair_randn(&grads, 0.01f);
             struct kiln_adamw_args a_c = {params.c, weights.c, grads.c, m.c,  v.c,  spans, 5,  3e-4f,
-                                          0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  sr, 1234, 0};
+                                          0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  sr, 1234, 0, 0};
             struct kiln_adamw_args a_g = a_c;
             a_g.params = params.g;
             a_g.weights = weights.g;
@@ -1380,7 +1380,7 @@ static void test_bf16_gradients_in_adamw_and_sum_squares_match_cpu(void **state)
     for (int step = 1; step <= 3; step++) {
         pair_randn(&grads, 0.01f);
         struct kiln_adamw_args a_c = {params.c, weights.c, grads.c, m.c,  v.c,  spans, 5, 3e-4f,
-                                      0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  0, 1234, 0};
+                                      0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  0, 1234, 0, 0};
         struct kiln_adamw_args a_g = a_c;
         a_g.params = params.g;
         a_g.weights = weights.g;
@@ -1395,6 +1395,41 @@ static void test_bf16_gradients_in_adamw_and_sum_squares_match_cpu(void **state)
         check(e, "adamw", sh, "v", &v, TOL_F32);
         check(e, "adamw", sh, "weights", &weights, TOL_BF16);
     }
+    // a ZeRO-3 shard: params, compute weights, gradients and moments all compact at the spans' state offsets
+    // (two slices of a flat buffer whose other elements this rank does not hold)
+    struct kiln_param_span shard[] = {{1000, 5000, 1, 0}, {50000, 3000, 0, 5000}, {70000, 2000, 1, 8000}};
+    size_t S = 10000;
+    struct pair sp = pair_new_on(e, g, S, F32), sw = pair_new_on(e, g, S, ACT), sg2 = pair_new_on(e, g, S, GRAD),
+                sm = pair_new_on(e, g, S, F32), sv = pair_new_on(e, g, S, F32);
+    pair_randn(&sp, 1.0f);
+    pair_fill(&sm, 0.0f);
+    pair_fill(&sv, 0.0f);
+    pair_poison(&sw);
+    for (int step = 1; step <= 2; step++) {
+        pair_randn(&sg2, 0.01f);
+        struct kiln_adamw_args a = {.params = sp.c, .weights = sw.c, .grads = sg2.c, .m = sm.c, .v = sv.c,
+                                    .spans = shard, .n_spans = 3, .lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f,
+                                    .eps = 1e-8f, .weight_decay = 0.1f, .grad_scale = 0.5f, .step = step,
+                                    .seed = 1234, .grads_compact = 1, .params_compact = 1};
+        struct kiln_adamw_args a_c = a, a_g = a;
+        a_c.weights = NULL; // the CPU's compute weights are its params
+        a_g.params = sp.g;
+        a_g.weights = sw.g;
+        a_g.grads = sg2.g;
+        a_g.m = sm.g;
+        a_g.v = sv.g;
+        e->cpu.ops->adamw(e->cpu.ctx, &a_c);
+        g->ops->adamw(g->ctx, &a_g);
+        g->ops->synchronize(g->ctx);
+        char sh[64];
+        snprintf(sh, sizeof(sh), "shard of %zu, 3 spans, step %d", S, step);
+        check(e, "adamw compact", sh, "params", &sp, TOL_F32);
+        check(e, "adamw compact", sh, "m", &sm, TOL_F32);
+        check(e, "adamw compact", sh, "v", &sv, TOL_F32);
+    }
+    struct pair *shp[] = {&sp, &sw, &sg2, &sm, &sv};
+    for (size_t i = 0; i < sizeof(shp) / sizeof(shp[0]); i++)
+        pair_free(shp[i]);
     double sc = e->cpu.ops->sum_squares(e->cpu.ctx, grads.c, P), sg = g->ops->sum_squares(g->ctx, grads.g, P);
     double err = fabs(sg - sc) / sc;
     printf("%-16s %-44s %-8s rel_err %.2e  tol %.0e  %s\n", "sum_squares", "n=100000 bf16", "sum", err, 1e-6,
