@@ -78,6 +78,7 @@ if [ "$PART" = fsdp ] || [ "$PART" = all ]; then
   fi
 fi
 if [ "$PART" = offload ] || [ "$PART" = all ]; then
+  [ "$PART" = offload ] && bench "1.3b-offload" 8192 10 "${s13[@]}" --offload=optimizer
   bench "1.3b-plain-accum64" 524288 3 "${s13[@]}" --total-batch=524288
   bench "1.3b-offload-accum64" 524288 3 "${s13[@]}" --offload=optimizer --total-batch=524288
   for m in ${KILN_BIG:-}; do

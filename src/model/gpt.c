@@ -627,10 +627,12 @@ void kiln_gpt_set_optim(struct kiln_gpt *g, const float *m_host, const float *v_
 }
 
 void kiln_gpt_init_params(struct kiln_gpt *g, uint64_t seed) {
-    float *host = kiln_xmalloc(g->pt.total * sizeof(float));
+    float *own = g->hooks.params_buffer ? g->hooks.params_buffer(g->hooks.user) : NULL;
+    float *host = own ? own : kiln_xmalloc(g->pt.total * sizeof(float));
     kiln_params_init(&g->pt, &g->cfg, host, seed);
     kiln_gpt_set_params(g, host);
-    free(host);
+    if (!own)
+        free(host);
 }
 
 // Every gradient is written by exactly one op per backward (the tied head/embedding excepted), so instead of

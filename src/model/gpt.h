@@ -70,6 +70,10 @@ struct kiln_gpt_hooks {
     // sharded_params: the whole master weights (the table's total f32, host memory) from and to the shards
     void (*params_get)(void *user, float *host);
     void (*params_set)(void *user, const float *host);
+    // where the hooks keep the whole master weights in host memory anyway (DDP with the optimizer offloaded):
+    // that buffer, which kiln_gpt_init_params fills in place (a second copy would not fit a 8B model's host);
+    // NULL otherwise
+    float *(*params_buffer)(void *user);
     // offload_optimizer: AdamW's moments (optim_elems each) from and to where they live
     void (*optim_get)(void *user, float *m, float *v);
     void (*optim_set)(void *user, const float *m, const float *v);

@@ -602,6 +602,15 @@ static const struct kiln_dp_range *update_ranges(const struct kiln_dp *dp, int *
     return all;
 }
 
+// Host f32 to the backend's compute copy, a chunk at a time (the backend converts through a staging buffer of
+// the size it is given).
+static void upload_weights(struct kiln_dp *dp, void *dst, const float *src, size_t n) {
+    size_t ab = kiln_dtype_bytes(dp->be->act_dtype);
+    for (size_t at = 0; at < n; at += dp->chunk)
+        dp->be->ops->upload_f32(dp->be->ctx, (char *)dst + at * ab, dp->be->act_dtype, src + at,
+                                n - at < dp->chunk ? n - at : dp->chunk);
+}
+
 // The whole master weights (host) to the host master and the backend's compute copy.
 static void offload_params_set(struct kiln_dp *dp, const float *host) {
     struct kiln_dp_range all;
@@ -609,14 +618,20 @@ static void offload_params_set(struct kiln_dp *dp, const float *host) {
     const struct kiln_dp_range *q = update_ranges(dp, &n, &all);
     size_t ab = kiln_dtype_bytes(dp->be->act_dtype);
     for (int r = 0; r < n; r++) {
-        memcpy(dp->h_master + q[r].state_offset, host + q[r].lo, (q[r].hi - q[r].lo) * sizeof(float));
+        if (dp->h_master + q[r].state_offset != host + q[r].lo) // (not when initialized in place)
+            memcpy(dp->h_master + q[r].state_offset, host + q[r].lo, (q[r].hi - q[r].lo) * sizeof(float));
         if (dp->zero == 3) // the compute copy is a shard too
-            dp->be->ops->upload_f32(dp->be->ctx, (char *)dp->buf.weights + q[r].state_offset * ab,
-                                    dp->be->act_dtype, host + q[r].lo, q[r].hi - q[r].lo);
+            upload_weights(dp, (char *)dp->buf.weights + q[r].state_offset * ab, host + q[r].lo, q[r].hi - q[r].lo);
     }
     if (dp->zero != 3)
-        dp->be->ops->upload_f32(dp->be->ctx, dp->buf.weights, dp->be->act_dtype, host, dp->bounds[0]);
+        upload_weights(dp, dp->buf.weights, host, dp->bounds[0]);
     invalidate_units(dp);
+}
+
+// DDP's offloaded master weights are whole: the model initializes them in place.
+static float *on_params_buffer(void *user) {
+    struct kiln_dp *dp = user;
+    return dp->offload && !dp->zero ? dp->h_master : NULL;
 }
 
 static void on_optim_get(void *user, float *m, float *v) {
@@ -778,6 +793,7 @@ static void attach_offload(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {
         dp->o_spans = kiln_gpt_spans(dp->g, &dp->o_n_spans); // state offset = offset
     }
     plan_chunks(dp);
+    h->params_buffer = on_params_buffer;
     h->params_get = on_params_get;
     h->params_set = on_params_set;
     h->optim_get = on_optim_get;
