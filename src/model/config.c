@@ -704,6 +704,10 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "grad-dtype bf16 on device cpu (--grad-dtype): the cpu backend keeps fp32 gradients; "
                            "use --grad-dtype=auto or fp32, or --device=cuda");
+    if (c->sample_every && c->zero == 3)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "sample-every with zero 3 (--sample-every): a sample decodes on rank 0 alone, and ZeRO-3's "
+                           "weights are sharded; sample from a checkpoint with kiln sample instead");
     if (c->tensorboard[0] && !c->out[0])
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "tensorboard without a run directory (--tensorboard=%s): the events mirror "

@@ -2,6 +2,7 @@
 #include "train/dp.h"
 
 #include "dist/flight.h"
+#include "util/progress.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -77,6 +78,7 @@ struct kiln_dp {
     float *h_master, *h_m, *h_v;
     void *h_gstage[2], *h_wstage[2]; // (host_alloc 0-3) a chunk's gradients on the way down, weights on the way up
     unsigned h_pinned;
+    double host_s;                  // seconds the offloaded optimizer steps took so far (the step waits on them)
     size_t chunk;                   // elements a chunk
     struct ochunk *chunks;          // the update ranges, cut into the pipeline's chunks
     int n_chunks;
@@ -705,6 +707,7 @@ static void *offload_copier(void *arg) {
 // The step's reduced gradients of this rank's ranges to the host, AdamW there, and the updated compute weights
 // back to the backend (then, under ZeRO-1/2, gathered from their owners as without offload).
 static void offload_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm) {
+    double t0 = kiln_now_s();
     struct kiln_adamw_args a = {.params = dp->h_master,
                                 .grads_compact = 1,
                                 .params_compact = 1,
@@ -734,6 +737,7 @@ static void offload_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h
     pthread_join(t, NULL);
     pthread_mutex_destroy(&p.mu);
     pthread_cond_destroy(&p.cv);
+    dp->host_s += kiln_now_s() - t0;
     if (dp->zero == 3)
         invalidate_units(dp);
     else if (dp->zero)
@@ -986,6 +990,10 @@ int kiln_dp_host_moments(const struct kiln_dp *dp, const float **m, const float 
 
 int kiln_dp_zero(const struct kiln_dp *dp) {
     return dp->zero;
+}
+
+double kiln_dp_offload_s(const struct kiln_dp *dp) {
+    return dp->host_s;
 }
 
 double kiln_dp_wait_s(const struct kiln_dp *dp) {

@@ -99,6 +99,9 @@ int kiln_dp_zero(const struct kiln_dp *dp);
 int kiln_dp_host_moments(const struct kiln_dp *dp, const float **m, const float **v);
 // Seconds the host spent waiting on the gradient reductions so far (the metrics' comm_wait_ms).
 double kiln_dp_wait_s(const struct kiln_dp *dp);
+// Seconds the offloaded optimizer's steps took so far (gradients down, AdamW on the host, weights up), all of
+// which the step waits on (the metrics' offload_ms).
+double kiln_dp_offload_s(const struct kiln_dp *dp);
 
 // The ranges rank r of n owns under these bucket bounds (the same rule as kiln_dp_ranges): for resharding a
 // checkpoint written by another world size. Returns the count; *out is malloc'd.

@@ -21,6 +21,7 @@
 #include "io/fsutil.h"
 #include "model/gpt.h"
 #include "train/model_io.h"
+#include "train/sampler.h"
 #include "train/embedded.h"
 #include "train/guards.h"
 #include "train/metrics.h"
@@ -402,6 +403,7 @@ struct step_log {
     int64_t tokens; // the whole job's, through this step
     double loss, norm, tok_s, ms, val_loss, ckpt_stall_ms, prev_ckpt_write_ms;
     double slowest_ms; // several ranks: the slowest rank's step time (0 with one process)
+    double offload_ms; // --offload: the host's optimizer step, waited on (0 without)
     float lr;
     enum kiln_skip skipped;
 };
@@ -429,6 +431,7 @@ static void log_metrics(struct kiln_metrics *m, const struct step_log *s, const 
                                    .comm_wait_ms = comm_wait_ms,
                                    .prev_ckpt_write_ms = s->prev_ckpt_write_ms,
                                    .slowest_ms = s->slowest_ms,
+                                   .offload_ms = s->offload_ms,
                                    .tokens = s->tokens};
     kiln_metrics_write(m, &row);
 }
@@ -463,6 +466,7 @@ struct run {
     long timed_tokens;
     int64_t start, last_ckpt_step;
     double prev_comm_ms; // the host's wait on reductions up to the last step
+    double prev_offload_s; // the offloaded optimizer's time up to the last step
     double first_tok_s;  // the first step's rate: all a run of one step has
     int stall_rank;      // --inject-stall
     int64_t stall_step;
@@ -710,6 +714,40 @@ static void note_skip(struct run *r, const struct step_log *sl) {
     kiln_progress_note(&r->prog, line);
 }
 
+// --sample-every: a short sample from the model as it trains (rank 0, with the training weights; the KV caches
+// are made for it each time), printed as a progress note on one line.
+static void sample_note(struct run *r) {
+    const struct kiln_config *cfg = r->cfg;
+    if (!r->rank0 || !cfg->sample_every || r->st.step % cfg->sample_every)
+        return;
+    int maxT = cfg->model.block_size < 256 ? cfg->model.block_size : 256, n = maxT < 64 ? maxT : 64, V = cfg->model.vocab_size;
+    struct kiln_error err;
+    if (kiln_gpt_decode_begin(r->g, 1, maxT, &err)) {
+        kiln_progress_note(&r->prog, "sample skipped: no memory for the KV cache");
+        return;
+    }
+    float *logits = kiln_xmalloc((size_t)V * sizeof(float));
+    struct kiln_bytes text = {0};
+    struct kiln_rng rng;
+    kiln_rng_seed(&rng, cfg->seed ^ (uint64_t)r->st.step);
+    int eot = kiln_tokenizer_eot(r->data.tok);
+    int32_t tok = eot >= 0 ? eot : 0;
+    for (int pos = 0; pos < n; pos++) {
+        kiln_gpt_decode_step(r->g, &tok, pos, logits);
+        tok = kiln_sample_token(logits, V, 0.8f, 40, &rng);
+        if (kiln_tokenizer_decode(r->data.tok, &tok, 1, &text, &err))
+            break;
+    }
+    char line[400];
+    int k = snprintf(line, sizeof(line), "step %lld sample: ", (long long)r->st.step);
+    for (size_t i = 0; i < text.n && k < (int)sizeof(line) - 1; i++) // one line: control bytes as spaces
+        line[k++] = (unsigned char)text.data[i] < 32 ? ' ' : text.data[i];
+    line[k] = 0;
+    kiln_progress_note(&r->prog, line);
+    kiln_bytes_free(&text);
+    free(logits);
+}
+
 // After a step: the guards' verdict, evaluation, a checkpoint when due, metrics and progress. Returns 0 or an
 // error; *stop is set when a signal (that every rank agreed on) ends the run here.
 static int run_after_step(struct run *r, struct step_log *sl, double dt, int *stop_out,
@@ -720,6 +758,11 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
     sl->ms = dt * 1e3;
     sl->tokens = (int64_t)r->st.tokens;
     sl->slowest_ms = 0;
+    if (r->dp) { // this step's share of the offloaded optimizer's time (0 without offload)
+        double off = kiln_dp_offload_s(r->dp);
+        sl->offload_ms = (off - r->prev_offload_s) * 1e3;
+        r->prev_offload_s = off;
+    }
     res->final_loss = sl->loss;
     res->steps = (int)r->st.step;
     res->skipped_steps = (int)r->guards.skipped_total;
@@ -741,6 +784,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
             (long long)(r->last_ckpt_step > 0 ? r->last_ckpt_step : 0));
     }
     int last = r->st.step == cfg->max_steps;
+    sample_note(r);
     if (r->data.val && ((cfg->eval_every && r->st.step % cfg->eval_every == 0) || last)) {
         sl->val_loss = evaluate(r->g, r->data.val, cfg, r->in, r->tgt, r->comm);
         res->final_val_loss = sl->val_loss;

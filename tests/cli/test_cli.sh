@@ -105,4 +105,10 @@ cmp -s "$RUN/model.safetensors" "$T/run2/model.safetensors" && ok || bad "same s
 [ "$(head -c 6 "$T/sample")" = "ROMEO:" ] && [ "$(wc -c <"$T/sample")" -ge 306 ] && ok || bad "sample output: $(cat "$T/sample")"
 expect_error 2 "bad value 'hot' for temperature" -- sample --run="$RUN" --temperature=hot
 
+# --sample-every prints a sample from the training model as a one-line note, on its cadence only
+"$KILN" train --layers=1 --dim=32 --heads=2 --seq=32 --batch=2 --max-steps=6 --eval-every=0 --threads=1 \
+  --sample-every=3 2>"$T/err" >/dev/null
+[ "$(grep -ac '^step [36] sample: ' "$T/err")" -eq 2 ] && ! grep -aq '^step [1245] sample' "$T/err" && ok ||
+  bad "--sample-every=3 did not print samples at steps 3 and 6 only: $(grep -a sample "$T/err")"
+expect_error 2 "sample-every" -- train --layers=1 --dim=32 --heads=2 --seq=32 --sample-every=3 --zero=3
 finish
