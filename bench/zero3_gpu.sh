@@ -3,7 +3,8 @@
 # tests they touch (AdamW's compact shards, the model against the CPU, two ranks sharing the GPU at every --zero
 # level and with offload), then at the 1.3B shape: plain single-GPU training, NCCL at world size 1 with ZeRO-0
 # and ZeRO-3 (prefetch 1 and 2), and the offloaded optimizer; and the largest models on one GPU with offload
-# (KILN_BIG="olmo-7b llama-8b" to ask for them). KILN_PART=tests|fsdp|offload|all picks what runs. Logs in $OUT
+# (KILN_BIG="olmo-7b llama-8b" to ask for them), and the hang watchdog on NCCL. KILN_PART=tests|fsdp|offload|
+# hang|all picks what runs. Logs in $OUT
 # (few files: the device returns at most 8), each table row printed as soon as it is measured, the table last.
 set -u
 cd "$(dirname "$0")/.."
@@ -84,6 +85,16 @@ if [ "$PART" = offload ] || [ "$PART" = all ]; then
   for m in ${KILN_BIG:-}; do
     bench "$m-offload" 2048 5 --preset="$m" --seq=2048 --batch=1 --recompute=block --offload=optimizer
   done
+fi
+if [ "$PART" = hang ] || [ "$PART" = all ]; then # the watchdog on NCCL: a stalled rank dumps and ends the job
+  rm -rf /tmp/z3_hang
+  t1=$(date +%s)
+  timeout 120 "$BUILD/kiln" train --layers=2 --dim=128 --heads=4 --seq=64 --batch=4 --max-steps=50 --device=cuda \
+    --comm=nccl --hang-timeout=3 --inject-stall=0:5 --quiet --out=/tmp/z3_hang >"$OUT/run.log" 2>&1
+  rc=$?
+  echo "| NCCL hang at world size 1 | exit $rc after $(($(date +%s) - t1)) s | dumps: $(ls /tmp/z3_hang/hang 2>/dev/null | tr '\n' ' ') |" |
+    tee -a "$OUT/table.md"
+  "$BUILD/kiln" doctor /tmp/z3_hang 2>&1 | head -5 | tee -a "$OUT/table.md"
 fi
 echo "host: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
 cat "$OUT/table.md"
