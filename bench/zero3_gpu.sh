@@ -4,7 +4,7 @@
 # level and with offload), then at the 1.3B shape: plain single-GPU training, NCCL at world size 1 with ZeRO-0
 # and ZeRO-3 (prefetch 1 and 2), and the offloaded optimizer; and the largest models on one GPU with offload
 # (KILN_BIG="olmo-7b llama-8b" to ask for them), and the hang watchdog on NCCL. KILN_PART=tests|fsdp|offload|
-# hang|all picks what runs. Logs in $OUT
+# hang|trace|all picks what runs. Logs in $OUT
 # (few files: the device returns at most 8), each table row printed as soon as it is measured, the table last.
 set -u
 cd "$(dirname "$0")/.."
@@ -59,24 +59,25 @@ bench() { # name tokens-per-step steps args...
   echo "| $name | $ms | $(python3 -c "print(round($tokens/($ms/1e3)))") | $loss | $gib | $rss |" | tee -a "$OUT/table.md"
 }
 s13=(--preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --seq=1024 --batch=8)
-if [ "$PART" = fsdp ] || [ "$PART" = all ]; then
-  for rep in 1 2; do # alternated, twice: the machine's drift shows as the spread
-    bench "1.3b-plain-r$rep" 8192 25 "${s13[@]}"
-    bench "1.3b-nccl-z3-r$rep" 8192 25 "${s13[@]}" --comm=nccl --zero=3
-  done
-  bench "1.3b-nccl-z0" 8192 25 "${s13[@]}" --comm=nccl
-  bench "1.3b-nccl-z3-pf2" 8192 25 "${s13[@]}" --comm=nccl --zero=3 --prefetch=2
-  bench "1.3b-offload" 8192 10 "${s13[@]}" --offload=optimizer
-  if command -v nsys >/dev/null; then # does the prefetch overlap? NCCL's kernels against the compute's
-    rm -rf /tmp/z3trace* /tmp/z3_trace
-    timeout 200 nsys profile -t cuda -o /tmp/z3trace "$BUILD/kiln" train "${s13[@]}" --comm=nccl --zero=3 \
-      --data=random --max-steps=6 --device=cuda --eval-every=0 --checkpoint=0 --save-model=0 --quiet \
-      --out=/tmp/z3_trace >/dev/null 2>&1
-    nsys stats -q --report cuda_gpu_trace --format csv -o /tmp/z3trace /tmp/z3trace.nsys-rep >/dev/null 2>&1
-    python3 bench/overlap.py /tmp/z3trace_cuda_gpu_trace.csv 2>&1 | tee -a "$OUT/table.md"
-  else
-    echo "no nsys on this machine: no trace" | tee -a "$OUT/table.md"
+if [ "$PART" = fsdp ] || [ "$PART" = all ] || [ "$PART" = trace ]; then
+  if [ "$PART" != trace ]; then
+    for rep in 1 2; do # alternated, twice: the machine's drift shows as the spread
+      bench "1.3b-plain-r$rep" 8192 25 "${s13[@]}"
+      bench "1.3b-nccl-z3-r$rep" 8192 25 "${s13[@]}" --comm=nccl --zero=3
+    done
+    bench "1.3b-nccl-z0" 8192 25 "${s13[@]}" --comm=nccl
+    bench "1.3b-nccl-z3-pf2" 8192 25 "${s13[@]}" --comm=nccl --zero=3 --prefetch=2
+    bench "1.3b-offload" 8192 10 "${s13[@]}" --offload=optimizer
   fi
+  # does the prefetch overlap? a CUDA-event trace of each gather against the compute stream (KILN_TRACE_COMM)
+  for pf in 1 2; do
+    rm -rf /tmp/z3_trace
+    KILN_TRACE_COMM=/tmp/z3_trace.csv timeout 200 "$BUILD/kiln" train "${s13[@]}" --comm=nccl --zero=3 \
+      --prefetch=$pf --data=random --max-steps=8 --device=cuda --eval-every=0 --checkpoint=0 --save-model=0 \
+      --quiet --out=/tmp/z3_trace >/dev/null 2>&1
+    echo "prefetch $pf:" | tee -a "$OUT/table.md"
+    python3 bench/overlap.py /tmp/z3_trace.csv 1000 2>&1 | tee -a "$OUT/table.md"
+  done
 fi
 if [ "$PART" = offload ] || [ "$PART" = all ]; then
   [ "$PART" = offload ] && bench "1.3b-offload" 8192 10 "${s13[@]}" --offload=optimizer

@@ -7,6 +7,7 @@
 // Host operands (control values) are staged through a small device buffer.
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <string.h>
 
 extern "C" {
@@ -37,7 +38,83 @@ extern "C" {
 
 struct kiln_comm_work {
     cudaEvent_t done; // recorded on the comm stream after the operation
+    // KILN_TRACE_COMM: timed events around the operation on the comm stream (begin, end)
+    cudaEvent_t t0, t1;
+    enum kiln_coll_op op;
+    size_t bytes;
 };
+
+// ---- KILN_TRACE_COMM=FILE: a CUDA-event trace of how much communication the compute stream waits for --------
+// Each device operation gets timed events on the comm stream around it; where the compute stream waits for it
+// (kiln_comm_wait_stream), timed events on the compute stream just before and after the wait measure how long
+// the compute stream stood still (the exposed part). At the end one CSV line per operation goes to FILE, in
+// ms since the first event: op, bytes, comm begin, comm end, and the compute stream's wait (begin, end), or
+// empty where the host waited instead. bench/overlap.py sums it up.
+struct trace_rec {
+    enum kiln_coll_op op;
+    size_t bytes;
+    cudaEvent_t t0, t1, w0, w1; // w0/w1 NULL: no stream wait
+};
+static struct {
+    const char *path;
+    int on;
+    struct trace_rec *r;
+    size_t n, cap;
+    pthread_mutex_t mu;
+} trace = {NULL, -1, NULL, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+
+static int trace_on(void) {
+    if (trace.on < 0) {
+        trace.path = getenv("KILN_TRACE_COMM");
+        trace.on = trace.path && *trace.path;
+    }
+    return trace.on;
+}
+
+static cudaEvent_t timed_event(cudaStream_t st) {
+    cudaEvent_t e;
+    CUDA_OK(cudaEventCreate(&e));
+    CUDA_OK(cudaEventRecord(e, st));
+    return e;
+}
+
+static void trace_add(const struct kiln_comm_work *w, cudaEvent_t w0, cudaEvent_t w1) {
+    pthread_mutex_lock(&trace.mu);
+    if (trace.n == trace.cap) {
+        trace.cap = trace.cap ? 2 * trace.cap : 1024;
+        trace.r = (struct trace_rec *)kiln_xrealloc(trace.r, trace.cap * sizeof(*trace.r));
+    }
+    trace.r[trace.n++] = (struct trace_rec){w->op, w->bytes, w->t0, w->t1, w0, w1};
+    pthread_mutex_unlock(&trace.mu);
+}
+
+static void trace_write(void) {
+    if (!trace.n)
+        return;
+    CUDA_OK(cudaDeviceSynchronize());
+    FILE *f = fopen(trace.path, "w");
+    if (!f) {
+        fprintf(stderr, "kiln: cannot write the comm trace %s\n", trace.path);
+        return;
+    }
+    fprintf(f, "op,bytes,comm_begin_ms,comm_end_ms,wait_begin_ms,wait_end_ms\n");
+    cudaEvent_t base = trace.r[0].t0;
+    for (size_t i = 0; i < trace.n; i++) {
+        struct trace_rec *r = &trace.r[i];
+        float a, b, c = 0, d = 0;
+        CUDA_OK(cudaEventElapsedTime(&a, base, r->t0));
+        CUDA_OK(cudaEventElapsedTime(&b, base, r->t1));
+        if (r->w0) {
+            CUDA_OK(cudaEventElapsedTime(&c, base, r->w0));
+            CUDA_OK(cudaEventElapsedTime(&d, base, r->w1));
+            fprintf(f, "%s,%zu,%.4f,%.4f,%.4f,%.4f\n", kiln_coll_name(r->op), r->bytes, a, b, c, d);
+        } else {
+            fprintf(f, "%s,%zu,%.4f,%.4f,,\n", kiln_coll_name(r->op), r->bytes, a, b);
+        }
+    }
+    fclose(f);
+    trace.n = 0;
+}
 
 struct nccl_state {
     ncclComm_t comm;
@@ -179,8 +256,15 @@ static struct kiln_comm_work *nccl_submit(void *impl, const struct kiln_coll *k,
         CUDA_OK(cudaEventRecord(after, s->compute));
     }
     CUDA_OK(cudaStreamWaitEvent(s->stream, after, 0));
-    run_device(s, k, k->send, k->recv);
     struct kiln_comm_work *w = (struct kiln_comm_work *)kiln_xcalloc(1, sizeof(*w));
+    if (trace_on()) {
+        w->op = k->op;
+        w->bytes = k->count * kiln_dtype_bytes(k->dtype);
+        w->t0 = timed_event(s->stream);
+    }
+    run_device(s, k, k->send, k->recv);
+    if (trace_on())
+        w->t1 = timed_event(s->stream);
     CUDA_OK(cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming));
     CUDA_OK(cudaEventRecord(w->done, s->stream));
     return w;
@@ -188,6 +272,8 @@ static struct kiln_comm_work *nccl_submit(void *impl, const struct kiln_coll *k,
 
 static void nccl_wait(void *impl, struct kiln_comm_work *w) {
     (void)impl;
+    if (w->t0)
+        trace_add(w, NULL, NULL);
     CUDA_OK(cudaEventSynchronize(w->done));
     CUDA_OK(cudaEventDestroy(w->done));
     free(w);
@@ -195,7 +281,10 @@ static void nccl_wait(void *impl, struct kiln_comm_work *w) {
 
 static void nccl_wait_stream(void *impl, struct kiln_comm_work *w) {
     struct nccl_state *s = (struct nccl_state *)impl;
+    cudaEvent_t w0 = w->t0 ? timed_event(s->compute) : NULL;
     CUDA_OK(cudaStreamWaitEvent(s->compute, w->done, 0));
+    if (w->t0)
+        trace_add(w, w0, timed_event(s->compute));
     CUDA_OK(cudaEventDestroy(w->done)); // destroying a recorded event is safe: the wait holds what it needs
     free(w);
 }
@@ -233,6 +322,8 @@ static void nccl_close(void *impl) {
     struct nccl_state *s = (struct nccl_state *)impl;
     cudaSetDevice(s->device);
     cudaStreamSynchronize(s->stream);
+    if (trace_on())
+        trace_write();
     ncclCommDestroy(s->comm);
     cudaEventDestroy(s->issued);
     cudaStreamDestroy(s->stream);
