@@ -15,7 +15,7 @@
 #include "io/fsutil.h"
 #include "model/config.h"
 
-#define PLOT_USAGE                                                                                         \
+#define PLOT_USAGE                                                                                           \
     "kiln plot RUN... --out=FILE.png [--x=step|tokens] [--width=W --height=H], or kiln plot "                \
     "--bars=FILE.csv --out=FILE.png [--label=COL] [--series=COL] [--panels=COL,...]"
 
@@ -154,7 +154,6 @@ static int run_tokens(struct kiln_plot_run *r, struct kiln_error *err) {
     return 0;
 }
 
-
 // ----------------------------------------------------------------------------
 // reading a CSV for --bars
 
@@ -210,8 +209,10 @@ static int csv_read(const char *path, struct csv *c, struct kiln_error *err) {
     memset(c, 0, sizeof(*c));
     FILE *probe = fopen(path, "rb");
     if (!probe)
-        return kiln_errorf(err, KILN_ERR_USAGE, "cannot read the CSV (%s): %s; pass --bars=FILE.csv, a header "
-                           "row then a row per bar", path, strerror(errno));
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "cannot read the CSV (%s): %s; pass --bars=FILE.csv, a header "
+                           "row then a row per bar",
+                           path, strerror(errno));
     fclose(probe);
     size_t n;
     int rc = kiln_read_file(path, &c->data, &n, err);
@@ -305,8 +306,8 @@ static void bars_free(struct kiln_plot_bars *b) {
 }
 
 static int missing_column(const char *path, const char *opt, const char *name, struct kiln_error *err) {
-    return kiln_errorf(err, KILN_ERR_USAGE, "no column '%s' in %s (%s): name a column of its header row", name,
-                       path, opt);
+    return kiln_errorf(err, KILN_ERR_USAGE, "no column '%s' in %s (%s): name a column of its header row",
+                       name, path, opt);
 }
 
 // The CSV's rows as bars: categories from the label column (default the first), series from the series

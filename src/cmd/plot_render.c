@@ -1,5 +1,6 @@
 // kiln plot's drawing, with PLplot's pngcairo device (Debian's plplot-driver-cairo; no display needed).
-// A grid of 3x2 panels, one per metric, the runs overlaid in the same colour in every panel.
+// A grid of 3x2 panels, one per metric, the runs overlaid in the same colour in every panel; or (--bars) a
+// column of bar panels, one per CSV column, the series side by side in each category.
 #include <errno.h>
 #include <math.h>
 #include <plplot.h>
@@ -219,6 +220,111 @@ static void draw_legend(const struct kiln_plot_spec *s) {
     free(text);
 }
 
+// ----------------------------------------------------------------------------
+// bars (--bars)
+
+// A column's display scale: bytes in GiB or MiB, whichever keeps the numbers readable.
+static double bars_unit(const struct kiln_plot_bars *b, int p, const char **label) {
+    *label = "";
+    size_t n = strlen(b->panels[p]);
+    if (n < 6 || strcmp(b->panels[p] + n - 6, "_bytes"))
+        return 1.0;
+    double mx = 0;
+    for (int k = 0; k < b->n_cats * b->n_series; k++) {
+        double v = fabs(b->values[(size_t)p * b->n_cats * b->n_series + k]);
+        mx = v > mx ? v : mx;
+    }
+    *label = mx >= 1024.0 * 1024 * 1024 ? "GiB" : "MiB";
+    return mx >= 1024.0 * 1024 * 1024 ? 1.0 / (1024.0 * 1024 * 1024) : 1.0 / (1024.0 * 1024);
+}
+
+// Category k spans [k, k+1] on x; its bars fill the middle 80%, one slot per series, each with its value on
+// top.
+static void draw_bar_panel(const struct kiln_plot_bars *b, int p) {
+    const char *unit;
+    double scale = bars_unit(b, p, &unit);
+    const double *v = b->values + (size_t)p * b->n_cats * b->n_series;
+    struct range yr = {.lo = 0, .hi = 0, .any = 1}; // bars stand on zero
+    for (int k = 0; k < b->n_cats * b->n_series; k++)
+        range_add(&yr, v[k] * scale);
+    if (yr.hi <= yr.lo)
+        yr.hi = yr.lo + 1;
+    double span = yr.hi - yr.lo;
+    yr.hi += yr.hi > 0 ? 0.12 * span : 0; // room for the value labels
+    yr.lo -= yr.lo < 0 ? 0.12 * span : 0;
+    char title[160];
+    snprintf(title, sizeof(title), "%s%s%s", b->panels[p], unit[0] ? ", " : "", unit);
+    pladv(0);
+    plvpor(0.08, 0.98, 0.16, 0.88);
+    plwind(0, b->n_cats, yr.lo, yr.hi);
+    plcol0(COL_GRID);
+    plwidth(1);
+    plbox("", 0, 0, "g", 0, 0);
+    plcol0(COL_FG);
+    plbox("bc", 0, 0, "bcnstvo", 0, 0);
+    pllab("", "", title);
+    double slot = 0.8 / b->n_series;
+    for (int c = 0; c < b->n_cats; c++) {
+        plcol0(COL_FG);
+        plschr(0, 0.9);
+        plmtex("b", 1.5, (c + 0.5) / b->n_cats, 0.5, b->cats[c]);
+        for (int s = 0; s < b->n_series; s++) {
+            double y = v[c * b->n_series + s] * scale;
+            if (!isfinite(y))
+                continue;
+            double x0 = c + 0.1 + s * slot, x1 = x0 + slot * 0.92;
+            PLFLT bx[5] = {x0, x1, x1, x0, x0}, by[5] = {0, 0, y, y, 0};
+            plcol0(COL_RUN0 + s % N_RUN_COLORS);
+            plfill(4, bx, by);
+            plcol0(COL_FG);
+            plwidth(1);
+            plline(5, bx, by);
+            char text[32];
+            tick_label(PL_Y_AXIS, y, text, sizeof(text), NULL);
+            plschr(0, 0.6);
+            plptex((x0 + x1) / 2, y + (y >= 0 ? 0.02 : -0.06) * (yr.hi - yr.lo), 1, 0, 0.5, text);
+        }
+    }
+    plschr(0, 1.0);
+}
+
+// The series' colours, in the first panel's top right corner; nothing when there is one unnamed series.
+static void draw_bar_legend(const struct kiln_plot_bars *b) {
+    int n = b->n_series;
+    if (n == 1 && !b->series[0][0])
+        return;
+    PLINT *opt = calloc((size_t)n, sizeof(PLINT)), *colors = calloc((size_t)n, sizeof(PLINT)),
+          *patterns = calloc((size_t)n, sizeof(PLINT)), *text_colors = calloc((size_t)n, sizeof(PLINT));
+    PLFLT *scales = calloc((size_t)n, sizeof(PLFLT)), *widths = calloc((size_t)n, sizeof(PLFLT));
+    if (!opt || !colors || !patterns || !text_colors || !scales || !widths)
+        abort();
+    for (int k = 0; k < n; k++) {
+        opt[k] = PL_LEGEND_COLOR_BOX;
+        colors[k] = COL_RUN0 + k % N_RUN_COLORS;
+        text_colors[k] = COL_FG;
+        scales[k] = 0.8;
+        widths[k] = 1;
+    }
+    PLFLT w, h;
+    pladv(1);
+    plvpor(0.08, 0.98, 0.16, 0.88);
+    plwind(0, 1, 0, 1);
+    plschr(0, 0.8);
+    pllegend(&w, &h, PL_LEGEND_BACKGROUND | PL_LEGEND_BOUNDING_BOX,
+             PL_POSITION_TOP | PL_POSITION_RIGHT | PL_POSITION_INSIDE, 0.01, 0.01, 0.05, COL_BG, COL_FG, 1, 0,
+             0, n, opt, 0.8, 0.8, 1.6, 0, text_colors, (const char *const *)b->series, colors, patterns,
+             scales, widths, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+    free(opt);
+    free(colors);
+    free(patterns);
+    free(text_colors);
+    free(scales);
+    free(widths);
+}
+
+// ----------------------------------------------------------------------------
+// the page
+
 static int device_present(void) {
     const char *menu[128], *names[128];
     PLCHAR_VECTOR *pm = menu, *pn = names;
@@ -247,7 +353,7 @@ int kiln_plot_render(const struct kiln_plot_spec *s, struct kiln_error *err) {
                            s->out, strerror(errno));
     fclose(probe);
     int n_max = 1;
-    for (int k = 0; k < s->n_runs; k++)
+    for (int k = 0; k < s->n_runs && !s->bars; k++)
         n_max = s->runs[k].n > n_max ? s->runs[k].n : n_max;
     PLFLT *px = kiln_xmalloc((size_t)n_max * sizeof(PLFLT)),
           *py = kiln_xmalloc((size_t)n_max * sizeof(PLFLT));
@@ -261,11 +367,19 @@ int kiln_plot_render(const struct kiln_plot_spec *s, struct kiln_error *err) {
     plscol0(COL_GRID, 220, 220, 220);
     for (int i = 0; i < N_RUN_COLORS; i++)
         plscol0(COL_RUN0 + i, RUN_RGB[i][0], RUN_RGB[i][1], RUN_RGB[i][2]);
-    plstar(3, 2);
-    plslabelfunc(tick_label, NULL);
-    for (int i = 0; i < N_PANELS; i++)
-        draw_panel(s, &PANELS[i], px, py);
-    draw_legend(s);
+    if (s->bars) {
+        plstar(1, s->bars->n_panels);
+        plslabelfunc(tick_label, NULL);
+        for (int p = 0; p < s->bars->n_panels; p++)
+            draw_bar_panel(s->bars, p);
+        draw_bar_legend(s->bars);
+    } else {
+        plstar(3, 2);
+        plslabelfunc(tick_label, NULL);
+        for (int i = 0; i < N_PANELS; i++)
+            draw_panel(s, &PANELS[i], px, py);
+        draw_legend(s);
+    }
     plend();
     free(px);
     free(py);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kiln train --tensorboard writes event files; kiln plot draws two runs into a PNG of the asked size, with the
-# curves in their panels (decoded with netpbm's pngtopnm) and the x axis in tokens when asked; bad input is
-# one line.
+# curves in their panels (decoded with netpbm's pngtopnm) and the x axis in tokens when asked; kiln plot --bars
+# draws a CSV's columns as grouped bars, one panel each, with bar areas in proportion to the values; bad input
+# is one line.
 source "$(dirname "$0")/lib.sh" plot "$@"
 
 small=(--max-steps=20 --layers=1 --dim=32 --heads=2 --seq=32 --batch=4 --eval-every=10)
@@ -51,6 +52,21 @@ if "$KILN" plot "$T/a" --out="$T/x.png" >/dev/null 2>"$T/err" || ! grep -q 'not 
   { head -1 "$T/a/metrics.jsonl"; echo '{"loss":3}'; } >"$T/bad/metrics.jsonl"
   expect_error 1 'no numeric "step"' -- plot "$T/bad" --out="$T/x.png"
   expect_error 1 'cannot write the plot' -- plot "$T/a" --out="$T/no/such/dir/x.png"
+  # --bars: a CSV with a header row; a bad row or value names the file and line
+  printf 'strategy,recompute,tokens_per_s\none,none,1\n' >"$T/ok.csv"
+  expect_error 2 'with --bars' -- plot "$T/a" --bars="$T/ok.csv" --out="$T/x.png"
+  expect_error 2 'without --bars' -- plot "$T/a" --series=recompute --out="$T/x.png"
+  expect_error 2 "cannot read the CSV ($T/none.csv)" -- plot --bars="$T/none.csv" --out="$T/x.png"
+  : >"$T/empty.csv"
+  expect_error 1 "no data ($T/empty.csv)" -- plot --bars="$T/empty.csv" --out="$T/x.png"
+  printf 'strategy,recompute,tokens_per_s\none,none,1\n\nDDP,none\n' >"$T/short.csv"
+  expect_error 1 "$T/short.csv:4" -- plot --bars="$T/short.csv" --out="$T/x.png"
+  printf 'strategy,recompute,tokens_per_s\none,none,1\nDDP,none,fast\n' >"$T/word.csv"
+  expect_error 1 "$T/word.csv:3" -- plot --bars="$T/word.csv" --series=recompute --panels=tokens_per_s --out="$T/x.png"
+  printf 'strategy,recompute,tokens_per_s\none,none,1\none,block,2\n' >"$T/dup.csv"
+  expect_error 1 "duplicate bar ($T/dup.csv:3)" -- plot --bars="$T/dup.csv" --out="$T/x.png"
+  expect_error 2 "no column 'ms'" -- plot --bars="$T/ok.csv" --panels=tokens_per_s,ms --out="$T/x.png"
+  expect_error 2 "no column 'rc'" -- plot --bars="$T/ok.csv" --series=rc --out="$T/x.png"
 else
   echo "kiln built without PLplot: only its one-line error is checked"
   expect_error 2 'libplplot-dev' -- plot "$T/a" --out="$T/x.png"
@@ -116,6 +132,44 @@ r=$(ratio "${step[1]}")
 if awk -v r="$r" 'BEGIN { exit !(r > 0.95 && r < 1.05) }'; then ok; else bad "against steps, run a ends at $r of run b"; fi
 r=$(ratio "${tokens[1]}")
 if awk -v r="$r" 'BEGIN { exit !(r > 0.18 && r < 0.30) }'; then ok; else bad "against tokens, run a ends at $r of run b"; fi
+
+# ---- kiln plot --bars: the picture ----------------------------------------------------------------
+# Two panels stacked; series "none" is blue and "block" orange. Panel 1: blue bars 1, 2, 4 and orange 2, 2, 2,
+# all the same width, so the blue area is 7/6 of the orange (the legend adds the same small box of each);
+# panel 2: the orange bars are missing (n/a and empty), so it has blue pixels and no orange ones.
+cat >"$T/bars.csv" <<'CSV'
+strategy,recompute,tokens_per_s,peak_device_bytes
+one,none,1,1048576
+one,block,2,n/a
+DDP,none,2,2097152
+DDP,block,2,
+ZeRO-3,none,4,3145728
+ZeRO-3,block,2,n/a
+CSV
+"$KILN" plot --bars="$T/bars.csv" --series=recompute --out="$T/bars.png" --width=800 --height=600 >"$T/out" 2>"$T/err" ||
+  bad "plot --bars: $(cat "$T/err")"
+if [ "$(png_size "$T/bars.png")" = "800 600" ]; then ok; else bad "bars.png is $(png_size "$T/bars.png"), not 800 600"; fi
+if grep -q '2 panels of 3 bar groups' "$T/out"; then ok; else bad "plot --bars said: $(cat "$T/out")"; fi
+# rows: the two stacked panels' "blue orange" pixel counts
+mapfile -t bars < <(pngtopnm "$T/bars.png" | pnmtopnm -plain | awk '
+  NR == 1 { next }
+  { for (i = 1; i <= NF; i++) {
+      if (nh < 3) { hdr[nh++] = $i; W = hdr[0]; H = hdr[1]; continue }
+      c[nc++] = $i
+      if (nc < 3) continue
+      nc = 0; r = c[0]; g = c[1]; b = c[2]; y = int(p / W); p++; k = int(2 * y / H)
+      if (b > r + 80 && b > 120) blue[k]++
+      if (r > b + 120 && r > 180) orange[k]++
+  } }
+  END { for (k = 0; k < 2; k++) print blue[k] + 0, orange[k] + 0 }')
+read -r blue orange <<<"${bars[0]}"
+if [ "$orange" -gt 500 ] && awk -v b="$blue" -v o="$orange" 'BEGIN { r = b / o; exit !(r > 1.08 && r < 1.26) }'; then
+  ok
+else
+  bad "panel tokens_per_s: blue $blue, orange $orange pixels, expected a ratio near 7/6"
+fi
+read -r blue orange <<<"${bars[1]}"
+if [ "$blue" -gt 500 ] && [ "$orange" -eq 0 ]; then ok; else bad "panel peak_device_bytes: blue $blue, orange $orange pixels"; fi
 
 finish || exit 1
 [ "$no_tb" -eq 0 ] || exit 77 # the event files were not checked

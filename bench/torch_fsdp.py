@@ -1,0 +1,163 @@
+# PyTorch's counterpart of kiln's world-size-1 strategy rows (bench/strategies.sh): the GPT of the peer
+# baseline (.peer/bench/torch_gpt.py: pre-norm blocks, SDPA, tied head, bf16 autocast, fused AdamW) trained on
+# random tokens, plainly (--fsdp=0), under FSDP2's fully_shard at world size 1 (--fsdp=1, kiln's ZeRO-3) or
+# with its CPUOffloadPolicy (--offload=1, kiln's ZeRO-3 + offload), with optional per-block activation
+# checkpointing (--ckpt=1, kiln's --recompute=block) and torch.compile. Prints one JSON line: tokens/s and
+# torch.cuda.max_memory_allocated. Failures print one "error: ..." line and exit 1; the process group has a
+# timeout, so nothing waits forever.
+import argparse, datetime, json, os, socket, sys, time
+
+p = argparse.ArgumentParser()
+p.add_argument("--layers", type=int, default=12)
+p.add_argument("--heads", type=int, default=12)
+p.add_argument("--dim", type=int, default=768)
+p.add_argument("--vocab", type=int, default=50304)
+p.add_argument("--seq", type=int, default=1024)
+p.add_argument("--batch", type=int, default=8)
+p.add_argument("--accum", type=int, default=1, help="micro-steps per optimizer step")
+p.add_argument("--steps", type=int, default=30)
+p.add_argument("--warmup", type=int, default=5, help="steps before timing (compilation)")
+p.add_argument("--fsdp", type=int, default=1)
+p.add_argument("--offload", type=int, default=0)
+p.add_argument("--ckpt", type=int, default=0)
+p.add_argument("--compile", type=int, default=1)
+a = p.parse_args()
+
+
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+try:
+    import torch, torch.nn as nn, torch.nn.functional as F
+    import torch.distributed as dist
+except ImportError as e:
+    fail(f"no PyTorch ({e}); pip install torch")
+if not torch.cuda.is_available():
+    fail("torch sees no CUDA device; this benchmark compares GPU memory and speed")
+if a.offload and not a.fsdp:
+    fail("--offload=1 needs --fsdp=1 (CPUOffloadPolicy is an FSDP2 policy)")
+if a.fsdp:
+    try:
+        from torch.distributed.fsdp import fully_shard, CPUOffloadPolicy, MixedPrecisionPolicy
+    except ImportError as e:
+        fail(f"this torch ({torch.__version__}) lacks FSDP2 ({e}); it needs torch >= 2.6")
+
+
+class Block(nn.Module):
+    def __init__(s, d, h):
+        super().__init__()
+        s.h = h
+        s.ln1 = nn.LayerNorm(d); s.qkv = nn.Linear(d, 3 * d); s.proj = nn.Linear(d, d)
+        s.ln2 = nn.LayerNorm(d); s.fc = nn.Linear(d, 4 * d); s.fc2 = nn.Linear(4 * d, d)
+
+    def attn(s, x):
+        B, T, C = x.shape
+        q, k, v = s.qkv(x).split(C, dim=2)
+        q, k, v = [t.view(B, T, s.h, C // s.h).transpose(1, 2) for t in (q, k, v)]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return s.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+    def forward(s, x):
+        x = x + s.attn(s.ln1(x))
+        return x + s.fc2(F.gelu(s.fc(s.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.wte = nn.Embedding(a.vocab, a.dim); s.wpe = nn.Embedding(a.seq, a.dim)
+        s.blocks = nn.ModuleList([Block(a.dim, a.heads) for _ in range(a.layers)])
+        s.lnf = nn.LayerNorm(a.dim); s.head = nn.Linear(a.dim, a.vocab, bias=False)
+        s.head.weight = s.wte.weight
+
+    def forward(s, idx, tgt):
+        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for b in s.blocks:
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False) if a.ckpt else b(x)
+        logits = s.head(s.lnf(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+torch.backends.cuda.matmul.allow_tf32 = True
+dev = torch.device("cuda", 0)
+torch.cuda.set_device(dev)
+if a.fsdp:
+    # world size 1 on localhost; the timeout turns a stuck collective into an error, not a hang
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    try:
+        dist.init_process_group("nccl", init_method="env://", timeout=datetime.timedelta(seconds=120),
+                                device_id=dev)
+    except Exception as e:
+        fail(f"cannot start the process group (nccl, {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}): {e}")
+
+torch.manual_seed(1337)
+m = GPT().to(dev)
+n_params = sum(p.numel() for p in m.parameters())
+if a.fsdp:
+    # like kiln's ZeRO-3: bf16 compute copy, fp32 gradient reduction and master; each block its own unit
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kw = dict(mp_policy=mp)
+    if a.offload:
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+    for i, b in enumerate(m.blocks):
+        if a.compile:  # per block, before sharding, as torchtitan does: FSDP2's hooks stay outside the graphs
+            b = torch.compile(b)
+            m.blocks[i] = b
+        fully_shard(b, **kw)
+    fully_shard(m, **kw)  # embeddings, final norm and the tied head
+opt = torch.optim.AdamW(m.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                        fused=not a.offload)  # offloaded parameters live on the CPU: no fused CUDA AdamW
+step_fn = torch.compile(m) if a.compile and not a.fsdp else m
+x = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
+y = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
+
+
+def step():
+    for _ in range(a.accum):
+        if a.fsdp:
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=False):
+                loss = step_fn(x, y) / a.accum  # FSDP2's policy casts to bf16
+        else:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = step_fn(x, y) / a.accum
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+try:
+    t0 = time.time()
+    for _ in range(a.warmup):
+        step()
+    torch.cuda.synchronize()
+    warm_s = time.time() - t0
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.time()
+    for _ in range(a.steps):
+        loss = step()
+    torch.cuda.synchronize()
+    ms = (time.time() - t0) * 1e3 / a.steps
+except torch.cuda.OutOfMemoryError as e:
+    fail(f"out of GPU memory at batch {a.batch}, seq {a.seq}: {str(e).splitlines()[0]}")
+tokens = a.batch * a.seq * a.accum
+print(json.dumps(dict(impl="pytorch-fsdp2" if a.fsdp else "pytorch", offload=a.offload, ckpt=a.ckpt,
+                      compile=a.compile, layers=a.layers, dim=a.dim, heads=a.heads, vocab=a.vocab, seq=a.seq,
+                      batch=a.batch, accum=a.accum, params_M=round(n_params / 1e6, 1),
+                      ms_per_step=round(ms, 2), tokens_per_s=round(tokens / (ms / 1e3)),
+                      peak_mem_bytes=torch.cuda.max_memory_allocated(), warmup_s=round(warm_s, 1),
+                      loss=float(loss) * a.accum)))
+if a.fsdp:
+    dist.destroy_process_group()
