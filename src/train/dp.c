@@ -9,6 +9,14 @@
 #include <stdio.h>
 #include <string.h>
 
+// ZeRO-2/3's staging buffers shared by the buckets between the top and the bottom one. A layer's backward
+// holds two (its own and, for the biases its norm writes, the layer below's), so with two the backward waits
+// for each reduce-scatter before reusing its buffer. A third hides those waits (the compute stream's wait fell
+// from 13.3 to 1.8 ms in 8 steps on the H100 at world size 1, KILN_TRACE_COMM) but the step got slower, 136.9
+// -> 138.2 ms at the 1.3B shape: the reduction then runs beside the compute and takes SMs from it. Two it is,
+// until it is measured on several GPUs (issue 17).
+#define STAGING_SLOTS 2
+
 // elements a chunk of the offloaded optimizer's pipeline (offload_adamw), unless kiln_dp_opts says
 #define OFFLOAD_CHUNK ((size_t)1 << 25)
 
@@ -57,7 +65,7 @@ struct kiln_dp {
     const size_t *seg_begin; // the model's gradient segments (kiln_gpt_grad_segments)
     int n_seg;
     void *top, *bottom; // staging of b[0] and b[nb - 1]
-    struct slot mid[2];
+    struct slot mid[STAGING_SLOTS];
     int next_slot;
     void *shard;     // (optim_elems) the reduced gradients of this rank's slices, summed over micro-steps
     void *shard_tmp; // (optim_elems) f32: a later micro-step's reduction, before it is added
@@ -242,7 +250,7 @@ void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp
     size_t mid = mid_elems(&dp), n = dp.optim_elems;
     memset(out, 0, sizeof(*out));
     if (dp.zero >= 2) { // staging (two shared between), the gradient shard, and with accumulation its addend
-        out->staging = (top + bottom + 2 * mid) * gb;
+        out->staging = (top + bottom + STAGING_SLOTS * mid) * gb;
         out->grad_shard = n * gb + (accum > 1 ? n * sizeof(float) : 0);
     }
     if (dp.zero == 3) // the gathered top and bottom buckets, and the ring of layers
@@ -291,7 +299,10 @@ void kiln_dp_free(struct kiln_dp *dp) {
         if (dp->b[i].event)
             dp->be->ops->event_destroy(dp->be->ctx, dp->b[i].event);
     }
-    void *bufs[] = {dp->top, dp->bottom, dp->mid[0].p, dp->mid[1].p, dp->shard, dp->shard_tmp};
+    void *bufs[] = {dp->top, dp->bottom, dp->shard, dp->shard_tmp};
+    for (int k = 0; k < STAGING_SLOTS; k++)
+        if (dp->mid[k].p)
+            dp->be->ops->free(dp->be->ctx, dp->mid[k].p);
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i] && (i != 1 || bufs[i] != dp->top))
             dp->be->ops->free(dp->be->ctx, bufs[i]);
@@ -379,13 +390,13 @@ static int bucket_of(const struct kiln_dp *dp, size_t at) {
     return dp->nb - 1;
 }
 
-// Gives bucket i a staging buffer: the older of the two shared ones, once its reduction has read it (on the
+// Gives bucket i a staging buffer: the oldest of the shared ones, once its reduction has read it (on the
 // GPU the compute stream waits, not the host), zeroed so that the padding between tensors sums to zero.
 static void stage_bucket(struct kiln_dp *dp, int i) {
     if (dp->b[i].stage)
         return;
     struct slot *s = &dp->mid[dp->next_slot];
-    dp->next_slot ^= 1;
+    dp->next_slot = (dp->next_slot + 1) % STAGING_SLOTS;
     if (s->bucket >= 0) {
         struct bucket *old = &dp->b[s->bucket];
         KILN_ASSERT(old->work ||
@@ -853,7 +864,7 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
         dp->bottom = dp->nb > 1 ? alloc_or_die(dp, (dp->b[dp->nb - 1].hi - dp->b[dp->nb - 1].lo) * gb,
                                                "staging buffer")
                                 : dp->top;
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < STAGING_SLOTS; k++)
             dp->mid[k] =
                 (struct slot){.p = mid ? alloc_or_die(dp, mid * gb, "staging buffer") : NULL, .bucket = -1};
         dp->shard = alloc_or_die(dp, dp->optim_elems * gb, "gradient shard");
@@ -880,7 +891,8 @@ void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum) {
     }
     for (int i = 0; i < dp->nb; i++)
         dp->b[i].stage = NULL;
-    dp->mid[0].bucket = dp->mid[1].bucket = -1;
+    for (int k = 0; k < STAGING_SLOTS; k++)
+        dp->mid[k].bucket = -1;
     window_bucket(dp, 0, dp->top); // written from the forward on (the classifier's gradients)
     window_bucket(dp, dp->nb - 1, dp->bottom);
 }
