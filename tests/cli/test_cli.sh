@@ -111,4 +111,12 @@ expect_error 2 "bad value 'hot' for temperature" -- sample --run="$RUN" --temper
 [ "$(grep -ac '^step [36] sample: ' "$T/err")" -eq 2 ] && ! grep -aq '^step [1245] sample' "$T/err" && ok ||
   bad "--sample-every=3 did not print samples at steps 3 and 6 only: $(grep -a sample "$T/err")"
 expect_error 2 "sample-every" -- train --layers=1 --dim=32 --heads=2 --seq=32 --sample-every=3 --zero=3
+# kiln info --world=N (info only) is checked like an option; --save-model=0 leaves the run without its model
+expect_error 2 "world" -- info --world=0
+expect_error 2 "world" -- info --world=two
+"$KILN" info --zero=3 --world=4 | grep -q "per rank: [0-9]* bytes" && ok || bad "kiln info --zero=3 --world=4 printed no per-rank plan"
+"$KILN" train --layers=1 --dim=32 --heads=2 --seq=32 --batch=2 --max-steps=2 --eval-every=0 --threads=1 --quiet \
+  --save-model=0 --out="$T/nosave" 2>/dev/null
+[ -f "$T/nosave/metrics.jsonl" ] && [ ! -e "$T/nosave/model.safetensors" ] && ok ||
+  bad "--save-model=0 wrote model.safetensors, or no metrics"
 finish
