@@ -25,6 +25,43 @@ expect_error() {
   ok
 }
 
+# same_run A B TOL: two run directories' losses, at the steps both logged, agree within TOL (relative), and
+# their final weights (model.safetensors) within 50 TOL; prints the differences (python3).
+same_run() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, struct, sys
+a, b, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def losses(d):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(d + "/metrics.jsonl"))}
+la, lb = losses(a), losses(b)
+common = sorted(set(la) & set(lb))
+assert common, "no common steps"
+worst = max(abs(la[s] - lb[s]) / abs(la[s]) for s in common)
+def weights(d):
+    raw = open(d + "/model.safetensors", "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    body = raw[8 + n:]
+    return struct.unpack("<%df" % (len(body) // 4), body)
+wa, wb = weights(a), weights(b)
+wd = max(abs(x - y) for x, y in zip(wa, wb)) if len(wa) == len(wb) else float("inf")
+print(f"{a.split('/')[-1]} vs {b.split('/')[-1]}: steps {common[0]}..{common[-1]}, worst loss rel diff {worst:.2e}, "
+      f"weights max abs diff {wd:.2e}")
+sys.exit(0 if worst <= tol and wd <= 50 * tol else 1)
+PY
+}
+
+# same_weights A B: the tensors of two runs' model.safetensors are bitwise equal (the headers differ: they carry
+# the data's hash and the run's config)
+same_weights() {
+  python3 - "$1" "$2" <<'PY'
+import struct, sys
+def body(d):
+    raw = open(d + "/model.safetensors", "rb").read()
+    return raw[8 + struct.unpack("<Q", raw[:8])[0]:]
+sys.exit(0 if body(sys.argv[1]) == body(sys.argv[2]) else 1)
+PY
+}
+
 finish() {
   echo "$pass passed, $fail failed"
   [ "$fail" -eq 0 ]

@@ -58,29 +58,6 @@ two_nodes() {
 args=(--layers=2 --heads=2 --dim=32 --seq=32 --batch=2 --total-batch=768 --eval-every=4 --eval-steps=4
   --threads=1 --quiet --log-every=1 --bucket-mb=0.02 --grad-clip=0.5 --schedule=constant --warmup=0 --lr=3e-3
   --seed=$((RANDOM + 1)) --device=cpu)
-# same_run A B TOL: the losses agree within TOL (relative), and so do the final weights (test_dist_mpi.sh's)
-same_run() {
-  python3 - "$1" "$2" "$3" <<'PY'
-import json, struct, sys
-a, b, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
-def losses(d):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(d + "/metrics.jsonl"))}
-la, lb = losses(a), losses(b)
-common = sorted(set(la) & set(lb))
-assert common, "no common steps"
-worst = max(abs(la[s] - lb[s]) / abs(la[s]) for s in common)
-def weights(d):
-    raw = open(d + "/model.safetensors", "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    body = raw[8 + n:]
-    return struct.unpack("<%df" % (len(body) // 4), body)
-wa, wb = weights(a), weights(b)
-wd = max(abs(x - y) for x, y in zip(wa, wb)) if len(wa) == len(wb) else float("inf")
-print(f"{a} vs {b}: steps {common[0]}..{common[-1]}, worst loss rel diff {worst:.2e}, weights max abs diff {wd:.2e}")
-sys.exit(0 if worst <= tol and wd <= 50 * tol else 1)
-PY
-}
-
 # 4 ranks on 2 nodes follow the single-process trajectory
 "$KILN" train "${args[@]}" --max-steps=8 --out="$T/single" || bad "single-process run failed"
 two_nodes --rdzv-timeout=60 --max-restarts=0 -- "${args[@]}" --max-steps=8 --out="$T/multi"

@@ -19,41 +19,6 @@ args=(--layers=4 --heads=4 --dim=32 --seq=32 --batch=2 --total-batch=768 --eval-
   --threads=1 --quiet --log-every=1 --grad-clip=0.5 --schedule=constant --warmup=0 --lr=3e-3
   --seed=$((RANDOM + 1)))
 
-# same_run A B TOL: the losses of the steps both logged agree within TOL (relative), and the final weights
-# within 50 TOL
-same_run() {
-  python3 - "$1" "$2" "$3" <<'PY'
-import json, struct, sys
-a, b, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
-def losses(d):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(d + "/metrics.jsonl"))}
-la, lb = losses(a), losses(b)
-common = sorted(set(la) & set(lb))
-assert common, "no common steps"
-worst = max(abs(la[s] - lb[s]) / abs(la[s]) for s in common)
-def weights(d):
-    raw = open(d + "/model.safetensors", "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    body = raw[8 + n:]
-    return struct.unpack("<%df" % (len(body) // 4), body)
-wa, wb = weights(a), weights(b)
-wd = max(abs(x - y) for x, y in zip(wa, wb)) if len(wa) == len(wb) else float("inf")
-print(f"{a.split('/')[-1]} vs {b.split('/')[-1]}: worst loss rel diff {worst:.2e}, weights max abs diff {wd:.2e}")
-sys.exit(0 if worst <= tol and wd <= 50 * tol else 1)
-PY
-}
-# same_weights A B: the tensors of the two runs' model.safetensors are bitwise equal (the headers carry the
-# data's hash, and the run's config)
-same_weights() {
-  python3 - "$1" "$2" <<'PY'
-import struct, sys
-def body(d):
-    raw = open(d + "/model.safetensors", "rb").read()
-    return raw[8 + struct.unpack("<Q", raw[:8])[0]:]
-sys.exit(0 if body(sys.argv[1]) == body(sys.argv[2]) else 1)
-PY
-}
-
 # ---- the trajectory, at every world size and for the model family ----
 "$KILN" train "${args[@]}" --max-steps=6 --out="$T/single" || bad "single-process run failed"
 for np in 2 3 4; do
