@@ -27,7 +27,7 @@ struct bucket {
     struct kiln_comm_work *work;
     // ZeRO-2: where the bucket's gradients are written this micro-step (a staging buffer), or NULL
     void *stage;
-    size_t state_offset; // its slice's place in the rank's shard
+    size_t state_offset; // its slice's place in the rank's shard (ZeRO's compact state)
 };
 
 // ZeRO-3: one bucket's compute weights, gathered, and whether they are the current ones (until AdamW)
@@ -211,6 +211,13 @@ static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const st
         plan_buckets(dp, pt, o->bucket_mb);
     dp->K = 2 + (o->prefetch > 0 ? o->prefetch : 1);
     dp->n_ranges = kiln_dp_ranges_for(dp->bounds, dp->nb, world, rank, &dp->ranges);
+    size_t state = 0; // where each bucket's slice sits in the rank's shard (the ranges skip empty slices)
+    for (int i = 0; i < dp->nb; i++) {
+        size_t lo, hi;
+        kiln_comm_slice(dp->b[i].hi - dp->b[i].lo, world, rank, &lo, &hi);
+        dp->b[i].state_offset = state;
+        state += hi - lo;
+    }
     size_t owned = 0;
     for (int r = 0; r < dp->n_ranges; r++)
         owned += dp->ranges[r].hi - dp->ranges[r].lo;
@@ -568,17 +575,6 @@ static void on_params_get(void *user, float *host) {
     dp->host_master = NULL;
 }
 
-// Where bucket i's slice of this rank sits in its shard (its range's state offset; the ranges skip empty slices).
-static size_t bucket_state_offset(const struct kiln_dp *dp, int i) {
-    size_t so = 0;
-    for (int j = 0; j < i; j++) {
-        size_t lo, hi;
-        kiln_comm_slice(dp->b[j].hi - dp->b[j].lo, dp->comm->size, dp->comm->rank, &lo, &hi);
-        so += hi - lo;
-    }
-    return so;
-}
-
 // ZeRO-3's (and an offloaded ZeRO-1/2's) kiln_dp_gather_master: each rank's slices of the f32 master weights, gathered into host memory.
 static void gather_master_host(struct kiln_dp *dp) {
     size_t total = dp->bounds[0];
@@ -590,7 +586,7 @@ static void gather_master_host(struct kiln_dp *dp) {
         size_t lo, hi;
         kiln_comm_slice(b->hi - b->lo, dp->comm->size, dp->comm->rank, &lo, &hi);
         float *at = dp->host_master + b->lo;
-        size_t so = bucket_state_offset(dp, i);
+        size_t so = b->state_offset;
         if (dp->offload)
             memcpy(at + lo, dp->h_master + so, (hi - lo) * sizeof(float));
         else
@@ -856,13 +852,7 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
     if (dp->zero >= 2) {
         KILN_ASSERT(!dp->buf.grads); // the model was created with external_grads
         dp->n_seg = kiln_gpt_grad_segments(g, &dp->seg_begin);
-        size_t gb = grad_bytes(dp), mid = mid_elems(dp), state = 0;
-        for (int i = 0; i < dp->nb; i++) {
-            size_t lo, hi;
-            kiln_comm_slice(dp->b[i].hi - dp->b[i].lo, dp->comm->size, dp->comm->rank, &lo, &hi);
-            dp->b[i].state_offset = state;
-            state += hi - lo;
-        }
+        size_t gb = grad_bytes(dp), mid = mid_elems(dp);
         dp->top = alloc_or_die(dp, (dp->b[0].hi - dp->b[0].lo) * gb, "staging buffer");
         dp->bottom = dp->nb > 1 ? alloc_or_die(dp, (dp->b[dp->nb - 1].hi - dp->b[dp->nb - 1].lo) * gb,
                                                "staging buffer")
