@@ -281,7 +281,8 @@ struct start {
     double grace_s;
     int stop_ok; // several nodes: exit 75 is a stop even without a signal here (the ranks agreed on it)
     // several nodes: polled every LAUNCH_POLL_S while the children run; nonzero = another node failed (or
-    // node 0's store is gone): the children are stopped as if one of them had failed
+    // node 0's store is gone), 2 = this node's mpirun waits for a daemon that is gone: the children are
+    // stopped as if one of them had failed
     int (*watch)(void *ctx);
     void *watch_ctx;
 };
@@ -420,15 +421,16 @@ static int run_group(const struct start *s, struct crash *c) {
     while (live > 0) {
         if (s->watch && failed < 0 && rc == 0 && kiln_now_s() >= next_watch) {
             next_watch = kiln_now_s() + LAUNCH_POLL_S;
-            if (s->watch(s->watch_ctx)) {
+            int why = s->watch(s->watch_ctx);
+            if (why) {
                 failed = s->nchild; // not one of ours
-                c->rank = -2;
+                c->rank = why == 2 ? -1 : -2; // 2: this node's mpirun is stuck, a failure here
                 c->status = KILN_ERR_RUNTIME << 8;
                 c->uptime_s = kiln_now_s() - t0;
                 fprintf(stderr,
-                        "kiln launch: another node failed; stopping this node's %d rank%s (SIGTERM, then "
-                        "SIGKILL after %g s)\n",
-                        live, live == 1 ? "" : "s", s->grace_s);
+                        "kiln launch: %s; stopping this node's %d rank%s (SIGTERM, then SIGKILL after %g s)\n",
+                        why == 2 ? "mpirun is stuck" : "another node failed", live, live == 1 ? "" : "s",
+                        s->grace_s);
                 kill_live(pids, done, s->nchild, SIGTERM);
                 kill_at = kiln_now_s() + s->grace_s;
             }
@@ -509,6 +511,9 @@ struct nodes {
     int master_port;
     char (*addr)[NI_MAXHOST]; // each node's address, as the others reach it (mpirun's --host)
     int gen;                  // the current start of the group: its keys carry it
+    int mpirun_daemons;       // node 0 under mpirun: the other nodes run daemons its mpirun started
+    double grace_s;
+    double daemon_gone_at;    // when node 0 first saw a daemon's exit while mpirun ran (-1: not yet)
     int lost;                 // the store failed once: node 0's launcher is gone, every later call fails
     struct kiln_error err;    // the store's error when lost
 };
@@ -676,12 +681,48 @@ static int nodes_join(struct nodes *n, struct kiln_error *err) {
 }
 
 // run_group's watch: whether another node reported a failure of this start (or the store is gone)
+// Node 0 under mpirun: whether a daemon that its mpirun started on another node has ended while mpirun still
+// runs, for longer than mpirun needs to notice (the grace period plus 10 s). A daemon that exits without
+// calling back would otherwise leave mpirun waiting for it forever (OpenMPI sets no deadline on daemons that
+// were launched), and every node with it. Says which node on stderr when it gives up; 1 then, else 0.
+static int nodes_daemon_gone(struct nodes *n) {
+    char key[64], buf[32];
+    for (int j = 1; j < n->nnodes; j++) {
+        size_t len = 0;
+        int found = 0;
+        snprintf(key, sizeof(key), "kiln/launch/%d/exit/%d", n->gen, j);
+        if (n->lost || kiln_store_try_get(n->store, key, buf, sizeof(buf) - 1, &len, 0, &found, &n->err)) {
+            n->lost = 1;
+            return 1;
+        }
+        if (!found)
+            continue;
+        if (n->daemon_gone_at < 0)
+            n->daemon_gone_at = kiln_now_s();
+        if (kiln_now_s() - n->daemon_gone_at < n->grace_s + 10)
+            return 0;
+        buf[len] = 0;
+        char ranks[64];
+        node_ranks(n, j, ranks, sizeof(ranks));
+        fprintf(stderr,
+                "kiln launch: the MPI daemon on node %d (%s) ended (status %s) %.0f s ago and mpirun still "
+                "waits for it: stopping mpirun\n",
+                j, ranks, buf, kiln_now_s() - n->daemon_gone_at);
+        return 1;
+    }
+    return 0;
+}
+
 static int nodes_watch(void *ctx) {
     struct nodes *n = ctx;
     char key[64];
     int64_t failed = 0;
     snprintf(key, sizeof(key), "kiln/launch/%d/failed", n->gen);
-    return nodes_add(n, key, 0, &failed) || failed > 0;
+    if (nodes_add(n, key, 0, &failed) || failed > 0)
+        return 1;
+    if (n->mpirun_daemons && nodes_daemon_gone(n))
+        return n->lost ? 1 : 2;
+    return 0;
 }
 
 // Waits for this start's key (node 0 sets it), watching for a failure meanwhile. 0 with the value in buf
@@ -1071,6 +1112,9 @@ int cmd_launch(int argc, char **argv) {
     char who[64];
     for (int restart = 0;; restart++) {
         nodes.gen = restart;
+        nodes.mpirun_daemons = o.mode == MODE_MPIRUN && o.node_rank == 0;
+        nodes.grace_s = o.grace_s;
+        nodes.daemon_gone_at = -1;
         struct start st = {.nchild = o.mode == MODE_ENV ? o.nproc : 1,
                            .rank_env = o.mode == MODE_ENV,
                            .first_rank = o.node_rank * o.nproc,

@@ -39,14 +39,18 @@ on_node() {
   ip netns exec ${NS}$([ "$i" = 0 ] && echo a || echo b) unshare --uts sh -c 'hostname "$0"; exec "$@"' "kiln-node$i" "$@"
 }
 PORT=29400
+# no launcher may outlive this (a hang must fail the test, not stall the suite); OpenMPI's launch steps go to
+# the logs that a failure prints
+LIMIT=150
+export OMPI_MCA_plm_base_verbose=5
 # two_nodes LAUNCH-AND-TRAIN-ARGS...: node 1 in the background, node 0 in front; sets rc0, rc1, s (seconds)
 two_nodes() {
   PORT=$((PORT + 1))
   local t0=$(date +%s)
-  on_node 1 "$KILN" launch --nnodes=2 --node-rank=1 --nproc-per-node=2 --master-addr=$A --master-port=$PORT "$@" \
+  on_node 1 timeout -k 10 $LIMIT "$KILN" launch --nnodes=2 --node-rank=1 --nproc-per-node=2 --master-addr=$A --master-port=$PORT "$@" \
     >"$T/out1" 2>"$T/err1" &
   local pid1=$!
-  on_node 0 "$KILN" launch --nnodes=2 --node-rank=0 --nproc-per-node=2 --master-addr=$A --master-port=$PORT "$@" \
+  on_node 0 timeout -k 10 $LIMIT "$KILN" launch --nnodes=2 --node-rank=0 --nproc-per-node=2 --master-addr=$A --master-port=$PORT "$@" \
     >"$T/out0" 2>"$T/err0"
   rc0=$?
   wait $pid1
@@ -79,7 +83,7 @@ for _ in $(seq 600); do
   fi
   sleep 0.1
 done
-[ -n "$victim" ] && ok || bad "no rank of the long run found on node 1: $(cat "$T/err0" "$T/err1")"
+[ -n "$victim" ] && ok || bad "no rank of the long run found on node 1: $(tail -40 "$T/err0") / $(tail -40 "$T/err1")"
 t0=$(date +%s)
 [ -n "$victim" ] && kill -9 "$victim"
 wait $job
@@ -91,6 +95,28 @@ grep -q "giving up after 0 restarts" "$T/err0" && ok || bad "node 0 should give 
 sleep 1
 left=$(for n in a b; do ip netns pids ${NS}$n; done)
 [ -z "$left" ] && ok || bad "processes left in the namespaces: $(for p in $left; do tr '\0' ' ' </proc/$p/cmdline; echo; done)"
+
+# an MPI daemon that ends without calling back (mpirun would wait for it forever): node 0 stops mpirun once
+# the daemon has been gone for the grace period plus 10 s, and both nodes fail instead of hanging
+cat >"$T/mpirun" <<'EOS'
+#!/usr/bin/env bash
+while [ $# -gt 0 ]; do
+  case $1 in
+  --host) hosts=$2; shift ;;
+  --mca) [ "$2" = plm_rsh_agent ] && agent=$3; shift 2 ;;
+  esac
+  shift
+done
+h1=${hosts#*,}
+$agent "${h1%%:*}" true
+exec sleep 1000
+EOS
+chmod +x "$T/mpirun"
+KILN_LAUNCH_MPIRUN=$T/mpirun two_nodes --rdzv-timeout=60 --max-restarts=0 --grace=1 -- "${args[@]}" --max-steps=8 \
+  --out="$T/orphan"
+[ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] && [ $s -le 40 ] && ok || bad "a daemon gone without calling back: exits $rc0 $rc1 after $s s"
+grep -q "the MPI daemon on node 1 (ranks 2-3) ended (status 0) 1[01] s ago and mpirun still waits for it: stopping mpirun" "$T/err0" &&
+  ok || bad "node 0 should say that node 1's daemon is gone: $(tail -5 "$T/err0")"
 
 # node 1 never arrives: node 0 names it and its ranks within --rdzv-timeout
 PORT=$((PORT + 1))
