@@ -87,7 +87,8 @@ static void flight_complete(struct kiln_comm *c, const struct kiln_comm_work *w)
 
 const char *kiln_coll_name(enum kiln_coll_op op) {
     static const char *const names[KILN_COLL_N] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all",
-                                                   "broadcast",  "send",           "recv",       "barrier"};
+                                                   "broadcast",  "send",           "recv",       "barrier",
+                                                   "send_recv"};
     return op >= 0 && op < KILN_COLL_N ? names[op] : "unknown";
 }
 

@@ -40,6 +40,8 @@ enum kiln_coll_op {
     KILN_COLL_SEND,       // send (count) to peer
     KILN_COLL_RECV,       // recv (count) from peer
     KILN_COLL_BARRIER,    // no data
+    KILN_COLL_SEND_RECV,  // send (count) to peer and recv (count) from src at once: a step around a ring,
+                          // where a send before a receive on every rank would wait in a cycle
     KILN_COLL_N
 };
 const char *kiln_coll_name(enum kiln_coll_op op); // "all_reduce", ...
@@ -53,6 +55,7 @@ struct kiln_coll {
     enum kiln_red red;
     int root;   // broadcast
     int peer;   // send/recv: a rank of this communicator
+    int src;    // send_recv: the rank recv comes from (peer is where send goes)
     int device; // 1: send/recv are backend (device) memory; 0: host memory
 };
 

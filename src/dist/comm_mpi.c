@@ -175,6 +175,9 @@ static void run_host(struct mpi_state *s, const struct kiln_coll *k, const void 
     case KILN_COLL_BARRIER:
         MPI_Barrier(s->comm);
         break;
+    case KILN_COLL_SEND_RECV:
+        MPI_Sendrecv(send, n, t, k->peer, 8, recv, n, t, k->src, 8, s->comm, MPI_STATUS_IGNORE);
+        break;
     case KILN_COLL_N:
         KILN_ASSERT(0);
     }
@@ -306,6 +309,8 @@ static struct kiln_comm_work *mpi_submit(void *impl, const struct kiln_coll *k, 
     KILN_ASSERT(k->dtype != KILN_BF16 || k->device); // host reductions are f32/f64/ints
     if ((k->op == KILN_COLL_SEND || k->op == KILN_COLL_RECV))
         KILN_ASSERT(k->peer >= 0 && k->peer < s->size && k->peer != s->rank);
+    if (k->op == KILN_COLL_SEND_RECV)
+        KILN_ASSERT(k->peer >= 0 && k->peer < s->size && k->src >= 0 && k->src < s->size);
     struct kiln_comm_work *w = kiln_xcalloc(1, sizeof(*w));
     w->k = *k;
     w->op = k->op;

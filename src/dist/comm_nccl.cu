@@ -208,6 +208,12 @@ static void run_device(struct nccl_state *s, const struct kiln_coll *k, const vo
     case KILN_COLL_RECV:
         NCCL_CHECK(ncclRecv(recv, k->count, t, k->peer, s->comm, s->stream));
         break;
+    case KILN_COLL_SEND_RECV: // one group: neither waits for the other
+        NCCL_CHECK(ncclGroupStart());
+        NCCL_CHECK(ncclSend(send, k->count, t, k->peer, s->comm, s->stream));
+        NCCL_CHECK(ncclRecv(recv, k->count, t, k->src, s->comm, s->stream));
+        NCCL_CHECK(ncclGroupEnd());
+        break;
     case KILN_COLL_BARRIER: {
         // an all-reduce of one word: every rank must have issued it before any completes
         void *w = s->dev_stage;

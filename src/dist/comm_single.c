@@ -27,6 +27,7 @@ static struct kiln_comm_work *single_submit(void *impl, const struct kiln_coll *
     case KILN_COLL_ALL_GATHER:
     case KILN_COLL_ALL_TO_ALL:
     case KILN_COLL_BROADCAST:
+    case KILN_COLL_SEND_RECV: // to and from itself
         move(s->c, k, k->recv, k->send, bytes);
         break;
     case KILN_COLL_BARRIER:

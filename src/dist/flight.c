@@ -457,7 +457,7 @@ static int diagnose_comm(const struct kiln_hang_dump *d, int n, int comm, FILE *
 }
 
 static int is_p2p(int op) {
-    return op == KILN_COLL_SEND || op == KILN_COLL_RECV;
+    return op == KILN_COLL_SEND || op == KILN_COLL_RECV || op == KILN_COLL_SEND_RECV;
 }
 
 // Collectives of the same number on the same communicator that differ (op or bytes) across ranks: one line

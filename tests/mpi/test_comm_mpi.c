@@ -105,6 +105,23 @@ static void test_others(struct kiln_comm *c) {
         kiln_comm_wait(c, w2);
         check(in == prev * 7, "send/recv around a ring");
     }
+    // send_recv: every rank sends and receives at once around the ring, with messages far past MPI's eager
+    // limit, as ring attention does (separate sends and receives in that order would wait in a cycle)
+    {
+        size_t n = 1 << 20;
+        float *so = kiln_xmalloc(n * sizeof(float)), *ri = kiln_xmalloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            so[i] = (float)(r * 1000003 + i % 9973);
+        struct kiln_coll sr = {.op = KILN_COLL_SEND_RECV, .send = so, .recv = ri, .count = n,
+                               .dtype = KILN_F32, .peer = next, .src = prev};
+        kiln_comm_wait(c, kiln_comm_submit(c, &sr, NULL));
+        int same = 1;
+        for (size_t i = 0; i < n; i++)
+            same &= ri[i] == (float)(prev * 1000003 + i % 9973);
+        check(same, "send_recv around a ring (4 MiB each)");
+        free(so);
+        free(ri);
+    }
     kiln_comm_barrier(c);
     // three operations in flight, awaited in reverse order
     float a[3] = {1, 2, 3};
