@@ -98,6 +98,13 @@ static const struct opt OPTS[] = {
      "ZeRO-3: layers whose weights are gathered ahead of the one computing (bounds the gathered copies)"},
     {"offload", OPT_ENUM, OFF(offload), 0, 0, "none optimizer",
      "optimizer: fp32 master weights and AdamW moments in pinned host memory, AdamW on the CPU"},
+    {"sp", OPT_INT, OFF(sp), 1, 65536, NULL,
+     "sequence parallelism: ranks that split each sequence (world = sp x data-parallel ranks)"},
+    {"sp-mode", OPT_ENUM, OFF(sp_mode), 0, 0, "ulysses ring hybrid",
+     "how attention crosses the sequence: all-to-all to heads (ulysses), key/value blocks around a ring "
+     "(ring), or Ulysses inside groups of --sp-ulysses ranks and a ring across them (hybrid)"},
+    {"sp-ulysses", OPT_INT, OFF(sp_ulysses), 0, 65536, NULL,
+     "hybrid: ranks per Ulysses group (0: the ranks per node)"},
     {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 1e5, NULL,
      "MiB of gradients per reduction bucket, each reduced while the backward goes on"},
     {"reduce-dtype", OPT_ENUM, OFF(reduce_dtype), 0, 0, "auto fp32 bf16",
@@ -236,6 +243,7 @@ static void config_defaults(struct kiln_config *c) {
     strcpy(c->comm, "auto");
     c->bucket_mb = 25;
     c->prefetch = 1;
+    c->sp = 1;
     c->save_model = 1;
     c->hang_timeout = 600;
     c->world = 1;
@@ -673,12 +681,14 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
     if (c->seq_len > m->block_size)
         return kiln_errorf(err, KILN_ERR_USAGE, "seq %d is longer than block-size %d (--seq): raise --block-size or "
                            "lower --seq", c->seq_len, m->block_size);
-    long bt = (long)c->batch_size * c->seq_len * (c->world > 0 ? c->world : 1);
+    int dp = (c->world > 0 ? c->world : 1) / (c->sp > 0 ? c->sp : 1);
+    long bt = (long)c->batch_size * c->seq_len * (dp > 0 ? dp : 1);
     if (c->total_batch_tokens && c->total_batch_tokens % bt)
-        return c->world > 1 ? kiln_errorf(err, KILN_ERR_USAGE,
-                                          "total-batch %ld is not a multiple of batch*seq*ranks = %d*%d*%d = %ld "
-                                          "(--total-batch): every rank takes whole micro-batches",
-                                          c->total_batch_tokens, c->batch_size, c->seq_len, c->world, bt)
+        return dp > 1 ? kiln_errorf(err, KILN_ERR_USAGE,
+                                    "total-batch %ld is not a multiple of batch*seq*%s = %d*%d*%d = %ld "
+                                    "(--total-batch): every rank takes whole micro-batches",
+                                    c->total_batch_tokens, c->sp > 1 ? "data-parallel ranks" : "ranks",
+                                    c->batch_size, c->seq_len, dp, bt)
                             : kiln_errorf(err, KILN_ERR_USAGE,
                                           "total-batch %ld is not a multiple of batch*seq = %ld (--total-batch)",
                                           c->total_batch_tokens, bt);
@@ -721,7 +731,8 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
 }
 
 int kiln_config_micro_steps(const struct kiln_config *c) {
-    long bt = (long)c->batch_size * c->seq_len * (c->world > 0 ? c->world : 1);
+    int dp = (c->world > 0 ? c->world : 1) / (c->sp > 0 ? c->sp : 1); // the ranks of an SP group share sequences
+    long bt = (long)c->batch_size * c->seq_len * (dp > 0 ? dp : 1);
     long n = c->total_batch_tokens ? c->total_batch_tokens / bt : 1;
     return n > 0 ? (int)n : 1;
 }

@@ -18,6 +18,7 @@ enum kiln_schedule { KILN_SCHED_COSINE = 0, KILN_SCHED_LINEAR, KILN_SCHED_CONSTA
 enum kiln_recompute { KILN_RECOMPUTE_NONE = 0, KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_BLOCK, KILN_RECOMPUTE_ACT };
 enum kiln_grad_dtype { KILN_GRAD_AUTO = 0, KILN_GRAD_FP32, KILN_GRAD_BF16 };
 enum kiln_offload { KILN_OFFLOAD_NONE = 0, KILN_OFFLOAD_OPTIMIZER };
+enum kiln_sp_mode { KILN_SP_ULYSSES = 0, KILN_SP_RING, KILN_SP_HYBRID };
 
 struct kiln_model_config {
     int n_layer;        // L
@@ -91,8 +92,11 @@ struct kiln_config {
     enum kiln_offload offload; // where the optimizer state lives
     float bucket_mb;      // gradient bucket size for DDP's overlapped reduction, in MiB
     enum kiln_grad_dtype reduce_dtype; // the gradients' dtype on the wire: AUTO/FP32 = fp32, BF16 = bf16
-    int world;            // data-parallel ranks: not an option but the job's size, set by the trainer from the
-                          // launcher's environment (1 for one process); the micro-steps follow from it
+    int world;            // ranks: not an option but the job's size, set by the trainer from the launcher's
+                          // environment (1 for one process); the micro-steps follow from world / sp
+    int sp;               // sequence parallelism: ranks that share each sequence (world = sp x data-parallel)
+    enum kiln_sp_mode sp_mode;
+    int sp_ulysses;       // hybrid: ranks of each Ulysses group (0: the ranks per node), the ring the rest
 
     // checkpoints and resume
     int checkpoint;       // write checkpoints at all (0: none, for benchmarks)

@@ -126,6 +126,8 @@ struct kiln_gpt {
     size_t optim_elems; // of m and v each
 
     struct kiln_gpt_hooks hooks; // all NULL with one process
+    struct kiln_gpt_attention attn_impl; // sequence parallelism's attention (NULL functions: the op's)
+    int pos0, pos_split, pos1;           // kiln_gpt_set_positions
     const void **wwin;           // (L + 2) where each segment's weights are read: its range of the compute
                                  // copy, or a stand-in that a hook put there (kiln_gpt_set_weight_window)
     void **gwin;                 // (L + 2) where each segment's gradients are written (kiln_gpt_grad_segments)
@@ -533,6 +535,19 @@ void kiln_gpt_set_grad_window(struct kiln_gpt *g, int seg, void *base) {
     g->gwin[seg] = base ? base : g->grads ? (char *)g->grads + g->seg_begin[seg] * gb : NULL;
 }
 
+void kiln_gpt_set_attention(struct kiln_gpt *g, const struct kiln_gpt_attention *a) {
+    if (a)
+        g->attn_impl = *a;
+    else
+        memset(&g->attn_impl, 0, sizeof(g->attn_impl));
+}
+
+void kiln_gpt_set_positions(struct kiln_gpt *g, int pos0, int split, int pos1) {
+    g->pos0 = pos0;
+    g->pos_split = split;
+    g->pos1 = pos1;
+}
+
 void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h) {
     if (h)
         g->hooks = *h;
@@ -750,9 +765,10 @@ static void attn_core_fwd(struct kiln_gpt *g, const struct dims *d, int l, const
     struct kiln_attn_args at = {.out = buf_at(&a->atty, l), .lse = buf_at(&a->lse, l), .qkv = qkv, .B = d->B,
                                 .T = d->T, .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
                                 .rope_theta = g->cfg.rope_theta, .qkv_stride = stride};
-    HOOK(g, attention, l, 0);
-    g->ops->attention_forward(g->ctx, &at);
-    HOOK(g, attention, l, 1);
+    if (g->attn_impl.forward)
+        g->attn_impl.forward(g->attn_impl.user, l, &at);
+    else
+        g->ops->attention_forward(g->ctx, &at);
     matmul_fwd(g, a->ao.p, NULL, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO, d->C,
                KILN_ACT_NONE, 0);
 }
@@ -862,8 +878,11 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
         g->hooks.forward_begin(g->hooks.user);
 
     // x = wte[idx] + wpe[t]
+    const void *wpe = W(g, g->pt.wpe);
     struct kiln_embed_args e = {.out = buf_at(&a->x, 0), .tokens = a->tokens.p, .tokens_host = g->tokens_host,
-                                .wte = W(g, g->pt.wte), .wpe = W(g, g->pt.wpe), .B = d.B, .T = d.T, .C = d.C};
+                                .wte = W(g, g->pt.wte), .wpe = wpe ? act_at(g, wpe, (size_t)g->pos0 * d.C) : NULL,
+                                .wpe_hi = wpe ? act_at(g, wpe, (size_t)g->pos1 * d.C) : NULL,
+                                .pos_split = g->pos_split, .B = d.B, .T = d.T, .C = d.C};
     g->ops->embed_forward(g->ctx, &e);
     norm_fwd(g, buf_at(&a->ln1, 0), buf_at(&a->mean1, 0), buf_at(&a->rstd1, 0), NULL, buf_at(&a->x, 0), NULL,
              g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.N);
@@ -960,9 +979,10 @@ static void attn_core_bwd(struct kiln_gpt *g, const struct dims *d, int l, const
                                      .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
                                      .rope_theta = g->cfg.rope_theta, .qkv_stride = qkv_stride,
                                      .dqkv_stride = dqkv_stride};
-    HOOK(g, attention, l, 2);
-    g->ops->attention_backward(g->ctx, &ab);
-    HOOK(g, attention, l, 3);
+    if (g->attn_impl.backward)
+        g->attn_impl.backward(g->attn_impl.user, l, &ab);
+    else
+        g->ops->attention_backward(g->ctx, &ab);
 }
 
 // Backward of the attention of layer l, given dout = dL/d(attention branch output); writes dL/d(ln1) to dinp.
@@ -1052,9 +1072,13 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
         HOOK(g, layer_end, l, 1);
         HOOK(g, layer_backward_end, l);
     }
-    struct kiln_embed_back_args eb = {.dwte = G(g, g->pt.wte), .dwpe = G(g, g->pt.wpe), .dout = dres,
-                                      .tokens = a->tokens.p, .tokens_host = g->tokens_host, .B = d.B, .T = d.T,
-                                      .C = d.C};
+    char *dwpe = G(g, g->pt.wpe);
+    size_t gb = kiln_dtype_bytes(g->be->grad_dtype);
+    struct kiln_embed_back_args eb = {.dwte = G(g, g->pt.wte),
+                                      .dwpe = dwpe ? dwpe + (size_t)g->pos0 * d.C * gb : NULL,
+                                      .dwpe_hi = dwpe ? dwpe + (size_t)g->pos1 * d.C * gb : NULL,
+                                      .pos_split = g->pos_split, .dout = dres, .tokens = a->tokens.p,
+                                      .tokens_host = g->tokens_host, .B = d.B, .T = d.T, .C = d.C};
     g->ops->embed_backward(g->ctx, &eb);
     if (g->hooks.embed_backward_end)
         g->hooks.embed_backward_end(g->hooks.user);

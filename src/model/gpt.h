@@ -61,9 +61,6 @@ struct kiln_gpt_hooks {
     // after the embedding's backward: the remaining gradients (embeddings, and with them the backward) are
     // complete; the final norm's and the LM head's were complete before layer L-1's backward began
     void (*embed_backward_end)(void *user);
-    // around the attention core of layer l (sequence parallelism): phase 0 before the forward kernel, 1 after
-    // it, 2 before the backward kernel, 3 after it
-    void (*attention)(void *user, int l, int phase);
     // at the start of every forward, before the embedding: the weights read outside the layers (embeddings,
     // final norm, head) and layer 0's must be in place (ZeRO-3 gathers them here)
     void (*forward_begin)(void *user);
@@ -79,6 +76,20 @@ struct kiln_gpt_hooks {
     void (*optim_set)(void *user, const float *m, const float *v);
 };
 void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h);
+
+// Sequence parallelism: the attention core of every layer is computed by the caller (train/sp.c), which sees
+// the rank's share of each sequence and talks to the other ranks of its group. The arguments are the model's
+// own call's (its T columns, its buffers); forward must fill out and lse, backward dqkv's columns. NULL
+// functions: the backend's attention op.
+struct kiln_gpt_attention {
+    void *user;
+    void (*forward)(void *user, int l, const struct kiln_attn_args *a);
+    void (*backward)(void *user, int l, const struct kiln_attn_back_args *a);
+};
+void kiln_gpt_set_attention(struct kiln_gpt *g, const struct kiln_gpt_attention *a);
+// The global positions of the T columns, for learned position embeddings (sequence parallelism): column
+// t < split sits at pos0 + t, the others at pos1 + (t - split). The default is pos0 = 0, split = T.
+void kiln_gpt_set_positions(struct kiln_gpt *g, int pos0, int split, int pos1);
 
 // Gradients are written through windows too, one per segment of the flat buffer: segment 0 is what comes
 // before layer 0 (the embeddings), segment 1 + l is layer l, segment L + 1 what follows the last layer (the

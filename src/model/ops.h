@@ -39,6 +39,11 @@ struct kiln_embed_args {
     const void *wte;    // act (Vp, C)
     const void *wpe;    // act (maxT, C), NULL when positions are not learned
     int B, T, C;
+    // Sequence parallelism: a rank's tokens may be two runs of positions. Column t < pos_split reads row t of
+    // wpe, column t >= pos_split row t - pos_split of wpe_hi (0 or T: one run, wpe_hi unused). The caller
+    // points wpe and wpe_hi at the first row of each run.
+    const void *wpe_hi;
+    int pos_split;
 };
 
 struct kiln_embed_back_args {
@@ -48,6 +53,8 @@ struct kiln_embed_back_args {
     const int32_t *tokens;
     const int32_t *tokens_host;
     int B, T, C;
+    void *dwpe_hi;      // as the forward's wpe_hi and pos_split (the two runs' rows never overlap)
+    int pos_split;
 };
 
 // Optionally fused residual add: when res_in is set, x = inp + res_in is written to res_out (act (N, C))
@@ -161,6 +168,51 @@ struct kiln_attn_decode_args {
     int qkv_stride;     // 0 = (NH + 2*NKV)*HS
 };
 
+// Attention of a block of queries against a block of keys at global positions: what sequence parallelism
+// builds attention from (ring attention passes key/value blocks around the ranks and merges the results;
+// Ulysses runs it over every position for a rank's share of the heads). Query i of the block sits at
+// position q0 + i, key j at k0 + j, and key j is visible to query i when k0 + j <= q0 + i (causal, on the
+// global positions). RoPE rotates q and k by their global positions inside the op; ALiBi biases by the
+// global distance with the slopes of heads head0 .. head0 + NH - 1 of NH_total. Query head h reads kv head
+// h / (NH / NKV). A query that sees no key of the block gets lse = -inf and out = 0.
+// With accumulate, the block is merged with what out and lse already hold for those queries, through the
+// log-sum-exp: lse' = log(e^lse + e^lse_blk), out' = e^(lse - lse') out + e^(lse_blk - lse') out_blk, so blocks
+// may arrive in any order.
+// Element (b, i) of an operand X is the row at X + b * X_bstride + i * X_stride (elements of act dtype); q and
+// dq share q's strides, k, v, dk and dv kv's, out and dout out's.
+struct kiln_attn_block_args {
+    void *out;              // act: NH*HS per query row, head h at column h*HS
+    float *lse;             // f32: query i of head h in batch b at lse[(b*NH + h) * lse_stride + i]
+    const void *q;          // act: NH*HS per row
+    const void *k, *v;      // act: NKV*HS per row each
+    int B, Tq, Tk, NH, NKV, HS;
+    int q0, k0;             // global positions of query 0 and key 0
+    size_t q_bstride, kv_bstride, out_bstride, lse_stride;
+    int q_stride, kv_stride, out_stride;
+    enum kiln_pos pos;      // ROPE and ALIBI act here; LEARNED and NONE do nothing
+    float rope_theta;
+    int head0, NH_total;    // ALiBi: these are global heads head0.. of NH_total (0, 0: head0 = 0, NH)
+    int accumulate;         // 0: out, lse = this block's; 1: merged into what they hold
+};
+
+// The backward of one block, given the final out and lse (after every block was merged): dq, dk and dv
+// (in the input frame, before RoPE) are accumulated (+=), so that a rank sums its blocks' contributions.
+struct kiln_attn_block_back_args {
+    void *dq;               // act, like q, +=
+    void *dk, *dv;          // act, like k and v, +=
+    const void *dout;       // act, like out
+    const void *out;        // act: the final output
+    const float *lse;       // the final log-sum-exp, as the forward's
+    const void *q, *k, *v;
+    int B, Tq, Tk, NH, NKV, HS;
+    int q0, k0;
+    size_t q_bstride, kv_bstride, out_bstride, lse_stride;
+    int q_stride, kv_stride, out_stride;
+    enum kiln_pos pos;
+    float rope_theta;
+    int head0, NH_total;
+};
+
 // out = silu(gate) * up, where inp rows are [gate (H) | up (H)]. inp and dinp may be column slices of wider
 // rows (strides in elements, 0 = 2H): the MLP's part of the parallel block's fused projection.
 struct kiln_swiglu_args {
@@ -261,6 +313,8 @@ struct kiln_ops {
     void (*attention_forward)(void *ctx, const struct kiln_attn_args *a);
     void (*attention_backward)(void *ctx, const struct kiln_attn_back_args *a);
     void (*attention_decode)(void *ctx, const struct kiln_attn_decode_args *a);
+    void (*attention_block_forward)(void *ctx, const struct kiln_attn_block_args *a);
+    void (*attention_block_backward)(void *ctx, const struct kiln_attn_block_back_args *a);
     void (*swiglu_forward)(void *ctx, const struct kiln_swiglu_args *a);
     void (*swiglu_backward)(void *ctx, const struct kiln_swiglu_back_args *a);
     void (*gelu_forward)(void *ctx, const struct kiln_gelu_args *a);
@@ -296,6 +350,12 @@ struct kiln_ops {
     // The compute stream itself (a cudaStream_t on CUDA), for a transport that orders its own stream against it
     // (NCCL); NULL on the CPU.
     void *(*native_stream)(void *ctx);
+
+    // ---- strided copies (sequence parallelism's packing for the all-to-all and the ring) ----
+    // rows of width bytes from src (a row every src_pitch bytes) to dst (every dst_pitch bytes), on the compute
+    // stream; backend memory on both sides
+    void (*copy_2d)(void *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                    size_t rows);
 };
 
 // ---- a backend: the ops table, its context, and what the model and trainer need to know about it ----

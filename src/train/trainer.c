@@ -27,6 +27,7 @@
 #include "train/metrics.h"
 #include "train/schedule.h"
 #include "train/dp.h"
+#include "train/sp.h"
 #include "train/tuning.h"
 #include "train/train_ckpt.h"
 #include "util/progress.h"
@@ -166,22 +167,42 @@ static int write_vocab(const struct kiln_config *cfg, struct kiln_tokenizer *tok
 // ----------------------------------------------------------------------------
 // evaluation
 
-// The mean loss over --eval-steps batches of the validation stream's start, sharded: with n ranks each takes
-// every n-th window (the loader's rank partition) for ceil(eval-steps / n) batches, and the ranks' means are
-// averaged.
+// A step's batch: the loader's (B, T) sequences, and under sequence parallelism this rank's columns of them,
+// which are what the model reads.
+struct batch {
+    int32_t *in, *tgt;     // (B, T)
+    int32_t *in_l, *tgt_l; // (B, T / sp); NULL without sequence parallelism
+    const struct kiln_sp_layout *sp;
+    int B;
+};
+
+static void next_batch(struct batch *b, struct kiln_loader *ld, const int32_t **in, const int32_t **tgt) {
+    kiln_loader_next(ld, b->in, b->tgt);
+    *in = b->in, *tgt = b->tgt;
+    if (b->in_l) {
+        kiln_sp_slice(b->sp, b->in, b->B, b->in_l);
+        kiln_sp_slice(b->sp, b->tgt, b->B, b->tgt_l);
+        *in = b->in_l, *tgt = b->tgt_l;
+    }
+}
+
+// The mean loss over --eval-steps batches of the validation stream's start, sharded: with n data-parallel
+// ranks each takes every n-th window (the loader's rank partition) for ceil(eval-steps / n) batches, and the
+// ranks' means are averaged (the ranks of a sequence-parallel group each hold an equal share of its tokens).
 static double evaluate(struct kiln_gpt *g, struct kiln_loader *val, const struct kiln_config *cfg,
-                       int32_t *in, int32_t *tgt, struct kiln_comm *comm) {
+                       struct batch *bt, int dp, struct kiln_comm *comm) {
     int world = comm ? comm->size : 1;
     kiln_loader_reset(val);
     uint64_t windows = kiln_loader_rank_windows(val);
-    int batches = (cfg->eval_steps + world - 1) / world;
+    int batches = (cfg->eval_steps + dp - 1) / dp;
     if ((uint64_t)batches * cfg->batch_size > windows)
         batches = (int)(windows / cfg->batch_size);
     if (batches < 1)
         batches = 1;
     double sum = 0;
     for (int i = 0; i < batches; i++) {
-        kiln_loader_next(val, in, tgt);
+        const int32_t *in, *tgt;
+        next_batch(bt, val, &in, &tgt);
         sum += kiln_gpt_forward(g, in, tgt, 0.0f, 0.0f);
     }
     double mean = sum / batches;
@@ -452,11 +473,13 @@ struct run {
     struct kiln_train_state st;
     struct kiln_ckpt_writer *writer;
     struct kiln_metrics *metrics;
-    int32_t *in, *tgt;
+    struct batch bt;
     // many processes: the job's place, the step's communicator, the checkpoint writer's own, and DDP/ZeRO
     struct kiln_dist_env env;
     struct kiln_comm *comm, *ckpt_comm;
     struct kiln_dp *dp;
+    struct kiln_sp_layout sp_lo; // sequence parallelism's layout (sp 1: none)
+    struct kiln_sp *sp;
     int rank0; // this process logs, writes the run directory's files and prints progress
     // the loop's constants
     int accum;
@@ -523,9 +546,12 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         return rc;
     cfg->world = r->env.world;
     r->rank0 = r->env.rank == 0;
-    if ((rc = open_data(cfg, r->env.rank, r->env.world, &r->data, err)))
+    // the ranks of a sequence-parallel group read the same sequences: the loader partitions over groups
+    int sp = cfg->sp > 0 && r->env.world % cfg->sp == 0 ? cfg->sp : 1;
+    if ((rc = open_data(cfg, r->env.rank / sp, r->env.world / sp, &r->data, err)))
         return rc;
     if ((rc = kiln_config_validate(cfg, err)) ||
+        (rc = kiln_sp_plan(cfg, r->env.world, r->env.rank, r->env.local_world, &r->sp_lo, err)) ||
         (rc = parse_step_list(cfg->inject_nan, &r->nan_steps, err)) ||
         (rc = parse_stall(cfg->inject_stall, r->env.world, &r->stall_rank, &r->stall_step, err)))
         return rc;
@@ -566,7 +592,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     struct kiln_param_table pt;
     kiln_params_build(&pt, &cfg->model);
     struct kiln_gpt_opts go = {
-        .B = cfg->batch_size, .T = cfg->seq_len, .recompute = cfg->recompute, .training = 1};
+        .B = cfg->batch_size, .T = r->sp_lo.T_local, .recompute = cfg->recompute, .training = 1};
     kiln_gpt_tuning_from_env(&go);
     if (r->comm) {
         struct kiln_dp_opts dpo = {.zero = cfg->zero,
@@ -585,6 +611,9 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     r->pt = kiln_gpt_params(r->g);
     if (r->dp) // planned on a table built from the same config: the model's is the same layout
         kiln_dp_attach(r->dp, r->g);
+    if (r->sp_lo.sp > 1 &&
+        (rc = kiln_sp_create(&r->sp, &r->sp_lo, r->comm, &r->be, r->g, &cfg->model, cfg->batch_size, err)))
+        return rc;
     kiln_gpt_init_params(r->g, cfg->seed); // after the hooks: ZeRO-3 scatters the weights to the shards
 
     kiln_guards_init(&r->guards, cfg->spike_z, cfg->spike_window, cfg->max_bad_steps);
@@ -615,13 +644,19 @@ static int run_setup(struct run *r, struct kiln_error *err) {
 
     int B = cfg->batch_size, T = cfg->seq_len;
     r->accum = kiln_config_micro_steps(cfg);
-    r->tokens_per_step = (double)B * T * r->accum * r->env.world; // the whole job's
+    r->tokens_per_step = (double)B * T * r->accum * r->sp_lo.dp; // the whole job's
     r->peak = cfg->peak_flops > 0 ? cfg->peak_flops : r->be.peak_flops;
     r->fpt = kiln_model_flops_per_token(&cfg->model, r->pt->n_params, T, 0);
     r->fpt_causal = kiln_model_flops_per_token(&cfg->model, r->pt->n_params, T, 1);
     r->fpt_recompute = kiln_model_recompute_flops_per_token(&cfg->model, cfg->recompute, T);
-    r->in = kiln_xmalloc((size_t)B * T * sizeof(int32_t));
-    r->tgt = kiln_xmalloc((size_t)B * T * sizeof(int32_t));
+    r->bt = (struct batch){.in = kiln_xmalloc((size_t)B * T * sizeof(int32_t)),
+                           .tgt = kiln_xmalloc((size_t)B * T * sizeof(int32_t)),
+                           .sp = &r->sp_lo,
+                           .B = B};
+    if (r->sp) {
+        r->bt.in_l = kiln_xmalloc((size_t)B * r->sp_lo.T_local * sizeof(int32_t));
+        r->bt.tgt_l = kiln_xmalloc((size_t)B * r->sp_lo.T_local * sizeof(int32_t));
+    }
     if (!cfg->quiet && r->rank0) {
         char model[256];
         describe_model(cfg, model, sizeof(model));
@@ -631,8 +666,12 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         if (r->comm) {
             char where[256];
             kiln_dist_env_describe(&r->env, where, sizeof(where));
-            fprintf(stderr, "kiln: %d ranks over %s (%s), zero %d, %.0f tokens per step\n", r->env.world,
-                    kiln_comm_kind_name(r->comm->kind), where, cfg->zero, r->tokens_per_step);
+            char spd[128] = "";
+            if (r->sp)
+                snprintf(spd, sizeof(spd), ", sp %d (%d Ulysses x %d ring, %d tokens a rank) x dp %d",
+                         r->sp_lo.sp, r->sp_lo.ulysses, r->sp_lo.ring, r->sp_lo.T_local, r->sp_lo.dp);
+            fprintf(stderr, "kiln: %d ranks over %s (%s), zero %d%s, %.0f tokens per step\n", r->env.world,
+                    kiln_comm_kind_name(r->comm->kind), where, cfg->zero, spd, r->tokens_per_step);
         }
     }
     return start_watchdog(r, err);
@@ -645,14 +684,15 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
     float lr = kiln_lr_at(cfg, (int)step);
     double loss = 0;
     for (int micro = 0; micro < r->accum; micro++) {
-        kiln_loader_next(r->data.train, r->in, r->tgt);
+        const int32_t *in, *tgt;
+        next_batch(&r->bt, r->data.train, &in, &tgt);
         if (r->dp)
             kiln_dp_micro_step(r->dp, micro, r->accum);
         if (micro == 0 ||
             (r->dp && kiln_dp_external_grads(r->dp))) // ZeRO-2: fresh gradients every micro-step
             kiln_gpt_zero_grad(r->g);
         loss +=
-            kiln_gpt_forward(r->g, r->in, r->tgt, (float)(1.0 / r->tokens_per_step), cfg->z_loss) / r->accum;
+            kiln_gpt_forward(r->g, in, tgt, (float)(1.0 / r->tokens_per_step), cfg->z_loss) / r->accum;
         kiln_gpt_backward(r->g);
         if (r->dp)
             kiln_dp_after_backward(r->dp);
@@ -786,7 +826,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
     int last = r->st.step == cfg->max_steps;
     sample_note(r);
     if (r->data.val && ((cfg->eval_every && r->st.step % cfg->eval_every == 0) || last)) {
-        sl->val_loss = evaluate(r->g, r->data.val, cfg, r->in, r->tgt, r->comm);
+        sl->val_loss = evaluate(r->g, r->data.val, cfg, &r->bt, r->sp_lo.dp, r->comm);
         res->final_val_loss = sl->val_loss;
         char line[160];
         snprintf(line, sizeof(line), "step %lld: val loss %.4f", (long long)r->st.step, sl->val_loss);
@@ -883,8 +923,11 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
         }
         kiln_ckpt_writer_free(r->writer);
     }
-    free(r->in);
-    free(r->tgt);
+    free(r->bt.in);
+    free(r->bt.tgt);
+    free(r->bt.in_l);
+    free(r->bt.tgt_l);
+    kiln_sp_free(r->sp);
     free(r->nan_steps);
     kiln_metrics_close(r->metrics);
     kiln_guards_free(&r->guards);

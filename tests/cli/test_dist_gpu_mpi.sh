@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with a GPU (skipped elsewhere, exit 77): two MPI ranks sharing the one GPU (operands staged
 # through host memory) train as one rank does at the same global batch, with DDP, ZeRO-1, ZeRO-2, ZeRO-3 and the
-# offloaded optimizer (deterministic kernels; bf16, so within a tolerance), and the NCCL path at world size 1
-# trains too, ZeRO-3 and offload included.
+# offloaded optimizer (deterministic kernels; bf16, so within a tolerance), and with sequence parallelism
+# (Ulysses and ring); the NCCL path at world size 1 trains too, ZeRO-3 and offload included.
 source "$(dirname "$0")/lib.sh" dist_gpu_mpi "$@"
 if ! "$KILN" info 2>/dev/null | grep -q "gpu 0:"; then
   echo "no GPU: skipped"
@@ -34,6 +34,17 @@ for z in 0 3; do # the optimizer on the host: gradients down, AdamW there, bf16 
   mpirun --oversubscribe --bind-to none -np 2 "$KILN" train "${a[@]}" --comm=mpi --zero=$z --offload=optimizer \
     --out="$T/two${z}o" 2>"$T/err" || bad "2 ranks sharing the GPU, zero $z, offload: $(tail -3 "$T/err")"
   close "$T/one" "$T/two${z}o" && ok || bad "2 ranks sharing the GPU, zero $z with offload, left the trajectory"
+done
+# sequence parallelism with 2 ranks on the GPU: Ulysses' all-to-alls and the ring's send_recv staged through
+# the host, the CUDA attention-block op (GQA and RoPE in the second), against one rank
+for sp in "--sp-mode=ulysses" "--sp-mode=ring --pos=rope --kv-heads=2"; do
+  # shellcheck disable=SC2086
+  "$KILN" train "${a[@]}" $sp --sp=1 --out="$T/sp_one" 2>"$T/err" || bad "one rank ($sp): $(tail -3 "$T/err")"
+  # shellcheck disable=SC2086
+  mpirun --oversubscribe --bind-to none -np 2 "$KILN" train "${a[@]}" $sp --sp=2 --comm=mpi --out="$T/sp_two" \
+    2>"$T/err" || bad "2 ranks sharing the GPU, sp 2 ($sp): $(tail -3 "$T/err")"
+  close "$T/sp_one" "$T/sp_two" && ok || bad "2 ranks sharing the GPU, sp 2 ($sp), left the one-rank trajectory"
+  rm -rf "$T/sp_one" "$T/sp_two"
 done
 "$KILN" train "${a[@]}" --comm=nccl --out="$T/nccl1" 2>"$T/err" || bad "NCCL at world size 1: $(tail -3 "$T/err")"
 close "$T/one" "$T/nccl1" && ok || bad "NCCL at world size 1 left the no-comm trajectory"

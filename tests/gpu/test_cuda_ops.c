@@ -137,6 +137,11 @@ static float *pair_get(struct pair *p, int gpu) {
     return h;
 }
 
+// Element `elems` of a pair's tensor on one side (a view into it)
+static void *pair_at(struct pair *p, int gpu, size_t elems) {
+    return gpu ? (char *)p->g + elems * dsize(p->dg) : (char *)p->c + elems * dsize(p->dc);
+}
+
 // Compares GPU against CPU; one line of output; counts a failure.
 static double check(struct env *e, const char *op, const char *shape, const char *what, struct pair *p,
                     double tol) {
@@ -242,8 +247,8 @@ static void test_embedding_matches_cpu(void **state) {
         pair_randn(&wte, 1.0f);
         pair_randn(&wpe, 1.0f);
         pair_poison(&out);
-        struct kiln_embed_args a_c = {out.c, tok.c, hti, wte.c, learned ? wpe.c : NULL, B, T, C};
-        struct kiln_embed_args a_g = {out.g, tok.g, hti, wte.g, learned ? wpe.g : NULL, B, T, C};
+        struct kiln_embed_args a_c = {out.c, tok.c, hti, wte.c, learned ? wpe.c : NULL, B, T, C, NULL, 0};
+        struct kiln_embed_args a_g = {out.g, tok.g, hti, wte.g, learned ? wpe.g : NULL, B, T, C, NULL, 0};
         RUN(e, embed_forward, &a);
         check(e, "embed_forward", sh, "out", &out, TOL_BF16);
 
@@ -252,9 +257,10 @@ static void test_embedding_matches_cpu(void **state) {
         pair_randn(&dwpe, 1.0f);
         pair_randn(&out, 1.0f); // reuse as dout
         for (int with_host = 1; with_host >= 0; with_host--) {
-            struct kiln_embed_back_args b_c = {dwte.c, learned ? dwpe.c : NULL, out.c, tok.c, hti, B, T, C};
+            struct kiln_embed_back_args b_c = {
+                dwte.c, learned ? dwpe.c : NULL, out.c, tok.c, hti, B, T, C, NULL, 0};
             struct kiln_embed_back_args b_g = {
-                dwte.g, learned ? dwpe.g : NULL, out.g, tok.g, with_host ? hti : NULL, B, T, C};
+                dwte.g, learned ? dwpe.g : NULL, out.g, tok.g, with_host ? hti : NULL, B, T, C, NULL, 0};
             RUN(e, embed_backward, &b);
         }
         check(e, "embed_backward", sh, "dwte", &dwte, TOL_F32G);
@@ -268,6 +274,105 @@ static void test_embedding_matches_cpu(void **state) {
         pair_free(&out);
         pair_free(&dwte);
         pair_free(&dwpe);
+    }
+    end_test(e);
+}
+
+// Sequence parallelism's positions: the first pos_split columns read rows of wpe, the rest rows of wpe_hi
+// (two runs of one table that do not overlap, as a rank's chunks of the sequence); pos_split 0 and T are one
+// run and get no wpe_hi. The backward adds into both runs of dwpe and nowhere else (the table is random
+// elsewhere, the same on both sides). C = 36: the scalar path; the others 16-byte vectors.
+static void test_embedding_with_split_positions_matches_cpu(void **state) {
+    struct env *e = *state;
+    int shapes[][4] = {
+        {2, 10, 64, 4}, {3, 9, 36, 5}, {2, 8, 64, 0}, {2, 8, 72, 8}, {1, 300, 768, 150}}; // B T C split
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], split = shapes[s][3], Vp = 256,
+            maxT = 4 * T;
+        int lo = T / 2 + 1,
+            hi = 2 * T + 3; // first rows of the two runs: [lo, lo + split), [hi, hi + T - split)
+        int two = split > 0 && split < T;
+        char sh[128];
+        snprintf(sh, sizeof(sh), "B=%d T=%d C=%d pos_split=%d", B, T, C, split);
+        struct pair tok = pair_new(e, (size_t)B * T, I32), wte = pair_new(e, (size_t)Vp * C, ACT);
+        struct pair wpe = pair_new(e, (size_t)maxT * C, ACT), out = pair_new(e, (size_t)B * T * C, ACT);
+        float *ht = malloc((size_t)B * T * sizeof(float));
+        int32_t *hti = malloc((size_t)B * T * sizeof(int32_t));
+        for (int i = 0; i < B * T; i++) {
+            hti[i] = (int32_t)(test_rand_u64(&e->rng) % (uint64_t)Vp);
+            ht[i] = (float)hti[i];
+        }
+        pair_set(&tok, ht);
+        pair_randn(&wte, 1.0f);
+        pair_randn(&wpe, 1.0f);
+        pair_poison(&out);
+        struct kiln_embed_args a_c = {out.c,
+                                      tok.c,
+                                      hti,
+                                      wte.c,
+                                      pair_at(&wpe, 0, (size_t)lo * C),
+                                      B,
+                                      T,
+                                      C,
+                                      two ? pair_at(&wpe, 0, (size_t)hi * C) : NULL,
+                                      split};
+        struct kiln_embed_args a_g = {out.g,
+                                      tok.g,
+                                      hti,
+                                      wte.g,
+                                      pair_at(&wpe, 1, (size_t)lo * C),
+                                      B,
+                                      T,
+                                      C,
+                                      two ? pair_at(&wpe, 1, (size_t)hi * C) : NULL,
+                                      split};
+        RUN(e, embed_forward, &a);
+        check(e, "embed_forward", sh, "out", &out, TOL_BF16);
+
+        struct pair dwte = pair_new(e, (size_t)Vp * C, GRAD), dwpe = pair_new(e, (size_t)maxT * C, GRAD);
+        pair_randn(&dwte, 1.0f);
+        pair_randn(&dwpe, 1.0f);
+        pair_randn(&out, 1.0f); // reuse as dout
+        float *before = pair_get(&dwpe, 1);
+        struct kiln_embed_back_args b_c = {dwte.c,
+                                           pair_at(&dwpe, 0, (size_t)lo * C),
+                                           out.c,
+                                           tok.c,
+                                           hti,
+                                           B,
+                                           T,
+                                           C,
+                                           two ? pair_at(&dwpe, 0, (size_t)hi * C) : NULL,
+                                           split};
+        struct kiln_embed_back_args b_g = {dwte.g,
+                                           pair_at(&dwpe, 1, (size_t)lo * C),
+                                           out.g,
+                                           tok.g,
+                                           hti,
+                                           B,
+                                           T,
+                                           C,
+                                           two ? pair_at(&dwpe, 1, (size_t)hi * C) : NULL,
+                                           split};
+        RUN(e, embed_backward, &b);
+        check(e, "embed_backward", sh, "dwte", &dwte, TOL_F32G);
+        check(e, "embed_backward", sh, "dwpe", &dwpe, TOL_F32G);
+        // rows outside the runs are bitwise what they were
+        float *after = pair_get(&dwpe, 1);
+        int n_lo = two ? split : T, n_hi = two ? T - split : 0, same = 1;
+        for (int r = 0; r < maxT; r++) {
+            int in_run = (r >= lo && r < lo + n_lo) || (r >= hi && r < hi + n_hi);
+            if (!in_run && memcmp(before + (size_t)r * C, after + (size_t)r * C, (size_t)C * sizeof(float)))
+                same = 0;
+        }
+        expect(e, same, "embed_backward", "dwpe rows outside the runs untouched");
+        free(before);
+        free(after);
+        free(ht);
+        free(hti);
+        struct pair *all[] = {&tok, &wte, &wpe, &out, &dwte, &dwpe};
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+            pair_free(all[i]);
     }
     end_test(e);
 }
@@ -1344,8 +1449,10 @@ static void test_bf16_gradients_of_embedding_backward_match_cpu(void **state) {
         pair_fill(&dwte, 0.0f);
         pair_fill(&dwpe, 0.0f);
         for (int pass = 0; pass < 2; pass++) {
-            struct kiln_embed_back_args b_c = {dwte.c, learned ? dwpe.c : NULL, dout.c, tok.c, hti, B, T, C};
-            struct kiln_embed_back_args b_g = {dwte.g, learned ? dwpe.g : NULL, dout.g, tok.g, hti, B, T, C};
+            struct kiln_embed_back_args b_c = {
+                dwte.c, learned ? dwpe.c : NULL, dout.c, tok.c, hti, B, T, C, NULL, 0};
+            struct kiln_embed_back_args b_g = {
+                dwte.g, learned ? dwpe.g : NULL, dout.g, tok.g, hti, B, T, C, NULL, 0};
             RUN_ON(e, g, embed_backward, &b);
         }
         check(e, "embed_backward", sh, "dwte", &dwte, TOL_BF16G);
@@ -1561,7 +1668,7 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
     same = 1;
     for (int run = 0; run < 2; run++) {
         g->ops->zero(g->ctx, dwte.g, (size_t)Vp * C * 4);
-        struct kiln_embed_back_args eb = {dwte.g, NULL, inp.g, tok.g, hti, B, T, C};
+        struct kiln_embed_back_args eb = {dwte.g, NULL, inp.g, tok.g, hti, B, T, C, NULL, 0};
         g->ops->embed_backward(g->ctx, &eb);
         if (run == 0)
             g->ops->download(g->ctx, snap, dwte.g, (size_t)Vp * C * 4);
@@ -1623,6 +1730,326 @@ static void test_out_of_memory_returns_null_and_backend_still_works(void **state
     end_test(e);
 }
 
+// ---- block attention (sequence parallelism) ---------------------------------------------------------------
+
+// One case of the block op: a sequence of T positions cut into nqb query blocks and nqb + 1 key blocks
+// (uneven, so that query and key blocks do not line up), q, k and v read as views into qkv rows. pad > 0
+// widens every row (qkv, out) and adds a row per batch and pad lse entries per head: odd strides, batch
+// strides that are not T rows. base shifts every global position.
+struct blk_case {
+    int B, T, NH, NKV, HS;
+    enum kiln_pos pos;
+    int head0, NH_total; // ALiBi's global heads (0, 0: all of them)
+    int pad, base, nqb;
+};
+
+struct blk_bufs {
+    const struct blk_case *c;
+    size_t W, rows, ors, lse_s; // qkv row width, rows per batch, out row stride, lse stride (elements)
+    struct pair qkv, out, lse, dout, dqkv;
+};
+
+static void blk_fwd_args(struct kiln_attn_block_args *a, struct blk_bufs *u, int gpu, int i0, int Tq, int j0,
+                         int Tk, int accumulate) {
+    const struct blk_case *c = u->c;
+    memset(a, 0, sizeof(*a));
+    a->out = pair_at(&u->out, gpu, (size_t)i0 * u->ors);
+    a->lse = pair_at(&u->lse, gpu, (size_t)i0);
+    a->q = pair_at(&u->qkv, gpu, (size_t)i0 * u->W);
+    a->k = pair_at(&u->qkv, gpu, (size_t)j0 * u->W + (size_t)c->NH * c->HS);
+    a->v = pair_at(&u->qkv, gpu, (size_t)j0 * u->W + (size_t)(c->NH + c->NKV) * c->HS);
+    a->B = c->B;
+    a->Tq = Tq;
+    a->Tk = Tk;
+    a->NH = c->NH;
+    a->NKV = c->NKV;
+    a->HS = c->HS;
+    a->q0 = c->base + i0;
+    a->k0 = c->base + j0;
+    a->q_bstride = a->kv_bstride = u->rows * u->W;
+    a->out_bstride = u->rows * u->ors;
+    a->lse_stride = u->lse_s;
+    a->q_stride = a->kv_stride = (int)u->W;
+    a->out_stride = (int)u->ors;
+    a->pos = c->pos;
+    a->rope_theta = 10000.0f;
+    a->head0 = c->head0;
+    a->NH_total = c->NH_total;
+    a->accumulate = accumulate;
+}
+
+static void blk_back_args(struct kiln_attn_block_back_args *b, struct blk_bufs *u, int gpu, int i0, int Tq,
+                          int j0, int Tk) {
+    struct kiln_attn_block_args a;
+    blk_fwd_args(&a, u, gpu, i0, Tq, j0, Tk, 0);
+    const struct blk_case *c = u->c;
+    memset(b, 0, sizeof(*b));
+    b->dq = pair_at(&u->dqkv, gpu, (size_t)i0 * u->W);
+    b->dk = pair_at(&u->dqkv, gpu, (size_t)j0 * u->W + (size_t)c->NH * c->HS);
+    b->dv = pair_at(&u->dqkv, gpu, (size_t)j0 * u->W + (size_t)(c->NH + c->NKV) * c->HS);
+    b->dout = pair_at(&u->dout, gpu, (size_t)i0 * u->ors);
+    b->out = a.out;
+    b->lse = a.lse;
+    b->q = a.q;
+    b->k = a.k;
+    b->v = a.v;
+    b->B = a.B;
+    b->Tq = Tq;
+    b->Tk = Tk;
+    b->NH = a.NH;
+    b->NKV = a.NKV;
+    b->HS = a.HS;
+    b->q0 = a.q0;
+    b->k0 = a.k0;
+    b->q_bstride = a.q_bstride;
+    b->kv_bstride = a.kv_bstride;
+    b->out_bstride = a.out_bstride;
+    b->lse_stride = a.lse_stride;
+    b->q_stride = a.q_stride;
+    b->kv_stride = a.kv_stride;
+    b->out_stride = a.out_stride;
+    b->pos = a.pos;
+    b->rope_theta = a.rope_theta;
+    b->head0 = a.head0;
+    b->NH_total = a.NH_total;
+}
+
+// Relative error of columns [off, off + w) of rows [r0, r1) of every batch (rows_b rows a batch, rs apart):
+// one line, counts a failure.
+static void check_rows(struct env *e, const char *op, const char *sh, const char *what, const float *hg,
+                       const float *hc, int B, size_t rows_b, int r0, int r1, size_t rs, size_t off, size_t w,
+                       double tol) {
+    size_t n = (size_t)B * (r1 - r0) * w, k = 0;
+    float *xg = malloc(n * sizeof(float) + 4), *xc = malloc(n * sizeof(float) + 4);
+    for (int b = 0; b < B; b++)
+        for (int r = r0; r < r1; r++)
+            for (size_t i = 0; i < w; i++, k++) {
+                xg[k] = hg[((size_t)b * rows_b + r) * rs + off + i];
+                xc[k] = hc[((size_t)b * rows_b + r) * rs + off + i];
+            }
+    double err = test_rel_err(xg, xc, n);
+    int ok = err <= tol;
+    printf("%-16s %-44s %-8s rel_err %.2e  tol %.0e  %s\n", op, sh, what, err, tol, ok ? "PASS" : "FAIL");
+    fflush(stdout);
+    if (!ok)
+        e->failures++;
+    free(xg);
+    free(xc);
+}
+
+// lse entries [r0, r1) of each of the nh rows lse_s apart: a query that saw no key (-inf) must be -inf on
+// both sides; the finite ones by relative error.
+static void check_lse(struct env *e, const char *op, const char *sh, const float *hg, const float *hc, int nh,
+                      size_t lse_s, int r0, int r1) {
+    size_t n = (size_t)nh * (r1 - r0), k = 0;
+    float *xg = malloc(n * sizeof(float) + 4), *xc = malloc(n * sizeof(float) + 4);
+    int inf_ok = 1, n_inf = 0;
+    for (int h = 0; h < nh; h++)
+        for (int r = r0; r < r1; r++, k++) {
+            float g = hg[(size_t)h * lse_s + r], c = hc[(size_t)h * lse_s + r];
+            int gi = isinf(g) && g < 0, ci = isinf(c) && c < 0;
+            if (gi != ci)
+                inf_ok = 0;
+            n_inf += ci;
+            xg[k] = gi && ci ? 0.0f : g;
+            xc[k] = gi && ci ? 0.0f : c;
+        }
+    double err = test_rel_err(xg, xc, n);
+    int ok = inf_ok && err <= TOL_STAT;
+    printf("%-16s %-44s %-8s rel_err %.2e  tol %.0e  (%d of %zu -inf: %s)  %s\n", op, sh, "lse", err,
+           TOL_STAT, n_inf, n, inf_ok ? "same" : "DIFFER", ok ? "PASS" : "FAIL");
+    fflush(stdout);
+    if (!ok)
+        e->failures++;
+    free(xg);
+    free(xc);
+}
+
+static void shuffle(int *x, int n, uint64_t *rng) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(test_rand_u64(rng) % (uint64_t)(i + 1)), t = x[i];
+        x[i] = x[j];
+        x[j] = t;
+    }
+}
+
+static void block_attention_case(struct env *e, const struct blk_case *c) {
+    struct blk_bufs u = {.c = c};
+    int B = c->B, T = c->T, NH = c->NH, NKV = c->NKV, HS = c->HS, nqb = c->nqb, nkb = c->nqb + 1, S = T / nqb;
+    size_t C = (size_t)NH * HS;
+    u.W = (size_t)(NH + 2 * NKV) * HS + c->pad;
+    u.rows = (size_t)T + (c->pad ? 1 : 0);
+    u.ors = C + c->pad;
+    u.lse_s = (size_t)T + c->pad;
+    char sh[160];
+    snprintf(sh, sizeof(sh), "B=%d T=%d NH=%d/%d HS=%d %s h0=%d/%d pad=%d base=%d", B, T, NH, NKV, HS,
+             c->pos == KILN_POS_ROPE    ? "rope"
+             : c->pos == KILN_POS_ALIBI ? "alibi"
+                                        : "none",
+             c->head0, c->NH_total, c->pad, c->base);
+    size_t n_qkv = (size_t)B * u.rows * u.W, n_out = (size_t)B * u.rows * u.ors,
+           n_lse = (size_t)B * NH * u.lse_s;
+    u.qkv = pair_new(e, n_qkv, ACT);
+    u.out = pair_new(e, n_out, ACT);
+    u.lse = pair_new(e, n_lse, F32);
+    u.dout = pair_new(e, n_out, ACT);
+    u.dqkv = pair_new(e, n_qkv, ACT);
+    pair_randn(&u.qkv, 1.0f);
+    int kb_at[16]; // key block kb covers [kb_at[kb], kb_at[kb + 1]): not aligned with the query blocks
+    for (int kb = 0; kb <= nkb; kb++)
+        kb_at[kb] = kb * T / nkb;
+
+    // one block alone, no accumulate: queries [S, 2S) against keys [0, 2S) (the diagonal inside the block)
+    pair_poison(&u.out);
+    pair_poison(&u.lse);
+    struct kiln_attn_block_args a_c, a_g;
+    blk_fwd_args(&a_c, &u, 0, S, S, 0, 2 * S, 0);
+    blk_fwd_args(&a_g, &u, 1, S, S, 0, 2 * S, 0);
+    RUN(e, attention_block_forward, &a);
+    float *hc = pair_get(&u.out, 0), *hg = pair_get(&u.out, 1);
+    check_rows(e, "attn_block_fwd", sh, "out", hg, hc, B, u.rows, S, 2 * S, u.ors, 0, C, TOL_ATTN);
+    free(hc);
+    free(hg);
+    hc = pair_get(&u.lse, 0);
+    hg = pair_get(&u.lse, 1);
+    check_lse(e, "attn_block_fwd", sh, hg, hc, B * NH, u.lse_s, S, 2 * S);
+    free(hc);
+    free(hg);
+
+    // a block no query sees, no accumulate: out = 0 and lse = -inf
+    blk_fwd_args(&a_c, &u, 0, 0, S, S, S, 0);
+    blk_fwd_args(&a_g, &u, 1, 0, S, S, S, 0);
+    RUN(e, attention_block_forward, &a);
+    hg = pair_get(&u.out, 1);
+    float *lg = pair_get(&u.lse, 1);
+    int zero = 1, ninf = 1;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < S; i++) {
+            for (size_t d = 0; d < C; d++)
+                zero &= hg[((size_t)b * u.rows + i) * u.ors + d] == 0.0f;
+            for (int h = 0; h < NH; h++)
+                ninf &= isinf(lg[((size_t)b * NH + h) * u.lse_s + i]) &&
+                        lg[((size_t)b * NH + h) * u.lse_s + i] < 0;
+        }
+    expect(e, zero && ninf, "attn_block_fwd", "masked: out 0, lse -inf");
+    free(hg);
+    free(lg);
+
+    // every (query block, key block) pair, key blocks in a shuffled order, merged with accumulate; query
+    // block 0 starts with a key block it cannot see (lse -inf, out 0), which later blocks must replace
+    pair_randn(&u.out, 1.0f); // overwritten by each query block's first call
+    pair_randn(&u.lse, 1.0f);
+    int order[16][16];
+    for (int qb = 0; qb < nqb; qb++) {
+        for (int k = 0; k < nkb; k++)
+            order[qb][k] = k;
+        shuffle(order[qb], nkb, &e->rng);
+        if (qb == 0)
+            for (int k = 1; k < nkb; k++)
+                if (order[0][k] == nkb - 1) {
+                    order[0][k] = order[0][0];
+                    order[0][0] = nkb - 1;
+                }
+        for (int k = 0; k < nkb; k++) {
+            int kb = order[qb][k];
+            blk_fwd_args(&a_c, &u, 0, qb * S, S, kb_at[kb], kb_at[kb + 1] - kb_at[kb], k > 0);
+            blk_fwd_args(&a_g, &u, 1, qb * S, S, kb_at[kb], kb_at[kb + 1] - kb_at[kb], k > 0);
+            RUN(e, attention_block_forward, &a);
+        }
+    }
+    float *oc = pair_get(&u.out, 0), *og = pair_get(&u.out, 1);
+    float *lc = pair_get(&u.lse, 0);
+    lg = pair_get(&u.lse, 1);
+    check_rows(e, "attn_block_merge", sh, "out", og, oc, B, u.rows, 0, T, u.ors, 0, C, TOL_ATTN);
+    check_lse(e, "attn_block_merge", sh, lg, lc, B * NH, u.lse_s, 0, T);
+
+    // the merged blocks are causal attention over the whole sequence (where the layouts and slopes agree)
+    int whole = c->pad == 0 && c->base == 0 &&
+                (c->pos != KILN_POS_ALIBI || (c->head0 == 0 && (c->NH_total == 0 || c->NH_total == NH)));
+    struct pair fout = {0}, flse = {0}, fd = {0};
+    if (whole) {
+        fout = pair_new(e, (size_t)B * T * C, ACT);
+        flse = pair_new(e, (size_t)B * NH * T, F32);
+        struct kiln_attn_args f = {fout.c, flse.c, u.qkv.c, B, T, NH, NKV, HS, c->pos, 10000.0f, 0};
+        e->cpu.ops->attention_forward(e->cpu.ctx, &f);
+        float *fo = pair_get(&fout, 0), *fl = pair_get(&flse, 0);
+        check_rows(e, "attn_block_whole", sh, "out", og, fo, B, T, 0, T, C, 0, C, TOL_ATTN);
+        check_rows(e, "attn_block_whole", sh, "lse", lg, fl, B * NH, T, 0, T, 1, 0, 1, TOL_STAT);
+        free(fo);
+        free(fl);
+    }
+    free(oc);
+    free(og);
+    free(lc);
+    free(lg);
+
+    // backward of every pair (each backend on its own merged out and lse), dq, dk, dv summed (+=) onto the
+    // same small random values on both sides
+    pair_randn(&u.dout, 1.0f);
+    float *pre = malloc(n_qkv * sizeof(float) + 4);
+    test_fill_normal(pre, n_qkv, 0.05f, &e->rng);
+    pair_set(&u.dqkv, pre); // rounds pre to bf16 in place
+    for (int qb = 0; qb < nqb; qb++)
+        for (int k = nkb - 1; k >= 0; k--) { // another order than the forward's
+            int kb = order[qb][k];
+            struct kiln_attn_block_back_args b_c, b_g;
+            blk_back_args(&b_c, &u, 0, qb * S, S, kb_at[kb], kb_at[kb + 1] - kb_at[kb]);
+            blk_back_args(&b_g, &u, 1, qb * S, S, kb_at[kb], kb_at[kb + 1] - kb_at[kb]);
+            RUN(e, attention_block_backward, &b);
+        }
+    hc = pair_get(&u.dqkv, 0);
+    hg = pair_get(&u.dqkv, 1);
+    size_t off[4] = {0, C, (size_t)(NH + NKV) * HS, (size_t)(NH + 2 * NKV) * HS};
+    const char *names[3] = {"dq", "dk", "dv"};
+    for (int part = 0; part < 3; part++)
+        check_rows(e, "attn_block_bwd", sh, names[part], hg, hc, B, u.rows, 0, T, u.W, off[part],
+                   off[part + 1] - off[part], TOL_ATTNB);
+    if (whole) { // what the blocks added is the whole sequence's gradient
+        size_t nd = (size_t)B * T * u.W;
+        fd = pair_new(e, nd, ACT);
+        struct kiln_attn_back_args f = {fd.c, u.dout.c, u.qkv.c, fout.c, flse.c,   B, T,
+                                        NH,   NKV,      HS,      c->pos, 10000.0f, 0, 0};
+        e->cpu.ops->attention_backward(e->cpu.ctx, &f);
+        float *fdh = pair_get(&fd, 0);
+        for (size_t i = 0; i < nd; i++)
+            hg[i] -= pre[i];
+        for (int part = 0; part < 3; part++)
+            check_rows(e, "attn_block_whole", sh, names[part], hg, fdh, B, T, 0, T, u.W, off[part],
+                       off[part + 1] - off[part], TOL_ATTNB);
+        free(fdh);
+        pair_free(&fout);
+        pair_free(&flse);
+        pair_free(&fd);
+    }
+    free(hc);
+    free(hg);
+    free(pre);
+    struct pair *all[] = {&u.qkv, &u.out, &u.lse, &u.dout, &u.dqkv};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        pair_free(all[i]);
+}
+
+// The block op of sequence parallelism against the CPU: one block with and without keys it may see, then
+// every pair of blocks merged in a shuffled order (a fully masked block first), and the backward summed over
+// the pairs; where the layouts allow, the merge and the sums against whole-sequence attention too. RoPE at
+// shifted global positions, ALiBi with global heads (head0 of NH_total, NH_total not a power of two), GQA
+// groups of 1 to 4, HS from 32 to 256 (80: not a multiple of 32), odd strides and padded batches, B = 2.
+static void test_attention_block_matches_cpu(void **state) {
+    struct env *e = *state;
+    struct blk_case cases[] = {
+        {2, 96, 4, 2, 64, KILN_POS_ROPE, 0, 0, 0, 0, 3},
+        {1, 100, 4, 1, 128, KILN_POS_ALIBI, 4, 8, 1, 0, 4},
+        {2, 64, 6, 3, 80, KILN_POS_NONE, 0, 0, 1, 0, 2},
+        {1, 60, 2, 2, 256, KILN_POS_ROPE, 0, 0, 0, 3000, 3},
+        {2, 48, 3, 3, 32, KILN_POS_ALIBI, 0, 0, 0, 0, 4},
+        {1, 50, 2, 1, 64, KILN_POS_ALIBI, 3, 6, 1, 100, 2},
+        {2, 130, 8, 2, 128, KILN_POS_ROPE, 0, 0, 0, 0, 2},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        block_attention_case(e, &cases[i]);
+    end_test(e);
+}
+
 int main(void) {
     if (kiln_cuda_device_count() == 0) {
         printf("test_cuda_ops: no GPU: skipped (kiln_cuda_device_count() == 0)\n");
@@ -1636,6 +2063,7 @@ int main(void) {
         cmocka_set_skip_filter(skip);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding_matches_cpu),
+        cmocka_unit_test(test_embedding_with_split_positions_matches_cpu),
         cmocka_unit_test(test_norms_match_cpu),
         cmocka_unit_test(test_strided_norms_match_cpu),
         cmocka_unit_test(test_matmul_matches_cpu),
@@ -1643,6 +2071,7 @@ int main(void) {
         cmocka_unit_test(test_attention_paths_match_cpu),
         cmocka_unit_test(test_attention_backward_modes_match_cpu),
         cmocka_unit_test(test_attention_decode_matches_cpu),
+        cmocka_unit_test(test_attention_block_matches_cpu),
         cmocka_unit_test(test_strided_attention_matches_cpu),
         cmocka_unit_test(test_attention_wgmma_matches_cpu),
         cmocka_unit_test(test_attention_wgmma_backward_matches_cpu),

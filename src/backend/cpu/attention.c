@@ -32,7 +32,7 @@ float kiln_cpu_alibi_slope(int h, int NH) {
 
 // cos/sin of the RoPE angles at position t: angle_i = t * theta^(-2i / HS), i < HS/2. Computed in double and
 // in one place, so forward and decode rotate bitwise alike.
-static void rope_angles(int t, int HS, float theta, float *cos_out, float *sin_out) {
+void kiln_cpu_rope_angles(int t, int HS, float theta, float *cos_out, float *sin_out) {
     for (int i = 0; i < HS / 2; i++) {
         double angle = t * pow((double)theta, -2.0 * i / HS);
         cos_out[i] = (float)cos(angle);
@@ -58,7 +58,7 @@ static float *rope_table(int T, int HS, float theta, float **sin_out) {
     float *s = malloc((size_t)T * (HS / 2) * sizeof(float) + 1);
     KILN_ASSERT(c && s);
     for (int t = 0; t < T; t++)
-        rope_angles(t, HS, theta, c + (size_t)t * (HS / 2), s + (size_t)t * (HS / 2));
+        kiln_cpu_rope_angles(t, HS, theta, c + (size_t)t * (HS / 2), s + (size_t)t * (HS / 2));
     *sin_out = s;
     return c;
 }
@@ -259,7 +259,7 @@ void kiln_cpu_attention_decode(void *ctx, const struct kiln_attn_decode_args *a)
     KILN_ASSERT(cs && sn);
     if (rope) {
         KILN_ASSERT(HS % 2 == 0);
-        rope_angles(pos, HS, a->rope_theta, cs, sn);
+        kiln_cpu_rope_angles(pos, HS, a->rope_theta, cs, sn);
     }
     const float *qkv = a->qkv;
     float *kcache = a->kcache, *vcache = a->vcache, *out = a->out;

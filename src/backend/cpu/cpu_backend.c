@@ -36,6 +36,8 @@ static const struct kiln_ops cpu_ops = {
     .attention_forward = kiln_cpu_attention_forward,
     .attention_backward = kiln_cpu_attention_backward,
     .attention_decode = kiln_cpu_attention_decode,
+    .attention_block_forward = kiln_cpu_attention_block_forward,
+    .attention_block_backward = kiln_cpu_attention_block_backward,
     .swiglu_forward = kiln_cpu_swiglu_forward,
     .swiglu_backward = kiln_cpu_swiglu_backward,
     .gelu_forward = kiln_cpu_gelu_forward,
@@ -47,6 +49,7 @@ static const struct kiln_ops cpu_ops = {
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_host_free,
     .mem_peak = kiln_cpu_mem_peak,
+    .copy_2d = kiln_cpu_copy_2d,
 };
 
 static void cpu_close(struct kiln_backend *b) {

@@ -53,6 +53,8 @@ void kiln_cpu_free(void *ctx, void *p);
 size_t kiln_cpu_mem_peak(void *ctx);
 void kiln_cpu_zero(void *ctx, void *p, size_t bytes);
 void kiln_cpu_copy(void *ctx, void *dst, const void *src, size_t bytes);
+void kiln_cpu_copy_2d(void *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                      size_t rows);
 void kiln_cpu_upload(void *ctx, void *dst, const void *host_src, size_t bytes);
 void kiln_cpu_download(void *ctx, void *host_dst, const void *src, size_t bytes);
 void kiln_cpu_upload_f32(void *ctx, void *dst, enum kiln_dtype dt, const float *host_src, size_t n);
@@ -68,6 +70,10 @@ void kiln_cpu_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a);
 void kiln_cpu_attention_forward(void *ctx, const struct kiln_attn_args *a);
 void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a);
 void kiln_cpu_attention_decode(void *ctx, const struct kiln_attn_decode_args *a);
+void kiln_cpu_attention_block_forward(void *ctx, const struct kiln_attn_block_args *a);
+void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_back_args *a);
+// cos/sin of the RoPE angles at position t (HS/2 each), computed once for every op that rotates
+void kiln_cpu_rope_angles(int t, int HS, float theta, float *cos_out, float *sin_out);
 void kiln_cpu_swiglu_forward(void *ctx, const struct kiln_swiglu_args *a);
 void kiln_cpu_swiglu_backward(void *ctx, const struct kiln_swiglu_back_args *a);
 void kiln_cpu_gelu_forward(void *ctx, const struct kiln_gelu_args *a);

@@ -3,7 +3,14 @@
 
 #include <stddef.h>
 
-// out[b, t, :] = wte[tokens[b, t], :] (+ wpe[t, :])
+// Row of column t in a position table given as two runs (ops.h: pos_split)
+static const float *split_row(const void *lo, const void *hi, int split, int T, int t, int C) {
+    if (split > 0 && split < T && t >= split)
+        return (const float *)hi + (size_t)(t - split) * C;
+    return (const float *)lo + (size_t)t * C;
+}
+
+// out[b, t, :] = wte[tokens[b, t], :] (+ wpe[t, :], or wpe_hi[t - pos_split, :] from column pos_split on)
 void kiln_cpu_embed_forward(void *ctx, const struct kiln_embed_args *a) {
     int BT = a->B * a->T, T = a->T, C = a->C;
     const float *wte = a->wte, *wpe = a->wpe;
@@ -13,7 +20,8 @@ void kiln_cpu_embed_forward(void *ctx, const struct kiln_embed_args *a) {
         const float *e = wte + (size_t)a->tokens[n] * C;
         float *o = out + (size_t)n * C;
         if (wpe) {
-            const float *p = wpe + (size_t)(n % T) * C;
+            int t = n % T;
+            const float *p = split_row(wpe, a->wpe_hi, a->pos_split, T, t, C);
             for (int i = 0; i < C; i++)
                 o[i] = e[i] + p[i];
         } else {
@@ -39,7 +47,7 @@ void kiln_cpu_embed_backward(void *ctx, const struct kiln_embed_back_args *a) {
             for (int i = c0; i < c1; i++)
                 e[i] += d[i];
             if (dwpe) {
-                float *p = dwpe + (size_t)(n % T) * C;
+                float *p = (float *)split_row(dwpe, a->dwpe_hi, a->pos_split, T, n % T, C);
                 for (int i = c0; i < c1; i++)
                     p[i] += d[i];
             }

@@ -61,6 +61,13 @@ void kiln_cpu_zero(void *ctx, void *p, size_t bytes) {
     memset(p, 0, bytes);
 }
 
+void kiln_cpu_copy_2d(void *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                      size_t rows) {
+    (void)ctx;
+    for (size_t r = 0; r < rows; r++)
+        memmove((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
+}
+
 void kiln_cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     if (dst != src)
         memmove(dst, src, bytes);

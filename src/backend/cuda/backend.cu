@@ -97,6 +97,14 @@ static void cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx_of(ctx)->stream));
 }
 
+static void cuda_copy_2d(void *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                         size_t rows) {
+    if (!rows || !width)
+        return;
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice,
+                                 cuda_ctx_of(ctx)->stream));
+}
+
 static void cuda_upload(void *ctx, void *dst, const void *host_src, size_t bytes) {
     CUDA_CHECK(cudaSetDevice(cuda_ctx_of(ctx)->device)); // the comm layer's thread stages through here too
     struct cuda_ctx *c = cuda_ctx_of(ctx);
@@ -278,6 +286,8 @@ static const struct kiln_ops cuda_ops = {
     kiln_cuda_attention_forward,
     kiln_cuda_attention_backward,
     kiln_cuda_attention_decode,
+    kiln_cuda_attention_block_forward,
+    kiln_cuda_attention_block_backward,
     kiln_cuda_swiglu_forward,
     kiln_cuda_swiglu_backward,
     kiln_cuda_gelu_forward,
@@ -294,6 +304,7 @@ static const struct kiln_ops cuda_ops = {
     cuda_event_record,
     cuda_event_synchronize,
     cuda_native_stream,
+    cuda_copy_2d,
 };
 
 static void cuda_close(struct kiln_backend *b) {

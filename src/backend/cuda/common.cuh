@@ -126,6 +126,9 @@ void kiln_cuda_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a)
 void kiln_cuda_attention_forward(void *ctx, const struct kiln_attn_args *a);
 void kiln_cuda_attention_backward(void *ctx, const struct kiln_attn_back_args *a);
 void kiln_cuda_attention_decode(void *ctx, const struct kiln_attn_decode_args *a);
+// block attention at global positions, for sequence parallelism (attention_block.cu)
+void kiln_cuda_attention_block_forward(void *ctx, const struct kiln_attn_block_args *a);
+void kiln_cuda_attention_block_backward(void *ctx, const struct kiln_attn_block_back_args *a);
 // second-generation flash attention (attention_fa2.cu): returns 1 when it ran, 0 when the shape or alignment
 // is not one it handles (HS not 64/128, pointers not 16-byte aligned); attention.cu then runs its own kernels
 int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_args *a);

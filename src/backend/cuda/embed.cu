@@ -1,21 +1,24 @@
 // Token + position embedding. Forward: out = wte[token] + wpe[t]. Bytes: 6*B*T*C; memory bound.
+// Under sequence parallelism the positions are two runs (ops.h: pos_split): column t < split reads row t of
+// wpe, column t >= split row t - split of wpe_hi; split = T (one run) is the plain case.
 // Backward: dwte[token] += dout rows, dwpe[t] += sum over b. Deterministic without atomics and without the
 // host: the positions are sorted by token on the device and each token's rows are summed in position order.
-// Bytes: 2*B*T*C read + 8*(distinct tokens)*C gradient read-modify-write in f32, 4*(distinct tokens)*C in bf16
-// (a run's sum is formed in f32, added to the stored value and rounded once).
+// Bytes: 2*B*T*C read + 8*(distinct tokens)*C gradient read-modify-write in f32, 4*(distinct tokens)*C in
+// bf16 (a run's sum is formed in f32, added to the stored value and rounded once).
 #include <string.h>
 
 #include "backend/cuda/common.cuh"
 
 static __global__ void embed_forward_kernel(bf16 *out, const int32_t *tokens, const bf16 *wte,
-                                            const bf16 *wpe, int N, int T, int C, int vec) {
+                                            const bf16 *wpe, const bf16 *wpe_hi, int split, int N, int T,
+                                            int C, int vec) {
     int V = vec ? 8 : 1;
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V; // element index in (N, C)
     if (i >= (size_t)N * C)
         return;
     int n = (int)(i / C), c = (int)(i % C), t = n % T;
     const bf16 *we = wte + (size_t)tokens[n] * C + c;
-    const bf16 *pe = wpe ? wpe + (size_t)t * C + c : NULL;
+    const bf16 *pe = !wpe ? NULL : t < split ? wpe + (size_t)t * C + c : wpe_hi + (size_t)(t - split) * C + c;
     if (vec) {
         bf16x8 a, b, o;
         a.u = *(const uint4 *)we;
@@ -29,15 +32,25 @@ static __global__ void embed_forward_kernel(bf16 *out, const int32_t *tokens, co
     }
 }
 
+// The column where the second run of positions starts: T when there is one run (pos_split 0 or T)
+static int pos_split(int split, int T) {
+    return split > 0 && split < T ? split : T;
+}
+
 extern "C" void kiln_cuda_embed_forward(void *ctx, const struct kiln_embed_args *a) {
     struct cuda_ctx *c = cuda_ctx_of(ctx);
     int N = a->B * a->T;
     if (N == 0)
         return;
-    int vec = a->C % 8 == 0 && ((uintptr_t)a->out | (uintptr_t)a->wte | (uintptr_t)a->wpe) % 16 == 0;
+    int split = pos_split(a->pos_split, a->T);
+    const void *wpe_hi = split < a->T ? a->wpe_hi : NULL;
+    KILN_ASSERT(!a->wpe || split == a->T || wpe_hi);
+    int vec = a->C % 8 == 0 &&
+              ((uintptr_t)a->out | (uintptr_t)a->wte | (uintptr_t)a->wpe | (uintptr_t)wpe_hi) % 16 == 0;
     size_t threads = (size_t)N * a->C / (vec ? 8 : 1);
     embed_forward_kernel<<<(unsigned)KILN_CEIL_DIV(threads, 256), 256, 0, c->stream>>>(
-        (bf16 *)a->out, a->tokens, (const bf16 *)a->wte, (const bf16 *)a->wpe, N, a->T, a->C, vec);
+        (bf16 *)a->out, a->tokens, (const bf16 *)a->wte, (const bf16 *)a->wpe, (const bf16 *)wpe_hi, split, N,
+        a->T, a->C, vec);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -124,24 +137,29 @@ static __global__ void emb_runs_kernel(G *dwte, const bf16 *dout, const uint64_t
 }
 
 template <typename G>
-static __global__ void embed_backward_wpe_kernel(G *dwpe, const bf16 *dout, int B, int T, int C) {
+static __global__ void embed_backward_wpe_kernel(G *dwpe, G *dwpe_hi, int split, const bf16 *dout, int B,
+                                                 int T, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; // in (T, C)
     if (i >= (size_t)T * C)
         return;
     float s = 0.0f;
     for (int b = 0; b < B; b++)
         s += bf2f(dout[(size_t)b * T * C + i]);
-    grad_store(dwpe + i, grad_load(dwpe + i) + s);
+    G *d = i < (size_t)split * C ? dwpe + i : dwpe_hi + (i - (size_t)split * C);
+    grad_store(d, grad_load(d) + s);
 }
 
-// dwpe (grad dtype) += sum over b of dout
-static void embed_backward_wpe(struct cuda_ctx *c, void *dwpe, const bf16 *dout, int B, int T, int C) {
+// dwpe (grad dtype) += sum over b of dout; from column split on, dwpe_hi
+static void embed_backward_wpe(struct cuda_ctx *c, void *dwpe, void *dwpe_hi, int split, const bf16 *dout,
+                               int B, int T, int C) {
     size_t n = (size_t)T * C;
     unsigned grid = (unsigned)KILN_CEIL_DIV(n, 256);
     if (c->grad_dtype == KILN_BF16)
-        embed_backward_wpe_kernel<<<grid, 256, 0, c->stream>>>((bf16 *)dwpe, dout, B, T, C);
+        embed_backward_wpe_kernel<<<grid, 256, 0, c->stream>>>((bf16 *)dwpe, (bf16 *)dwpe_hi, split, dout, B,
+                                                               T, C);
     else
-        embed_backward_wpe_kernel<<<grid, 256, 0, c->stream>>>((float *)dwpe, dout, B, T, C);
+        embed_backward_wpe_kernel<<<grid, 256, 0, c->stream>>>((float *)dwpe, (float *)dwpe_hi, split, dout,
+                                                               B, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -163,8 +181,11 @@ extern "C" void kiln_cuda_embed_backward(void *ctx, const struct kiln_embed_back
     int N = a->B * a->T;
     if (N == 0)
         return;
-    if (a->dwpe)
-        embed_backward_wpe(c, a->dwpe, (const bf16 *)a->dout, a->B, a->T, a->C);
+    if (a->dwpe) {
+        int split = pos_split(a->pos_split, a->T);
+        KILN_ASSERT(split == a->T || a->dwpe_hi);
+        embed_backward_wpe(c, a->dwpe, a->dwpe_hi, split, (const bf16 *)a->dout, a->B, a->T, a->C);
+    }
     KILN_ASSERT(N <= (1 << 30));
     int P = 2;
     while (P < N)

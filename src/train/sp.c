@@ -1,0 +1,420 @@
+// Sequence parallelism: Ulysses, ring attention and both (sp.h says how the tokens are laid out).
+#include "train/sp.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/comm.h"
+#include "model/gpt.h"
+#include "model/ops.h"
+
+// ---- the layout ------------------------------------------------------------------------------------
+
+int kiln_sp_plan(const struct kiln_config *cfg, int world, int rank, int local_world, struct kiln_sp_layout *out,
+                 struct kiln_error *err) {
+    const struct kiln_model_config *m = &cfg->model;
+    struct kiln_sp_layout lo = {.sp = cfg->sp > 0 ? cfg->sp : 1};
+    int T = cfg->seq_len;
+    static const char *const modes[] = {"ulysses", "ring", "hybrid"};
+    const char *mode = modes[cfg->sp_mode];
+    if (world % lo.sp)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "sp %d with %d rank%s (--sp): the world must be sp x data-parallel ranks; use an --sp "
+                           "that divides %d",
+                           lo.sp, world, world == 1 ? "" : "s", world);
+    if (cfg->sp_ulysses && cfg->sp_mode != KILN_SP_HYBRID)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "sp-ulysses %d with sp-mode %s (--sp-ulysses): the Ulysses group size is for "
+                           "--sp-mode=hybrid; leave it out",
+                           cfg->sp_ulysses, mode);
+    if (lo.sp == 1) { // no sequence parallelism, whatever the mode
+        lo.ulysses = 1;
+    } else if (cfg->sp_mode == KILN_SP_ULYSSES) {
+        lo.ulysses = lo.sp;
+    } else if (cfg->sp_mode == KILN_SP_RING) {
+        lo.ulysses = 1;
+    } else {
+        lo.ulysses = cfg->sp_ulysses ? cfg->sp_ulysses : local_world;
+        if (lo.ulysses < 1 || lo.sp % lo.ulysses || lo.ulysses == lo.sp)
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "sp-mode hybrid with sp %d and %d Ulysses ranks (--sp-ulysses%s): hybrid needs "
+                               "Ulysses groups that divide sp into a ring of 2 or more; pass --sp-ulysses=U "
+                               "with U dividing %d and below it",
+                               lo.sp, lo.ulysses, cfg->sp_ulysses ? "" : ", default the ranks per node", lo.sp);
+    }
+    lo.ring = lo.sp / lo.ulysses;
+    if (m->n_head % lo.ulysses || kiln_model_kv_heads(m) % lo.ulysses)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "%d heads and %d KV heads over %d Ulysses ranks (--sp=%d, --sp-mode=%s): each rank "
+                           "takes whole heads, so both must divide by %d; use --sp-mode=ring, or another --sp",
+                           m->n_head, kiln_model_kv_heads(m), lo.ulysses, lo.sp, mode, lo.ulysses);
+    int parts = lo.ring > 1 ? 2 * lo.ring : 1; // zigzag: 2 chunks per ring slot
+    if (T % parts || (T / parts * (parts > 1 ? 2 : 1)) % lo.ulysses)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "seq %d over sp %d (--seq, --sp-mode=%s): %s; use a --seq that divides by %d",
+                           T, lo.sp, mode,
+                           lo.ring > 1 ? "the ring's zigzag cuts the sequence into 2 x ring chunks, each "
+                                         "slot's two chunks split among its Ulysses ranks"
+                                       : "every rank takes T / sp tokens",
+                           lo.ring > 1 ? 2 * lo.sp : lo.sp);
+    lo.T = T;
+    lo.T_local = T / lo.sp;
+    lo.sp_rank = rank % lo.sp;
+    lo.uly_rank = lo.sp_rank % lo.ulysses;
+    lo.ring_rank = lo.sp_rank / lo.ulysses;
+    lo.dp = world / lo.sp;
+    lo.dp_rank = rank / lo.sp;
+    lo.chunk = lo.ring > 1 ? T / (2 * lo.ring) : T;
+    // this rank's run of the slot's concatenated chunks, and where it lies in the sequence
+    int at = lo.uly_rank * lo.T_local, C = lo.chunk;
+    int lo_pos = lo.ring_rank * C, hi_pos = (2 * lo.ring - 1 - lo.ring_rank) * C;
+    if (lo.ring == 1 || at + lo.T_local <= C) {
+        lo.pos0 = (lo.ring == 1 ? 0 : lo_pos) + at, lo.split = lo.T_local, lo.pos1 = 0;
+    } else if (at >= C) {
+        lo.pos0 = hi_pos + at - C, lo.split = lo.T_local, lo.pos1 = 0;
+    } else {
+        lo.pos0 = lo_pos + at, lo.split = C - at, lo.pos1 = hi_pos;
+    }
+    *out = lo;
+    return 0;
+}
+
+void kiln_sp_slice(const struct kiln_sp_layout *lo, const int32_t *full, int B, int32_t *local) {
+    for (int b = 0; b < B; b++) {
+        const int32_t *row = full + (size_t)b * lo->T;
+        int32_t *dst = local + (size_t)b * lo->T_local;
+        memcpy(dst, row + lo->pos0, (size_t)lo->split * sizeof(int32_t));
+        memcpy(dst + lo->split, row + lo->pos1, (size_t)(lo->T_local - lo->split) * sizeof(int32_t));
+    }
+}
+
+// ---- the attention -----------------------------------------------------------------------------------
+
+struct kiln_sp {
+    struct kiln_sp_layout lo;
+    struct kiln_comm *uly, *ring; // NULL where that dimension is 1
+    struct kiln_backend *be;
+    const struct kiln_ops *ops;
+    void *ctx;
+    size_t es;                    // bytes per act element
+    enum kiln_dtype act;
+    int B, NH, NKV, HS, nh, nkv;  // nh, nkv: the heads of one Ulysses rank
+    enum kiln_pos pos;
+    float theta;
+    int S;                        // the slot's tokens: T_local x ulysses
+    int wl, oh, kvw;              // row widths: head-sharded qkv, head-sharded out, a k|v block
+    void *qkv_h, *out_h, *dout_h, *dqkv_h; // the slot, head-sharded, (B, S, width)
+    void *send, *recv;            // all-to-all staging
+    void *kv[2], *dkv[2];         // ring: k|v blocks in hand and in flight, and their gradients
+    void *ev;                     // a compute-stream event (NULL on the CPU)
+};
+
+static char *at(const struct kiln_sp *s, const void *base, size_t elems) {
+    return (char *)base + elems * s->es;
+}
+
+static void copy_rows(struct kiln_sp *s, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                      size_t width, size_t rows) {
+    s->ops->copy_2d(s->ctx, dst, dst_pitch * s->es, src, src_pitch * s->es, width * s->es, rows);
+}
+
+static void *after_compute(struct kiln_sp *s) {
+    if (s->ev)
+        s->ops->event_record(s->ctx, s->ev);
+    return s->ev;
+}
+
+static void all_to_all(struct kiln_sp *s, size_t count) {
+    struct kiln_coll k = {.op = KILN_COLL_ALL_TO_ALL, .send = s->send, .recv = s->recv, .count = count,
+                          .dtype = s->act, .device = s->be->device_memory};
+    kiln_comm_wait_stream(s->uly, kiln_comm_submit(s->uly, &k, after_compute(s)));
+}
+
+// one step around the ring: send goes to the next slot, recv comes from the previous one
+static struct kiln_comm_work *ring_pass(struct kiln_sp *s, const void *send, void *recv) {
+    int r = s->lo.ring, me = s->lo.ring_rank;
+    struct kiln_coll k = {.op = KILN_COLL_SEND_RECV, .send = send, .recv = recv,
+                          .count = (size_t)s->B * s->S * s->kvw, .dtype = s->act,
+                          .peer = (me + 1) % r, .src = (me + r - 1) % r, .device = s->be->device_memory};
+    return kiln_comm_submit(s->ring, &k, after_compute(s));
+}
+
+// The model's (B, T_local) qkv rows (stride qs) to qkv_h: the slot's tokens for this rank's heads.
+static void qkv_to_heads(struct kiln_sp *s, const void *qkv, int qs) {
+    int u = s->lo.ulysses, Tl = s->lo.T_local, B = s->B, HS = s->HS, W = (s->NH + 2 * s->NKV) * HS;
+    if (u == 1) {
+        copy_rows(s, s->qkv_h, s->wl, qkv, qs, W, (size_t)B * Tl);
+        return;
+    }
+    size_t blk = (size_t)B * Tl * s->wl;
+    for (int j = 0; j < u; j++) { // block j: peer j's heads of q, k and v
+        char *dst = at(s, s->send, j * blk);
+        copy_rows(s, dst, s->wl, at(s, qkv, (size_t)j * s->nh * HS), qs, (size_t)s->nh * HS, (size_t)B * Tl);
+        copy_rows(s, at(s, dst, (size_t)s->nh * HS), s->wl, at(s, qkv, (size_t)(s->NH + j * s->nkv) * HS), qs,
+                  (size_t)s->nkv * HS, (size_t)B * Tl);
+        copy_rows(s, at(s, dst, (size_t)(s->nh + s->nkv) * HS), s->wl,
+                  at(s, qkv, (size_t)(s->NH + s->NKV + j * s->nkv) * HS), qs, (size_t)s->nkv * HS,
+                  (size_t)B * Tl);
+    }
+    all_to_all(s, blk);
+    for (int j = 0; j < u; j++) // peer j's tokens are the slot's run j
+        copy_rows(s, at(s, s->qkv_h, (size_t)j * Tl * s->wl), (size_t)s->S * s->wl, at(s, s->recv, j * blk),
+                  (size_t)Tl * s->wl, (size_t)Tl * s->wl, B);
+}
+
+// The inverse for gradients: dqkv_h back to the model's rows (stride ds), overwriting their qkv columns.
+static void dqkv_from_heads(struct kiln_sp *s, void *dqkv, int ds) {
+    int u = s->lo.ulysses, Tl = s->lo.T_local, B = s->B, HS = s->HS, W = (s->NH + 2 * s->NKV) * HS;
+    if (u == 1) {
+        copy_rows(s, dqkv, ds, s->dqkv_h, s->wl, W, (size_t)B * Tl);
+        return;
+    }
+    size_t blk = (size_t)B * Tl * s->wl;
+    for (int j = 0; j < u; j++)
+        copy_rows(s, at(s, s->send, j * blk), (size_t)Tl * s->wl, at(s, s->dqkv_h, (size_t)j * Tl * s->wl),
+                  (size_t)s->S * s->wl, (size_t)Tl * s->wl, B);
+    all_to_all(s, blk);
+    for (int j = 0; j < u; j++) { // block j: this rank's tokens, peer j's heads
+        const char *src = at(s, s->recv, j * blk);
+        copy_rows(s, at(s, dqkv, (size_t)j * s->nh * HS), ds, src, s->wl, (size_t)s->nh * HS, (size_t)B * Tl);
+        copy_rows(s, at(s, dqkv, (size_t)(s->NH + j * s->nkv) * HS), ds, at(s, src, (size_t)s->nh * HS), s->wl,
+                  (size_t)s->nkv * HS, (size_t)B * Tl);
+        copy_rows(s, at(s, dqkv, (size_t)(s->NH + s->NKV + j * s->nkv) * HS), ds,
+                  at(s, src, (size_t)(s->nh + s->nkv) * HS), s->wl, (size_t)s->nkv * HS, (size_t)B * Tl);
+    }
+}
+
+// An attention output (B, T_local, NH*HS) to the slot's rows for this rank's heads (B, S, oh) in dst.
+static void out_to_heads(struct kiln_sp *s, const void *out, void *dst) {
+    int u = s->lo.ulysses, Tl = s->lo.T_local, B = s->B, NHHS = s->NH * s->HS;
+    size_t blk = (size_t)B * Tl * s->oh;
+    for (int j = 0; j < u; j++)
+        copy_rows(s, at(s, s->send, j * blk), s->oh, at(s, out, (size_t)j * s->oh), NHHS, s->oh, (size_t)B * Tl);
+    all_to_all(s, blk);
+    for (int j = 0; j < u; j++)
+        copy_rows(s, at(s, dst, (size_t)j * Tl * s->oh), (size_t)s->S * s->oh, at(s, s->recv, j * blk),
+                  (size_t)Tl * s->oh, (size_t)Tl * s->oh, B);
+}
+
+// The inverse: out_h back to the model's (B, T_local, NH*HS).
+static void out_from_heads(struct kiln_sp *s, void *out) {
+    int u = s->lo.ulysses, Tl = s->lo.T_local, B = s->B, NHHS = s->NH * s->HS;
+    size_t blk = (size_t)B * Tl * s->oh;
+    for (int j = 0; j < u; j++)
+        copy_rows(s, at(s, s->send, j * blk), (size_t)Tl * s->oh, at(s, s->out_h, (size_t)j * Tl * s->oh),
+                  (size_t)s->S * s->oh, (size_t)Tl * s->oh, B);
+    all_to_all(s, blk);
+    for (int j = 0; j < u; j++)
+        copy_rows(s, at(s, out, (size_t)j * s->oh), NHHS, at(s, s->recv, j * blk), s->oh, s->oh, (size_t)B * Tl);
+}
+
+// The runs of ring slot `slot` within its S tokens: (first token, first position, length); returns how many.
+static int slot_runs(const struct kiln_sp *s, int slot, int first[2], int pos[2], int len[2]) {
+    if (s->lo.ring == 1) {
+        first[0] = 0, pos[0] = 0, len[0] = s->S;
+        return 1;
+    }
+    int C = s->lo.chunk;
+    first[0] = 0, pos[0] = slot * C, len[0] = C;
+    first[1] = C, pos[1] = (2 * s->lo.ring - 1 - slot) * C, len[1] = C;
+    return 2;
+}
+
+// A k|v block in hand: rows `stride` apart, v at column v_at; and where its gradients go.
+struct kv_block {
+    const void *k, *v;
+    void *dk, *dv;
+    int stride;
+    int slot;
+};
+
+// The blocks of this slot's queries against kv (every pair not wholly in the future). Forward: merged into
+// out_h and lse (started[i]: run i has a block already). Backward (dout_h set): into dqkv_h's q columns and
+// kv's gradients.
+static void attend(struct kiln_sp *s, const struct kv_block *kv, float *lse, int started[2], int backward) {
+    int qf[2], qp[2], ql[2], kf[2], kp[2], kl[2];
+    int nq = slot_runs(s, s->lo.ring_rank, qf, qp, ql), nk = slot_runs(s, kv->slot, kf, kp, kl);
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nk; j++) {
+            if (kp[j] > qp[i] + ql[i] - 1)
+                continue; // every key after every query
+            size_t q_el = (size_t)qf[i] * s->wl, k_el = (size_t)kf[j] * kv->stride, o_el = (size_t)qf[i] * s->oh;
+            if (!backward) {
+                struct kiln_attn_block_args a = {
+                    .out = at(s, s->out_h, o_el), .lse = lse + qf[i], .q = at(s, s->qkv_h, q_el),
+                    .k = at(s, kv->k, k_el), .v = at(s, kv->v, k_el), .B = s->B, .Tq = ql[i], .Tk = kl[j],
+                    .NH = s->nh, .NKV = s->nkv, .HS = s->HS, .q0 = qp[i], .k0 = kp[j],
+                    .q_bstride = (size_t)s->S * s->wl, .kv_bstride = (size_t)s->S * kv->stride,
+                    .out_bstride = (size_t)s->S * s->oh, .lse_stride = (size_t)s->S, .q_stride = s->wl,
+                    .kv_stride = kv->stride, .out_stride = s->oh, .pos = s->pos, .rope_theta = s->theta,
+                    .head0 = s->lo.uly_rank * s->nh, .NH_total = s->NH, .accumulate = started[i]};
+                s->ops->attention_block_forward(s->ctx, &a);
+                started[i] = 1;
+            } else {
+                struct kiln_attn_block_back_args a = {
+                    .dq = at(s, s->dqkv_h, q_el), .dk = at(s, kv->dk, k_el), .dv = at(s, kv->dv, k_el),
+                    .dout = at(s, s->dout_h, o_el), .out = at(s, s->out_h, o_el), .lse = lse + qf[i],
+                    .q = at(s, s->qkv_h, q_el), .k = at(s, kv->k, k_el), .v = at(s, kv->v, k_el), .B = s->B,
+                    .Tq = ql[i], .Tk = kl[j], .NH = s->nh, .NKV = s->nkv, .HS = s->HS, .q0 = qp[i], .k0 = kp[j],
+                    .q_bstride = (size_t)s->S * s->wl, .kv_bstride = (size_t)s->S * kv->stride,
+                    .out_bstride = (size_t)s->S * s->oh, .lse_stride = (size_t)s->S, .q_stride = s->wl,
+                    .kv_stride = kv->stride, .out_stride = s->oh, .pos = s->pos, .rope_theta = s->theta,
+                    .head0 = s->lo.uly_rank * s->nh, .NH_total = s->NH};
+                s->ops->attention_block_backward(s->ctx, &a);
+            }
+        }
+}
+
+// The k|v block of ring buffer i, which came from slot `slot`
+static struct kv_block ring_block(struct kiln_sp *s, int i, int slot) {
+    size_t v_at = (size_t)s->nkv * s->HS;
+    return (struct kv_block){.k = s->kv[i], .v = at(s, s->kv[i], v_at), .dk = s->dkv[i],
+                             .dv = at(s, s->dkv[i], v_at), .stride = s->kvw, .slot = slot};
+}
+
+static void sp_forward(void *user, int l, const struct kiln_attn_args *a) {
+    (void)l;
+    struct kiln_sp *s = user;
+    int r = s->lo.ring, me = s->lo.ring_rank, u = s->lo.ulysses;
+    int qs = a->qkv_stride ? a->qkv_stride : (s->NH + 2 * s->NKV) * s->HS;
+    qkv_to_heads(s, a->qkv, qs);
+    if (u == 1)
+        s->out_h = a->out; // the model's output is the slot's
+    int started[2] = {0, 0};
+    if (r == 1) {
+        size_t kv_at = (size_t)s->nh * s->HS;
+        struct kv_block own = {.k = at(s, s->qkv_h, kv_at), .v = at(s, s->qkv_h, kv_at + (size_t)s->nkv * s->HS),
+                               .stride = s->wl, .slot = 0};
+        attend(s, &own, a->lse, started, 0);
+    } else {
+        copy_rows(s, s->kv[0], s->kvw, at(s, s->qkv_h, (size_t)s->nh * s->HS), s->wl, s->kvw,
+                  (size_t)s->B * s->S);
+        for (int step = 0, cur = 0; step < r; step++, cur ^= 1) {
+            struct kiln_comm_work *w = step + 1 < r ? ring_pass(s, s->kv[cur], s->kv[cur ^ 1]) : NULL;
+            struct kv_block kv = ring_block(s, cur, (me - step + r) % r);
+            attend(s, &kv, a->lse, started, 0);
+            kiln_comm_wait_stream(s->ring, w);
+        }
+    }
+    if (u > 1)
+        out_from_heads(s, a->out);
+}
+
+static void sp_backward(void *user, int l, const struct kiln_attn_back_args *a) {
+    (void)l;
+    struct kiln_sp *s = user;
+    int r = s->lo.ring, me = s->lo.ring_rank, u = s->lo.ulysses;
+    int qs = a->qkv_stride ? a->qkv_stride : (s->NH + 2 * s->NKV) * s->HS;
+    int ds = a->dqkv_stride ? a->dqkv_stride : (s->NH + 2 * s->NKV) * s->HS;
+    qkv_to_heads(s, a->qkv, qs);
+    if (u == 1) {
+        s->out_h = (void *)a->out;
+        s->dout_h = (void *)a->dout;
+    } else {
+        out_to_heads(s, a->out, s->out_h);
+        out_to_heads(s, a->dout, s->dout_h);
+    }
+    s->ops->zero(s->ctx, s->dqkv_h, (size_t)s->B * s->S * s->wl * s->es);
+    float *lse = (float *)a->lse;
+    if (r == 1) {
+        size_t kv_at = (size_t)s->nh * s->HS, v_at = kv_at + (size_t)s->nkv * s->HS;
+        struct kv_block own = {.k = at(s, s->qkv_h, kv_at), .v = at(s, s->qkv_h, v_at),
+                               .dk = at(s, s->dqkv_h, kv_at), .dv = at(s, s->dqkv_h, v_at), .stride = s->wl,
+                               .slot = 0};
+        attend(s, &own, lse, NULL, 1);
+    } else {
+        size_t blk = (size_t)s->B * s->S * s->kvw;
+        copy_rows(s, s->kv[0], s->kvw, at(s, s->qkv_h, (size_t)s->nh * s->HS), s->wl, s->kvw,
+                  (size_t)s->B * s->S);
+        s->ops->zero(s->ctx, s->dkv[0], blk * s->es);
+        int cur = 0;
+        for (int step = 0; step < r; step++, cur ^= 1) {
+            struct kiln_comm_work *w = step + 1 < r ? ring_pass(s, s->kv[cur], s->kv[cur ^ 1]) : NULL;
+            struct kv_block kv = ring_block(s, cur, (me - step + r) % r);
+            attend(s, &kv, lse, NULL, 1);
+            // the block's gradient follows it, and after r passes it is back with its owner
+            struct kiln_comm_work *dw = ring_pass(s, s->dkv[cur], s->dkv[cur ^ 1]);
+            kiln_comm_wait_stream(s->ring, w);
+            kiln_comm_wait_stream(s->ring, dw);
+        }
+        copy_rows(s, at(s, s->dqkv_h, (size_t)s->nh * s->HS), s->wl, s->dkv[cur], s->kvw, s->kvw,
+                  (size_t)s->B * s->S);
+    }
+    dqkv_from_heads(s, a->dqkv, ds);
+}
+
+void kiln_sp_free(struct kiln_sp *s) {
+    if (!s)
+        return;
+    void *bufs[] = {s->qkv_h, s->dqkv_h, s->send, s->recv, s->kv[0], s->kv[1], s->dkv[0], s->dkv[1]};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        if (bufs[i])
+            s->ops->free(s->ctx, bufs[i]);
+    if (s->lo.ulysses > 1) {
+        s->ops->free(s->ctx, s->out_h);
+        s->ops->free(s->ctx, s->dout_h);
+    }
+    if (s->ev)
+        s->ops->event_destroy(s->ctx, s->ev);
+    kiln_comm_close(s->uly);
+    kiln_comm_close(s->ring);
+    free(s);
+}
+
+int kiln_sp_create(struct kiln_sp **out, const struct kiln_sp_layout *lo, struct kiln_comm *world,
+                   struct kiln_backend *be, struct kiln_gpt *g, const struct kiln_model_config *m, int B,
+                   struct kiln_error *err) {
+    *out = NULL;
+    if (!be->ops->attention_block_forward || !be->ops->copy_2d)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "sp %d on the %s backend (--sp): it has no attention-block op yet; use --sp=1",
+                           lo->sp, be->name);
+    struct kiln_sp *s = calloc(1, sizeof(*s));
+    if (!s)
+        return kiln_errorf(err, KILN_ERR_RUNTIME, "out of memory (--sp): sequence parallelism's state");
+    s->lo = *lo;
+    s->be = be, s->ops = be->ops, s->ctx = be->ctx;
+    s->act = be->act_dtype, s->es = kiln_dtype_bytes(be->act_dtype);
+    s->B = B, s->NH = m->n_head, s->NKV = kiln_model_kv_heads(m), s->HS = m->n_embd / m->n_head;
+    s->nh = s->NH / lo->ulysses, s->nkv = s->NKV / lo->ulysses;
+    s->pos = m->pos, s->theta = m->rope_theta;
+    s->S = lo->T_local * lo->ulysses;
+    s->wl = (s->nh + 2 * s->nkv) * s->HS, s->oh = s->nh * s->HS, s->kvw = 2 * s->nkv * s->HS;
+    // the groups: the same data-parallel index and ring slot (Ulysses), the same Ulysses index (ring)
+    if ((lo->ulysses > 1 &&
+         kiln_comm_split(world, lo->dp_rank * lo->ring + lo->ring_rank, lo->uly_rank, &s->uly, err)) ||
+        (lo->ring > 1 && kiln_comm_split(world, lo->dp_rank * lo->ulysses + lo->uly_rank, lo->ring_rank,
+                                         &s->ring, err))) {
+        kiln_sp_free(s);
+        return err->code;
+    }
+    size_t slot = (size_t)B * s->S, fail = 0;
+    void **bufs[] = {&s->qkv_h, &s->dqkv_h, &s->send, &s->recv, &s->out_h, &s->dout_h,
+                     &s->kv[0], &s->kv[1], &s->dkv[0], &s->dkv[1]};
+    size_t elems[] = {slot * s->wl, slot * s->wl, lo->ulysses > 1 ? slot * s->wl : 0,
+                      lo->ulysses > 1 ? slot * s->wl : 0, lo->ulysses > 1 ? slot * s->oh : 0,
+                      lo->ulysses > 1 ? slot * s->oh : 0, lo->ring > 1 ? slot * s->kvw : 0,
+                      lo->ring > 1 ? slot * s->kvw : 0, lo->ring > 1 ? slot * s->kvw : 0,
+                      lo->ring > 1 ? slot * s->kvw : 0};
+    for (size_t i = 0; i < sizeof(elems) / sizeof(elems[0]); i++) {
+        if (!elems[i])
+            continue;
+        *bufs[i] = s->ops->alloc(s->ctx, elems[i] * s->es);
+        if (!*bufs[i])
+            fail += elems[i] * s->es;
+    }
+    if (fail) {
+        kiln_sp_free(s);
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "out of memory (--sp=%d): %.1f MiB more for sequence parallelism's buffers; lower "
+                           "--batch or --seq",
+                           lo->sp, fail / 1048576.0);
+    }
+    if (s->ops->event_create)
+        s->ev = s->ops->event_create(s->ctx);
+    struct kiln_gpt_attention at = {.user = s, .forward = sp_forward, .backward = sp_backward};
+    kiln_gpt_set_attention(g, &at);
+    kiln_gpt_set_positions(g, lo->pos0, lo->split, lo->pos1);
+    *out = s;
+    return 0;
+}
