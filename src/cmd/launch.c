@@ -423,14 +423,15 @@ static int run_group(const struct start *s, struct crash *c) {
             next_watch = kiln_now_s() + LAUNCH_POLL_S;
             int why = s->watch(s->watch_ctx);
             if (why) {
-                failed = s->nchild; // not one of ours
+                failed = s->nchild;           // not one of ours
                 c->rank = why == 2 ? -1 : -2; // 2: this node's mpirun is stuck, a failure here
                 c->status = KILN_ERR_RUNTIME << 8;
                 c->uptime_s = kiln_now_s() - t0;
-                fprintf(stderr,
-                        "kiln launch: %s; stopping this node's %d rank%s (SIGTERM, then SIGKILL after %g s)\n",
-                        why == 2 ? "mpirun is stuck" : "another node failed", live, live == 1 ? "" : "s",
-                        s->grace_s);
+                fprintf(
+                    stderr,
+                    "kiln launch: %s; stopping this node's %d rank%s (SIGTERM, then SIGKILL after %g s)\n",
+                    why == 2 ? "mpirun is stuck" : "another node failed", live, live == 1 ? "" : "s",
+                    s->grace_s);
                 kill_live(pids, done, s->nchild, SIGTERM);
                 kill_at = kiln_now_s() + s->grace_s;
             }
@@ -513,9 +514,9 @@ struct nodes {
     int gen;                  // the current start of the group: its keys carry it
     int mpirun_daemons;       // node 0 under mpirun: the other nodes run daemons its mpirun started
     double grace_s;
-    double daemon_gone_at;    // when node 0 first saw a daemon's exit while mpirun ran (-1: not yet)
-    int lost;                 // the store failed once: node 0's launcher is gone, every later call fails
-    struct kiln_error err;    // the store's error when lost
+    double daemon_gone_at; // when node 0 first saw a daemon's exit while mpirun ran (-1: not yet)
+    int lost;              // the store failed once: node 0's launcher is gone, every later call fails
+    struct kiln_error err; // the store's error when lost
 };
 
 // "ranks 2-3" (or "rank 2") of node `node`

@@ -10,18 +10,19 @@
 
 // ---- the layout ------------------------------------------------------------------------------------
 
-int kiln_sp_plan(const struct kiln_config *cfg, int world, int rank, int local_world, struct kiln_sp_layout *out,
-                 struct kiln_error *err) {
+int kiln_sp_plan(const struct kiln_config *cfg, int world, int rank, int local_world,
+                 struct kiln_sp_layout *out, struct kiln_error *err) {
     const struct kiln_model_config *m = &cfg->model;
     struct kiln_sp_layout lo = {.sp = cfg->sp > 0 ? cfg->sp : 1};
     int T = cfg->seq_len;
     static const char *const modes[] = {"ulysses", "ring", "hybrid"};
     const char *mode = modes[cfg->sp_mode];
     if (world % lo.sp)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "sp %d with %d rank%s (--sp): the world must be sp x data-parallel ranks; use an --sp "
-                           "that divides %d",
-                           lo.sp, world, world == 1 ? "" : "s", world);
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "sp %d with %d rank%s (--sp): the world must be sp x data-parallel ranks; use an --sp "
+            "that divides %d",
+            lo.sp, world, world == 1 ? "" : "s", world);
     if (cfg->sp_ulysses && cfg->sp_mode != KILN_SP_HYBRID)
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "sp-ulysses %d with sp-mode %s (--sp-ulysses): the Ulysses group size is for "
@@ -36,23 +37,25 @@ int kiln_sp_plan(const struct kiln_config *cfg, int world, int rank, int local_w
     } else {
         lo.ulysses = cfg->sp_ulysses ? cfg->sp_ulysses : local_world;
         if (lo.ulysses < 1 || lo.sp % lo.ulysses || lo.ulysses == lo.sp)
-            return kiln_errorf(err, KILN_ERR_USAGE,
-                               "sp-mode hybrid with sp %d and %d Ulysses ranks (--sp-ulysses%s): hybrid needs "
-                               "Ulysses groups that divide sp into a ring of 2 or more; pass --sp-ulysses=U "
-                               "with U dividing %d and below it",
-                               lo.sp, lo.ulysses, cfg->sp_ulysses ? "" : ", default the ranks per node", lo.sp);
+            return kiln_errorf(
+                err, KILN_ERR_USAGE,
+                "sp-mode hybrid with sp %d and %d Ulysses ranks (--sp-ulysses%s): hybrid needs "
+                "Ulysses groups that divide sp into a ring of 2 or more; pass --sp-ulysses=U "
+                "with U dividing %d and below it",
+                lo.sp, lo.ulysses, cfg->sp_ulysses ? "" : ", default the ranks per node", lo.sp);
     }
     lo.ring = lo.sp / lo.ulysses;
     if (m->n_head % lo.ulysses || kiln_model_kv_heads(m) % lo.ulysses)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "%d heads and %d KV heads over %d Ulysses ranks (--sp=%d, --sp-mode=%s): each rank "
-                           "takes whole heads, so both must divide by %d; use --sp-mode=ring, or another --sp",
-                           m->n_head, kiln_model_kv_heads(m), lo.ulysses, lo.sp, mode, lo.ulysses);
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "%d heads and %d KV heads over %d Ulysses ranks (--sp=%d, --sp-mode=%s): each rank "
+            "takes whole heads, so both must divide by %d; use --sp-mode=ring, or another --sp",
+            m->n_head, kiln_model_kv_heads(m), lo.ulysses, lo.sp, mode, lo.ulysses);
     int parts = lo.ring > 1 ? 2 * lo.ring : 1; // zigzag: 2 chunks per ring slot
     if (T % parts || (T / parts * (parts > 1 ? 2 : 1)) % lo.ulysses)
         return kiln_errorf(err, KILN_ERR_USAGE,
-                           "seq %d over sp %d (--seq, --sp-mode=%s): %s; use a --seq that divides by %d",
-                           T, lo.sp, mode,
+                           "seq %d over sp %d (--seq, --sp-mode=%s): %s; use a --seq that divides by %d", T,
+                           lo.sp, mode,
                            lo.ring > 1 ? "the ring's zigzag cuts the sequence into 2 x ring chunks, each "
                                          "slot's two chunks split among its Ulysses ranks"
                                        : "every rank takes T / sp tokens",
@@ -96,17 +99,17 @@ struct kiln_sp {
     struct kiln_backend *be;
     const struct kiln_ops *ops;
     void *ctx;
-    size_t es;                    // bytes per act element
+    size_t es; // bytes per act element
     enum kiln_dtype act;
-    int B, NH, NKV, HS, nh, nkv;  // nh, nkv: the heads of one Ulysses rank
+    int B, NH, NKV, HS, nh, nkv; // nh, nkv: the heads of one Ulysses rank
     enum kiln_pos pos;
     float theta;
-    int S;                        // the slot's tokens: T_local x ulysses
-    int wl, oh, kvw;              // row widths: head-sharded qkv, head-sharded out, a k|v block
+    int S;                                 // the slot's tokens: T_local x ulysses
+    int wl, oh, kvw;                       // row widths: head-sharded qkv, head-sharded out, a k|v block
     void *qkv_h, *out_h, *dout_h, *dqkv_h; // the slot, head-sharded, (B, S, width)
-    void *send, *recv;            // all-to-all staging
-    void *kv[2], *dkv[2];         // ring: k|v blocks in hand and in flight, and their gradients
-    void *ev;                     // a compute-stream event (NULL on the CPU)
+    void *send, *recv;                     // all-to-all staging
+    void *kv[2], *dkv[2];                  // ring: k|v blocks in hand and in flight, and their gradients
+    void *ev;                              // a compute-stream event (NULL on the CPU)
 };
 
 static char *at(const struct kiln_sp *s, const void *base, size_t elems) {
@@ -125,17 +128,26 @@ static void *after_compute(struct kiln_sp *s) {
 }
 
 static void all_to_all(struct kiln_sp *s, size_t count) {
-    struct kiln_coll k = {.op = KILN_COLL_ALL_TO_ALL, .send = s->send, .recv = s->recv, .count = count,
-                          .dtype = s->act, .device = s->be->device_memory};
+    struct kiln_coll k = {.op = KILN_COLL_ALL_TO_ALL,
+                          .send = s->send,
+                          .recv = s->recv,
+                          .count = count,
+                          .dtype = s->act,
+                          .device = s->be->device_memory};
     kiln_comm_wait_stream(s->uly, kiln_comm_submit(s->uly, &k, after_compute(s)));
 }
 
 // one step around the ring: send goes to the next slot, recv comes from the previous one
 static struct kiln_comm_work *ring_pass(struct kiln_sp *s, const void *send, void *recv) {
     int r = s->lo.ring, me = s->lo.ring_rank;
-    struct kiln_coll k = {.op = KILN_COLL_SEND_RECV, .send = send, .recv = recv,
-                          .count = (size_t)s->B * s->S * s->kvw, .dtype = s->act,
-                          .peer = (me + 1) % r, .src = (me + r - 1) % r, .device = s->be->device_memory};
+    struct kiln_coll k = {.op = KILN_COLL_SEND_RECV,
+                          .send = send,
+                          .recv = recv,
+                          .count = (size_t)s->B * s->S * s->kvw,
+                          .dtype = s->act,
+                          .peer = (me + 1) % r,
+                          .src = (me + r - 1) % r,
+                          .device = s->be->device_memory};
     return kiln_comm_submit(s->ring, &k, after_compute(s));
 }
 
@@ -177,8 +189,8 @@ static void dqkv_from_heads(struct kiln_sp *s, void *dqkv, int ds) {
     for (int j = 0; j < u; j++) { // block j: this rank's tokens, peer j's heads
         const char *src = at(s, s->recv, j * blk);
         copy_rows(s, at(s, dqkv, (size_t)j * s->nh * HS), ds, src, s->wl, (size_t)s->nh * HS, (size_t)B * Tl);
-        copy_rows(s, at(s, dqkv, (size_t)(s->NH + j * s->nkv) * HS), ds, at(s, src, (size_t)s->nh * HS), s->wl,
-                  (size_t)s->nkv * HS, (size_t)B * Tl);
+        copy_rows(s, at(s, dqkv, (size_t)(s->NH + j * s->nkv) * HS), ds, at(s, src, (size_t)s->nh * HS),
+                  s->wl, (size_t)s->nkv * HS, (size_t)B * Tl);
         copy_rows(s, at(s, dqkv, (size_t)(s->NH + s->NKV + j * s->nkv) * HS), ds,
                   at(s, src, (size_t)(s->nh + s->nkv) * HS), s->wl, (size_t)s->nkv * HS, (size_t)B * Tl);
     }
@@ -189,7 +201,8 @@ static void out_to_heads(struct kiln_sp *s, const void *out, void *dst) {
     int u = s->lo.ulysses, Tl = s->lo.T_local, B = s->B, NHHS = s->NH * s->HS;
     size_t blk = (size_t)B * Tl * s->oh;
     for (int j = 0; j < u; j++)
-        copy_rows(s, at(s, s->send, j * blk), s->oh, at(s, out, (size_t)j * s->oh), NHHS, s->oh, (size_t)B * Tl);
+        copy_rows(s, at(s, s->send, j * blk), s->oh, at(s, out, (size_t)j * s->oh), NHHS, s->oh,
+                  (size_t)B * Tl);
     all_to_all(s, blk);
     for (int j = 0; j < u; j++)
         copy_rows(s, at(s, dst, (size_t)j * Tl * s->oh), (size_t)s->S * s->oh, at(s, s->recv, j * blk),
@@ -205,7 +218,8 @@ static void out_from_heads(struct kiln_sp *s, void *out) {
                   (size_t)s->S * s->oh, (size_t)Tl * s->oh, B);
     all_to_all(s, blk);
     for (int j = 0; j < u; j++)
-        copy_rows(s, at(s, out, (size_t)j * s->oh), NHHS, at(s, s->recv, j * blk), s->oh, s->oh, (size_t)B * Tl);
+        copy_rows(s, at(s, out, (size_t)j * s->oh), NHHS, at(s, s->recv, j * blk), s->oh, s->oh,
+                  (size_t)B * Tl);
 }
 
 // The runs of ring slot `slot` within its S tokens: (first token, first position, length); returns how many.
@@ -238,28 +252,65 @@ static void attend(struct kiln_sp *s, const struct kv_block *kv, float *lse, int
         for (int j = 0; j < nk; j++) {
             if (kp[j] > qp[i] + ql[i] - 1)
                 continue; // every key after every query
-            size_t q_el = (size_t)qf[i] * s->wl, k_el = (size_t)kf[j] * kv->stride, o_el = (size_t)qf[i] * s->oh;
+            size_t q_el = (size_t)qf[i] * s->wl, k_el = (size_t)kf[j] * kv->stride,
+                   o_el = (size_t)qf[i] * s->oh;
             if (!backward) {
-                struct kiln_attn_block_args a = {
-                    .out = at(s, s->out_h, o_el), .lse = lse + qf[i], .q = at(s, s->qkv_h, q_el),
-                    .k = at(s, kv->k, k_el), .v = at(s, kv->v, k_el), .B = s->B, .Tq = ql[i], .Tk = kl[j],
-                    .NH = s->nh, .NKV = s->nkv, .HS = s->HS, .q0 = qp[i], .k0 = kp[j],
-                    .q_bstride = (size_t)s->S * s->wl, .kv_bstride = (size_t)s->S * kv->stride,
-                    .out_bstride = (size_t)s->S * s->oh, .lse_stride = (size_t)s->S, .q_stride = s->wl,
-                    .kv_stride = kv->stride, .out_stride = s->oh, .pos = s->pos, .rope_theta = s->theta,
-                    .head0 = s->lo.uly_rank * s->nh, .NH_total = s->NH, .accumulate = started[i]};
+                struct kiln_attn_block_args a = {.out = at(s, s->out_h, o_el),
+                                                 .lse = lse + qf[i],
+                                                 .q = at(s, s->qkv_h, q_el),
+                                                 .k = at(s, kv->k, k_el),
+                                                 .v = at(s, kv->v, k_el),
+                                                 .B = s->B,
+                                                 .Tq = ql[i],
+                                                 .Tk = kl[j],
+                                                 .NH = s->nh,
+                                                 .NKV = s->nkv,
+                                                 .HS = s->HS,
+                                                 .q0 = qp[i],
+                                                 .k0 = kp[j],
+                                                 .q_bstride = (size_t)s->S * s->wl,
+                                                 .kv_bstride = (size_t)s->S * kv->stride,
+                                                 .out_bstride = (size_t)s->S * s->oh,
+                                                 .lse_stride = (size_t)s->S,
+                                                 .q_stride = s->wl,
+                                                 .kv_stride = kv->stride,
+                                                 .out_stride = s->oh,
+                                                 .pos = s->pos,
+                                                 .rope_theta = s->theta,
+                                                 .head0 = s->lo.uly_rank * s->nh,
+                                                 .NH_total = s->NH,
+                                                 .accumulate = started[i]};
                 s->ops->attention_block_forward(s->ctx, &a);
                 started[i] = 1;
             } else {
-                struct kiln_attn_block_back_args a = {
-                    .dq = at(s, s->dqkv_h, q_el), .dk = at(s, kv->dk, k_el), .dv = at(s, kv->dv, k_el),
-                    .dout = at(s, s->dout_h, o_el), .out = at(s, s->out_h, o_el), .lse = lse + qf[i],
-                    .q = at(s, s->qkv_h, q_el), .k = at(s, kv->k, k_el), .v = at(s, kv->v, k_el), .B = s->B,
-                    .Tq = ql[i], .Tk = kl[j], .NH = s->nh, .NKV = s->nkv, .HS = s->HS, .q0 = qp[i], .k0 = kp[j],
-                    .q_bstride = (size_t)s->S * s->wl, .kv_bstride = (size_t)s->S * kv->stride,
-                    .out_bstride = (size_t)s->S * s->oh, .lse_stride = (size_t)s->S, .q_stride = s->wl,
-                    .kv_stride = kv->stride, .out_stride = s->oh, .pos = s->pos, .rope_theta = s->theta,
-                    .head0 = s->lo.uly_rank * s->nh, .NH_total = s->NH};
+                struct kiln_attn_block_back_args a = {.dq = at(s, s->dqkv_h, q_el),
+                                                      .dk = at(s, kv->dk, k_el),
+                                                      .dv = at(s, kv->dv, k_el),
+                                                      .dout = at(s, s->dout_h, o_el),
+                                                      .out = at(s, s->out_h, o_el),
+                                                      .lse = lse + qf[i],
+                                                      .q = at(s, s->qkv_h, q_el),
+                                                      .k = at(s, kv->k, k_el),
+                                                      .v = at(s, kv->v, k_el),
+                                                      .B = s->B,
+                                                      .Tq = ql[i],
+                                                      .Tk = kl[j],
+                                                      .NH = s->nh,
+                                                      .NKV = s->nkv,
+                                                      .HS = s->HS,
+                                                      .q0 = qp[i],
+                                                      .k0 = kp[j],
+                                                      .q_bstride = (size_t)s->S * s->wl,
+                                                      .kv_bstride = (size_t)s->S * kv->stride,
+                                                      .out_bstride = (size_t)s->S * s->oh,
+                                                      .lse_stride = (size_t)s->S,
+                                                      .q_stride = s->wl,
+                                                      .kv_stride = kv->stride,
+                                                      .out_stride = s->oh,
+                                                      .pos = s->pos,
+                                                      .rope_theta = s->theta,
+                                                      .head0 = s->lo.uly_rank * s->nh,
+                                                      .NH_total = s->NH};
                 s->ops->attention_block_backward(s->ctx, &a);
             }
         }
@@ -268,8 +319,12 @@ static void attend(struct kiln_sp *s, const struct kv_block *kv, float *lse, int
 // The k|v block of ring buffer i, which came from slot `slot`
 static struct kv_block ring_block(struct kiln_sp *s, int i, int slot) {
     size_t v_at = (size_t)s->nkv * s->HS;
-    return (struct kv_block){.k = s->kv[i], .v = at(s, s->kv[i], v_at), .dk = s->dkv[i],
-                             .dv = at(s, s->dkv[i], v_at), .stride = s->kvw, .slot = slot};
+    return (struct kv_block){.k = s->kv[i],
+                             .v = at(s, s->kv[i], v_at),
+                             .dk = s->dkv[i],
+                             .dv = at(s, s->dkv[i], v_at),
+                             .stride = s->kvw,
+                             .slot = slot};
 }
 
 static void sp_forward(void *user, int l, const struct kiln_attn_args *a) {
@@ -283,8 +338,10 @@ static void sp_forward(void *user, int l, const struct kiln_attn_args *a) {
     int started[2] = {0, 0};
     if (r == 1) {
         size_t kv_at = (size_t)s->nh * s->HS;
-        struct kv_block own = {.k = at(s, s->qkv_h, kv_at), .v = at(s, s->qkv_h, kv_at + (size_t)s->nkv * s->HS),
-                               .stride = s->wl, .slot = 0};
+        struct kv_block own = {.k = at(s, s->qkv_h, kv_at),
+                               .v = at(s, s->qkv_h, kv_at + (size_t)s->nkv * s->HS),
+                               .stride = s->wl,
+                               .slot = 0};
         attend(s, &own, a->lse, started, 0);
     } else {
         copy_rows(s, s->kv[0], s->kvw, at(s, s->qkv_h, (size_t)s->nh * s->HS), s->wl, s->kvw,
@@ -318,8 +375,11 @@ static void sp_backward(void *user, int l, const struct kiln_attn_back_args *a) 
     float *lse = (float *)a->lse;
     if (r == 1) {
         size_t kv_at = (size_t)s->nh * s->HS, v_at = kv_at + (size_t)s->nkv * s->HS;
-        struct kv_block own = {.k = at(s, s->qkv_h, kv_at), .v = at(s, s->qkv_h, v_at),
-                               .dk = at(s, s->dqkv_h, kv_at), .dv = at(s, s->dqkv_h, v_at), .stride = s->wl,
+        struct kv_block own = {.k = at(s, s->qkv_h, kv_at),
+                               .v = at(s, s->qkv_h, v_at),
+                               .dk = at(s, s->dqkv_h, kv_at),
+                               .dv = at(s, s->dqkv_h, v_at),
+                               .stride = s->wl,
                                .slot = 0};
         attend(s, &own, lse, NULL, 1);
     } else {
@@ -383,18 +443,23 @@ int kiln_sp_create(struct kiln_sp **out, const struct kiln_sp_layout *lo, struct
     // the groups: the same data-parallel index and ring slot (Ulysses), the same Ulysses index (ring)
     if ((lo->ulysses > 1 &&
          kiln_comm_split(world, lo->dp_rank * lo->ring + lo->ring_rank, lo->uly_rank, &s->uly, err)) ||
-        (lo->ring > 1 && kiln_comm_split(world, lo->dp_rank * lo->ulysses + lo->uly_rank, lo->ring_rank,
-                                         &s->ring, err))) {
+        (lo->ring > 1 &&
+         kiln_comm_split(world, lo->dp_rank * lo->ulysses + lo->uly_rank, lo->ring_rank, &s->ring, err))) {
         kiln_sp_free(s);
         return err->code;
     }
     size_t slot = (size_t)B * s->S, fail = 0;
-    void **bufs[] = {&s->qkv_h, &s->dqkv_h, &s->send, &s->recv, &s->out_h, &s->dout_h,
-                     &s->kv[0], &s->kv[1], &s->dkv[0], &s->dkv[1]};
-    size_t elems[] = {slot * s->wl, slot * s->wl, lo->ulysses > 1 ? slot * s->wl : 0,
-                      lo->ulysses > 1 ? slot * s->wl : 0, lo->ulysses > 1 ? slot * s->oh : 0,
-                      lo->ulysses > 1 ? slot * s->oh : 0, lo->ring > 1 ? slot * s->kvw : 0,
-                      lo->ring > 1 ? slot * s->kvw : 0, lo->ring > 1 ? slot * s->kvw : 0,
+    void **bufs[] = {&s->qkv_h,  &s->dqkv_h, &s->send,  &s->recv,   &s->out_h,
+                     &s->dout_h, &s->kv[0],  &s->kv[1], &s->dkv[0], &s->dkv[1]};
+    size_t elems[] = {slot * s->wl,
+                      slot * s->wl,
+                      lo->ulysses > 1 ? slot * s->wl : 0,
+                      lo->ulysses > 1 ? slot * s->wl : 0,
+                      lo->ulysses > 1 ? slot * s->oh : 0,
+                      lo->ulysses > 1 ? slot * s->oh : 0,
+                      lo->ring > 1 ? slot * s->kvw : 0,
+                      lo->ring > 1 ? slot * s->kvw : 0,
+                      lo->ring > 1 ? slot * s->kvw : 0,
                       lo->ring > 1 ? slot * s->kvw : 0};
     for (size_t i = 0; i < sizeof(elems) / sizeof(elems[0]); i++) {
         if (!elems[i])

@@ -488,10 +488,10 @@ struct run {
     double timed_s;
     long timed_tokens;
     int64_t start, last_ckpt_step;
-    double prev_comm_ms; // the host's wait on reductions up to the last step
+    double prev_comm_ms;   // the host's wait on reductions up to the last step
     double prev_offload_s; // the offloaded optimizer's time up to the last step
-    double first_tok_s;  // the first step's rate: all a run of one step has
-    int stall_rank;      // --inject-stall
+    double first_tok_s;    // the first step's rate: all a run of one step has
+    int stall_rank;        // --inject-stall
     int64_t stall_step;
     int lock_fd; // the run directory's lock (kiln_dir_lock), -1 when not held
 };
@@ -691,8 +691,7 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
         if (micro == 0 ||
             (r->dp && kiln_dp_external_grads(r->dp))) // ZeRO-2: fresh gradients every micro-step
             kiln_gpt_zero_grad(r->g);
-        loss +=
-            kiln_gpt_forward(r->g, in, tgt, (float)(1.0 / r->tokens_per_step), cfg->z_loss) / r->accum;
+        loss += kiln_gpt_forward(r->g, in, tgt, (float)(1.0 / r->tokens_per_step), cfg->z_loss) / r->accum;
         kiln_gpt_backward(r->g);
         if (r->dp)
             kiln_dp_after_backward(r->dp);
@@ -754,13 +753,14 @@ static void note_skip(struct run *r, const struct step_log *sl) {
     kiln_progress_note(&r->prog, line);
 }
 
-// --sample-every: a short sample from the model as it trains (rank 0, with the training weights; the KV caches
-// are made for it each time), printed as a progress note on one line.
+// --sample-every: a short sample from the model as it trains (rank 0, with the training weights; the KV
+// caches are made for it each time), printed as a progress note on one line.
 static void sample_note(struct run *r) {
     const struct kiln_config *cfg = r->cfg;
     if (!r->rank0 || !cfg->sample_every || r->st.step % cfg->sample_every)
         return;
-    int maxT = cfg->model.block_size < 256 ? cfg->model.block_size : 256, n = maxT < 64 ? maxT : 64, V = cfg->model.vocab_size;
+    int maxT = cfg->model.block_size < 256 ? cfg->model.block_size : 256, n = maxT < 64 ? maxT : 64,
+        V = cfg->model.vocab_size;
     struct kiln_error err;
     if (kiln_gpt_decode_begin(r->g, 1, maxT, &err)) {
         kiln_progress_note(&r->prog, "sample skipped: no memory for the KV cache");

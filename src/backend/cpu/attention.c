@@ -42,7 +42,7 @@ void kiln_cpu_rope_angles(int t, int HS, float theta, float *cos_out, float *sin
 
 // Rotates the pairs (x[i], x[i + HS/2]) by the angles (inverse: by minus the angles, the transpose, which
 // maps a gradient in the rotated frame back to the input frame).
-static void rope_apply(float *x, int HS, const float *c, const float *s, int inverse) {
+void kiln_cpu_rope_apply(float *x, int HS, const float *c, const float *s, int inverse) {
     int half = HS / 2;
     for (int i = 0; i < half; i++) {
         float x1 = x[i], x2 = x[i + half];
@@ -84,8 +84,8 @@ static const float *rotated_qkv(void *ctx, const float *qkv, int *rs, int B, int
     for (int bt = 0; bt < B * T; bt++) {
         int t = bt % T;
         for (int h = 0; h < NH + NKV; h++)
-            rope_apply(r + (size_t)bt * W + h * HS, HS, cs + (size_t)t * (HS / 2), sn + (size_t)t * (HS / 2),
-                       0);
+            kiln_cpu_rope_apply(r + (size_t)bt * W + h * HS, HS, cs + (size_t)t * (HS / 2),
+                                sn + (size_t)t * (HS / 2), 0);
     }
     free(cs);
     free(sn);
@@ -240,8 +240,8 @@ void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a)
         for (int bt = 0; bt < B * T; bt++) {
             int t = bt % T;
             for (int h = 0; h < NH + NKV; h++)
-                rope_apply(dqkv + (size_t)bt * DW + h * HS, HS, cs + (size_t)t * (HS / 2),
-                           sn + (size_t)t * (HS / 2), 1);
+                kiln_cpu_rope_apply(dqkv + (size_t)bt * DW + h * HS, HS, cs + (size_t)t * (HS / 2),
+                                    sn + (size_t)t * (HS / 2), 1);
         }
         free(cs);
         free(sn);
@@ -269,7 +269,7 @@ void kiln_cpu_attention_decode(void *ctx, const struct kiln_attn_decode_args *a)
         memcpy(vc, qkv + (size_t)b * W + (NH + NKV) * HS, KW * sizeof(float));
         if (rope)
             for (int h = 0; h < NKV; h++)
-                rope_apply(kc + h * HS, HS, cs, sn, 0);
+                kiln_cpu_rope_apply(kc + h * HS, HS, cs, sn, 0);
     }
 #pragma omp parallel num_threads(kiln_cpu_threads(ctx)) if (KILN_CPU_PAR((double)B * NH * (pos + 1) * HS))
     {
@@ -281,7 +281,7 @@ void kiln_cpu_attention_decode(void *ctx, const struct kiln_attn_decode_args *a)
             int h = task % NH, b = task / NH, kvh = h / group;
             memcpy(q, qkv + (size_t)b * W + h * HS, HS * sizeof(float));
             if (rope)
-                rope_apply(q, HS, cs, sn, 0);
+                kiln_cpu_rope_apply(q, HS, cs, sn, 0);
             float slope = a->pos_kind == KILN_POS_ALIBI ? kiln_cpu_alibi_slope(h, NH) : 0.0f;
             attend_row(q, kcache + (size_t)b * maxT * KW + kvh * HS,
                        vcache + (size_t)b * maxT * KW + kvh * HS, KW, pos, HS, scale, slope, scores,

@@ -16,18 +16,6 @@
 
 // ---- positions -----------------------------------------------------------------------------------------
 
-// Rotates the pairs (x[i], x[i + HS/2]) by the angles (inverse: by minus the angles, the transpose, which
-// maps a gradient in the rotated frame back to the input frame). As attention.c's.
-static void rope_rotate(float *x, int HS, const float *c, const float *s, int inverse) {
-    int half = HS / 2;
-    for (int i = 0; i < half; i++) {
-        float x1 = x[i], x2 = x[i + half];
-        float sn = inverse ? -s[i] : s[i];
-        x[i] = x1 * c[i] - x2 * sn;
-        x[i + half] = x2 * c[i] + x1 * sn;
-    }
-}
-
 // (n, HS/2) tables of cos and sin for positions p0 .. p0 + n - 1.
 struct rope_table {
     float *cos, *sin;
@@ -75,7 +63,8 @@ static struct rows rotated_rows(void *ctx, struct rows x, int B, int n, int nhea
         float *dst = r + (size_t)bi * W;
         memcpy(dst, row_at(x, b, i), (size_t)W * sizeof(float));
         for (int h = 0; h < nheads; h++)
-            rope_rotate(dst + h * HS, HS, rt.cos + (size_t)i * (HS / 2), rt.sin + (size_t)i * (HS / 2), 0);
+            kiln_cpu_rope_apply(dst + h * HS, HS, rt.cos + (size_t)i * (HS / 2),
+                                rt.sin + (size_t)i * (HS / 2), 0);
     }
     rope_table_free(&rt);
     *owned = r;
@@ -289,7 +278,7 @@ void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_b
                     acc[c] += ds * kj[c];
             }
             if (rope)
-                rope_rotate(acc, HS, rq.cos + (size_t)i * (HS / 2), rq.sin + (size_t)i * (HS / 2), 1);
+                kiln_cpu_rope_apply(acc, HS, rq.cos + (size_t)i * (HS / 2), rq.sin + (size_t)i * (HS / 2), 1);
             float *dqi = dq + (size_t)b * a->q_bstride + (size_t)i * a->q_stride + h * HS;
             for (int c = 0; c < HS; c++)
                 dqi[c] += acc[c];
@@ -322,7 +311,8 @@ void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_b
                 }
             }
             if (rope)
-                rope_rotate(dk_acc, HS, rk.cos + (size_t)j * (HS / 2), rk.sin + (size_t)j * (HS / 2), 1);
+                kiln_cpu_rope_apply(dk_acc, HS, rk.cos + (size_t)j * (HS / 2), rk.sin + (size_t)j * (HS / 2),
+                                    1);
             size_t off = (size_t)b * a->kv_bstride + (size_t)j * a->kv_stride + kvh * HS;
             for (int c = 0; c < HS; c++) {
                 dk[off + c] += dk_acc[c];

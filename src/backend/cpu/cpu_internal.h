@@ -74,6 +74,9 @@ void kiln_cpu_attention_block_forward(void *ctx, const struct kiln_attn_block_ar
 void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_back_args *a);
 // cos/sin of the RoPE angles at position t (HS/2 each), computed once for every op that rotates
 void kiln_cpu_rope_angles(int t, int HS, float theta, float *cos_out, float *sin_out);
+// Rotates the pairs (x[i], x[i + HS/2]) by those angles (inverse: by minus them, mapping a gradient in the
+// rotated frame back)
+void kiln_cpu_rope_apply(float *x, int HS, const float *c, const float *s, int inverse);
 void kiln_cpu_swiglu_forward(void *ctx, const struct kiln_swiglu_args *a);
 void kiln_cpu_swiglu_backward(void *ctx, const struct kiln_swiglu_back_args *a);
 void kiln_cpu_gelu_forward(void *ctx, const struct kiln_gelu_args *a);
