@@ -8,6 +8,7 @@
 #include "model/gpt.h"
 #include "dist/comm.h"
 #include "train/dp.h"
+#include "train/sp.h"
 #include "train/embedded.h"
 #include "train/tuning.h"
 
@@ -29,22 +30,28 @@ static void print_plan(const char *label, const struct kiln_mem_plan *p, int tok
 // Data parallelism's share of rank 0's memory (the ranks' differ by an element a bucket at most): what the
 // model holds under --zero/--offload, and what dp.c adds. The sharded state is what falls as 1/N.
 static void print_rank_plan(const char *label, const struct kiln_config *cfg, const struct kiln_param_table *pt,
-                            int world, enum kiln_dtype act, enum kiln_dtype grad, int alias) {
+                            int world, const struct kiln_sp_layout *sp, enum kiln_dtype act, enum kiln_dtype grad,
+                            int alias) {
     struct kiln_dp_opts o = {.zero = cfg->zero,
                              .bucket_mb = cfg->bucket_mb,
                              .prefetch = cfg->prefetch,
                              .offload = cfg->offload == KILN_OFFLOAD_OPTIMIZER};
     kiln_dp_tuning_from_env(&o);
-    struct kiln_gpt_opts go = {.B = cfg->batch_size, .T = cfg->seq_len, .recompute = cfg->recompute, .training = 1};
+    struct kiln_gpt_opts go = {.B = cfg->batch_size, .T = sp->T_local, .recompute = cfg->recompute, .training = 1};
     kiln_gpt_tuning_from_env(&go);
     struct kiln_dp_mem dm;
     kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &dm);
     struct kiln_mem_plan p;
     kiln_gpt_plan(&cfg->model, &go, act, grad, alias, &p);
     size_t state = p.params_bytes + p.weights_bytes + p.grads_bytes + p.optim_bytes + dm.grad_shard;
-    size_t total = p.total_bytes + dm.staging + dm.grad_shard + dm.gathered;
+    size_t sp_bytes = kiln_sp_buffer_bytes(sp, &cfg->model, cfg->batch_size, act);
+    size_t total = p.total_bytes + dm.staging + dm.grad_shard + dm.gathered + sp_bytes;
     printf("per rank (%s; zero %d, %d ranks%s):\n", label, cfg->zero, world,
            o.offload ? ", optimizer offloaded" : "");
+    if (sp->sp > 1)
+        printf("  sequence parallelism: sp %d (%d Ulysses x %d ring) x dp %d, %d of %d tokens a rank, buffers %.3f "
+               "GiB\n",
+               sp->sp, sp->ulysses, sp->ring, sp->dp, sp->T_local, sp->T, sp_bytes / GIB);
     printf("  sharded state: %zu bytes (%.3f GiB: master %.3f, compute copy %.3f, gradients %.3f, moments %.3f)\n",
            state, state / GIB, p.params_bytes / GIB, p.weights_bytes / GIB, (p.grads_bytes + dm.grad_shard) / GIB,
            p.optim_bytes / GIB);
@@ -101,7 +108,9 @@ int cmd_info(int argc, char **argv) {
         cfg.model.vocab_size = kiln_tokenizer_vocab_size(t);
         kiln_tokenizer_free(t);
     }
-    if (kiln_config_validate(&cfg, &err))
+    // the plan is rank 0's (hybrid's default Ulysses group: every rank, as on one node)
+    struct kiln_sp_layout sp;
+    if (kiln_config_validate(&cfg, &err) || kiln_sp_plan(&cfg, world, 0, world, &sp, &err))
         return kiln_error_print(&err);
 
     kiln_config_write(&cfg, stdout);
@@ -133,8 +142,8 @@ int cmd_info(int argc, char **argv) {
                &plan, go.B * go.T);
     if (world > 1 || cfg.zero || cfg.offload) {
         printf("\n");
-        print_rank_plan("cpu", &cfg, &pt, world, KILN_F32, kiln_config_grad_dtype(&cfg, 0), 1);
-        print_rank_plan("cuda", &cfg, &pt, world, KILN_BF16, grad, 0);
+        print_rank_plan("cpu", &cfg, &pt, world, &sp, KILN_F32, kiln_config_grad_dtype(&cfg, 0), 1);
+        print_rank_plan("cuda", &cfg, &pt, world, &sp, KILN_BF16, grad, 0);
     }
     kiln_params_free(&pt);
     printf("\n");

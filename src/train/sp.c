@@ -403,6 +403,32 @@ static void sp_backward(void *user, int l, const struct kiln_attn_back_args *a) 
     dqkv_from_heads(s, a->dqkv, ds);
 }
 
+// The buffers kiln_sp_create allocates, in elements of the act dtype: the slot's head-sharded qkv and its
+// gradient; with Ulysses the all-to-all staging and the head-sharded output and its gradient; with a ring two
+// k|v blocks and two of their gradients.
+#define SP_BUFS 10
+static void buffer_elems(const struct kiln_sp_layout *lo, const struct kiln_model_config *m, int B,
+                         size_t e[SP_BUFS]) {
+    size_t HS = (size_t)(m->n_embd / m->n_head), nh = (size_t)m->n_head / lo->ulysses,
+           nkv = (size_t)kiln_model_kv_heads(m) / lo->ulysses, slot = (size_t)B * lo->T_local * lo->ulysses;
+    size_t wl = (nh + 2 * nkv) * HS, uly = lo->ulysses > 1, ring = lo->ring > 1;
+    size_t sizes[SP_BUFS] = {slot * wl,          slot * wl,         uly * slot * wl,      uly * slot * wl,
+                             uly * slot * nh * HS, uly * slot * nh * HS, ring * slot * 2 * nkv * HS,
+                             ring * slot * 2 * nkv * HS, ring * slot * 2 * nkv * HS, ring * slot * 2 * nkv * HS};
+    memcpy(e, sizes, sizeof(sizes));
+}
+
+size_t kiln_sp_buffer_bytes(const struct kiln_sp_layout *lo, const struct kiln_model_config *m, int B,
+                            enum kiln_dtype act) {
+    if (lo->sp <= 1)
+        return 0;
+    size_t e[SP_BUFS], n = 0;
+    buffer_elems(lo, m, B, e);
+    for (int i = 0; i < SP_BUFS; i++)
+        n += e[i];
+    return n * kiln_dtype_bytes(act);
+}
+
 void kiln_sp_free(struct kiln_sp *s) {
     if (!s)
         return;
@@ -448,19 +474,10 @@ int kiln_sp_create(struct kiln_sp **out, const struct kiln_sp_layout *lo, struct
         kiln_sp_free(s);
         return err->code;
     }
-    size_t slot = (size_t)B * s->S, fail = 0;
-    void **bufs[] = {&s->qkv_h,  &s->dqkv_h, &s->send,  &s->recv,   &s->out_h,
-                     &s->dout_h, &s->kv[0],  &s->kv[1], &s->dkv[0], &s->dkv[1]};
-    size_t elems[] = {slot * s->wl,
-                      slot * s->wl,
-                      lo->ulysses > 1 ? slot * s->wl : 0,
-                      lo->ulysses > 1 ? slot * s->wl : 0,
-                      lo->ulysses > 1 ? slot * s->oh : 0,
-                      lo->ulysses > 1 ? slot * s->oh : 0,
-                      lo->ring > 1 ? slot * s->kvw : 0,
-                      lo->ring > 1 ? slot * s->kvw : 0,
-                      lo->ring > 1 ? slot * s->kvw : 0,
-                      lo->ring > 1 ? slot * s->kvw : 0};
+    size_t elems[SP_BUFS], fail = 0;
+    buffer_elems(lo, m, B, elems);
+    void **bufs[SP_BUFS] = {&s->qkv_h,  &s->dqkv_h, &s->send,  &s->recv,   &s->out_h,
+                            &s->dout_h, &s->kv[0],  &s->kv[1], &s->dkv[0], &s->dkv[1]};
     for (size_t i = 0; i < sizeof(elems) / sizeof(elems[0]); i++) {
         if (!elems[i])
             continue;

@@ -16,7 +16,10 @@
 #ifndef KILN_TRAIN_SP_H
 #define KILN_TRAIN_SP_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "model/ops.h"
 
 #include "model/config.h"
 #include "util/error.h"
@@ -44,6 +47,10 @@ int kiln_sp_plan(const struct kiln_config *cfg, int world, int rank, int local_w
 
 // This rank's columns of a (B, T) batch: (B, T_local), the layout's runs of positions.
 void kiln_sp_slice(const struct kiln_sp_layout *lo, const int32_t *full, int B, int32_t *local);
+
+// The bytes of backend memory kiln_sp_create allocates for B sequences (0 without sequence parallelism)
+size_t kiln_sp_buffer_bytes(const struct kiln_sp_layout *lo, const struct kiln_model_config *m, int B,
+                            enum kiln_dtype act);
 
 struct kiln_sp;
 // Splits the Ulysses and ring communicators off world (collective over world), allocates the buffers for B

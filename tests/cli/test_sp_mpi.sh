@@ -3,7 +3,8 @@
 # ranks follow the single-process run (loss, gradient norm and validation loss at every step, final weights)
 # for learned positions, RoPE and ALiBi, GQA, sequential and parallel blocks; sp x dp with DDP and ZeRO-3
 # and gradient accumulation; a rank whose tokens are two runs of positions (hybrid, 3 Ulysses ranks); a
-# checkpoint resumed under another layout and world size; bad combinations fail with one line.
+# checkpoint resumed under another layout and world size; the peak memory within 10% of kiln info's plan, and
+# falling with sp; bad combinations fail with one line.
 source "$(dirname "$0")/lib.sh" sp_mpi "$@"
 if ! command -v mpirun >/dev/null; then
   echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
@@ -87,6 +88,25 @@ for resume in "4 --sp=2 --sp-mode=ulysses" "1 --sp=1"; do
   same_steps "$T/rs_single" "$T/rs" 2e-5 && same_run "$T/rs_single" "$T/rs" 2e-5 && ok ||
     bad "a ring checkpoint resumed with ${resume#* } on ${resume%% *} rank(s) left the single-process run"
 done
+
+# ---- memory: the measured peak against kiln info's per-rank plan; activations fall with sp ----
+peak() { tail -1 "$1/metrics.jsonl" | grep -o '"peak_mem_bytes":[0-9]*' | cut -d: -f2; }
+mem=(--layers=2 --heads=4 --dim=32 --seq=1024 --batch=1 --max-steps=1 --eval-every=0 --threads=1 --quiet
+  --pos=rope --block-size=1024)
+for sp in "2 ring" "4 ulysses" "4 ring"; do
+  n=${sp%% *}
+  "${MPI[@]}" -np "$n" "$KILN" train "${mem[@]}" --sp="$n" --sp-mode="${sp#* }" --out="$T/mem$n${sp#* }" \
+    2>"$T/err" || bad "memory run sp $sp: $(tail -2 "$T/err")"
+  p=$("$KILN" info "${mem[@]}" --world="$n" --sp="$n" --sp-mode="${sp#* }" | grep -o 'per rank: [0-9]* bytes' |
+    head -1 | grep -o '[0-9]*')
+  m=$(peak "$T/mem$n${sp#* }")
+  echo "sp $sp: peak $m bytes, plan $p"
+  if [ -n "$p" ] && [ -n "$m" ] && [ $((m * 10)) -le $((p * 11)) ] && [ $((m * 10)) -ge $((p * 9)) ]; then ok; else
+    bad "sp $sp: measured peak ${m:-?} bytes is not within 10% of kiln info's plan ${p:-?}"
+  fi
+done
+[ "$(peak "$T/mem4ring")" -lt "$(peak "$T/mem2ring")" ] && ok ||
+  bad "a ring of 4 holds no less than a ring of 2: $(peak "$T/mem4ring") vs $(peak "$T/mem2ring") bytes"
 
 # ---- bad combinations: one line each, before any training ----
 # expect_error NP WANT ARGS...: a failed job, and an error line matching WANT (a grep -E pattern; mpirun prefixes
