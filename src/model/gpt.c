@@ -116,6 +116,7 @@ struct kiln_gpt {
     struct acts a;
     void *arena;         // the scratch buffers of a point into it
     int classifier_rows; // rows per classifier chunk
+    int mlp_rows;        // rows per MLP chunk (mlp_rows_for; N: one chunk)
     int32_t *tokens_host; // (N) last inputs, for the embedding backward
     float *losses_host;
     int has_grad_forward; // the last forward ran the classifier backward
@@ -188,14 +189,32 @@ static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t fr
     return (int)((N + chunks - 1) / chunks);
 }
 
+// Rows per MLP chunk. Where the backward recomputes the MLP anyway (--recompute=block or mlp, training), the
+// MLP runs over the tokens in chunks, forward and backward, so that its hidden activations (N x 4C, the
+// largest per-layer buffers at long T: 8 GiB at the 1.3B shape and 512k tokens) and their gradients exist
+// for one chunk at a time: chunks of at most 1 GiB of hidden activations, spread evenly. Every token's
+// result is the same; the weight gradients are summed chunk by chunk. N (one chunk) otherwise.
+static int mlp_rows_for(const struct dims *d, const struct kiln_gpt_opts *o, size_t act_bytes) {
+    int recomputed = o->training && (o->recompute == KILN_RECOMPUTE_BLOCK || o->recompute == KILN_RECOMPUTE_MLP);
+    if (!recomputed || o->mlp_rows < 0)
+        return d->N;
+    if (o->mlp_rows > 0)
+        return o->mlp_rows < d->N ? o->mlp_rows : d->N;
+    size_t bytes = (size_t)d->N * d->FCO * act_bytes, chunks = (bytes + ((size_t)1 << 30) - 1) >> 30;
+    chunks = chunks ? chunks : 1;
+    return (int)(((size_t)d->N + chunks - 1) / chunks);
+}
+
 static int adjacent(const struct kiln_param_table *pt, int first, int second) {
     return first < 0 || (second >= 0 && pt->p[first].offset + pt->p[first].count == pt->p[second].offset);
 }
 
 static struct fusion fusion_of(const struct kiln_model_config *m, const struct kiln_param_table *pt,
-                               const struct kiln_gpt_opts *o) {
+                               const struct kiln_gpt_opts *o, size_t act_bytes) {
     struct fusion f = {0, 0};
-    if (!m->parallel_block || m->qk_norm || o->no_parallel_fusion)
+    // a chunked MLP runs its own input projection chunk by chunk, apart from attention's
+    struct dims d = dims_of(m, o->B, o->T);
+    if (!m->parallel_block || m->qk_norm || o->no_parallel_fusion || mlp_rows_for(&d, o, act_bytes) < d.N)
         return f;
     for (int l = 0; l < m->n_layer; l++) {
         const int *ix = pt->layer[l];
@@ -288,8 +307,10 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
     if (!training)
         per_layer = mlp_slots = pre_slots = 1;
     size_t N = (size_t)d->N, f = sizeof(float), i = sizeof(int32_t);
+    size_t mrows = (size_t)mlp_rows_for(d, o, ab); // the MLP's buffers hold one chunk
     // a fused forward keeps [qkv | fc_pre] in pre (pre_slots == per_layer then); a fused backward has dpre
-    size_t qkv = N * d->QKV, fc = N * d->FCO, pre = fu->fwd ? qkv + fc : 0, dpre = fu->on ? qkv + fc : 0;
+    size_t qkv = N * d->QKV, fc = mrows * d->FCO, pre = fu->fwd ? qkv + N * d->FCO : 0,
+           dpre = fu->on ? qkv + N * d->FCO : 0;
 #define SET(b, n, s, eb) (a->b = (struct buf){.elems = (n), .slots = (s), .elem_bytes = (eb)})
     SET(x, N * d->C, training ? L + 1 : 2, ab);
     SET(ln1, N * d->C, (rc == KILN_RECOMPUTE_BLOCK || !training) ? 2 : L + 1, ab);
@@ -310,7 +331,7 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
     SET(mean2, N, per_layer, f);
     SET(rstd2, N, per_layer, f);
     SET(fc_pre, pre ? 0 : fc, pre_slots, ab);
-    SET(fc_act, N * d->H, mlp_slots, ab);
+    SET(fc_act, mrows * d->H, mlp_slots, ab);
     SET(ao, N * d->C, 1, ab);
     SET(mo, N * d->C, 1, ab);
     SET(losses, N, 1, f);
@@ -325,7 +346,7 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
         SET(datty, N * d->AO, 1, ab);
         SET(dfc, dpre ? 0 : fc, 1, ab);
         if (d->FCO != d->H)
-            SET(dhid, N * d->H, 1, ab);
+            SET(dhid, mrows * d->H, 1, ab);
     }
     size_t logits_at, end = scratch_layout(a, training, fu->on, &logits_at);
     *rows = classifier_rows_for(d, ab, end - logits_at, o->classifier_rows);
@@ -341,7 +362,7 @@ void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts
     kiln_params_build(&pt, m);
     struct dims d = dims_of(m, o->B, o->T);
     size_t ab = kiln_dtype_bytes(act);
-    struct fusion fu = fusion_of(m, &pt, o);
+    struct fusion fu = fusion_of(m, &pt, o, kiln_dtype_bytes(act));
     struct acts a;
     memset(plan, 0, sizeof(*plan));
     plan->scratch_bytes = acts_layout(&a, &plan->classifier_rows, &d, o, &fu, ab);
@@ -436,11 +457,12 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
     kiln_params_build(&g->pt, m);
     kiln_gpt_plan(m, o, be->act_dtype, be->grad_dtype, be->weights_alias_master, &g->plan);
     struct dims d = dims_of(m, o->B, o->T);
-    g->fuse = fusion_of(m, &g->pt, o);
+    g->fuse = fusion_of(m, &g->pt, o, kiln_dtype_bytes(be->act_dtype));
     g->optim_elems = o->optim_elems ? o->optim_elems : g->pt.total;
     KILN_ASSERT(g->optim_elems <= g->pt.total);
     size_t arena_bytes =
         acts_layout(&g->a, &g->classifier_rows, &d, o, &g->fuse, kiln_dtype_bytes(be->act_dtype));
+    g->mlp_rows = mlp_rows_for(&d, o, kiln_dtype_bytes(be->act_dtype));
     *out = g;
 
     int rc = gpt_alloc(g, (void **)&g->params, g->plan.params_bytes, err);
@@ -705,19 +727,31 @@ static void mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const v
                accumulate);
 }
 
-// the MLP of layer l on input `inp` (N, C): fc_pre, fc_act, and (accumulated into) out
+// the MLP's hidden activation of N rows of `inp` (N, C): fc_pre, and fc_act from it
+static void mlp_hidden(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre,
+                       void *fc_act, int N) {
+    const int *ix = g->pt.layer[l];
+    if (g->cfg.mlp_swiglu) {
+        // F.silu(gate) * up, where [gate | up] = self.c_fc(x)
+        matmul_fwd(g, fc_pre, NULL, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->FCO, KILN_ACT_NONE, 0);
+        mlp_activation(g, d, fc_pre, 0, fc_act, N);
+    } else { // gelu(self.c_fc(x)), the GELU in the GEMM's epilogue
+        matmul_fwd(g, fc_act, fc_pre, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->H, KILN_ACT_GELU, 0);
+    }
+}
+
+// the MLP of layer l on input `inp` (N, C): fc_pre, fc_act, and (accumulated into) out = self.c_proj(fc_act),
+// in chunks of g->mlp_rows rows (fc_pre and fc_act then hold the last chunk's)
 static void mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre, void *fc_act,
                     void *out, int accumulate, int N) {
     const int *ix = g->pt.layer[l];
-    if (g->cfg.mlp_swiglu) {
-        // self.c_proj(F.silu(gate) * up), where [gate | up] = self.c_fc(x)
-        matmul_fwd(g, fc_pre, NULL, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->FCO, KILN_ACT_NONE, 0);
-        mlp_act_fwd(g, d, l, fc_pre, 0, fc_act, out, accumulate, N);
-        return;
+    for (int r0 = 0; r0 < N; r0 += g->mlp_rows) {
+        int n = N - r0 < g->mlp_rows ? N - r0 : g->mlp_rows;
+        size_t at = (size_t)r0 * d->C;
+        mlp_hidden(g, d, l, act_at(g, inp, at), fc_pre, fc_act, n);
+        matmul_fwd(g, act_at(g, out, at), NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], n, d->H, d->C,
+                   KILN_ACT_NONE, accumulate);
     }
-    // self.c_proj(gelu(self.c_fc(x))), the GELU in the first GEMM's epilogue
-    matmul_fwd(g, fc_act, fc_pre, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->H, KILN_ACT_GELU, 0);
-    matmul_fwd(g, out, NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], N, d->H, d->C, KILN_ACT_NONE, accumulate);
 }
 
 // QK-norm: qkv = raw with its q and k slices normalized (v copied as is). N rows of stride QKV.
@@ -810,6 +844,8 @@ static void parallel_fused_fwd(struct kiln_gpt *g, const struct dims *d, int l) 
 static void layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int tail) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
+    // the backward's recompute (no tail) leaves a chunked MLP to mlp_bwd, which recomputes it chunk by chunk
+    int mlp_needed = tail || g->mlp_rows == d->N;
     const void *resid; // what the tail adds the branch output to
     if (g->cfg.parallel_block) {
         // x' = x + attn(ln1) + mlp(ln1): the MLP output accumulates onto the attention output
@@ -817,8 +853,9 @@ static void layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int t
             parallel_fused_fwd(g, d, l);
         } else {
             attn_fwd(g, d, l);
-            mlp_fwd(g, d, l, buf_at(&a->ln1, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->ao.p, 1,
-                    d->N);
+            if (mlp_needed)
+                mlp_fwd(g, d, l, buf_at(&a->ln1, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->ao.p, 1,
+                        d->N);
         }
         resid = buf_at(&a->x, l);
     } else {
@@ -826,7 +863,9 @@ static void layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int t
         // h = x + attn(ln1(x)), normalized as ln2
         norm_fwd(g, buf_at(&a->ln2, l), buf_at(&a->mean2, l), buf_at(&a->rstd2, l), buf_at(&a->mid, l),
                  buf_at(&a->x, l), a->ao.p, ix[KILN_LN2_W], ix[KILN_LN2_B], d->N);
-        mlp_fwd(g, d, l, buf_at(&a->ln2, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0, d->N);
+        if (mlp_needed)
+            mlp_fwd(g, d, l, buf_at(&a->ln2, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0,
+                    d->N);
         resid = buf_at(&a->mid, l);
     }
     if (!tail)
@@ -938,32 +977,44 @@ static void matmul_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const v
 // Backward of mlp_act_fwd, given dout = dL/d(mlp output): dfc = dL/d(fc_pre), rows dfc_stride apart (fc_pre's
 // pre_stride; 0 = FCO). The projection bias's gradient comes from the norm backward that left dout (norm_bwd).
 static void mlp_act_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, const void *fc_pre,
-                        int pre_stride, void *dfc, int dfc_stride) {
+                        int pre_stride, const void *fc_act, void *dfc, int dfc_stride, int N) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
-    const void *fc_act = buf_at(&a->fc_act, l);
     if (g->cfg.mlp_swiglu) {
-        matmul_bwd(g, a->dhid.p, dout, fc_act, ix[KILN_MLPO_W], -1, d->N, d->H, d->C, NULL, 0);
-        struct kiln_swiglu_back_args s = {.dinp = dfc, .dout = a->dhid.p, .inp = fc_pre, .N = d->N, .H = d->H,
+        matmul_bwd(g, a->dhid.p, dout, fc_act, ix[KILN_MLPO_W], -1, N, d->H, d->C, NULL, 0);
+        struct kiln_swiglu_back_args s = {.dinp = dfc, .dout = a->dhid.p, .inp = fc_pre, .N = N, .H = d->H,
                                           .inp_stride = pre_stride, .dinp_stride = dfc_stride};
         g->ops->swiglu_backward(g->ctx, &s);
     } else {
         // dfc = (dout @ W_proj) * gelu'(fc_pre), fused into the projection's backward
         struct kiln_matmul_back_args m = {.dinp = dfc, .dweight = G(g, ix[KILN_MLPO_W]), .dout = dout, .inp = fc_act,
-                                          .weight = W(g, ix[KILN_MLPO_W]), .dinp_gelu_pre = fc_pre, .N = d->N,
+                                          .weight = W(g, ix[KILN_MLPO_W]), .dinp_gelu_pre = fc_pre, .N = N,
                                           .IC = d->H, .OC = d->C, .grad_assign = g->grads_fresh,
                                           .dinp_stride = dfc_stride, .gelu_pre_stride = pre_stride};
         g->ops->matmul_backward(g->ctx, &m);
     }
 }
 
-// Backward of the MLP of layer l, given dout = dL/d(mlp output); writes dL/d(mlp input) into dinp.
+// Backward of the MLP of layer l, given dout = dL/d(mlp output); writes dL/d(mlp input) into dinp. A chunked
+// MLP (g->mlp_rows < N) recomputes each chunk's hidden activation first (the recompute left it out), and its
+// weights' gradients add up over the chunks.
 static void mlp_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, const void *dout, void *dinp,
                     int dinp_accumulate) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
-    mlp_act_bwd(g, d, l, dout, buf_at(&a->fc_pre, l), 0, a->dfc.p, 0);
-    matmul_bwd(g, dinp, a->dfc.p, inp, ix[KILN_FC_W], ix[KILN_FC_B], d->N, d->C, d->FCO, NULL, dinp_accumulate);
+    int fresh = g->grads_fresh, chunked = g->mlp_rows < d->N;
+    for (int r0 = 0; r0 < d->N; r0 += g->mlp_rows) {
+        int n = d->N - r0 < g->mlp_rows ? d->N - r0 : g->mlp_rows;
+        size_t at = (size_t)r0 * d->C;
+        void *fc_pre = buf_at(&a->fc_pre, l), *fc_act = buf_at(&a->fc_act, l);
+        if (chunked)
+            mlp_hidden(g, d, l, act_at(g, inp, at), fc_pre, fc_act, n);
+        mlp_act_bwd(g, d, l, act_at(g, dout, at), fc_pre, 0, fc_act, a->dfc.p, 0, n);
+        matmul_bwd(g, act_at(g, dinp, at), a->dfc.p, act_at(g, inp, at), ix[KILN_FC_W], ix[KILN_FC_B], n, d->C,
+                   d->FCO, NULL, dinp_accumulate);
+        g->grads_fresh = 0; // the next chunks add to what this one wrote
+    }
+    g->grads_fresh = fresh;
 }
 
 // Backward of attn_core_fwd, given dout = dL/d(ao): dqkv (rows dqkv_stride apart) from qkv (rows qkv_stride
@@ -1012,7 +1063,7 @@ static void parallel_fused_bwd(struct kiln_gpt *g, const struct dims *d, int l, 
     int S = d->QKV + d->FCO, ks = g->fuse.fwd ? S : 0;
     const void *qkv = ks ? buf_at(&a->pre, l) : buf_at(&a->qkv, l);
     const void *fc_pre = ks ? act_at(g, qkv, (size_t)d->QKV) : buf_at(&a->fc_pre, l);
-    mlp_act_bwd(g, d, l, dout, fc_pre, ks, act_at(g, a->dpre.p, (size_t)d->QKV), S);
+    mlp_act_bwd(g, d, l, dout, fc_pre, ks, buf_at(&a->fc_act, l), act_at(g, a->dpre.p, (size_t)d->QKV), S, d->N);
     attn_core_bwd(g, d, l, dout, qkv, ks, a->dpre.p, S);
     matmul_bwd(g, dinp, a->dpre.p, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, S, NULL,
                0);
@@ -1025,7 +1076,7 @@ static void recompute_layer(struct kiln_gpt *g, const struct dims *d, int l) {
         norm_fwd(g, buf_at(&a->ln1, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), NULL, buf_at(&a->x, l), NULL,
                  g->pt.layer[l][KILN_LN1_W], g->pt.layer[l][KILN_LN1_B], d->N);
         layer_forward(g, d, l, 0);
-    } else if (g->opts.recompute == KILN_RECOMPUTE_MLP) {
+    } else if (g->opts.recompute == KILN_RECOMPUTE_MLP && g->mlp_rows == d->N) { // chunked: in mlp_bwd
         const void *inp = g->cfg.parallel_block ? buf_at(&a->ln1, l) : buf_at(&a->ln2, l);
         mlp_fwd(g, d, l, inp, buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0, d->N);
     } else if (g->opts.recompute == KILN_RECOMPUTE_ACT) {

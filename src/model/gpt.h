@@ -29,8 +29,12 @@ struct kiln_gpt_opts {
     size_t optim_elems;           // AdamW moments to hold, each of m and v (0: one per parameter element, the
                                   // table's total). A ZeRO rank holds its shard's only (kiln_gpt_adamw_spans)
     // Tuning knobs for tests and measurements (0 = the default). model/ reads no environment: train/'s
-    // kiln_gpt_tuning_from_env maps KILN_CLASSIFIER_ROWS, KILN_PARALLEL_FUSED=0 and KILN_SCRATCH_SHARED=0 here.
+    // kiln_gpt_tuning_from_env maps KILN_CLASSIFIER_ROWS, KILN_MLP_ROWS, KILN_PARALLEL_FUSED=0 and
+    // KILN_SCRATCH_SHARED=0 here.
     int classifier_rows;          // rows per LM-head chunk (0: planned from the free scratch)
+    int mlp_rows;                 // rows per MLP chunk (0: planned: chunks of at most 1 GiB of hidden
+                                  // activations, with --recompute=block or mlp, where the MLP is recomputed in
+                                  // the backward chunk by chunk; -1: never chunked)
     int no_parallel_fusion;       // parallel blocks run two input GEMMs instead of one
     int scratch_apart;            // every scratch buffer in a range of its own
     int external_grads;           // allocate no gradient buffer: every segment's gradients are written where

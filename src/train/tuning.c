@@ -8,8 +8,9 @@
 
 void kiln_gpt_tuning_from_env(struct kiln_gpt_opts *o) {
     const char *rows = getenv("KILN_CLASSIFIER_ROWS"), *fused = getenv("KILN_PARALLEL_FUSED"),
-               *shared = getenv("KILN_SCRATCH_SHARED");
+               *shared = getenv("KILN_SCRATCH_SHARED"), *mlp = getenv("KILN_MLP_ROWS");
     o->classifier_rows = rows ? atoi(rows) : 0;
+    o->mlp_rows = mlp ? atoi(mlp) : 0;
     o->no_parallel_fusion = fused && strcmp(fused, "0") == 0;
     o->scratch_apart = shared && strcmp(shared, "0") == 0;
 }
