@@ -25,19 +25,25 @@ static void print_plan(const char *label, const struct kiln_mem_plan *p, int tok
            p->scratch_bytes / GIB, (tokens + p->classifier_rows - 1) / p->classifier_rows,
            p->classifier_rows);
     printf("  total                    %9.3f GiB\n", p->total_bytes / GIB);
+    if (p->host_bytes)
+        printf("  host memory (offloaded activations) %9.3f GiB\n", p->host_bytes / GIB);
 }
 
 // Data parallelism's share of rank 0's memory (the ranks' differ by an element a bucket at most): what the
 // model holds under --zero/--offload, and what dp.c adds. The sharded state is what falls as 1/N.
-static void print_rank_plan(const char *label, const struct kiln_config *cfg, const struct kiln_param_table *pt,
-                            int world, const struct kiln_sp_layout *sp, enum kiln_dtype act, enum kiln_dtype grad,
-                            int alias) {
+static void print_rank_plan(const char *label, const struct kiln_config *cfg,
+                            const struct kiln_param_table *pt, int world, const struct kiln_sp_layout *sp,
+                            enum kiln_dtype act, enum kiln_dtype grad, int alias) {
     struct kiln_dp_opts o = {.zero = cfg->zero,
                              .bucket_mb = cfg->bucket_mb,
                              .prefetch = cfg->prefetch,
-                             .offload = cfg->offload == KILN_OFFLOAD_OPTIMIZER};
+                             .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0};
     kiln_dp_tuning_from_env(&o);
-    struct kiln_gpt_opts go = {.B = cfg->batch_size, .T = sp->T_local, .recompute = cfg->recompute, .training = 1};
+    struct kiln_gpt_opts go = {.B = cfg->batch_size,
+                               .T = sp->T_local,
+                               .recompute = cfg->recompute,
+                               .training = 1,
+                               .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
     kiln_gpt_tuning_from_env(&go);
     struct kiln_dp_mem dm;
     kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &dm);
@@ -49,12 +55,14 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg, co
     printf("per rank (%s; zero %d, %d ranks%s):\n", label, cfg->zero, world,
            o.offload ? ", optimizer offloaded" : "");
     if (sp->sp > 1)
-        printf("  sequence parallelism: sp %d (%d Ulysses x %d ring) x dp %d, %d of %d tokens a rank, buffers %.3f "
+        printf("  sequence parallelism: sp %d (%d Ulysses x %d ring) x dp %d, %d of %d tokens a rank, "
+               "buffers %.3f "
                "GiB\n",
                sp->sp, sp->ulysses, sp->ring, sp->dp, sp->T_local, sp->T, sp_bytes / GIB);
-    printf("  sharded state: %zu bytes (%.3f GiB: master %.3f, compute copy %.3f, gradients %.3f, moments %.3f)\n",
-           state, state / GIB, p.params_bytes / GIB, p.weights_bytes / GIB, (p.grads_bytes + dm.grad_shard) / GIB,
-           p.optim_bytes / GIB);
+    printf("  sharded state: %zu bytes (%.3f GiB: master %.3f, compute copy %.3f, gradients %.3f, moments "
+           "%.3f)\n",
+           state, state / GIB, p.params_bytes / GIB, p.weights_bytes / GIB,
+           (p.grads_bytes + dm.grad_shard) / GIB, p.optim_bytes / GIB);
     printf("  gradient staging %.3f GiB, gathered weights %.3f GiB, activations %.3f GiB\n", dm.staging / GIB,
            dm.gathered / GIB, p.acts_bytes / GIB);
     if (o.offload)
@@ -74,8 +82,9 @@ static int take_world(int *argc, char **argv, int *world, struct kiln_error *err
         char *end;
         long w = strtol(argv[i] + 8, &end, 10);
         if (end == argv[i] + 8 || *end || w < 1 || w > 1 << 20)
-            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for world (--world): allowed range is 1 to %d",
-                               argv[i] + 8, 1 << 20);
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "bad value '%s' for world (--world): allowed range is 1 to %d", argv[i] + 8,
+                               1 << 20);
         *world = (int)w;
     }
     *argc = k;
@@ -117,17 +126,22 @@ int cmd_info(int argc, char **argv) {
     struct kiln_param_table pt;
     kiln_params_build(&pt, &cfg.model);
     const struct kiln_model_config *m = &cfg.model;
-    printf("\nmodel: %d layers, %d heads (%d kv), dim %d, head size %d, mlp hidden %d, vocab %d (padded %d)\n",
-           m->n_layer, m->n_head, kiln_model_kv_heads(m), m->n_embd, kiln_model_head_size(m), kiln_model_mlp_hidden(m),
-           m->vocab_size, kiln_model_padded_vocab(m));
+    printf(
+        "\nmodel: %d layers, %d heads (%d kv), dim %d, head size %d, mlp hidden %d, vocab %d (padded %d)\n",
+        m->n_layer, m->n_head, kiln_model_kv_heads(m), m->n_embd, kiln_model_head_size(m),
+        kiln_model_mlp_hidden(m), m->vocab_size, kiln_model_padded_vocab(m));
     printf("parameters: %zu (%.2fM), %d tensors\n", pt.n_params, pt.n_params / 1e6, pt.n);
     double fpt = kiln_model_flops_per_token(m, pt.n_params, cfg.seq_len, 0);
     double fptc = kiln_model_flops_per_token(m, pt.n_params, cfg.seq_len, 1);
-    printf("FLOPs per token (T=%d): %.4g (6N + 12LHQT, for mfu), %.4g (causal, for mfu_causal)\n", cfg.seq_len, fpt,
-           fptc);
+    printf("FLOPs per token (T=%d): %.4g (6N + 12LHQT, for mfu), %.4g (causal, for mfu_causal)\n",
+           cfg.seq_len, fpt, fptc);
     printf("FLOPs per step: %.4g (B=%d)\n", fpt * cfg.batch_size * cfg.seq_len, cfg.batch_size);
 
-    struct kiln_gpt_opts go = {.B = cfg.batch_size, .T = cfg.seq_len, .recompute = cfg.recompute, .training = 1};
+    struct kiln_gpt_opts go = {.B = cfg.batch_size,
+                               .T = cfg.seq_len,
+                               .recompute = cfg.recompute,
+                               .training = 1,
+                               .offload_activations = (cfg.offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
     struct kiln_mem_plan plan;
     printf("\n");
     kiln_gpt_tuning_from_env(&go);
@@ -140,7 +154,7 @@ int cmd_info(int argc, char **argv) {
     print_plan(grad == KILN_BF16 ? "cuda: bf16 weights, activations and gradients, f32 master and AdamW"
                                  : "cuda: bf16 weights and activations, f32 master, gradients and AdamW",
                &plan, go.B * go.T);
-    if (world > 1 || cfg.zero || cfg.offload) {
+    if (world > 1 || cfg.zero || (cfg.offload & KILN_OFFLOAD_OPTIMIZER)) {
         printf("\n");
         print_rank_plan("cpu", &cfg, &pt, world, &sp, KILN_F32, kiln_config_grad_dtype(&cfg, 0), 1);
         print_rank_plan("cuda", &cfg, &pt, world, &sp, KILN_BF16, grad, 0);

@@ -18,8 +18,8 @@ struct opt {
     const char *name;
     enum opt_type type;
     size_t offset;
-    size_t size;        // OPT_STR: capacity
-    double min, max;    // numeric range (inclusive)
+    size_t size;         // OPT_STR: capacity
+    double min, max;     // numeric range (inclusive)
     const char *choices; // OPT_ENUM: space-separated names, index = value
     const char *help;
 };
@@ -45,9 +45,11 @@ static const struct opt OPTS[] = {
     {"mlp-hidden", OPT_INT, M(mlp_hidden), 0, 1 << 20, NULL, "MLP hidden size (0 = 4C, or 8C/3 for SwiGLU)"},
     {"block", OPT_ENUM, M(parallel_block), 0, 0, "sequential parallel", "block layout"},
     {"tie-embeddings", OPT_BOOL, M(tie_embeddings), 0, 1, NULL, "LM head shares the token embedding"},
-    {"qk-norm", OPT_BOOL, M(qk_norm), 0, 1, NULL, "normalize each token's queries and keys (OLMo-2's QK-norm)"},
+    {"qk-norm", OPT_BOOL, M(qk_norm), 0, 1, NULL,
+     "normalize each token's queries and keys (OLMo-2's QK-norm)"},
     // data
-    {"data", OPT_STR, OFF(data), 0, 0, NULL, "training shards (glob); empty = embedded Tiny Shakespeare; random = random tokens"},
+    {"data", OPT_STR, OFF(data), 0, 0, NULL,
+     "training shards (glob); empty = embedded Tiny Shakespeare; random = random tokens"},
     {"val-data", OPT_STR, OFF(val_data), 0, 0, NULL, "validation shards (glob)"},
     {"tokenizer", OPT_ENUM, OFF(tokenizer), 0, 0, "char gpt2", "tokenizer"},
     {"val-fraction", OPT_FLOAT, OFF(val_fraction), 0.001, 0.5, NULL, "held-out tail of a single text source"},
@@ -72,10 +74,12 @@ static const struct opt OPTS[] = {
      "round the bf16 weight copy stochastically (CUDA; the CPU keeps f32 weights)"},
     {"z-loss", OPT_FLOAT, OFF(z_loss), 0, 1, NULL, "z-loss coefficient on the logits' log-sum-exp"},
     // evaluation, logging
-    {"eval-every", OPT_INT, OFF(eval_every), 0, 1e9, NULL, "validation loss every N steps (0 = only at the end)"},
+    {"eval-every", OPT_INT, OFF(eval_every), 0, 1e9, NULL,
+     "validation loss every N steps (0 = only at the end)"},
     {"eval-steps", OPT_INT, OFF(eval_steps), 1, 1e9, NULL, "batches per validation pass"},
     {"log-every", OPT_INT, OFF(log_every), 1, 1e9, NULL, "write a metrics line every N steps"},
-    {"sample-every", OPT_INT, OFF(sample_every), 0, 1e9, NULL, "print a short sample every N steps (0 = never)"},
+    {"sample-every", OPT_INT, OFF(sample_every), 0, 1e9, NULL,
+     "print a short sample every N steps (0 = never)"},
     {"quiet", OPT_BOOL, OFF(quiet), 0, 1, NULL, "no progress line"},
     // run
     {"seed", OPT_U64, OFF(seed), 0, 0, NULL, "random seed (init, data order)"},
@@ -86,7 +90,8 @@ static const struct opt OPTS[] = {
      "activation recompute (act: the MLP activation's output, from its kept input)"},
     {"grad-dtype", OPT_ENUM, OFF(grad_dtype), 0, 0, "auto fp32 bf16",
      "parameter gradients (auto = bf16 on CUDA when a step is one micro-step, else fp32)"},
-    {"peak-flops", OPT_DOUBLE, OFF(peak_flops), 0, 1e18, NULL, "peak FLOP/s for MFU (0 = from the GPU table)"},
+    {"peak-flops", OPT_DOUBLE, OFF(peak_flops), 0, 1e18, NULL,
+     "peak FLOP/s for MFU (0 = from the GPU table)"},
     {"out", OPT_STR, OFF(out), 0, 0, NULL, "run directory for config, metrics and the model"},
     // many processes
     {"comm", OPT_ENUM, OFF(comm), 0, 0, "auto nccl mpi single",
@@ -96,8 +101,9 @@ static const struct opt OPTS[] = {
      "parameters sharded too, gathered per layer (ZeRO-3, FSDP)"},
     {"prefetch", OPT_INT, OFF(prefetch), 1, 2, NULL,
      "ZeRO-3: layers whose weights are gathered ahead of the one computing (bounds the gathered copies)"},
-    {"offload", OPT_ENUM, OFF(offload), 0, 0, "none optimizer",
-     "optimizer: fp32 master weights and AdamW moments in pinned host memory, AdamW on the CPU"},
+    {"offload", OPT_ENUM, OFF(offload), 0, 0, "none optimizer activations all",
+     "to pinned host memory: optimizer (fp32 master weights and AdamW moments, AdamW on the CPU), "
+     "activations (each layer's input kept for --recompute=block, back before its backward), or all"},
     {"sp", OPT_INT, OFF(sp), 1, 65536, NULL,
      "sequence parallelism: ranks that split each sequence (world = sp x data-parallel ranks)"},
     {"sp-mode", OPT_ENUM, OFF(sp_mode), 0, 0, "ulysses ring hybrid",
@@ -108,27 +114,36 @@ static const struct opt OPTS[] = {
     {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 1e5, NULL,
      "MiB of gradients per reduction bucket, each reduced while the backward goes on"},
     {"reduce-dtype", OPT_ENUM, OFF(reduce_dtype), 0, 0, "auto fp32 bf16",
-     "dtype of gradients between ranks: auto/fp32 keep fp32 gradients when there are several ranks; bf16 (GPU, one micro-step) halves the bytes"},
+     "dtype of gradients between ranks: auto/fp32 keep fp32 gradients when there are several ranks; bf16 "
+     "(GPU, one micro-step) halves the bytes"},
     // checkpoints
-    {"checkpoint", OPT_BOOL, OFF(checkpoint), 0, 1, NULL, "write checkpoints into --out (0 = none, for benchmarks)"},
+    {"checkpoint", OPT_BOOL, OFF(checkpoint), 0, 1, NULL,
+     "write checkpoints into --out (0 = none, for benchmarks)"},
     {"save-model", OPT_BOOL, OFF(save_model), 0, 1, NULL,
      "write RUN/model.safetensors when the run ends (0: metrics only, for benchmarks)"},
     {"ckpt-every", OPT_INT, OFF(ckpt_every), 0, 1e9, NULL, "checkpoint every N steps (0 = at the end only)"},
     {"keep-last", OPT_INT, OFF(keep_last), 0, 1e9, NULL, "keep the newest K checkpoints (0 = all)"},
     {"keep-every", OPT_INT, OFF(keep_every), 0, 1e9, NULL, "also keep checkpoints at multiples of M steps"},
-    {"resume", OPT_STR, OFF(resume), 0, 0, NULL, "auto (newest checkpoint in --out), never, or a checkpoint dir"},
+    {"resume", OPT_STR, OFF(resume), 0, 0, NULL,
+     "auto (newest checkpoint in --out), never, or a checkpoint dir"},
     // health guards
-    {"spike-z", OPT_FLOAT, OFF(spike_z), 0, 1000, NULL, "skip steps whose loss/grad-norm z-score exceeds this (0 = off)"},
-    {"spike-window", OPT_INT, OFF(spike_window), 2, 1e6, NULL, "steps in the spike detector's running statistics"},
-    {"max-bad-steps", OPT_INT, OFF(max_bad_steps), 1, 1e9, NULL, "stop after this many consecutive skipped steps"},
+    {"spike-z", OPT_FLOAT, OFF(spike_z), 0, 1000, NULL,
+     "skip steps whose loss/grad-norm z-score exceeds this (0 = off)"},
+    {"spike-window", OPT_INT, OFF(spike_window), 2, 1e6, NULL,
+     "steps in the spike detector's running statistics"},
+    {"max-bad-steps", OPT_INT, OFF(max_bad_steps), 1, 1e9, NULL,
+     "stop after this many consecutive skipped steps"},
     // cluster operations (docs/operations.md)
     {"hang-timeout", OPT_FLOAT, OFF(hang_timeout), 0, 1e6, NULL,
      "seconds without progress in a step or a collective before the watchdog dumps RUN/hang/ and aborts "
      "the job (0 = off)"},
-    {"tensorboard", OPT_STR, OFF(tensorboard), 0, 0, NULL, "also write TensorBoard event files into this directory"},
+    {"tensorboard", OPT_STR, OFF(tensorboard), 0, 0, NULL,
+     "also write TensorBoard event files into this directory"},
     // fault injection (tests only)
-    {"inject-nan", OPT_STR, OFF(inject_nan), 0, 0, NULL, "testing only: steps (1-based, comma-separated) whose loss is made NaN"},
-    {"inject-crash", OPT_INT, OFF(inject_crash), 0, 1e9, NULL, "testing only: abort() before step N of a fresh run, after the last checkpoint is written (0 = off)"},
+    {"inject-nan", OPT_STR, OFF(inject_nan), 0, 0, NULL,
+     "testing only: steps (1-based, comma-separated) whose loss is made NaN"},
+    {"inject-crash", OPT_INT, OFF(inject_crash), 0, 1e9, NULL,
+     "testing only: abort() before step N of a fresh run, after the last checkpoint is written (0 = off)"},
     {"inject-stall", OPT_STR, OFF(inject_stall), 0, 0, NULL,
      "testing only: RANK:STEP, that rank stops making progress (sleeps) before step STEP"},
 };
@@ -148,14 +163,18 @@ static const struct preset PRESETS[] = {
      "layers=4 heads=4 dim=128 block-size=128 seq=128 batch=16 tokenizer=char lr=3e-3 warmup=50 "
      "max-steps=1000 final-lr-frac=0.1 weight-decay=0.1 beta2=0.99 eval-every=200 eval-steps=20 "
      "vocab-multiple=128 sample-every=0"},
-    {"gpt2-124m", "GPT-2 small (d12)", "layers=12 heads=12 dim=768 block-size=1024 seq=1024 tokenizer=gpt2 "
-                                       "batch=4 lr=6e-4 warmup=700 max-steps=20000"},
-    {"gpt2-350m", "GPT-2 medium (d24)", "layers=24 heads=16 dim=1024 block-size=1024 seq=1024 tokenizer=gpt2 "
-                                        "batch=4 lr=3e-4 warmup=700 max-steps=20000"},
-    {"gpt2-774m", "GPT-2 large (d36)", "layers=36 heads=20 dim=1280 block-size=1024 seq=1024 tokenizer=gpt2 "
-                                       "batch=4 lr=2.5e-4 warmup=700 max-steps=20000"},
-    {"gpt2-1.5b", "GPT-2 XL (d48)", "layers=48 heads=25 dim=1600 block-size=1024 seq=1024 tokenizer=gpt2 "
-                                    "batch=4 lr=2e-4 warmup=700 max-steps=20000"},
+    {"gpt2-124m", "GPT-2 small (d12)",
+     "layers=12 heads=12 dim=768 block-size=1024 seq=1024 tokenizer=gpt2 "
+     "batch=4 lr=6e-4 warmup=700 max-steps=20000"},
+    {"gpt2-350m", "GPT-2 medium (d24)",
+     "layers=24 heads=16 dim=1024 block-size=1024 seq=1024 tokenizer=gpt2 "
+     "batch=4 lr=3e-4 warmup=700 max-steps=20000"},
+    {"gpt2-774m", "GPT-2 large (d36)",
+     "layers=36 heads=20 dim=1280 block-size=1024 seq=1024 tokenizer=gpt2 "
+     "batch=4 lr=2.5e-4 warmup=700 max-steps=20000"},
+    {"gpt2-1.5b", "GPT-2 XL (d48)",
+     "layers=48 heads=25 dim=1600 block-size=1024 seq=1024 tokenizer=gpt2 "
+     "batch=4 lr=2e-4 warmup=700 max-steps=20000"},
     // OLMo-1 shapes from the OLMo paper (Groeneveld et al. 2024, table 1) and allenai's configs
     // (OLMo-1B.yaml, OLMo-7B.yaml): sequential pre-norm blocks, RoPE (theta 1e4), SwiGLU, no biases anywhere,
     // a LayerNorm without bias, context 2048, AdamW beta2 0.95, eps 1e-5, weight decay 0.1, clip 1.0.
@@ -180,11 +199,13 @@ static const struct preset PRESETS[] = {
     // 1,235,814,400 (3.2 1B, tied) and 8,030,261,248 (3 8B); kiln's gpt2 vocab (50304 padded rows) gives
     // 1,179,191,296 for llama-1b untied and 7,391,678,464 for llama-8b (docs/models.md works them out).
     {"llama-1b", "Llama-style 1B (Llama 3.2 1B shape, untied): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias",
-     "layers=16 heads=32 kv-heads=8 dim=2048 mlp-hidden=8192 block-size=2048 seq=2048 tokenizer=gpt2 pos=rope "
+     "layers=16 heads=32 kv-heads=8 dim=2048 mlp-hidden=8192 block-size=2048 seq=2048 tokenizer=gpt2 "
+     "pos=rope "
      "rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
      "batch=4 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1"},
     {"llama-8b", "Llama-style 8B (Llama 3 8B shape): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias, untied",
-     "layers=32 heads=32 kv-heads=8 dim=4096 mlp-hidden=14336 block-size=8192 seq=8192 tokenizer=gpt2 pos=rope "
+     "layers=32 heads=32 kv-heads=8 dim=4096 mlp-hidden=14336 block-size=8192 seq=8192 tokenizer=gpt2 "
+     "pos=rope "
      "rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
      "batch=1 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1"},
 };
@@ -230,9 +251,9 @@ static void config_defaults(struct kiln_config *c) {
     c->beta2 = 0.95f;
     c->eps = 1e-8f;
     c->weight_decay = 0.1f;
-    // The GELU/SwiGLU output is recomputed from its kept input before each layer's backward, as torch.compile's
-    // partitioner does: 1 GELU output (4C) less per layer for one elementwise pass (H100: ~1% of a step; at the
-    // 1.3B shape 2.9 GiB less, docs/benchmarks.md). --recompute=none keeps it.
+    // The GELU/SwiGLU output is recomputed from its kept input before each layer's backward, as
+    // torch.compile's partitioner does: 1 GELU output (4C) less per layer for one elementwise pass (H100: ~1%
+    // of a step; at the 1.3B shape 2.9 GiB less, docs/benchmarks.md). --recompute=none keeps it.
     c->recompute = KILN_RECOMPUTE_ACT;
     c->grad_clip = 1.0f;
     c->eval_every = 250;
@@ -366,15 +387,17 @@ static int range_error(const struct opt *o, const char *value, const char *where
 int kiln_config_set(struct kiln_config *cfg, const char *name, const char *value, const char *where,
                     struct kiln_error *err) {
     if (strcmp(name, "preset") == 0)
-        return kiln_errorf(err, KILN_ERR_USAGE, "preset (%s): a preset must come first; use --preset=NAME", where);
+        return kiln_errorf(err, KILN_ERR_USAGE, "preset (%s): a preset must come first; use --preset=NAME",
+                           where);
     const struct opt *o = find_opt(name);
     if (!o) {
         const char *s = suggest(name);
         if (s)
-            return kiln_errorf(err, KILN_ERR_USAGE, "unknown option '%s' (%s): did you mean '%s'? see kiln help train",
-                               name, where, s);
-        return kiln_errorf(err, KILN_ERR_USAGE, "unknown option '%s' (%s): see kiln help train for the options",
-                           name, where);
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "unknown option '%s' (%s): did you mean '%s'? see kiln help train", name,
+                               where, s);
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "unknown option '%s' (%s): see kiln help train for the options", name, where);
     }
     char *p = (char *)cfg + o->offset;
     char *end = NULL;
@@ -411,29 +434,32 @@ int kiln_config_set(struct kiln_config *cfg, const char *name, const char *value
     }
     case OPT_U64: {
         if (!*value || *value == '-')
-            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): expected a non-negative integer",
-                               value, o->name, where);
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "bad value '%s' for %s (%s): expected a non-negative integer", value, o->name,
+                               where);
         unsigned long long u = strtoull(value, &end, 10);
         if (end == value || *end || errno)
-            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): expected a non-negative integer",
-                               value, o->name, where);
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "bad value '%s' for %s (%s): expected a non-negative integer", value, o->name,
+                               where);
         *(uint64_t *)p = (uint64_t)u;
         return 0;
     }
     case OPT_STR:
         if (strlen(value) >= o->size)
-            return kiln_errorf(err, KILN_ERR_USAGE, "value for %s (%s) is too long: at most %zu characters", o->name,
-                               where, o->size - 1);
+            return kiln_errorf(err, KILN_ERR_USAGE, "value for %s (%s) is too long: at most %zu characters",
+                               o->name, where, o->size - 1);
         snprintf(p, o->size, "%s", value);
         return 0;
     case OPT_BOOL:
         if (!strcmp(value, "1") || !strcmp(value, "true") || !strcmp(value, "yes") || !strcmp(value, "on"))
             *(int *)p = 1;
-        else if (!strcmp(value, "0") || !strcmp(value, "false") || !strcmp(value, "no") || !strcmp(value, "off"))
+        else if (!strcmp(value, "0") || !strcmp(value, "false") || !strcmp(value, "no") ||
+                 !strcmp(value, "off"))
             *(int *)p = 0;
         else
-            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): allowed values are 0, 1", value,
-                               o->name, where);
+            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): allowed values are 0, 1",
+                               value, o->name, where);
         return 0;
     case OPT_ENUM: {
         int idx = enum_index(o->choices, value);
@@ -443,8 +469,8 @@ int kiln_config_set(struct kiln_config *cfg, const char *name, const char *value
             for (char *c = choices; *c; c++)
                 if (*c == ' ')
                     *c = ',';
-            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): allowed values are %s", value,
-                               o->name, where, choices);
+            return kiln_errorf(err, KILN_ERR_USAGE, "bad value '%s' for %s (%s): allowed values are %s",
+                               value, o->name, where, choices);
         }
         if (o->size == sizeof(int)) // an enum field; char arrays hold string-valued enums
             *(int *)p = idx;
@@ -486,7 +512,8 @@ static void strip_comment(char *s) {
 static int read_config_lines(const char *path, config_line_fn fn, void *user, struct kiln_error *err) {
     FILE *f = fopen(path, "r");
     if (!f)
-        return kiln_errorf(err, KILN_ERR_USAGE, "cannot open config file '%s' (--config): %s", path, strerror(errno));
+        return kiln_errorf(err, KILN_ERR_USAGE, "cannot open config file '%s' (--config): %s", path,
+                           strerror(errno));
     // fopen opens a directory for reading and the first read fails: it would read as an empty config
     struct stat sb;
     if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
@@ -524,15 +551,15 @@ static int read_config_lines(const char *path, config_line_fn fn, void *user, st
         s = trim(s);
         char *eq = strchr(s, '=');
         if (!eq) {
-            rc = kiln_errorf(err, KILN_ERR_USAGE, "syntax error in config file (%s:%d): expected 'name = value'", path,
-                             lineno);
+            rc = kiln_errorf(err, KILN_ERR_USAGE,
+                             "syntax error in config file (%s:%d): expected 'name = value'", path, lineno);
             break;
         }
         *eq = 0;
         char *name = trim(s), *value = trim(eq + 1);
         if (!*name) {
-            rc = kiln_errorf(err, KILN_ERR_USAGE, "syntax error in config file (%s:%d): missing the option name", path,
-                             lineno);
+            rc = kiln_errorf(err, KILN_ERR_USAGE,
+                             "syntax error in config file (%s:%d): missing the option name", path, lineno);
             break;
         }
         rc = fn(user, name, value, lineno);
@@ -610,7 +637,8 @@ int kiln_config_parse(struct kiln_config *cfg, int argc, char **argv, struct kil
         if (flag_value(argc, argv, &i, "--preset") || flag_value(argc, argv, &i, "--config"))
             continue;
         if (strncmp(a, "--", 2) != 0)
-            return kiln_errorf(err, KILN_ERR_USAGE, "unexpected argument '%s': options are written --name=value", a);
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "unexpected argument '%s': options are written --name=value", a);
         const char *eq = strchr(a, '=');
         char name[128];
         const char *value;
@@ -628,7 +656,8 @@ int kiln_config_parse(struct kiln_config *cfg, int argc, char **argv, struct kil
             if (o && o->type == OPT_BOOL)
                 value = "1";
             else if (o)
-                return kiln_errorf(err, KILN_ERR_USAGE, "option --%s needs a value: write --%s=VALUE", name, name);
+                return kiln_errorf(err, KILN_ERR_USAGE, "option --%s needs a value: write --%s=VALUE", name,
+                                   name);
             else
                 value = "";
         }
@@ -669,18 +698,23 @@ int kiln_model_mlp_hidden(const struct kiln_model_config *m) {
 int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
     const struct kiln_model_config *m = &c->model;
     if (m->n_embd % m->n_head)
-        return kiln_errorf(err, KILN_ERR_USAGE, "dim %d is not divisible by heads %d (--dim, --heads): choose heads "
-                           "that divide dim", m->n_embd, m->n_head);
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "dim %d is not divisible by heads %d (--dim, --heads): choose heads "
+                           "that divide dim",
+                           m->n_embd, m->n_head);
     int kv = kiln_model_kv_heads(m);
     if (kv > m->n_head || m->n_head % kv)
-        return kiln_errorf(err, KILN_ERR_USAGE, "kv-heads %d must divide heads %d (--kv-heads)", kv, m->n_head);
+        return kiln_errorf(err, KILN_ERR_USAGE, "kv-heads %d must divide heads %d (--kv-heads)", kv,
+                           m->n_head);
     int hs = kiln_model_head_size(m);
     if (m->pos == KILN_POS_ROPE && hs % 2)
-        return kiln_errorf(err, KILN_ERR_USAGE, "RoPE needs an even head size, got %d (--pos=rope, --dim/--heads)",
-                           hs);
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "RoPE needs an even head size, got %d (--pos=rope, --dim/--heads)", hs);
     if (c->seq_len > m->block_size)
-        return kiln_errorf(err, KILN_ERR_USAGE, "seq %d is longer than block-size %d (--seq): raise --block-size or "
-                           "lower --seq", c->seq_len, m->block_size);
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "seq %d is longer than block-size %d (--seq): raise --block-size or "
+                           "lower --seq",
+                           c->seq_len, m->block_size);
     int dp = (c->world > 0 ? c->world : 1) / (c->sp > 0 ? c->sp : 1);
     long bt = (long)c->batch_size * c->seq_len * (dp > 0 ? dp : 1);
     if (c->total_batch_tokens && c->total_batch_tokens % bt)
@@ -689,18 +723,20 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
                                     "(--total-batch): every rank takes whole micro-batches",
                                     c->total_batch_tokens, c->sp > 1 ? "data-parallel ranks" : "ranks",
                                     c->batch_size, c->seq_len, dp, bt)
-                            : kiln_errorf(err, KILN_ERR_USAGE,
-                                          "total-batch %ld is not a multiple of batch*seq = %ld (--total-batch)",
-                                          c->total_batch_tokens, bt);
+                      : kiln_errorf(err, KILN_ERR_USAGE,
+                                    "total-batch %ld is not a multiple of batch*seq = %ld (--total-batch)",
+                                    c->total_batch_tokens, bt);
     if (c->reduce_dtype == KILN_GRAD_BF16 && c->grad_dtype == KILN_GRAD_FP32)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "reduce-dtype bf16 with grad-dtype fp32 (--reduce-dtype): gradients travel in their own "
-                           "dtype; use --grad-dtype=auto (bf16 with one micro-step) or --reduce-dtype=fp32");
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "reduce-dtype bf16 with grad-dtype fp32 (--reduce-dtype): gradients travel in their own "
+            "dtype; use --grad-dtype=auto (bf16 with one micro-step) or --reduce-dtype=fp32");
     if (c->reduce_dtype == KILN_GRAD_BF16 && kiln_config_micro_steps(c) > 1)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "reduce-dtype bf16 with %d micro-steps per step (--reduce-dtype): gradients accumulate "
-                           "in fp32 and travel in their own dtype; use --reduce-dtype=fp32, or one micro-step",
-                           kiln_config_micro_steps(c));
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "reduce-dtype bf16 with %d micro-steps per step (--reduce-dtype): gradients accumulate "
+            "in fp32 and travel in their own dtype; use --reduce-dtype=fp32, or one micro-step",
+            kiln_config_micro_steps(c));
     if (c->reduce_dtype == KILN_GRAD_BF16 && !strcmp(c->device, "cpu"))
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "reduce-dtype bf16 on device cpu (--reduce-dtype): the cpu backend reduces fp32 "
@@ -711,27 +747,37 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
                            "accumulate in bf16; use --grad-dtype=auto or fp32, or --total-batch=%ld",
                            kiln_config_micro_steps(c), bt);
     if (c->grad_dtype == KILN_GRAD_BF16 && !strcmp(c->device, "cpu"))
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "grad-dtype bf16 on device cpu (--grad-dtype): the cpu backend keeps fp32 gradients; "
-                           "use --grad-dtype=auto or fp32, or --device=cuda");
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "grad-dtype bf16 on device cpu (--grad-dtype): the cpu backend keeps fp32 gradients; "
+            "use --grad-dtype=auto or fp32, or --device=cuda");
     if (c->sample_every && c->zero == 3)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "sample-every with zero 3 (--sample-every): a sample decodes on rank 0 alone, and ZeRO-3's "
-                           "weights are sharded; sample from a checkpoint with kiln sample instead");
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "sample-every with zero 3 (--sample-every): a sample decodes on rank 0 alone, and ZeRO-3's "
+            "weights are sharded; sample from a checkpoint with kiln sample instead");
     if (c->tensorboard[0] && !c->out[0])
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "tensorboard without a run directory (--tensorboard=%s): the events mirror "
                            "RUN/metrics.jsonl; add --out=DIR",
                            c->tensorboard);
-    if (c->offload == KILN_OFFLOAD_OPTIMIZER && c->stochastic_rounding)
+    if ((c->offload & KILN_OFFLOAD_ACTIVATIONS) && c->recompute != KILN_RECOMPUTE_BLOCK)
         return kiln_errorf(err, KILN_ERR_USAGE,
-                           "offload optimizer with stochastic rounding (--offload, --stochastic-rounding): the "
-                           "host's AdamW rounds the bf16 weights to nearest; drop one of the two");
+                           "offload %s without --recompute=block (--offload): what goes to the host is each "
+                           "layer's input, which is all the backward keeps only when it recomputes whole "
+                           "blocks; add --recompute=block",
+                           c->offload == KILN_OFFLOAD_ALL ? "all" : "activations");
+    if ((c->offload & KILN_OFFLOAD_OPTIMIZER) && c->stochastic_rounding)
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "offload optimizer with stochastic rounding (--offload, --stochastic-rounding): the "
+            "host's AdamW rounds the bf16 weights to nearest; drop one of the two");
     return 0;
 }
 
 int kiln_config_micro_steps(const struct kiln_config *c) {
-    int dp = (c->world > 0 ? c->world : 1) / (c->sp > 0 ? c->sp : 1); // the ranks of an SP group share sequences
+    int dp =
+        (c->world > 0 ? c->world : 1) / (c->sp > 0 ? c->sp : 1); // the ranks of an SP group share sequences
     long bt = (long)c->batch_size * c->seq_len * (dp > 0 ? dp : 1);
     long n = c->total_batch_tokens ? c->total_batch_tokens / bt : 1;
     return n > 0 ? (int)n : 1;
@@ -739,7 +785,8 @@ int kiln_config_micro_steps(const struct kiln_config *c) {
 
 enum kiln_dtype kiln_config_grad_dtype(const struct kiln_config *c, int mixed) {
     if (c->grad_dtype == KILN_GRAD_AUTO) {
-        // several ranks reduce the gradients in their own dtype: fp32 unless --reduce-dtype=bf16 asks for less
+        // several ranks reduce the gradients in their own dtype: fp32 unless --reduce-dtype=bf16 asks for
+        // less
         if (c->world > 1 && c->reduce_dtype != KILN_GRAD_BF16)
             return KILN_F32;
         return mixed && kiln_config_micro_steps(c) == 1 ? KILN_BF16 : KILN_F32;
@@ -815,10 +862,12 @@ void kiln_config_write(const struct kiln_config *cfg, FILE *f) {
 uint64_t kiln_model_config_hash(const struct kiln_model_config *m) {
     // hash the printed shape fields, so padding bytes and field order don't matter
     char buf[512];
-    snprintf(buf, sizeof(buf), "L%d H%d KV%d C%d B%d V%d VM%d P%d RT%.9g N%d NB%d NE%.9g BI%d S%d MH%d PB%d T%d QK%d",
+    snprintf(buf, sizeof(buf),
+             "L%d H%d KV%d C%d B%d V%d VM%d P%d RT%.9g N%d NB%d NE%.9g BI%d S%d MH%d PB%d T%d QK%d",
              m->n_layer, m->n_head, kiln_model_kv_heads(m), m->n_embd, m->block_size, m->vocab_size,
-             m->vocab_multiple, (int)m->pos, (double)m->rope_theta, m->norm_rms, m->norm_bias, (double)m->norm_eps,
-             m->bias, m->mlp_swiglu, kiln_model_mlp_hidden(m), m->parallel_block, m->tie_embeddings, m->qk_norm);
+             m->vocab_multiple, (int)m->pos, (double)m->rope_theta, m->norm_rms, m->norm_bias,
+             (double)m->norm_eps, m->bias, m->mlp_swiglu, kiln_model_mlp_hidden(m), m->parallel_block,
+             m->tie_embeddings, m->qk_norm);
     uint64_t h = 1469598103934665603ULL;
     for (const char *p = buf; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ULL;
@@ -898,9 +947,9 @@ double kiln_model_flops_per_token(const struct kiln_model_config *m, size_t n_pa
 double kiln_model_recompute_flops_per_token(const struct kiln_model_config *m, enum kiln_recompute r, int T) {
     double C = m->n_embd, HS = kiln_model_head_size(m), NH = m->n_head, NKV = kiln_model_kv_heads(m);
     double H = kiln_model_mlp_hidden(m), FCO = m->mlp_swiglu ? 2 * H : H;
-    double mlp = 2.0 * (C * FCO + H * C);                           // forward GEMMs, per token and layer
+    double mlp = 2.0 * (C * FCO + H * C); // forward GEMMs, per token and layer
     double attn_gemms = 2.0 * (C * (NH + 2 * NKV) * HS + NH * HS * C);
-    double attn_core = 4.0 * NH * HS * T;                            // q k^T and p v, non-causal count
+    double attn_core = 4.0 * NH * HS * T; // q k^T and p v, non-causal count
     if (r == KILN_RECOMPUTE_MLP)
         return m->n_layer * mlp;
     if (r == KILN_RECOMPUTE_BLOCK)

@@ -17,7 +17,8 @@ enum kiln_schedule { KILN_SCHED_COSINE = 0, KILN_SCHED_LINEAR, KILN_SCHED_CONSTA
 // act: only the MLP activation's output is recomputed (from its kept input), as torch.compile does
 enum kiln_recompute { KILN_RECOMPUTE_NONE = 0, KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_BLOCK, KILN_RECOMPUTE_ACT };
 enum kiln_grad_dtype { KILN_GRAD_AUTO = 0, KILN_GRAD_FP32, KILN_GRAD_BF16 };
-enum kiln_offload { KILN_OFFLOAD_NONE = 0, KILN_OFFLOAD_OPTIMIZER };
+// what lives in host memory (bits): the optimizer's state, the layer inputs kept for the recompute, or both
+enum kiln_offload { KILN_OFFLOAD_NONE = 0, KILN_OFFLOAD_OPTIMIZER = 1, KILN_OFFLOAD_ACTIVATIONS = 2, KILN_OFFLOAD_ALL = 3 };
 enum kiln_sp_mode { KILN_SP_ULYSSES = 0, KILN_SP_RING, KILN_SP_HYBRID };
 
 struct kiln_model_config {

@@ -41,49 +41,49 @@ static size_t buf_bytes(const struct buf *b) {
 }
 
 struct acts {
-    struct buf x;      // act (L+1) x (N, C): residual stream entering each layer; x[L] enters the final norm
-    struct buf ln1;    // act (L+1) x (N, C): norm1 outputs; ln1[L] is the final norm's output
-    struct buf mean1;  // f32 (L+1) x (N)
-    struct buf rstd1;  // f32 (L+1) x (N)
-    struct buf pre;    // act L x (N, QKV + FCO): a parallel block's fused projection [qkv | fc_pre], which
-                       // then takes the place of qkv and fc_pre (both empty)
-    struct buf qkv;    // act L x (N, QKV): the attention's input (q and k normalized with QK-norm)
-    struct buf qkv_raw;// act L x (N, QKV): the projection before QK-norm (QK-norm only)
+    struct buf x;       // act (L+1) x (N, C): residual stream entering each layer; x[L] enters the final norm
+    struct buf ln1;     // act (L+1) x (N, C): norm1 outputs; ln1[L] is the final norm's output
+    struct buf mean1;   // f32 (L+1) x (N)
+    struct buf rstd1;   // f32 (L+1) x (N)
+    struct buf pre;     // act L x (N, QKV + FCO): a parallel block's fused projection [qkv | fc_pre], which
+                        // then takes the place of qkv and fc_pre (both empty)
+    struct buf qkv;     // act L x (N, QKV): the attention's input (q and k normalized with QK-norm)
+    struct buf qkv_raw; // act L x (N, QKV): the projection before QK-norm (QK-norm only)
     struct buf meanq, rstdq, meank, rstdk; // f32 L x (N): QK-norm statistics
-    struct buf atty;   // act L x (N, NH*HS)
-    struct buf lse;    // f32 L x (B, NH, T)
-    struct buf mid;    // act L x (N, C): h = x + attn(...) (sequential blocks)
-    struct buf ln2;    // act L x (N, C)
-    struct buf mean2;  // f32 L x (N)
-    struct buf rstd2;  // f32 L x (N)
-    struct buf fc_pre; // act L x (N, FCO): pre-GELU, or the [gate | up] input of SwiGLU
-    struct buf fc_act; // act L x (N, H): the MLP's hidden activation
+    struct buf atty;                       // act L x (N, NH*HS)
+    struct buf lse;                        // f32 L x (B, NH, T)
+    struct buf mid;                        // act L x (N, C): h = x + attn(...) (sequential blocks)
+    struct buf ln2;                        // act L x (N, C)
+    struct buf mean2;                      // f32 L x (N)
+    struct buf rstd2;                      // f32 L x (N)
+    struct buf fc_pre;                     // act L x (N, FCO): pre-GELU, or the [gate | up] input of SwiGLU
+    struct buf fc_act;                     // act L x (N, H): the MLP's hidden activation
     // scratch, one slot each, in one arena where buffers never live at the same time share memory
     // (scratch_layout says which)
-    struct buf ao;     // act (N, C): attention branch output (parallel: both branches)
-    struct buf mo;     // act (N, C): MLP branch output
-    struct buf dres;   // act (N, C): gradient of the residual stream (training only)
-    struct buf dln;    // act (N, C): gradient of a norm output (also dlnf from the classifier; training only)
-    struct buf dpre;   // act (N, QKV + FCO): [dqkv | dfc] of a fused parallel block (then dqkv, dfc empty)
-    struct buf dqkv;   // act (N, QKV)
+    struct buf ao;   // act (N, C): attention branch output (parallel: both branches)
+    struct buf mo;   // act (N, C): MLP branch output
+    struct buf dres; // act (N, C): gradient of the residual stream (training only)
+    struct buf dln;  // act (N, C): gradient of a norm output (also dlnf from the classifier; training only)
+    struct buf dpre; // act (N, QKV + FCO): [dqkv | dfc] of a fused parallel block (then dqkv, dfc empty)
+    struct buf dqkv; // act (N, QKV)
     struct buf dqkv_raw; // act (N, QKV): gradient before QK-norm (QK-norm only)
-    struct buf datty;  // act (N, NH*HS)
-    struct buf dfc;    // act (N, FCO)
-    struct buf dhid;   // act (N, H): SwiGLU only, gradient of the hidden activation
-    struct buf logits; // act (rows, Vp): one chunk of the classifier
+    struct buf datty;    // act (N, NH*HS)
+    struct buf dfc;      // act (N, FCO)
+    struct buf dhid;     // act (N, H): SwiGLU only, gradient of the hidden activation
+    struct buf logits;   // act (rows, Vp): one chunk of the classifier
     // allocations of their own
-    struct buf losses; // f32 (N)
-    struct buf tokens; // i32 (N)
-    struct buf targets;// i32 (N)
+    struct buf losses;  // f32 (N)
+    struct buf tokens;  // i32 (N)
+    struct buf targets; // i32 (N)
 };
 #define N_ACT_BUFS (sizeof(struct acts) / sizeof(struct buf))
 
 struct decode {
     int B, maxT;
-    struct buf k, v;          // act L x (B, maxT, NKV*HS)
+    struct buf k, v;                                                       // act L x (B, maxT, NKV*HS)
     struct buf x, ln, pre, qkv, qkv_raw, atty, ao, fc_pre, fc_act, logits; // act, B rows
     struct buf mean, rstd, tokens;
-    float *logits_host;       // (B, Vp)
+    float *logits_host; // (B, Vp)
 };
 
 // When a parallel block's input projections run as one GEMM. Not with --qk-norm (q and k pass through their
@@ -107,16 +107,18 @@ struct kiln_gpt {
     struct kiln_param_table pt;
     struct kiln_mem_plan plan;
 
-    float *params;  // f32 (P) master weights
-    void *weights;  // act (P) compute copy (== params on the CPU)
-    void *grads;    // grad (P)
-    float *m, *v;   // f32 (P) AdamW moments
+    float *params; // f32 (P) master weights
+    void *weights; // act (P) compute copy (== params on the CPU)
+    void *grads;   // grad (P)
+    float *m, *v;  // f32 (P) AdamW moments
 
     struct fusion fuse;
     struct acts a;
-    void *arena;         // the scratch buffers of a point into it
-    int classifier_rows; // rows per classifier chunk
-    int mlp_rows;        // rows per MLP chunk (mlp_rows_for; N: one chunk)
+    void *arena;          // the scratch buffers of a point into it
+    int classifier_rows;  // rows per classifier chunk
+    int mlp_rows;         // rows per MLP chunk (mlp_rows_for; N: one chunk)
+    void *x_host;         // offloaded layer inputs x[0 .. L - X_RING] (host_alloc), or NULL
+    void **x_out, **x_in; // (L + 1) events: x[l]'s copy to the host ended, and back (NULL on the CPU)
     int32_t *tokens_host; // (N) last inputs, for the embedding backward
     float *losses_host;
     int has_grad_forward; // the last forward ran the classifier backward
@@ -126,19 +128,19 @@ struct kiln_gpt {
     int n_spans;
     size_t optim_elems; // of m and v each
 
-    struct kiln_gpt_hooks hooks; // all NULL with one process
+    struct kiln_gpt_hooks hooks;         // all NULL with one process
     struct kiln_gpt_attention attn_impl; // sequence parallelism's attention (NULL functions: the op's)
     int pos0, pos_split, pos1;           // kiln_gpt_set_positions
-    const void **wwin;           // (L + 2) where each segment's weights are read: its range of the compute
-                                 // copy, or a stand-in that a hook put there (kiln_gpt_set_weight_window)
-    void **gwin;                 // (L + 2) where each segment's gradients are written (kiln_gpt_grad_segments)
-    size_t *seg_begin;           // (L + 3) each segment's first element, then the table's total
+    const void **wwin; // (L + 2) where each segment's weights are read: its range of the compute
+                       // copy, or a stand-in that a hook put there (kiln_gpt_set_weight_window)
+    void **gwin;       // (L + 2) where each segment's gradients are written (kiln_gpt_grad_segments)
+    size_t *seg_begin; // (L + 3) each segment's first element, then the table's total
 
     struct decode dec;
 };
 
 // the hooks, when set
-#define HOOK(g, name, ...)                                                                                    \
+#define HOOK(g, name, ...)                                                                                   \
     do {                                                                                                     \
         if ((g)->hooks.name)                                                                                 \
             (g)->hooks.name((g)->hooks.user, __VA_ARGS__);                                                   \
@@ -195,7 +197,8 @@ static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t fr
 // for one chunk at a time: chunks of at most 1 GiB of hidden activations, spread evenly. Every token's
 // result is the same; the weight gradients are summed chunk by chunk. N (one chunk) otherwise.
 static int mlp_rows_for(const struct dims *d, const struct kiln_gpt_opts *o, size_t act_bytes) {
-    int recomputed = o->training && (o->recompute == KILN_RECOMPUTE_BLOCK || o->recompute == KILN_RECOMPUTE_MLP);
+    int recomputed =
+        o->training && (o->recompute == KILN_RECOMPUTE_BLOCK || o->recompute == KILN_RECOMPUTE_MLP);
     if (!recomputed || o->mlp_rows < 0)
         return d->N;
     if (o->mlp_rows > 0)
@@ -294,6 +297,23 @@ static size_t scratch_apart(struct acts *a) {
     return end;
 }
 
+// Activation offload (training with --recompute=block, which keeps only each layer's input x[l] and its
+// norm's statistics): x[l] goes to pinned host memory once layer l's forward has read it, and comes back
+// during the backward of layer l + 1, on the backend's copy stream beside the compute. The device keeps a
+// ring of X_RING inputs: in the forward, layer l writes x[l + 1] over x[l + 1 - X_RING], whose copy out has
+// had a layer's compute to finish; the last X_RING inputs stay for the backward, which brings each earlier
+// one back a layer ahead of its use.
+#define X_RING 3
+
+static int offloads_acts(const struct kiln_gpt_opts *o) {
+    return o->training && o->offload_activations && o->recompute == KILN_RECOMPUTE_BLOCK;
+}
+
+// the device's slots for the residual stream's layer inputs x[0..L] in training
+static int x_slots(const struct dims *d, const struct kiln_gpt_opts *o) {
+    return offloads_acts(o) && d->L + 1 > X_RING ? X_RING : d->L + 1;
+}
+
 // Lays out the activation buffers: sizes, and offsets in the scratch arena. Shared by the plan and the
 // allocation so they cannot drift. Returns the arena's bytes, and the rows per classifier chunk in *rows.
 static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const struct kiln_gpt_opts *o,
@@ -302,7 +322,7 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
     int L = d->L, training = o->training;
     enum kiln_recompute rc = o->recompute;
     int per_layer = rc == KILN_RECOMPUTE_BLOCK ? 1 : L;
-    int mlp_slots = rc == KILN_RECOMPUTE_NONE ? L : 1;                              // fc_act
+    int mlp_slots = rc == KILN_RECOMPUTE_NONE ? L : 1;                             // fc_act
     int pre_slots = rc == KILN_RECOMPUTE_NONE || rc == KILN_RECOMPUTE_ACT ? L : 1; // fc_pre
     if (!training)
         per_layer = mlp_slots = pre_slots = 1;
@@ -312,7 +332,7 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
     size_t qkv = N * d->QKV, fc = mrows * d->FCO, pre = fu->fwd ? qkv + N * d->FCO : 0,
            dpre = fu->on ? qkv + N * d->FCO : 0;
 #define SET(b, n, s, eb) (a->b = (struct buf){.elems = (n), .slots = (s), .elem_bytes = (eb)})
-    SET(x, N * d->C, training ? L + 1 : 2, ab);
+    SET(x, N * d->C, training ? x_slots(d, o) : 2, ab);
     SET(ln1, N * d->C, (rc == KILN_RECOMPUTE_BLOCK || !training) ? 2 : L + 1, ab);
     SET(mean1, N, L + 1, f);
     SET(rstd1, N, L + 1, f);
@@ -377,6 +397,8 @@ void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts
             o->offload_optimizer ? 0 : 2 * (o->optim_elems ? o->optim_elems : pt.total) * sizeof(float);
     }
     plan->acts_bytes = plan->scratch_bytes;
+    if (o->training && a.x.slots < d.L + 1) // x[0 .. L - slots] live on the host
+        plan->host_bytes = (size_t)(d.L + 1 - a.x.slots) * a.x.elems * ab;
     struct buf *bufs = (struct buf *)&a;
     for (size_t i = 0; i < N_ACT_BUFS; i++)
         if (!bufs[i].in_arena)
@@ -427,13 +449,14 @@ static int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_err
     if (*p)
         return 0;
     const struct kiln_mem_plan *pl = &g->plan;
-    return kiln_errorf(err, KILN_ERR_RUNTIME,
-                       "out of memory on %s (%s) allocating %.2f GiB: the plan needs %.2f GiB (params %.2f, "
-                       "weights %.2f, grads %.2f, optimizer %.2f, activations %.2f); lower --batch or --seq, or use "
-                       "--recompute=block",
-                       g->be->name, g->be->device_name, bytes / 1073741824.0, pl->total_bytes / 1073741824.0,
-                       pl->params_bytes / 1073741824.0, pl->weights_bytes / 1073741824.0,
-                       pl->grads_bytes / 1073741824.0, pl->optim_bytes / 1073741824.0, pl->acts_bytes / 1073741824.0);
+    return kiln_errorf(
+        err, KILN_ERR_RUNTIME,
+        "out of memory on %s (%s) allocating %.2f GiB: the plan needs %.2f GiB (params %.2f, "
+        "weights %.2f, grads %.2f, optimizer %.2f, activations %.2f); lower --batch or --seq, or use "
+        "--recompute=block",
+        g->be->name, g->be->device_name, bytes / 1073741824.0, pl->total_bytes / 1073741824.0,
+        pl->params_bytes / 1073741824.0, pl->weights_bytes / 1073741824.0, pl->grads_bytes / 1073741824.0,
+        pl->optim_bytes / 1073741824.0, pl->acts_bytes / 1073741824.0);
 }
 
 static void build_spans(struct kiln_gpt *g) {
@@ -506,6 +529,24 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
     g->tokens_host = kiln_xcalloc((size_t)d.N, sizeof(int32_t));
     g->losses_host = kiln_xcalloc((size_t)d.N, sizeof(float));
     build_spans(g);
+    if (g->plan.host_bytes) { // the offloaded layer inputs, and an event each way per input
+        g->x_host = g->ops->host_alloc ? g->ops->host_alloc(g->ctx, g->plan.host_bytes) : NULL;
+        if (!g->x_host) {
+            kiln_gpt_free(g);
+            *out = NULL;
+            return kiln_errorf(
+                err, KILN_ERR_RUNTIME,
+                "out of host memory (--offload=activations): %.2f GiB of pinned memory for the "
+                "layer inputs; lower --seq or --batch, or leave the activations on the device",
+                g->plan.host_bytes / 1073741824.0);
+        }
+        if (g->ops->event_create) {
+            g->x_out = kiln_xcalloc((size_t)d.L + 1, sizeof(void *));
+            g->x_in = kiln_xcalloc((size_t)d.L + 1, sizeof(void *));
+            for (int l = 0; l <= d.L; l++)
+                g->x_out[l] = g->ops->event_create(g->ctx), g->x_in[l] = g->ops->event_create(g->ctx);
+        }
+    }
     return 0;
 }
 
@@ -524,9 +565,9 @@ void kiln_gpt_free(struct kiln_gpt *g) {
             free_buf(g, &bufs[i]);
     if (g->arena)
         g->ops->free(g->ctx, g->arena);
-    struct buf *dec[] = {&g->dec.k,      &g->dec.v,      &g->dec.x,      &g->dec.ln,     &g->dec.pre,
-                         &g->dec.qkv,    &g->dec.qkv_raw, &g->dec.atty,  &g->dec.ao,     &g->dec.fc_pre,
-                         &g->dec.fc_act, &g->dec.logits, &g->dec.mean,   &g->dec.rstd,   &g->dec.tokens};
+    struct buf *dec[] = {&g->dec.k,      &g->dec.v,       &g->dec.x,    &g->dec.ln,   &g->dec.pre,
+                         &g->dec.qkv,    &g->dec.qkv_raw, &g->dec.atty, &g->dec.ao,   &g->dec.fc_pre,
+                         &g->dec.fc_act, &g->dec.logits,  &g->dec.mean, &g->dec.rstd, &g->dec.tokens};
     for (size_t i = 0; i < sizeof(dec) / sizeof(dec[0]); i++)
         free_buf(g, dec[i]);
     free(g->dec.logits_host);
@@ -536,6 +577,14 @@ void kiln_gpt_free(struct kiln_gpt *g) {
     for (int i = 0; i < 4; i++)
         if (owned[i])
             g->ops->free(g->ctx, owned[i]);
+    if (g->x_host)
+        g->ops->host_free(g->ctx, g->x_host);
+    for (int l = 0; g->x_out && l <= g->cfg.n_layer; l++) {
+        g->ops->event_destroy(g->ctx, g->x_out[l]);
+        g->ops->event_destroy(g->ctx, g->x_in[l]);
+    }
+    free(g->x_out);
+    free(g->x_in);
     kiln_params_free(&g->pt);
     free(g->tokens_host);
     free(g->losses_host);
@@ -588,8 +637,12 @@ void kiln_gpt_set_layer_window(struct kiln_gpt *g, int l, const void *base) {
 }
 
 void kiln_gpt_buffers(const struct kiln_gpt *g, struct kiln_gpt_buffers *out) {
-    *out = (struct kiln_gpt_buffers){.params = g->params, .weights = g->weights, .grads = g->grads, .m = g->m,
-                                     .v = g->v, .optim_elems = g->optim_elems};
+    *out = (struct kiln_gpt_buffers){.params = g->params,
+                                     .weights = g->weights,
+                                     .grads = g->grads,
+                                     .m = g->m,
+                                     .v = g->v,
+                                     .optim_elems = g->optim_elems};
 }
 
 const struct kiln_param_span *kiln_gpt_spans(const struct kiln_gpt *g, int *n) {
@@ -691,25 +744,41 @@ void kiln_gpt_zero_grad(struct kiln_gpt *g) {
 
 static void norm_fwd(struct kiln_gpt *g, void *out, float *mean, float *rstd, void *res_out, const void *inp,
                      const void *res_in, int wi, int bi, int N) {
-    struct kiln_norm_args a = {
-        .out = out, .mean = g->cfg.norm_rms ? NULL : mean, .rstd = rstd, .res_out = res_out, .inp = inp,
-        .res_in = res_in, .weight = W(g, wi), .bias = W(g, bi), .N = N, .C = g->cfg.n_embd,
-        .rms = g->cfg.norm_rms, .eps = g->cfg.norm_eps};
+    struct kiln_norm_args a = {.out = out,
+                               .mean = g->cfg.norm_rms ? NULL : mean,
+                               .rstd = rstd,
+                               .res_out = res_out,
+                               .inp = inp,
+                               .res_in = res_in,
+                               .weight = W(g, wi),
+                               .bias = W(g, bi),
+                               .N = N,
+                               .C = g->cfg.n_embd,
+                               .rms = g->cfg.norm_rms,
+                               .eps = g->cfg.norm_eps};
     g->ops->norm_forward(g->ctx, &a);
 }
 
-static void matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp, int wi, int bi, int N, int IC,
-                       int OC, enum kiln_act act, int accumulate) {
-    struct kiln_matmul_args a = {.out = out, .pre = pre, .inp = inp, .weight = W(g, wi), .bias = W(g, bi),
-                                 .N = N, .IC = IC, .OC = OC, .act = act, .accumulate = accumulate};
+static void matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp, int wi, int bi, int N,
+                       int IC, int OC, enum kiln_act act, int accumulate) {
+    struct kiln_matmul_args a = {.out = out,
+                                 .pre = pre,
+                                 .inp = inp,
+                                 .weight = W(g, wi),
+                                 .bias = W(g, bi),
+                                 .N = N,
+                                 .IC = IC,
+                                 .OC = OC,
+                                 .act = act,
+                                 .accumulate = accumulate};
     g->ops->matmul_forward(g->ctx, &a);
 }
 
 // The MLP of layer l after its input projection: fc_act = act(fc_pre) (rows of fc_pre `stride` elements
 // apart, 0 = FCO), then out = (or +=) self.c_proj(fc_act).
 // fc_act = SwiGLU or GELU of fc_pre (rows stride apart, 0 = dense)
-static void mlp_activation(struct kiln_gpt *g, const struct dims *d, const void *fc_pre, int stride, void *fc_act,
-                           int N) {
+static void mlp_activation(struct kiln_gpt *g, const struct dims *d, const void *fc_pre, int stride,
+                           void *fc_act, int N) {
     if (g->cfg.mlp_swiglu) {
         struct kiln_swiglu_args s = {.out = fc_act, .inp = fc_pre, .N = N, .H = d->H, .inp_stride = stride};
         g->ops->swiglu_forward(g->ctx, &s);
@@ -742,8 +811,8 @@ static void mlp_hidden(struct kiln_gpt *g, const struct dims *d, int l, const vo
 
 // the MLP of layer l on input `inp` (N, C): fc_pre, fc_act, and (accumulated into) out = self.c_proj(fc_act),
 // in chunks of g->mlp_rows rows (fc_pre and fc_act then hold the last chunk's)
-static void mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre, void *fc_act,
-                    void *out, int accumulate, int N) {
+static void mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre,
+                    void *fc_act, void *out, int accumulate, int N) {
     const int *ix = g->pt.layer[l];
     for (int r0 = 0; r0 < N; r0 += g->mlp_rows) {
         int n = N - r0 < g->mlp_rows ? N - r0 : g->mlp_rows;
@@ -755,19 +824,33 @@ static void mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void 
 }
 
 // QK-norm: qkv = raw with its q and k slices normalized (v copied as is). N rows of stride QKV.
-static void qk_norm_forward(struct kiln_gpt *g, const struct dims *d, int l, void *qkv, const void *raw, int N,
-                            float *meanq, float *rstdq, float *meank, float *rstdk) {
+static void qk_norm_forward(struct kiln_gpt *g, const struct dims *d, int l, void *qkv, const void *raw,
+                            int N, float *meanq, float *rstdq, float *meank, float *rstdk) {
     const int *ix = g->pt.layer[l];
     g->ops->copy(g->ctx, qkv, raw, (size_t)N * d->QKV * kiln_dtype_bytes(g->be->act_dtype));
     int rms = g->cfg.norm_rms;
-    struct kiln_norm_args q = {.out = qkv, .mean = rms ? NULL : meanq, .rstd = rstdq, .inp = raw,
-                               .weight = W(g, ix[KILN_QNORM_W]), .N = N, .C = d->NH * d->HS, .rms = rms,
-                               .eps = g->cfg.norm_eps, .stride = d->QKV};
+    struct kiln_norm_args q = {.out = qkv,
+                               .mean = rms ? NULL : meanq,
+                               .rstd = rstdq,
+                               .inp = raw,
+                               .weight = W(g, ix[KILN_QNORM_W]),
+                               .N = N,
+                               .C = d->NH * d->HS,
+                               .rms = rms,
+                               .eps = g->cfg.norm_eps,
+                               .stride = d->QKV};
     g->ops->norm_forward(g->ctx, &q);
     size_t koff = (size_t)d->NH * d->HS;
-    struct kiln_norm_args k = {.out = act_at(g, qkv, koff), .mean = rms ? NULL : meank, .rstd = rstdk,
-                               .inp = act_at(g, raw, koff), .weight = W(g, ix[KILN_KNORM_W]), .N = N,
-                               .C = d->NKV * d->HS, .rms = rms, .eps = g->cfg.norm_eps, .stride = d->QKV};
+    struct kiln_norm_args k = {.out = act_at(g, qkv, koff),
+                               .mean = rms ? NULL : meank,
+                               .rstd = rstdk,
+                               .inp = act_at(g, raw, koff),
+                               .weight = W(g, ix[KILN_KNORM_W]),
+                               .N = N,
+                               .C = d->NKV * d->HS,
+                               .rms = rms,
+                               .eps = g->cfg.norm_eps,
+                               .stride = d->QKV};
     g->ops->norm_forward(g->ctx, &k);
 }
 
@@ -778,17 +861,34 @@ static void qk_norm_backward(struct kiln_gpt *g, const struct dims *d, int l, vo
     const int *ix = g->pt.layer[l];
     g->ops->copy(g->ctx, draw, dqkv, (size_t)d->N * d->QKV * kiln_dtype_bytes(g->be->act_dtype));
     int rms = g->cfg.norm_rms;
-    struct kiln_norm_back_args q = {.dinp = draw, .dweight = G(g, ix[KILN_QNORM_W]), .dout = dqkv, .inp = raw,
-                                    .weight = W(g, ix[KILN_QNORM_W]), .mean = rms ? NULL : meanq,
-                                    .rstd = rstdq, .N = d->N, .C = d->NH * d->HS, .rms = rms,
-                                    .stride = d->QKV, .dinp_assign = 1, .grad_assign = g->grads_fresh};
+    struct kiln_norm_back_args q = {.dinp = draw,
+                                    .dweight = G(g, ix[KILN_QNORM_W]),
+                                    .dout = dqkv,
+                                    .inp = raw,
+                                    .weight = W(g, ix[KILN_QNORM_W]),
+                                    .mean = rms ? NULL : meanq,
+                                    .rstd = rstdq,
+                                    .N = d->N,
+                                    .C = d->NH * d->HS,
+                                    .rms = rms,
+                                    .stride = d->QKV,
+                                    .dinp_assign = 1,
+                                    .grad_assign = g->grads_fresh};
     g->ops->norm_backward(g->ctx, &q);
     size_t koff = (size_t)d->NH * d->HS;
-    struct kiln_norm_back_args k = {.dinp = act_at(g, draw, koff), .dweight = G(g, ix[KILN_KNORM_W]),
-                                    .dout = act_at(g, dqkv, koff), .inp = act_at(g, raw, koff),
-                                    .weight = W(g, ix[KILN_KNORM_W]), .mean = rms ? NULL : meank,
-                                    .rstd = rstdk, .N = d->N, .C = d->NKV * d->HS, .rms = rms,
-                                    .stride = d->QKV, .dinp_assign = 1, .grad_assign = g->grads_fresh};
+    struct kiln_norm_back_args k = {.dinp = act_at(g, draw, koff),
+                                    .dweight = G(g, ix[KILN_KNORM_W]),
+                                    .dout = act_at(g, dqkv, koff),
+                                    .inp = act_at(g, raw, koff),
+                                    .weight = W(g, ix[KILN_KNORM_W]),
+                                    .mean = rms ? NULL : meank,
+                                    .rstd = rstdk,
+                                    .N = d->N,
+                                    .C = d->NKV * d->HS,
+                                    .rms = rms,
+                                    .stride = d->QKV,
+                                    .dinp_assign = 1,
+                                    .grad_assign = g->grads_fresh};
     g->ops->norm_backward(g->ctx, &k);
 }
 
@@ -796,9 +896,17 @@ static void qk_norm_backward(struct kiln_gpt *g, const struct dims *d, int l, vo
 static void attn_core_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *qkv, int stride) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
-    struct kiln_attn_args at = {.out = buf_at(&a->atty, l), .lse = buf_at(&a->lse, l), .qkv = qkv, .B = d->B,
-                                .T = d->T, .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
-                                .rope_theta = g->cfg.rope_theta, .qkv_stride = stride};
+    struct kiln_attn_args at = {.out = buf_at(&a->atty, l),
+                                .lse = buf_at(&a->lse, l),
+                                .qkv = qkv,
+                                .B = d->B,
+                                .T = d->T,
+                                .NH = d->NH,
+                                .NKV = d->NKV,
+                                .HS = d->HS,
+                                .pos = g->cfg.pos,
+                                .rope_theta = g->cfg.rope_theta,
+                                .qkv_stride = stride};
     if (g->attn_impl.forward)
         g->attn_impl.forward(g->attn_impl.user, l, &at);
     else
@@ -819,8 +927,8 @@ static void attn_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
         qk_norm_forward(g, d, l, buf_at(&a->qkv, l), raw, d->N, buf_at(&a->meanq, l), buf_at(&a->rstdq, l),
                         buf_at(&a->meank, l), buf_at(&a->rstdk, l));
     } else {
-        matmul_fwd(g, buf_at(&a->qkv, l), NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C,
-                   d->QKV, KILN_ACT_NONE, 0);
+        matmul_fwd(g, buf_at(&a->qkv, l), NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N,
+                   d->C, d->QKV, KILN_ACT_NONE, 0);
     }
     attn_core_fwd(g, d, l, buf_at(&a->qkv, l), 0);
 }
@@ -839,8 +947,8 @@ static void parallel_fused_fwd(struct kiln_gpt *g, const struct dims *d, int l) 
     mlp_act_fwd(g, d, l, act_at(g, pre, (size_t)d->QKV), S, buf_at(&a->fc_act, l), a->ao.p, 1, d->N);
 }
 
-// Layer l, from ln1[l] (already computed) up to the branch outputs. With tail set, it also produces x[l+1] and
-// its normalization ln1[l+1] (the next layer's norm1, or the final norm after the last layer).
+// Layer l, from ln1[l] (already computed) up to the branch outputs. With tail set, it also produces x[l+1]
+// and its normalization ln1[l+1] (the next layer's norm1, or the final norm after the last layer).
 static void layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int tail) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
@@ -874,8 +982,8 @@ static void layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int t
     int last = l == d->L - 1;
     int wi = last ? g->pt.lnf_w : g->pt.layer[l + 1][KILN_LN1_W];
     int bi = last ? g->pt.lnf_b : g->pt.layer[l + 1][KILN_LN1_B];
-    norm_fwd(g, buf_at(&a->ln1, l + 1), buf_at(&a->mean1, l + 1), buf_at(&a->rstd1, l + 1), buf_at(&a->x, l + 1),
-             resid, branch, wi, bi, d->N);
+    norm_fwd(g, buf_at(&a->ln1, l + 1), buf_at(&a->mean1, l + 1), buf_at(&a->rstd1, l + 1),
+             buf_at(&a->x, l + 1), resid, branch, wi, bi, d->N);
 }
 
 static int head_index(const struct kiln_gpt *g) {
@@ -891,17 +999,53 @@ static void classifier(struct kiln_gpt *g, const struct dims *d, float dloss, fl
         int rows = d->N - r0 < g->classifier_rows ? d->N - r0 : g->classifier_rows;
         const void *x = act_at(g, lnf, (size_t)r0 * d->C);
         matmul_fwd(g, a->logits.p, NULL, x, head, -1, rows, d->C, d->Vp, KILN_ACT_NONE, 0);
-        struct kiln_xent_args xa = {.logits = a->logits.p, .losses = (float *)a->losses.p + r0,
-                                    .targets = (const int32_t *)a->targets.p + r0, .N = rows, .V = d->V,
-                                    .Vp = d->Vp, .dloss = dloss, .z_loss = z_loss};
+        struct kiln_xent_args xa = {.logits = a->logits.p,
+                                    .losses = (float *)a->losses.p + r0,
+                                    .targets = (const int32_t *)a->targets.p + r0,
+                                    .N = rows,
+                                    .V = d->V,
+                                    .Vp = d->Vp,
+                                    .dloss = dloss,
+                                    .z_loss = z_loss};
         g->ops->cross_entropy(g->ctx, &xa);
         if (dloss != 0.0f) {
-            struct kiln_matmul_back_args mb = {.dinp = act_at(g, a->dln.p, (size_t)r0 * d->C), .dweight = G(g, head),
-                                               .dout = a->logits.p, .inp = x, .weight = W(g, head), .N = rows,
-                                               .IC = d->C, .OC = d->Vp, .grad_assign = g->grads_fresh && r0 == 0};
+            struct kiln_matmul_back_args mb = {.dinp = act_at(g, a->dln.p, (size_t)r0 * d->C),
+                                               .dweight = G(g, head),
+                                               .dout = a->logits.p,
+                                               .inp = x,
+                                               .weight = W(g, head),
+                                               .N = rows,
+                                               .IC = d->C,
+                                               .OC = d->Vp,
+                                               .grad_assign = g->grads_fresh && r0 == 0};
             g->ops->matmul_backward(g->ctx, &mb);
         }
     }
+}
+
+// ---- activation offload (X_RING above) ----
+
+// whether x[l] lives on the host between its forward and its backward
+static int x_offloaded(const struct kiln_gpt *g, int l) {
+    return g->x_host && l <= g->cfg.n_layer - g->a.x.slots;
+}
+
+static void *x_host_at(const struct kiln_gpt *g, int l) {
+    return (char *)g->x_host + (size_t)l * g->a.x.elems * g->a.x.elem_bytes;
+}
+
+// the compute stream waits for event i of evs (a copy's end), where the backend has streams
+static void x_wait(struct kiln_gpt *g, void **evs, int i) {
+    if (evs && g->ops->stream_wait)
+        g->ops->stream_wait(g->ctx, evs[i]);
+}
+
+// x[l] to or from its host copy, beside the compute
+static void x_copy(struct kiln_gpt *g, int l, int to_host) {
+    void *dev = buf_at(&g->a.x, l), *host = x_host_at(g, l);
+    size_t bytes = g->a.x.elems * g->a.x.elem_bytes;
+    void **evs = to_host ? g->x_out : g->x_in;
+    g->ops->copy_async(g->ctx, to_host ? host : dev, to_host ? dev : host, bytes, evs ? evs[l] : NULL);
 }
 
 double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
@@ -918,17 +1062,29 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
 
     // x = wte[idx] + wpe[t]
     const void *wpe = W(g, g->pt.wpe);
-    struct kiln_embed_args e = {.out = buf_at(&a->x, 0), .tokens = a->tokens.p, .tokens_host = g->tokens_host,
-                                .wte = W(g, g->pt.wte), .wpe = wpe ? act_at(g, wpe, (size_t)g->pos0 * d.C) : NULL,
+    struct kiln_embed_args e = {.out = buf_at(&a->x, 0),
+                                .tokens = a->tokens.p,
+                                .tokens_host = g->tokens_host,
+                                .wte = W(g, g->pt.wte),
+                                .wpe = wpe ? act_at(g, wpe, (size_t)g->pos0 * d.C) : NULL,
                                 .wpe_hi = wpe ? act_at(g, wpe, (size_t)g->pos1 * d.C) : NULL,
-                                .pos_split = g->pos_split, .B = d.B, .T = d.T, .C = d.C};
+                                .pos_split = g->pos_split,
+                                .B = d.B,
+                                .T = d.T,
+                                .C = d.C};
     g->ops->embed_forward(g->ctx, &e);
     norm_fwd(g, buf_at(&a->ln1, 0), buf_at(&a->mean1, 0), buf_at(&a->rstd1, 0), NULL, buf_at(&a->x, 0), NULL,
              g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.N);
+    int offload = dloss != 0.0f && g->x_host; // a forward without a backward keeps nothing
     for (int l = 0; l < d.L; l++) {
         HOOK(g, layer_begin, l, 0);
+        int over = l + 1 - g->a.x.slots; // the input whose slot x[l + 1] takes
+        if (offload && over >= 0 && x_offloaded(g, over))
+            x_wait(g, g->x_out, over);
         layer_forward(g, &d, l, 1);
         HOOK(g, layer_end, l, 0);
+        if (offload && x_offloaded(g, l))
+            x_copy(g, l, 1);
     }
     classifier(g, &d, dloss, z_loss);
     g->has_grad_forward = dloss != 0.0f;
@@ -952,45 +1108,79 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
 // the norm backward adds them as it leaves dres, and those projections' backward skips them (no extra pass).
 static void norm_bwd(struct kiln_gpt *g, void *dres, const void *dout, const void *inp, const float *mean,
                      const float *rstd, int wi, int bi, int N, int dinp_assign, int rb0, int rb1) {
-    struct kiln_norm_back_args a = {
-        .dinp = dres, .dweight = G(g, wi), .dbias = G(g, bi), .dout = dout, .inp = inp, .weight = W(g, wi),
-        .mean = g->cfg.norm_rms ? NULL : mean, .rstd = rstd, .N = N, .C = g->cfg.n_embd, .rms = g->cfg.norm_rms,
-        .dinp_assign = dinp_assign, .grad_assign = g->grads_fresh, .dres_bias = {G(g, rb0), G(g, rb1)}};
+    struct kiln_norm_back_args a = {.dinp = dres,
+                                    .dweight = G(g, wi),
+                                    .dbias = G(g, bi),
+                                    .dout = dout,
+                                    .inp = inp,
+                                    .weight = W(g, wi),
+                                    .mean = g->cfg.norm_rms ? NULL : mean,
+                                    .rstd = rstd,
+                                    .N = N,
+                                    .C = g->cfg.n_embd,
+                                    .rms = g->cfg.norm_rms,
+                                    .dinp_assign = dinp_assign,
+                                    .grad_assign = g->grads_fresh,
+                                    .dres_bias = {G(g, rb0), G(g, rb1)}};
     g->ops->norm_backward(g->ctx, &a);
 }
 
 // The output-projection biases of layer l (-1 where there is no such layer): what the norm backward below
-// the layer's output fills in. Parallel blocks have two; a sequential block's MLP projection alone adds there.
+// the layer's output fills in. Parallel blocks have two; a sequential block's MLP projection alone adds
+// there.
 static void proj_biases(const struct kiln_gpt *g, int l, int *rb0, int *rb1) {
     *rb0 = l < 0 ? -1 : g->pt.layer[l][KILN_MLPO_B];
     *rb1 = l < 0 || !g->cfg.parallel_block ? -1 : g->pt.layer[l][KILN_ATTNO_B];
 }
 
-static void matmul_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const void *inp, int wi, int bi, int N,
-                       int IC, int OC, const void *gelu_pre, int dinp_accumulate) {
-    struct kiln_matmul_back_args a = {.dinp = dinp, .dweight = G(g, wi), .dbias = G(g, bi), .dout = dout,
-                                      .inp = inp, .weight = W(g, wi), .dinp_gelu_pre = gelu_pre, .N = N, .IC = IC,
-                                      .OC = OC, .dinp_accumulate = dinp_accumulate, .grad_assign = g->grads_fresh};
+static void matmul_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const void *inp, int wi, int bi,
+                       int N, int IC, int OC, const void *gelu_pre, int dinp_accumulate) {
+    struct kiln_matmul_back_args a = {.dinp = dinp,
+                                      .dweight = G(g, wi),
+                                      .dbias = G(g, bi),
+                                      .dout = dout,
+                                      .inp = inp,
+                                      .weight = W(g, wi),
+                                      .dinp_gelu_pre = gelu_pre,
+                                      .N = N,
+                                      .IC = IC,
+                                      .OC = OC,
+                                      .dinp_accumulate = dinp_accumulate,
+                                      .grad_assign = g->grads_fresh};
     g->ops->matmul_backward(g->ctx, &a);
 }
 
 // Backward of mlp_act_fwd, given dout = dL/d(mlp output): dfc = dL/d(fc_pre), rows dfc_stride apart (fc_pre's
-// pre_stride; 0 = FCO). The projection bias's gradient comes from the norm backward that left dout (norm_bwd).
+// pre_stride; 0 = FCO). The projection bias's gradient comes from the norm backward that left dout
+// (norm_bwd).
 static void mlp_act_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, const void *fc_pre,
                         int pre_stride, const void *fc_act, void *dfc, int dfc_stride, int N) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     if (g->cfg.mlp_swiglu) {
         matmul_bwd(g, a->dhid.p, dout, fc_act, ix[KILN_MLPO_W], -1, N, d->H, d->C, NULL, 0);
-        struct kiln_swiglu_back_args s = {.dinp = dfc, .dout = a->dhid.p, .inp = fc_pre, .N = N, .H = d->H,
-                                          .inp_stride = pre_stride, .dinp_stride = dfc_stride};
+        struct kiln_swiglu_back_args s = {.dinp = dfc,
+                                          .dout = a->dhid.p,
+                                          .inp = fc_pre,
+                                          .N = N,
+                                          .H = d->H,
+                                          .inp_stride = pre_stride,
+                                          .dinp_stride = dfc_stride};
         g->ops->swiglu_backward(g->ctx, &s);
     } else {
         // dfc = (dout @ W_proj) * gelu'(fc_pre), fused into the projection's backward
-        struct kiln_matmul_back_args m = {.dinp = dfc, .dweight = G(g, ix[KILN_MLPO_W]), .dout = dout, .inp = fc_act,
-                                          .weight = W(g, ix[KILN_MLPO_W]), .dinp_gelu_pre = fc_pre, .N = N,
-                                          .IC = d->H, .OC = d->C, .grad_assign = g->grads_fresh,
-                                          .dinp_stride = dfc_stride, .gelu_pre_stride = pre_stride};
+        struct kiln_matmul_back_args m = {.dinp = dfc,
+                                          .dweight = G(g, ix[KILN_MLPO_W]),
+                                          .dout = dout,
+                                          .inp = fc_act,
+                                          .weight = W(g, ix[KILN_MLPO_W]),
+                                          .dinp_gelu_pre = fc_pre,
+                                          .N = N,
+                                          .IC = d->H,
+                                          .OC = d->C,
+                                          .grad_assign = g->grads_fresh,
+                                          .dinp_stride = dfc_stride,
+                                          .gelu_pre_stride = pre_stride};
         g->ops->matmul_backward(g->ctx, &m);
     }
 }
@@ -998,8 +1188,8 @@ static void mlp_act_bwd(struct kiln_gpt *g, const struct dims *d, int l, const v
 // Backward of the MLP of layer l, given dout = dL/d(mlp output); writes dL/d(mlp input) into dinp. A chunked
 // MLP (g->mlp_rows < N) recomputes each chunk's hidden activation first (the recompute left it out), and its
 // weights' gradients add up over the chunks.
-static void mlp_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, const void *dout, void *dinp,
-                    int dinp_accumulate) {
+static void mlp_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, const void *dout,
+                    void *dinp, int dinp_accumulate) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     int fresh = g->grads_fresh, chunked = g->mlp_rows < d->N;
@@ -1010,8 +1200,8 @@ static void mlp_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void 
         if (chunked)
             mlp_hidden(g, d, l, act_at(g, inp, at), fc_pre, fc_act, n);
         mlp_act_bwd(g, d, l, act_at(g, dout, at), fc_pre, 0, fc_act, a->dfc.p, 0, n);
-        matmul_bwd(g, act_at(g, dinp, at), a->dfc.p, act_at(g, inp, at), ix[KILN_FC_W], ix[KILN_FC_B], n, d->C,
-                   d->FCO, NULL, dinp_accumulate);
+        matmul_bwd(g, act_at(g, dinp, at), a->dfc.p, act_at(g, inp, at), ix[KILN_FC_W], ix[KILN_FC_B], n,
+                   d->C, d->FCO, NULL, dinp_accumulate);
         g->grads_fresh = 0; // the next chunks add to what this one wrote
     }
     g->grads_fresh = fresh;
@@ -1025,10 +1215,19 @@ static void attn_core_bwd(struct kiln_gpt *g, const struct dims *d, int l, const
     const int *ix = g->pt.layer[l];
     // the bias's gradient comes from the norm backward that left dout (norm_bwd)
     matmul_bwd(g, a->datty.p, dout, buf_at(&a->atty, l), ix[KILN_ATTNO_W], -1, d->N, d->AO, d->C, NULL, 0);
-    struct kiln_attn_back_args ab = {.dqkv = dqkv, .dout = a->datty.p, .qkv = qkv, .out = buf_at(&a->atty, l),
-                                     .lse = buf_at(&a->lse, l), .B = d->B, .T = d->T, .NH = d->NH,
-                                     .NKV = d->NKV, .HS = d->HS, .pos = g->cfg.pos,
-                                     .rope_theta = g->cfg.rope_theta, .qkv_stride = qkv_stride,
+    struct kiln_attn_back_args ab = {.dqkv = dqkv,
+                                     .dout = a->datty.p,
+                                     .qkv = qkv,
+                                     .out = buf_at(&a->atty, l),
+                                     .lse = buf_at(&a->lse, l),
+                                     .B = d->B,
+                                     .T = d->T,
+                                     .NH = d->NH,
+                                     .NKV = d->NKV,
+                                     .HS = d->HS,
+                                     .pos = g->cfg.pos,
+                                     .rope_theta = g->cfg.rope_theta,
+                                     .qkv_stride = qkv_stride,
                                      .dqkv_stride = dqkv_stride};
     if (g->attn_impl.backward)
         g->attn_impl.backward(g->attn_impl.user, l, &ab);
@@ -1063,7 +1262,8 @@ static void parallel_fused_bwd(struct kiln_gpt *g, const struct dims *d, int l, 
     int S = d->QKV + d->FCO, ks = g->fuse.fwd ? S : 0;
     const void *qkv = ks ? buf_at(&a->pre, l) : buf_at(&a->qkv, l);
     const void *fc_pre = ks ? act_at(g, qkv, (size_t)d->QKV) : buf_at(&a->fc_pre, l);
-    mlp_act_bwd(g, d, l, dout, fc_pre, ks, buf_at(&a->fc_act, l), act_at(g, a->dpre.p, (size_t)d->QKV), S, d->N);
+    mlp_act_bwd(g, d, l, dout, fc_pre, ks, buf_at(&a->fc_act, l), act_at(g, a->dpre.p, (size_t)d->QKV), S,
+                d->N);
     attn_core_bwd(g, d, l, dout, qkv, ks, a->dpre.p, S);
     matmul_bwd(g, dinp, a->dpre.p, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, S, NULL,
                0);
@@ -1073,14 +1273,15 @@ static void parallel_fused_bwd(struct kiln_gpt *g, const struct dims *d, int l, 
 static void recompute_layer(struct kiln_gpt *g, const struct dims *d, int l) {
     struct acts *a = &g->a;
     if (g->opts.recompute == KILN_RECOMPUTE_BLOCK) {
-        norm_fwd(g, buf_at(&a->ln1, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), NULL, buf_at(&a->x, l), NULL,
-                 g->pt.layer[l][KILN_LN1_W], g->pt.layer[l][KILN_LN1_B], d->N);
+        norm_fwd(g, buf_at(&a->ln1, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), NULL, buf_at(&a->x, l),
+                 NULL, g->pt.layer[l][KILN_LN1_W], g->pt.layer[l][KILN_LN1_B], d->N);
         layer_forward(g, d, l, 0);
     } else if (g->opts.recompute == KILN_RECOMPUTE_MLP && g->mlp_rows == d->N) { // chunked: in mlp_bwd
         const void *inp = g->cfg.parallel_block ? buf_at(&a->ln1, l) : buf_at(&a->ln2, l);
         mlp_fwd(g, d, l, inp, buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0, d->N);
     } else if (g->opts.recompute == KILN_RECOMPUTE_ACT) {
-        // the activation's output from its kept input: fc_pre, or the MLP slice of a fused block's [qkv | fc_pre]
+        // the activation's output from its kept input: fc_pre, or the MLP slice of a fused block's [qkv |
+        // fc_pre]
         int S = d->QKV + d->FCO;
         const void *pre = g->fuse.fwd ? act_at(g, buf_at(&a->pre, l), (size_t)d->QKV) : buf_at(&a->fc_pre, l);
         mlp_activation(g, d, pre, g->fuse.fwd ? S : 0, buf_at(&a->fc_act, l), d->N);
@@ -1096,12 +1297,16 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
     // final norm: dres = dL/dx[L]
     int rb0, rb1;
     proj_biases(g, d.L - 1, &rb0, &rb1);
-    norm_bwd(g, dres, a->dln.p, buf_at(&a->x, d.L), buf_at(&a->mean1, d.L), buf_at(&a->rstd1, d.L), g->pt.lnf_w,
-             g->pt.lnf_b, d.N, 1, rb0, rb1);
+    norm_bwd(g, dres, a->dln.p, buf_at(&a->x, d.L), buf_at(&a->mean1, d.L), buf_at(&a->rstd1, d.L),
+             g->pt.lnf_w, g->pt.lnf_b, d.N, 1, rb0, rb1);
 
     for (int l = d.L - 1; l >= 0; l--) {
         const int *ix = g->pt.layer[l];
-        HOOK(g, layer_begin, l, 1); // its weights, for the recompute and the backward
+        HOOK(g, layer_begin, l, 1);         // its weights, for the recompute and the backward
+        if (l > 0 && x_offloaded(g, l - 1)) // the next layer's input comes back while this one computes
+            x_copy(g, l - 1, 0);
+        if (x_offloaded(g, l))
+            x_wait(g, g->x_in, l);
         recompute_layer(g, &d, l);
         if (g->cfg.parallel_block && g->fuse.on) {
             parallel_fused_bwd(g, &d, l, dres, a->dln.p);
@@ -1118,8 +1323,8 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
             attn_bwd(g, &d, l, dres, a->dln.p, 0);
         }
         proj_biases(g, l - 1, &rb0, &rb1);
-        norm_bwd(g, dres, a->dln.p, buf_at(&a->x, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), ix[KILN_LN1_W],
-                 ix[KILN_LN1_B], d.N, 0, rb0, rb1);
+        norm_bwd(g, dres, a->dln.p, buf_at(&a->x, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l),
+                 ix[KILN_LN1_W], ix[KILN_LN1_B], d.N, 0, rb0, rb1);
         HOOK(g, layer_end, l, 1);
         HOOK(g, layer_backward_end, l);
     }
@@ -1128,8 +1333,13 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
     struct kiln_embed_back_args eb = {.dwte = G(g, g->pt.wte),
                                       .dwpe = dwpe ? dwpe + (size_t)g->pos0 * d.C * gb : NULL,
                                       .dwpe_hi = dwpe ? dwpe + (size_t)g->pos1 * d.C * gb : NULL,
-                                      .pos_split = g->pos_split, .dout = dres, .tokens = a->tokens.p,
-                                      .tokens_host = g->tokens_host, .B = d.B, .T = d.T, .C = d.C};
+                                      .pos_split = g->pos_split,
+                                      .dout = dres,
+                                      .tokens = a->tokens.p,
+                                      .tokens_host = g->tokens_host,
+                                      .B = d.B,
+                                      .T = d.T,
+                                      .C = d.C};
     g->ops->embed_backward(g->ctx, &eb);
     if (g->hooks.embed_backward_end)
         g->hooks.embed_backward_end(g->hooks.user);
@@ -1224,9 +1434,9 @@ int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error
     SET(rstd, (size_t)B, 1, sizeof(float));
     SET(tokens, (size_t)B, 1, sizeof(int32_t));
 #undef SET
-    struct buf *bufs[] = {&dc->k,      &dc->v,      &dc->x,         &dc->ln,     &dc->pre,
-                          &dc->qkv,    &dc->qkv_raw, &dc->atty,    &dc->ao,     &dc->fc_pre,
-                          &dc->fc_act, &dc->logits, &dc->mean,     &dc->rstd,   &dc->tokens};
+    struct buf *bufs[] = {&dc->k,      &dc->v,       &dc->x,    &dc->ln,   &dc->pre,
+                          &dc->qkv,    &dc->qkv_raw, &dc->atty, &dc->ao,   &dc->fc_pre,
+                          &dc->fc_act, &dc->logits,  &dc->mean, &dc->rstd, &dc->tokens};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         free_buf(g, bufs[i]);
         int rc = gpt_alloc(g, &bufs[i]->p, buf_bytes(bufs[i]), err);
@@ -1246,8 +1456,14 @@ void kiln_gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, fl
     g->ops->upload(g->ctx, dc->tokens.p, tokens, (size_t)B * sizeof(int32_t));
     // x = wte[tok] + wpe[pos]: the embedding op with T = 1 and the position table shifted to pos
     const void *wpe = g->pt.wpe >= 0 ? act_at(g, W(g, g->pt.wpe), (size_t)pos * d.C) : NULL;
-    struct kiln_embed_args e = {.out = dc->x.p, .tokens = dc->tokens.p, .tokens_host = tokens,
-                                .wte = W(g, g->pt.wte), .wpe = wpe, .B = B, .T = 1, .C = d.C};
+    struct kiln_embed_args e = {.out = dc->x.p,
+                                .tokens = dc->tokens.p,
+                                .tokens_host = tokens,
+                                .wte = W(g, g->pt.wte),
+                                .wpe = wpe,
+                                .B = B,
+                                .T = 1,
+                                .C = d.C};
     g->ops->embed_forward(g->ctx, &e);
     int S = d.QKV + d.FCO;
     for (int l = 0; l < d.L; l++) {
@@ -1260,26 +1476,36 @@ void kiln_gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, fl
         } else if (d.qk_norm) {
             matmul_fwd(g, dc->qkv_raw.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, d.QKV,
                        KILN_ACT_NONE, 0);
-            qk_norm_forward(g, &d, l, dc->qkv.p, dc->qkv_raw.p, B, dc->mean.p, dc->rstd.p, dc->mean.p, dc->rstd.p);
+            qk_norm_forward(g, &d, l, dc->qkv.p, dc->qkv_raw.p, B, dc->mean.p, dc->rstd.p, dc->mean.p,
+                            dc->rstd.p);
         } else {
-            matmul_fwd(g, dc->qkv.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, d.QKV, KILN_ACT_NONE,
-                       0);
+            matmul_fwd(g, dc->qkv.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, d.QKV,
+                       KILN_ACT_NONE, 0);
         }
-        struct kiln_attn_decode_args at = {.out = dc->atty.p, .kcache = buf_at(&dc->k, l),
-                                           .vcache = buf_at(&dc->v, l), .qkv = qkv, .B = B,
-                                           .maxT = dc->maxT, .pos = pos, .NH = d.NH, .NKV = d.NKV, .HS = d.HS,
-                                           .pos_kind = g->cfg.pos, .rope_theta = g->cfg.rope_theta,
+        struct kiln_attn_decode_args at = {.out = dc->atty.p,
+                                           .kcache = buf_at(&dc->k, l),
+                                           .vcache = buf_at(&dc->v, l),
+                                           .qkv = qkv,
+                                           .B = B,
+                                           .maxT = dc->maxT,
+                                           .pos = pos,
+                                           .NH = d.NH,
+                                           .NKV = d.NKV,
+                                           .HS = d.HS,
+                                           .pos_kind = g->cfg.pos,
+                                           .rope_theta = g->cfg.rope_theta,
                                            .qkv_stride = g->fuse.on ? S : 0};
         g->ops->attention_decode(g->ctx, &at);
-        matmul_fwd(g, dc->ao.p, NULL, dc->atty.p, ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], B, d.AO, d.C, KILN_ACT_NONE,
-                   0);
+        matmul_fwd(g, dc->ao.p, NULL, dc->atty.p, ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], B, d.AO, d.C,
+                   KILN_ACT_NONE, 0);
         if (g->fuse.on) {
             mlp_act_fwd(g, &d, l, act_at(g, dc->pre.p, (size_t)d.QKV), S, dc->fc_act.p, dc->ao.p, 1, B);
         } else if (g->cfg.parallel_block) {
             mlp_fwd(g, &d, l, dc->ln.p, dc->fc_pre.p, dc->fc_act.p, dc->ao.p, 1, B);
         } else {
             g->ops->add(g->ctx, dc->x.p, dc->x.p, dc->ao.p, (size_t)B * d.C);
-            norm_fwd(g, dc->ln.p, dc->mean.p, dc->rstd.p, NULL, dc->x.p, NULL, ix[KILN_LN2_W], ix[KILN_LN2_B], B);
+            norm_fwd(g, dc->ln.p, dc->mean.p, dc->rstd.p, NULL, dc->x.p, NULL, ix[KILN_LN2_W], ix[KILN_LN2_B],
+                     B);
             mlp_fwd(g, &d, l, dc->ln.p, dc->fc_pre.p, dc->fc_act.p, dc->ao.p, 0, B);
         }
         g->ops->add(g->ctx, dc->x.p, dc->x.p, dc->ao.p, (size_t)B * d.C);

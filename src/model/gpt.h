@@ -18,6 +18,7 @@ struct kiln_mem_plan {
     size_t optim_bytes;   // AdamW m and v
     size_t acts_bytes;    // activations kept for backward, plus the scratch arena
     size_t scratch_bytes; // of acts_bytes: the arena, where one-slot buffers never live at once share memory
+    size_t host_bytes;    // pinned host memory: the layer inputs of offload_activations (not in total_bytes)
     int classifier_rows;  // rows per chunk of the LM head, whose logits chunk is in the arena
     size_t total_bytes;
 };
@@ -43,6 +44,9 @@ struct kiln_gpt_opts {
                                   // their compute copy only, compact at the spans' state offsets (a rank's
                                   // shard); every weight is read through a window the hooks set
                                   // (kiln_gpt_set_weight_window), and get/set_params go through the hooks
+    int offload_activations;      // --recompute=block's layer inputs go to pinned host memory during the forward
+                                  // and come back, prefetched a layer ahead, during the backward: the model
+                                  // holds 3 of them instead of L + 1
     int offload_optimizer;        // the f32 master weights and AdamW's moments live in host memory, with the
                                   // data-parallel layer: the model holds neither (the compute copy only, which
                                   // is the master on backends where they alias); get/set_params and

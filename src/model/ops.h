@@ -356,6 +356,14 @@ struct kiln_ops {
     // stream; backend memory on both sides
     void (*copy_2d)(void *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
                     size_t rows);
+
+    // ---- copies beside the compute (activation offload) ----
+    // bytes from src to dst (backend or host_alloc memory, either way) on a copy stream of the backend's own,
+    // after everything the compute stream was given so far; `done` (an event_create event) is recorded when
+    // the copy ends. The CPU copies at once (done NULL).
+    void (*copy_async)(void *ctx, void *dst, const void *src, size_t bytes, void *done);
+    // the compute stream waits for ev (a copy_async's done) before what it is given next; NULL on the CPU
+    void (*stream_wait)(void *ctx, void *ev);
 };
 
 // ---- a backend: the ops table, its context, and what the model and trainer need to know about it ----

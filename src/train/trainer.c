@@ -583,7 +583,8 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     // several ranks, or one whose --comm names a transport (the data-parallel path at world size 1: what it
     // costs against no comm layer, and the NCCL path on one GPU), or --zero/--offload at world size 1
     // (ZeRO-3's gathers and the offloaded optimizer run through the same code)
-    if (r->env.world > 1 || kind != KILN_COMM_SINGLE || cfg->zero || cfg->offload) {
+    if (r->env.world > 1 || kind != KILN_COMM_SINGLE || cfg->zero ||
+        (cfg->offload & KILN_OFFLOAD_OPTIMIZER)) {
         struct kiln_comm_open_opts co = {.kind = kind, .device_is_gpu = gpu, .be = &r->be, .timeout_s = 300};
         if ((rc = kiln_comm_open_world(&r->env, &co, &r->comm, err)) ||
             (rc = kiln_comm_dup(r->comm, &r->ckpt_comm, err)))
@@ -591,14 +592,17 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     }
     struct kiln_param_table pt;
     kiln_params_build(&pt, &cfg->model);
-    struct kiln_gpt_opts go = {
-        .B = cfg->batch_size, .T = r->sp_lo.T_local, .recompute = cfg->recompute, .training = 1};
+    struct kiln_gpt_opts go = {.B = cfg->batch_size,
+                               .T = r->sp_lo.T_local,
+                               .recompute = cfg->recompute,
+                               .training = 1,
+                               .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
     kiln_gpt_tuning_from_env(&go);
     if (r->comm) {
         struct kiln_dp_opts dpo = {.zero = cfg->zero,
                                    .bucket_mb = cfg->bucket_mb,
                                    .prefetch = cfg->prefetch,
-                                   .offload = cfg->offload == KILN_OFFLOAD_OPTIMIZER,
+                                   .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0,
                                    .host_threads = cfg->threads};
         kiln_dp_tuning_from_env(&dpo);
         kiln_dp_create(&r->dp, r->comm, &r->be, &pt, &dpo);

@@ -35,6 +35,13 @@ for z in 0 3; do # the optimizer on the host: gradients down, AdamW there, bf16 
     --out="$T/two${z}o" 2>"$T/err" || bad "2 ranks sharing the GPU, zero $z, offload: $(tail -3 "$T/err")"
   close "$T/one" "$T/two${z}o" && ok || bad "2 ranks sharing the GPU, zero $z with offload, left the trajectory"
 done
+# activation offload: the layer inputs go to pinned host memory on the copy stream and come back; the same
+# kernels on the same numbers, so the losses are those without it, bit for bit
+"$KILN" train "${a[@]}" --recompute=block --out="$T/blk" 2>"$T/err" || bad "recompute block: $(tail -3 "$T/err")"
+"$KILN" train "${a[@]}" --recompute=block --offload=activations --out="$T/blko" 2>"$T/err" ||
+  bad "offloaded activations: $(tail -3 "$T/err")"
+[ "$(cut -d, -f1-2 "$T/blk/metrics.jsonl")" = "$(cut -d, -f1-2 "$T/blko/metrics.jsonl")" ] && ok ||
+  bad "offloaded activations changed the losses on the GPU"
 # sequence parallelism with 2 ranks on the GPU: Ulysses' all-to-alls and the ring's send_recv staged through
 # the host, the CUDA attention-block op (GQA and RoPE in the second), against one rank
 for sp in "--sp-mode=ulysses" "--sp-mode=ring --pos=rope --kv-heads=2"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # --recompute as a user meets it: a bad value names the allowed ones, and kiln info's CUDA plan shrinks with
 # each mode (act keeps the MLP activation's input only, mlp keeps neither per layer, block only the residual);
-# the default is act.
+# the default is act. --offload=activations changes no number and moves the layer inputs out of the plan.
 source "$(dirname "$0")/lib.sh" recompute "$@"
 
 expect_error 2 "allowed values are none,mlp,block,act" -- train --recompute=gelu
@@ -17,5 +17,21 @@ mlp=$(acts --recompute=mlp)
 block=$(acts --recompute=block)
 python3 -c "import sys; n, a, m, b = map(float, sys.argv[1:]); assert n > a > m > b > 0, (n, a, m, b)" \
   "$none" "$act" "$mlp" "$block" && ok || bad "activation plans none $none, act $act, mlp $mlp, block $block GiB"
+
+# --offload=activations: each layer's input goes to host memory and back (training with --recompute=block
+# only); the same run without it gives bitwise the same weights and metrics on the CPU, and kiln info's
+# device plan shrinks by the inputs that leave, which its host line then holds
+expect_error 2 "offload activations without --recompute=block (--offload)" -- train --offload=activations
+big=(--preset=gpt2-124m --batch=8 --seq=1024 --recompute=block)
+dev() { "$KILN" info "${big[@]}" "$@" | awk '/^memory \(cuda/ {m = 1} m && /^  activations/ {print $2; exit}'; }
+host=$("$KILN" info "${big[@]}" --offload=activations | awk '/^memory \(cuda/ {m = 1} m && /host memory \(offloaded activations\)/ {print $5; exit}')
+python3 -c "import sys; k, m, h = map(float, sys.argv[1:]); assert abs((k - m) - h) < 2e-3 and h > 0, (k, m, h)" \
+  "$(dev)" "$(dev --offload=activations)" "$host" && ok || bad "plans: kept $(dev), offloaded $(dev --offload=activations), host $host GiB"
+run=(--layers=5 --heads=2 --dim=32 --seq=16 --batch=2 --max-steps=3 --eval-every=2 --eval-steps=1 --threads=1 --quiet
+  --recompute=block --total-batch=64)
+"$KILN" train "${run[@]}" --out="$T/kept" && "$KILN" train "${run[@]}" --offload=activations --out="$T/moved" ||
+  bad "training with and without offloaded activations"
+same_weights "$T/kept" "$T/moved" && [ "$(cut -d, -f1-4 "$T/kept/metrics.jsonl")" = "$(cut -d, -f1-4 "$T/moved/metrics.jsonl")" ] &&
+  ok || bad "offloaded activations changed the run"
 
 finish

@@ -29,7 +29,10 @@ static void tiny_config(struct kiln_model_config *m) {
     m->vocab_multiple = 16; // padded vocab 16 > 11: padded logits must get no probability
 }
 
-static void fixture_open(struct fixture *f, const struct kiln_model_config *m, enum kiln_recompute rc, uint64_t seed) {
+static int fixture_offload_activations; // the next fixture_open's opts.offload_activations
+
+static void fixture_open(struct fixture *f, const struct kiln_model_config *m, enum kiln_recompute rc,
+                         uint64_t seed) {
     memset(f, 0, sizeof(*f));
     f->m = *m;
     f->B = 2;
@@ -37,7 +40,11 @@ static void fixture_open(struct fixture *f, const struct kiln_model_config *m, e
     struct kiln_error e;
     struct kiln_backend_opts bo = {0};
     assert_int_equal(kiln_backend_open("cpu", &bo, &f->be, &e), 0);
-    struct kiln_gpt_opts o = {.B = f->B, .T = f->T, .recompute = rc, .training = 1};
+    struct kiln_gpt_opts o = {.B = f->B,
+                              .T = f->T,
+                              .recompute = rc,
+                              .training = 1,
+                              .offload_activations = fixture_offload_activations};
     kiln_gpt_tuning_from_env(&o);
     if (kiln_gpt_create(&f->g, m, &f->be, &o, &e))
         fail_msg("create: %s", e.msg);
@@ -86,7 +93,8 @@ static void check_gradients(const struct kiln_model_config *m, enum kiln_recompu
         const struct kiln_param *q = &pt->p[i];
         for (int k = 0; k < 6; k++) {
             size_t j = q->offset + (size_t)(test_rand_u64(&s) % q->count);
-            if ((i == pt->wte || i == pt->lm_head) && (j - q->offset) / (size_t)q->shape[1] >= (size_t)m->vocab_size)
+            if ((i == pt->wte || i == pt->lm_head) &&
+                (j - q->offset) / (size_t)q->shape[1] >= (size_t)m->vocab_size)
                 continue; // padded vocab rows: both grads are exactly zero, checked below
             float orig = p[j];
             p[j] = orig + eps;
@@ -363,7 +371,8 @@ static void check_mlp_chunks(const struct kiln_model_config *m, const char *what
         for (int i = 0; i < pt.n; i++) {
             double e = test_rel_err(chunked + pt.p[i].offset, whole + pt.p[i].offset, pt.p[i].count);
             if (!(e <= 1e-5))
-                fail_msg("%s, recompute %d: gradient of %s differs by %.3e relative", what, rcs[r], pt.p[i].name, e);
+                fail_msg("%s, recompute %d: gradient of %s differs by %.3e relative", what, rcs[r],
+                         pt.p[i].name, e);
             worst = e > worst ? e : worst;
         }
         fprintf(stderr, "[mlp chunks] %-40s recompute %d: worst gradient rel %.1e\n", what, rcs[r], worst);
@@ -371,6 +380,50 @@ static void check_mlp_chunks(const struct kiln_model_config *m, const char *what
         free(chunked);
     }
     kiln_params_free(&pt);
+}
+
+// Activation offload moves each layer's input to host memory and back: on the CPU the losses and gradients
+// are bitwise those without it, over two steps and an accumulated third (the ring of 3 device slots is
+// reused several times with 6 layers), with the MLP in chunks too; the plan keeps 3 inputs on the device.
+static void check_offload_activations(const struct kiln_model_config *m, const char *rows, const char *what) {
+    struct kiln_param_table pt;
+    kiln_params_build(&pt, m);
+    float *kept = calloc(pt.total, sizeof(float)), *moved = calloc(pt.total, sizeof(float));
+    double lk[3], lm[3];
+    loss_and_grads_rows(m, KILN_RECOMPUTE_BLOCK, rows, kept, lk);
+    fixture_offload_activations = 1;
+    loss_and_grads_rows(m, KILN_RECOMPUTE_BLOCK, rows, moved, lm);
+    fixture_offload_activations = 0;
+    for (int i = 0; i < 3; i++)
+        if (lk[i] != lm[i])
+            fail_msg("%s: loss %d %.9f kept, %.9f offloaded", what, i, lk[i], lm[i]);
+    if (memcmp(kept, moved, pt.total * sizeof(float)))
+        fail_msg("%s: the gradients with offloaded activations differ", what);
+    free(kept);
+    free(moved);
+    kiln_params_free(&pt);
+}
+
+static void test_offloaded_activations_change_no_number(void **state) {
+    struct kiln_model_config m;
+    tiny_config(&m);
+    m.n_layer = 6;
+    check_offload_activations(&m, "-1", "sequential, 6 layers");
+    check_offload_activations(&m, "5", "sequential, 6 layers, MLP in chunks");
+    m.n_layer = 2; // L + 1 = 3 inputs: all fit the ring, nothing moves
+    check_offload_activations(&m, "-1", "sequential, 2 layers");
+    parallel_config(&m, PAR_SWIGLU_GQA_ROPE);
+    m.n_layer = 5;
+    check_offload_activations(&m, "-1", "parallel swiglu gqa rope, 5 layers");
+    struct kiln_gpt_opts o = {.B = 2, .T = 7, .recompute = KILN_RECOMPUTE_BLOCK, .training = 1};
+    struct kiln_mem_plan kept, moved;
+    kiln_gpt_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &kept);
+    o.offload_activations = 1;
+    kiln_gpt_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &moved);
+    size_t x = (size_t)2 * 7 * m.n_embd * 2;                     // one layer input, bf16
+    assert_int_equal(kept.acts_bytes - moved.acts_bytes, 3 * x); // 6 inputs kept, 3 on the device
+    assert_int_equal(moved.host_bytes, 3 * x);
+    assert_int_equal(kept.host_bytes, 0);
 }
 
 static void test_mlp_in_chunks_matches_the_whole_mlp(void **state) {
@@ -440,7 +493,8 @@ static void check_decode(const struct kiln_model_config *mc) {
     fixture_close(&f);
 }
 
-static void train_steps(const struct kiln_model_config *m, uint64_t seed, int steps, double *losses, float *params_out) {
+static void train_steps(const struct kiln_model_config *m, uint64_t seed, int steps, double *losses,
+                        float *params_out) {
     struct fixture f;
     fixture_open(&f, m, KILN_RECOMPUTE_NONE, seed);
     for (int s = 0; s < steps; s++) {
@@ -448,8 +502,14 @@ static void train_steps(const struct kiln_model_config *m, uint64_t seed, int st
         losses[s] = kiln_gpt_forward(f.g, f.in, f.tgt, 1.0f / (f.B * f.T), 0.0f);
         kiln_gpt_backward(f.g);
         double norm = kiln_gpt_grad_norm(f.g);
-        struct kiln_adamw_hparams h = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                       .weight_decay = 0.1f, .grad_clip = 1.0f, .grad_scale = 1.0f, .step = s + 1};
+        struct kiln_adamw_hparams h = {.lr = 1e-2f,
+                                       .beta1 = 0.9f,
+                                       .beta2 = 0.95f,
+                                       .eps = 1e-8f,
+                                       .weight_decay = 0.1f,
+                                       .grad_clip = 1.0f,
+                                       .grad_scale = 1.0f,
+                                       .step = s + 1};
         kiln_gpt_adamw(f.g, &h, norm);
     }
     kiln_gpt_get_params(f.g, params_out);
@@ -519,7 +579,7 @@ static void test_first_micro_step_overwrites_every_gradient(void **state) {
     m.parallel_block = 1;
     m.pos = KILN_POS_ALIBI;
     check_no_stale_gradients(&m, "parallel, alibi", 0); // QKV = 48 biases: two GEMMs
-    m.n_embd = 64; // wide enough for the fused input projection
+    m.n_embd = 64;                                      // wide enough for the fused input projection
     check_no_stale_gradients(&m, "parallel, alibi, fused projection", 1);
     m.mlp_swiglu = 1;
     m.mlp_hidden = 128;
@@ -710,15 +770,18 @@ static void test_plan_is_what_the_model_allocates(void **state) {
     for (size_t c = 0; c < sizeof(scratch_cases) / sizeof(scratch_cases[0]); c++)
         for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_ACT; rc++)
             for (int training = 0; training < 2; training++)
-                for (int apart = 0; apart < 4; apart++) { // 2, 3: the MLP in chunks of 4 rows too
+                for (int apart = 0; apart < 8; apart++) { // 2, 3: the MLP in chunks of 4 rows; 4+: offload
                     struct kiln_model_config m;
                     scratch_cases[c].config(&m);
                     if (apart & 1)
                         setenv("KILN_SCRATCH_SHARED", "0", 1);
                     if (apart & 2)
                         setenv("KILN_MLP_ROWS", "4", 1);
-                    struct kiln_gpt_opts o = {
-                        .B = 3, .T = 5, .recompute = (enum kiln_recompute)rc, .training = training};
+                    struct kiln_gpt_opts o = {.B = 3,
+                                              .T = 5,
+                                              .recompute = (enum kiln_recompute)rc,
+                                              .training = training,
+                                              .offload_activations = (apart & 4) != 0};
                     struct kiln_mem_plan plan;
                     kiln_gpt_tuning_from_env(&o);
                     kiln_gpt_plan(&m, &o, be.act_dtype, be.grad_dtype, be.weights_alias_master, &plan);
@@ -759,6 +822,7 @@ int main(void) {
         cmocka_unit_test(test_shared_scratch_changes_no_number),
         cmocka_unit_test(test_plan_is_what_the_model_allocates),
         cmocka_unit_test(test_mlp_in_chunks_matches_the_whole_mlp),
+        cmocka_unit_test(test_offloaded_activations_change_no_number),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,6 +50,7 @@ static const struct kiln_ops cpu_ops = {
     .host_free = cpu_host_free,
     .mem_peak = kiln_cpu_mem_peak,
     .copy_2d = kiln_cpu_copy_2d,
+    .copy_async = kiln_cpu_copy_async,
 };
 
 static void cpu_close(struct kiln_backend *b) {

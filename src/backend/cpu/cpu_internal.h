@@ -53,6 +53,7 @@ void kiln_cpu_free(void *ctx, void *p);
 size_t kiln_cpu_mem_peak(void *ctx);
 void kiln_cpu_zero(void *ctx, void *p, size_t bytes);
 void kiln_cpu_copy(void *ctx, void *dst, const void *src, size_t bytes);
+void kiln_cpu_copy_async(void *ctx, void *dst, const void *src, size_t bytes, void *done);
 void kiln_cpu_copy_2d(void *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
                       size_t rows);
 void kiln_cpu_upload(void *ctx, void *dst, const void *host_src, size_t bytes);

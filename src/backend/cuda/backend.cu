@@ -12,7 +12,8 @@ extern "C" cudaError_t kiln_cuda_malloc(struct cuda_ctx *c, void **p, size_t byt
         return e;
     if (c->mem_n == c->mem_cap) {
         c->mem_cap = c->mem_cap ? 2 * c->mem_cap : 64;
-        c->mem_blocks = (struct cuda_block *)kiln_xrealloc(c->mem_blocks, c->mem_cap * sizeof(*c->mem_blocks));
+        c->mem_blocks =
+            (struct cuda_block *)kiln_xrealloc(c->mem_blocks, c->mem_cap * sizeof(*c->mem_blocks));
     }
     c->mem_blocks[c->mem_n++] = (struct cuda_block){*p, bytes};
     c->mem_now += bytes;
@@ -97,8 +98,8 @@ static void cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx_of(ctx)->stream));
 }
 
-static void cuda_copy_2d(void *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
-                         size_t rows) {
+static void cuda_copy_2d(void *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                         size_t width, size_t rows) {
     if (!rows || !width)
         return;
     CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice,
@@ -215,7 +216,8 @@ extern "C" void kiln_cuda_add_f32(struct cuda_ctx *c, float *out, const float *x
 
 static void cuda_accumulate_f32(void *ctx, float *out, const float *x, size_t n) {
     for (size_t at = 0; at < n; at += (size_t)1 << 30) // the kernel counts in int
-        kiln_cuda_add_f32(cuda_ctx_of(ctx), out + at, x + at, (int)(n - at < ((size_t)1 << 30) ? n - at : (size_t)1 << 30));
+        kiln_cuda_add_f32(cuda_ctx_of(ctx), out + at, x + at,
+                          (int)(n - at < ((size_t)1 << 30) ? n - at : (size_t)1 << 30));
 }
 
 // ---- host memory: page-locked, so that device-to-host copies run at full PCIe/NVLink-C2C speed ----------
@@ -254,6 +256,25 @@ static void cuda_event_destroy(void *ctx, void *ev) {
 
 static void cuda_event_record(void *ctx, void *ev) {
     CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, cuda_ctx_of(ctx)->stream));
+}
+
+// Activation offload's copies run on a stream of their own, after what the compute stream was given so far,
+// so that the compute goes on while they move; the compute stream waits on `done` only where it needs them.
+static void cuda_copy_async(void *ctx, void *dst, const void *src, size_t bytes, void *done) {
+    struct cuda_ctx *c = cuda_ctx_of(ctx);
+    if (!c->copy_stream) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->copy_mark, cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventRecord(c->copy_mark, c->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(c->copy_stream, c->copy_mark, 0));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->copy_stream));
+    if (done)
+        CUDA_CHECK(cudaEventRecord((cudaEvent_t)done, c->copy_stream));
+}
+
+static void cuda_stream_wait(void *ctx, void *ev) {
+    CUDA_CHECK(cudaStreamWaitEvent(cuda_ctx_of(ctx)->stream, (cudaEvent_t)ev, 0));
 }
 
 static void cuda_event_synchronize(void *ctx, void *ev) {
@@ -305,6 +326,8 @@ static const struct kiln_ops cuda_ops = {
     cuda_event_synchronize,
     cuda_native_stream,
     cuda_copy_2d,
+    cuda_copy_async,
+    cuda_stream_wait,
 };
 
 static void cuda_close(struct kiln_backend *b) {
@@ -313,6 +336,11 @@ static void cuda_close(struct kiln_backend *b) {
         return;
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
+    if (c->copy_stream) {
+        cudaStreamSynchronize(c->copy_stream);
+        cudaStreamDestroy(c->copy_stream);
+        cudaEventDestroy(c->copy_mark);
+    }
     for (int i = 0; i < SCR_COUNT; i++)
         cudaFree(c->scratch[i]);
     cudaFree(c->rope_tab);

@@ -93,6 +93,10 @@ struct cuda_ctx {
     // host staging for dtype conversion
     void *host_stage;
     size_t host_stage_bytes;
+    // copy_async: a stream of its own beside the compute stream, and an event marking the compute stream's
+    // end for it to wait on (made on first use)
+    cudaStream_t copy_stream;
+    cudaEvent_t copy_mark;
     // device memory held (kiln_cuda_malloc/free): bytes now, the most at once, and each live block's size
     size_t mem_now, mem_peak;
     struct cuda_block *mem_blocks;
