@@ -1088,11 +1088,12 @@ int cmd_launch(int argc, char **argv) {
                 o.nnodes, o.master_addr, o.master_port);
     }
 
-    // argv: [mpirun -np W [--host H0:N,H1:N,... --mca plm_rsh_agent AGENT --mca plm_rsh_no_tree_spawn 1]
+    // argv: [mpirun -np W [--host H0:N,H1:N,... --mca plm_rsh_agent AGENT --mca plm_rsh_no_tree_spawn 1
+    //        --mca orte_leave_session_attached 1]
     //        [--oversubscribe] [--allow-run-as-root] --bind-to none] EXE train OPTIONS... [--resume=auto]
     //        NULL
     // or, on a node other than 0 under mpirun: /bin/sh -c DAEMON-COMMAND NULL
-    char **cargv = calloc((size_t)targc + 24, sizeof(char *));
+    char **cargv = calloc((size_t)targc + 32, sizeof(char *));
     size_t hosts_cap = (size_t)o.nnodes * (NI_MAXHOST + 16) + 1;
     char *hosts = calloc(hosts_cap, 1), *relayed = calloc(KILN_STORE_MAX_VALUE + 1, 1);
     char np[16], agent[PATH_MAX + 400], key[64], port_s[16];
@@ -1149,6 +1150,12 @@ int cmd_launch(int argc, char **argv) {
                     cargv[k++] = agent;
                     cargv[k++] = "--mca"; // node 0 starts every daemon itself: each goes through its relay
                     cargv[k++] = "plm_rsh_no_tree_spawn";
+                    cargv[k++] = "1";
+                    // and the daemon stays the relayed command's child instead of daemonizing (which
+                    // OpenMPI does without tree spawn): the launcher on its node then sees it end, and
+                    // ending the command's process group cannot kill a daemon that is still starting
+                    cargv[k++] = "--mca";
+                    cargv[k++] = "orte_leave_session_attached";
                     cargv[k++] = "1";
                 }
                 if (o.nproc > sysconf(_SC_NPROCESSORS_ONLN))

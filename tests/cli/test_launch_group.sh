@@ -59,8 +59,14 @@ run_group() {
   [ -s "$REC/crash_us" ] && ms=$(((t1 - $(cat "$REC/crash_us")) / 1000))
 }
 no_survivors() {
+  # a SIGKILLed process may take a moment to be gone on a loaded machine: up to 3 s
   local left=""
-  for p in $(cat "$REC/pids"); do alive "$p" && left="$left $p"; done
+  for _ in $(seq 30); do
+    left=""
+    for p in $(cat "$REC/pids"); do alive "$p" && left="$left $p"; done
+    [ -z "$left" ] && break
+    sleep 0.1
+  done
   [ -z "$left" ] && ok || bad "$1: processes of the group still running:$left"
 }
 

@@ -73,9 +73,11 @@ rm -f "$T/rcs"
 # a rank SIGKILLed on node 1: both nodes' launchers give up (--max-restarts=0) within seconds, nothing left
 two_nodes --rdzv-timeout=60 --max-restarts=0 --grace=2 -- "${args[@]}" --max-steps=1000000 --out="$T/kill" &
 job=$!
+started=$(date +%s)
 victim=""
 for _ in $(seq 600); do
-  if [ -s "$T/kill/metrics.jsonl" ]; then
+  # past the 10 s + grace after which node 0 would call a daemon that left gone (it must not: it stays)
+  if [ -s "$T/kill/metrics.jsonl" ] && [ $(($(date +%s) - started)) -ge 14 ]; then
     victim=$(for p in $(ip netns pids ${NS}b); do
       [ "$(cat /proc/$p/comm 2>/dev/null)" = kiln ] && tr '\0' ' ' </proc/$p/cmdline | grep -q " train " && echo $p
     done | head -1)
@@ -84,6 +86,12 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 [ -n "$victim" ] && ok || bad "no rank of the long run found on node 1: $(tail -40 "$T/err0") / $(tail -40 "$T/err1")"
+# OpenMPI daemonizes the daemons it starts without tree spawn unless told to stay attached: a daemonizing
+# daemon leaves the relayed command at once, which node 1's launcher ends, process group and all, maybe
+# before the daemon has left the group (CI hung so)
+grep "plm:rsh: final template argv" -A1 "$T/err0" | grep -q -- "--daemonize" &&
+  bad "mpirun asks the daemons to daemonize: $(grep -A1 "final template argv" "$T/err0")" || ok
+grep -q "mpirun is stuck" "$T/err0" && bad "node 0 stopped a healthy mpirun: $(tail -5 "$T/err0")" || ok
 t0=$(date +%s)
 [ -n "$victim" ] && kill -9 "$victim"
 wait $job
