@@ -412,9 +412,16 @@ static void buffer_elems(const struct kiln_sp_layout *lo, const struct kiln_mode
     size_t HS = (size_t)(m->n_embd / m->n_head), nh = (size_t)m->n_head / lo->ulysses,
            nkv = (size_t)kiln_model_kv_heads(m) / lo->ulysses, slot = (size_t)B * lo->T_local * lo->ulysses;
     size_t wl = (nh + 2 * nkv) * HS, uly = lo->ulysses > 1, ring = lo->ring > 1;
-    size_t sizes[SP_BUFS] = {slot * wl,          slot * wl,         uly * slot * wl,      uly * slot * wl,
-                             uly * slot * nh * HS, uly * slot * nh * HS, ring * slot * 2 * nkv * HS,
-                             ring * slot * 2 * nkv * HS, ring * slot * 2 * nkv * HS, ring * slot * 2 * nkv * HS};
+    size_t sizes[SP_BUFS] = {slot * wl,
+                             slot * wl,
+                             uly * slot * wl,
+                             uly * slot * wl,
+                             uly * slot * nh * HS,
+                             uly * slot * nh * HS,
+                             ring * slot * 2 * nkv * HS,
+                             ring * slot * 2 * nkv * HS,
+                             ring * slot * 2 * nkv * HS,
+                             ring * slot * 2 * nkv * HS};
     memcpy(e, sizes, sizeof(sizes));
 }
 
@@ -436,10 +443,10 @@ void kiln_sp_free(struct kiln_sp *s) {
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i])
             s->ops->free(s->ctx, bufs[i]);
-    if (s->lo.ulysses > 1) {
+    if (s->lo.ulysses > 1 && s->out_h) // with one Ulysses rank they are the model's buffers
         s->ops->free(s->ctx, s->out_h);
+    if (s->lo.ulysses > 1 && s->dout_h)
         s->ops->free(s->ctx, s->dout_h);
-    }
     if (s->ev)
         s->ops->event_destroy(s->ctx, s->ev);
     kiln_comm_close(s->uly);

@@ -931,7 +931,6 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     free(r->bt.tgt);
     free(r->bt.in_l);
     free(r->bt.tgt_l);
-    kiln_sp_free(r->sp);
     free(r->nan_steps);
     kiln_metrics_close(r->metrics);
     kiln_guards_free(&r->guards);
@@ -948,6 +947,7 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
         if (r->comm) // every rank is done with the step's collectives before any leaves
             kiln_comm_barrier(r->comm);
         kiln_watchdog_stop(); // before the communicators it could abort are gone
+        kiln_sp_free(r->sp);  // and its own, split from the world (after an error the job ends instead)
         kiln_comm_close(r->ckpt_comm);
         kiln_comm_close(r->comm);
     }
