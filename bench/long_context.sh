@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# One GPU call for long context (docs/long_context.md; issue 15): build, the GPU tests of what long context
+# uses (the attention-block op and split positions against the CPU, two ranks sharing the GPU under Ulysses
+# and ring, activation offload's losses), then at the 1.3B shape (24 layers, 2048 wide, 16 heads, RoPE, B=1,
+# --recompute=block) kiln's tokens/s, TFLOPS per GPU and MFU at each length of KILN_LENGTHS, with
+# --offload=activations from KILN_OFFLOAD_FROM tokens on, and PyTorch (eager, SDPA, checkpointing; the seed's
+# baseline) up to KILN_TORCH_MAX tokens, in the same call. KILN_PART=tests|sweep|all picks what runs. A
+# length runs 10 steps up to 16k tokens, 5 up to 64k, 3 up to 256k, 2 beyond (the first is not timed): at
+# 512k and more, one length is a device call of its own (KILN_LENGTHS=524288).
+# Logs in $OUT (few files: the device returns at most 8), each row printed as soon as it is measured.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kiln-long}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if [ -d .debs ] && ! dpkg -s libcmocka-dev >/dev/null 2>&1; then
+  eval "$(bash scripts/gpu-deps.sh .debs /tmp/kiln-deps)"
+fi
+BUILD=${BUILD:-build-gpu}
+PART=${KILN_PART:-all}
+LENGTHS=${KILN_LENGTHS:-"2048 8192 32768 65536 131072 262144 524288"}
+OFFLOAD_FROM=${KILN_OFFLOAD_FROM:-262144}
+TORCH_MAX=${KILN_TORCH_MAX:-65536}
+DEVICE=${KILN_BENCH_DEVICE:-cuda} # cpu: a smoke test of this script with KILN_SHAPE set small
+SHAPE=${KILN_SHAPE:-"--preset=gpt2-124m --layers=24 --dim=2048 --heads=16"}
+t0=$(date +%s)
+if [ "$DEVICE" = cuda ]; then
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 &&
+    cmake --build "$BUILD" -j "$(nproc)" -t kiln test_cuda_ops test_cuda_model >>"$OUT/build.log" 2>&1 ||
+    { tail -40 "$OUT/build.log"; exit 1; }
+  echo "build: ok in $(($(date +%s) - t0)) s"
+fi
+
+if [ "$PART" = tests ] || [ "$PART" = all ]; then
+  for f in "*attention_block*" "*split_positions*" "*"; do
+    KILN_TEST_FILTER="$f" timeout 300 "$BUILD/test_cuda_ops" >>"$OUT/tests.log" 2>&1
+    echo "test_cuda_ops $f: exit $?, $(grep -c FAIL "$OUT/tests.log") FAIL lines so far"
+  done
+  timeout 400 bash tests/cli/test_dist_gpu_mpi.sh "$BUILD/kiln" >>"$OUT/tests.log" 2>&1
+  echo "test_dist_gpu_mpi: exit $?"
+  grep -E "FAIL|worst|passed," "$OUT/tests.log" | tail -16
+fi
+[ "$PART" = tests ] && exit 0
+
+# median tok/s over the timed steps (all but the first), TFLOPS per GPU and MFU (6N + 12LHQT, causal not
+# halved, the seed's convention), and the peak GiB
+stats() {
+  python3 - "$1" <<'PY'
+import json, sys, statistics
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
+timed = rows[1:] or rows
+tok = statistics.median(r["tokens_per_s"] for r in timed)
+mfu = statistics.median(r.get("mfu", 0) for r in timed)  # from the GPU's peak; 0 on the CPU
+print(f'{tok:.0f} {mfu * 989:.1f} {100 * mfu:.1f} {rows[-1]["peak_mem_bytes"] / 2**30:.1f}')
+PY
+}
+echo "| tokens | kiln tok/s | TFLOPS | MFU % | peak GiB | offload | PyTorch tok/s | PyTorch GiB | kiln/PyTorch |" >"$OUT/table.md"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" >>"$OUT/table.md"
+for T in $LENGTHS; do
+  off=none
+  [ "$T" -ge "$OFFLOAD_FROM" ] && off=activations
+  dir=/tmp/long_$T
+  steps=2
+  [ "$T" -le 262144 ] && steps=3
+  [ "$T" -le 65536 ] && steps=5
+  [ "$T" -le 16384 ] && steps=10
+  rm -rf "$dir"
+  # shellcheck disable=SC2086
+  timeout 560 "$BUILD/kiln" train $SHAPE --pos=rope --batch=1 --seq="$T" --block-size="$T" --recompute=block \
+    --offload=$off --data=random --max-steps="$steps" --warmup=1 --device="$DEVICE" \
+    --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1 --out="$dir" >"$OUT/run.log" 2>&1
+  rc=$?
+  { echo "== $T ($off): exit $rc"; cat "$OUT/run.log" "$dir/metrics.jsonl" 2>/dev/null; } >>"$OUT/runs.log"
+  if [ ! -s "$dir/metrics.jsonl" ]; then
+    echo "| $T | failed: $(grep -v "^\s" "$OUT/run.log" | tail -1) | | | | $off | | | |" | tee -a "$OUT/table.md"
+    continue
+  fi
+  read -r tok tf mfu gib < <(stats "$dir/metrics.jsonl")
+  ttok="" tgib="" ratio=""
+  if [ "$T" -le "$TORCH_MAX" ] && [ "$DEVICE" = cuda ] && [ -f .peer/bench/torch_gpt.py ]; then
+    timeout 400 python3 .peer/bench/torch_gpt.py --layers 24 --dim 2048 --heads 16 --batch 1 --seq "$T" --ckpt 1 \
+      --compile 0 --steps 6 --warmup 2 >"$OUT/torch.log" 2>&1
+    cat "$OUT/torch.log" >>"$OUT/runs.log"
+    line=$(grep '^{' "$OUT/torch.log" | tail -1)
+    if [ -n "$line" ]; then
+      ttok=$(echo "$line" | python3 -c "import json, sys; print(round(json.load(sys.stdin)['tok_per_s']))")
+      tgib=$(echo "$line" | python3 -c "import json, sys; d = json.load(sys.stdin); print(round(d['peak_mem_GiB'], 1))")
+      ratio=$(python3 -c "print(f'{$tok / $ttok:.2f}x')")
+    else
+      ttok="failed: $(tail -1 "$OUT/torch.log" | cut -c1-60)"
+    fi
+  fi
+  echo "| $T | $tok | $tf | $mfu | $gib | $off | $ttok | $tgib | $ratio |" | tee -a "$OUT/table.md"
+done
+echo
+cat "$OUT/table.md"
