@@ -198,19 +198,11 @@ struct kiln_attn_block_args {
 // The backward of one block, given the final out and lse (after every block was merged): dq, dk and dv
 // (in the input frame, before RoPE) are accumulated (+=), so that a rank sums its blocks' contributions.
 struct kiln_attn_block_back_args {
+    struct kiln_attn_block_args blk; // the block as the forward saw it, with out and lse the final ones
+                                     // (read only; accumulate unused)
     void *dq;               // act, like q, +=
     void *dk, *dv;          // act, like k and v, +=
     const void *dout;       // act, like out
-    const void *out;        // act: the final output
-    const float *lse;       // the final log-sum-exp, as the forward's
-    const void *q, *k, *v;
-    int B, Tq, Tk, NH, NKV, HS;
-    int q0, k0;
-    size_t q_bstride, kv_bstride, out_bstride, lse_stride;
-    int q_stride, kv_stride, out_stride;
-    enum kiln_pos pos;
-    float rope_theta;
-    int head0, NH_total;
 };
 
 // out = silu(gate) * up, where inp rows are [gate (H) | up (H)]. inp and dinp may be column slices of wider

@@ -151,75 +151,86 @@ static struct kiln_comm_work *ring_pass(struct kiln_sp *s, const void *send, voi
     return kiln_comm_submit(s->ring, &k, after_compute(s));
 }
 
+// Between the all-to-all's u blocks (B, T_local rows of w each) and the slot's rows (B, S, w): block j is
+// the slot's run j, peer j's tokens.
+static void blocks_slot(struct kiln_sp *s, void *blocks, void *slot, size_t w, int to_slot) {
+    size_t Tl = (size_t)s->lo.T_local, blk = (size_t)s->B * Tl * w;
+    for (int j = 0; j < s->lo.ulysses; j++) {
+        char *b = at(s, blocks, j * blk), *r = at(s, slot, j * Tl * w);
+        if (to_slot)
+            copy_rows(s, r, s->S * w, b, Tl * w, Tl * w, s->B);
+        else
+            copy_rows(s, b, Tl * w, r, s->S * w, Tl * w, s->B);
+    }
+}
+
+// Peer j's heads of q, k and v, between the model's rows (stride rs) and rows of a packed block (wl wide).
+static void peer_heads(struct kiln_sp *s, int j, void *rows, int rs, void *packed, int to_packed) {
+    size_t HS = s->HS, n = (size_t)s->B * s->lo.T_local;
+    size_t row_at[3] = {j * s->nh * HS, (s->NH + j * s->nkv) * HS, (s->NH + s->NKV + j * s->nkv) * HS};
+    size_t pk_at[3] = {0, s->nh * HS, (s->nh + s->nkv) * HS}, w[3] = {s->nh * HS, s->nkv * HS, s->nkv * HS};
+    for (int g = 0; g < 3; g++) {
+        char *r = at(s, rows, row_at[g]), *p = at(s, packed, pk_at[g]);
+        if (to_packed)
+            copy_rows(s, p, s->wl, r, rs, w[g], n);
+        else
+            copy_rows(s, r, rs, p, s->wl, w[g], n);
+    }
+}
+
+// Peer j's heads of an attention output, between the model's (B, T_local, NH*HS) and a packed block (oh
+// wide).
+static void peer_out(struct kiln_sp *s, int j, void *rows, void *packed, int to_packed) {
+    size_t n = (size_t)s->B * s->lo.T_local, NHHS = (size_t)s->NH * s->HS;
+    char *r = at(s, rows, (size_t)j * s->oh);
+    if (to_packed)
+        copy_rows(s, packed, s->oh, r, NHHS, s->oh, n);
+    else
+        copy_rows(s, r, NHHS, packed, s->oh, s->oh, n);
+}
+
 // The model's (B, T_local) qkv rows (stride qs) to qkv_h: the slot's tokens for this rank's heads.
 static void qkv_to_heads(struct kiln_sp *s, const void *qkv, int qs) {
-    int u = s->lo.ulysses, Tl = s->lo.T_local, B = s->B, HS = s->HS, W = (s->NH + 2 * s->NKV) * HS;
-    if (u == 1) {
-        copy_rows(s, s->qkv_h, s->wl, qkv, qs, W, (size_t)B * Tl);
+    size_t n = (size_t)s->B * s->lo.T_local, blk = n * s->wl;
+    if (s->lo.ulysses == 1) {
+        copy_rows(s, s->qkv_h, s->wl, qkv, qs, s->wl, n);
         return;
     }
-    size_t blk = (size_t)B * Tl * s->wl;
-    for (int j = 0; j < u; j++) { // block j: peer j's heads of q, k and v
-        char *dst = at(s, s->send, j * blk);
-        copy_rows(s, dst, s->wl, at(s, qkv, (size_t)j * s->nh * HS), qs, (size_t)s->nh * HS, (size_t)B * Tl);
-        copy_rows(s, at(s, dst, (size_t)s->nh * HS), s->wl, at(s, qkv, (size_t)(s->NH + j * s->nkv) * HS), qs,
-                  (size_t)s->nkv * HS, (size_t)B * Tl);
-        copy_rows(s, at(s, dst, (size_t)(s->nh + s->nkv) * HS), s->wl,
-                  at(s, qkv, (size_t)(s->NH + s->NKV + j * s->nkv) * HS), qs, (size_t)s->nkv * HS,
-                  (size_t)B * Tl);
-    }
+    for (int j = 0; j < s->lo.ulysses; j++)
+        peer_heads(s, j, (void *)qkv, qs, at(s, s->send, j * blk), 1);
     all_to_all(s, blk);
-    for (int j = 0; j < u; j++) // peer j's tokens are the slot's run j
-        copy_rows(s, at(s, s->qkv_h, (size_t)j * Tl * s->wl), (size_t)s->S * s->wl, at(s, s->recv, j * blk),
-                  (size_t)Tl * s->wl, (size_t)Tl * s->wl, B);
+    blocks_slot(s, s->recv, s->qkv_h, s->wl, 1);
 }
 
 // The inverse for gradients: dqkv_h back to the model's rows (stride ds), overwriting their qkv columns.
 static void dqkv_from_heads(struct kiln_sp *s, void *dqkv, int ds) {
-    int u = s->lo.ulysses, Tl = s->lo.T_local, B = s->B, HS = s->HS, W = (s->NH + 2 * s->NKV) * HS;
-    if (u == 1) {
-        copy_rows(s, dqkv, ds, s->dqkv_h, s->wl, W, (size_t)B * Tl);
+    size_t n = (size_t)s->B * s->lo.T_local, blk = n * s->wl;
+    if (s->lo.ulysses == 1) {
+        copy_rows(s, dqkv, ds, s->dqkv_h, s->wl, s->wl, n);
         return;
     }
-    size_t blk = (size_t)B * Tl * s->wl;
-    for (int j = 0; j < u; j++)
-        copy_rows(s, at(s, s->send, j * blk), (size_t)Tl * s->wl, at(s, s->dqkv_h, (size_t)j * Tl * s->wl),
-                  (size_t)s->S * s->wl, (size_t)Tl * s->wl, B);
+    blocks_slot(s, s->send, s->dqkv_h, s->wl, 0);
     all_to_all(s, blk);
-    for (int j = 0; j < u; j++) { // block j: this rank's tokens, peer j's heads
-        const char *src = at(s, s->recv, j * blk);
-        copy_rows(s, at(s, dqkv, (size_t)j * s->nh * HS), ds, src, s->wl, (size_t)s->nh * HS, (size_t)B * Tl);
-        copy_rows(s, at(s, dqkv, (size_t)(s->NH + j * s->nkv) * HS), ds, at(s, src, (size_t)s->nh * HS),
-                  s->wl, (size_t)s->nkv * HS, (size_t)B * Tl);
-        copy_rows(s, at(s, dqkv, (size_t)(s->NH + s->NKV + j * s->nkv) * HS), ds,
-                  at(s, src, (size_t)(s->nh + s->nkv) * HS), s->wl, (size_t)s->nkv * HS, (size_t)B * Tl);
-    }
+    for (int j = 0; j < s->lo.ulysses; j++)
+        peer_heads(s, j, dqkv, ds, at(s, s->recv, j * blk), 0);
 }
 
 // An attention output (B, T_local, NH*HS) to the slot's rows for this rank's heads (B, S, oh) in dst.
 static void out_to_heads(struct kiln_sp *s, const void *out, void *dst) {
-    int u = s->lo.ulysses, Tl = s->lo.T_local, B = s->B, NHHS = s->NH * s->HS;
-    size_t blk = (size_t)B * Tl * s->oh;
-    for (int j = 0; j < u; j++)
-        copy_rows(s, at(s, s->send, j * blk), s->oh, at(s, out, (size_t)j * s->oh), NHHS, s->oh,
-                  (size_t)B * Tl);
+    size_t blk = (size_t)s->B * s->lo.T_local * s->oh;
+    for (int j = 0; j < s->lo.ulysses; j++)
+        peer_out(s, j, (void *)out, at(s, s->send, j * blk), 1);
     all_to_all(s, blk);
-    for (int j = 0; j < u; j++)
-        copy_rows(s, at(s, dst, (size_t)j * Tl * s->oh), (size_t)s->S * s->oh, at(s, s->recv, j * blk),
-                  (size_t)Tl * s->oh, (size_t)Tl * s->oh, B);
+    blocks_slot(s, s->recv, dst, s->oh, 1);
 }
 
 // The inverse: out_h back to the model's (B, T_local, NH*HS).
 static void out_from_heads(struct kiln_sp *s, void *out) {
-    int u = s->lo.ulysses, Tl = s->lo.T_local, B = s->B, NHHS = s->NH * s->HS;
-    size_t blk = (size_t)B * Tl * s->oh;
-    for (int j = 0; j < u; j++)
-        copy_rows(s, at(s, s->send, j * blk), (size_t)Tl * s->oh, at(s, s->out_h, (size_t)j * Tl * s->oh),
-                  (size_t)s->S * s->oh, (size_t)Tl * s->oh, B);
+    size_t blk = (size_t)s->B * s->lo.T_local * s->oh;
+    blocks_slot(s, s->send, s->out_h, s->oh, 0);
     all_to_all(s, blk);
-    for (int j = 0; j < u; j++)
-        copy_rows(s, at(s, out, (size_t)j * s->oh), NHHS, at(s, s->recv, j * blk), s->oh, s->oh,
-                  (size_t)B * Tl);
+    for (int j = 0; j < s->lo.ulysses; j++)
+        peer_out(s, j, out, at(s, s->recv, j * blk), 0);
 }
 
 // The runs of ring slot `slot` within its S tokens: (first token, first position, length); returns how many.
@@ -254,64 +265,41 @@ static void attend(struct kiln_sp *s, const struct kv_block *kv, float *lse, int
                 continue; // every key after every query
             size_t q_el = (size_t)qf[i] * s->wl, k_el = (size_t)kf[j] * kv->stride,
                    o_el = (size_t)qf[i] * s->oh;
+            struct kiln_attn_block_args a = {.out = at(s, s->out_h, o_el),
+                                             .lse = lse + qf[i],
+                                             .q = at(s, s->qkv_h, q_el),
+                                             .k = at(s, kv->k, k_el),
+                                             .v = at(s, kv->v, k_el),
+                                             .B = s->B,
+                                             .Tq = ql[i],
+                                             .Tk = kl[j],
+                                             .NH = s->nh,
+                                             .NKV = s->nkv,
+                                             .HS = s->HS,
+                                             .q0 = qp[i],
+                                             .k0 = kp[j],
+                                             .q_bstride = (size_t)s->S * s->wl,
+                                             .kv_bstride = (size_t)s->S * kv->stride,
+                                             .out_bstride = (size_t)s->S * s->oh,
+                                             .lse_stride = (size_t)s->S,
+                                             .q_stride = s->wl,
+                                             .kv_stride = kv->stride,
+                                             .out_stride = s->oh,
+                                             .pos = s->pos,
+                                             .rope_theta = s->theta,
+                                             .head0 = s->lo.uly_rank * s->nh,
+                                             .NH_total = s->NH};
             if (!backward) {
-                struct kiln_attn_block_args a = {.out = at(s, s->out_h, o_el),
-                                                 .lse = lse + qf[i],
-                                                 .q = at(s, s->qkv_h, q_el),
-                                                 .k = at(s, kv->k, k_el),
-                                                 .v = at(s, kv->v, k_el),
-                                                 .B = s->B,
-                                                 .Tq = ql[i],
-                                                 .Tk = kl[j],
-                                                 .NH = s->nh,
-                                                 .NKV = s->nkv,
-                                                 .HS = s->HS,
-                                                 .q0 = qp[i],
-                                                 .k0 = kp[j],
-                                                 .q_bstride = (size_t)s->S * s->wl,
-                                                 .kv_bstride = (size_t)s->S * kv->stride,
-                                                 .out_bstride = (size_t)s->S * s->oh,
-                                                 .lse_stride = (size_t)s->S,
-                                                 .q_stride = s->wl,
-                                                 .kv_stride = kv->stride,
-                                                 .out_stride = s->oh,
-                                                 .pos = s->pos,
-                                                 .rope_theta = s->theta,
-                                                 .head0 = s->lo.uly_rank * s->nh,
-                                                 .NH_total = s->NH,
-                                                 .accumulate = started[i]};
+                a.accumulate = started[i];
                 s->ops->attention_block_forward(s->ctx, &a);
                 started[i] = 1;
             } else {
-                struct kiln_attn_block_back_args a = {.dq = at(s, s->dqkv_h, q_el),
+                struct kiln_attn_block_back_args b = {.blk = a,
+                                                      .dq = at(s, s->dqkv_h, q_el),
                                                       .dk = at(s, kv->dk, k_el),
                                                       .dv = at(s, kv->dv, k_el),
-                                                      .dout = at(s, s->dout_h, o_el),
-                                                      .out = at(s, s->out_h, o_el),
-                                                      .lse = lse + qf[i],
-                                                      .q = at(s, s->qkv_h, q_el),
-                                                      .k = at(s, kv->k, k_el),
-                                                      .v = at(s, kv->v, k_el),
-                                                      .B = s->B,
-                                                      .Tq = ql[i],
-                                                      .Tk = kl[j],
-                                                      .NH = s->nh,
-                                                      .NKV = s->nkv,
-                                                      .HS = s->HS,
-                                                      .q0 = qp[i],
-                                                      .k0 = kp[j],
-                                                      .q_bstride = (size_t)s->S * s->wl,
-                                                      .kv_bstride = (size_t)s->S * kv->stride,
-                                                      .out_bstride = (size_t)s->S * s->oh,
-                                                      .lse_stride = (size_t)s->S,
-                                                      .q_stride = s->wl,
-                                                      .kv_stride = kv->stride,
-                                                      .out_stride = s->oh,
-                                                      .pos = s->pos,
-                                                      .rope_theta = s->theta,
-                                                      .head0 = s->lo.uly_rank * s->nh,
-                                                      .NH_total = s->NH};
-                s->ops->attention_block_backward(s->ctx, &a);
+                                                      .dout = at(s, s->dout_h, o_el)};
+                s->ops->attention_block_backward(s->ctx, &b);
             }
         }
 }

@@ -1780,38 +1780,13 @@ static void blk_fwd_args(struct kiln_attn_block_args *a, struct blk_bufs *u, int
 
 static void blk_back_args(struct kiln_attn_block_back_args *b, struct blk_bufs *u, int gpu, int i0, int Tq,
                           int j0, int Tk) {
-    struct kiln_attn_block_args a;
-    blk_fwd_args(&a, u, gpu, i0, Tq, j0, Tk, 0);
     const struct blk_case *c = u->c;
     memset(b, 0, sizeof(*b));
+    blk_fwd_args(&b->blk, u, gpu, i0, Tq, j0, Tk, 0);
     b->dq = pair_at(&u->dqkv, gpu, (size_t)i0 * u->W);
     b->dk = pair_at(&u->dqkv, gpu, (size_t)j0 * u->W + (size_t)c->NH * c->HS);
     b->dv = pair_at(&u->dqkv, gpu, (size_t)j0 * u->W + (size_t)(c->NH + c->NKV) * c->HS);
     b->dout = pair_at(&u->dout, gpu, (size_t)i0 * u->ors);
-    b->out = a.out;
-    b->lse = a.lse;
-    b->q = a.q;
-    b->k = a.k;
-    b->v = a.v;
-    b->B = a.B;
-    b->Tq = Tq;
-    b->Tk = Tk;
-    b->NH = a.NH;
-    b->NKV = a.NKV;
-    b->HS = a.HS;
-    b->q0 = a.q0;
-    b->k0 = a.k0;
-    b->q_bstride = a.q_bstride;
-    b->kv_bstride = a.kv_bstride;
-    b->out_bstride = a.out_bstride;
-    b->lse_stride = a.lse_stride;
-    b->q_stride = a.q_stride;
-    b->kv_stride = a.kv_stride;
-    b->out_stride = a.out_stride;
-    b->pos = a.pos;
-    b->rope_theta = a.rope_theta;
-    b->head0 = a.head0;
-    b->NH_total = a.NH_total;
 }
 
 // Relative error of columns [off, off + w) of rows [r0, r1) of every batch (rows_b rows a batch, rs apart):

@@ -71,32 +71,37 @@ static void full_free(struct full *f) {
 
 // Queries [qa, qa + nq) against keys [ka, ka + nk) of the full layout: q, k and v are views into qkv (B, T,
 // W), out into (B, T, C), lse into (B, NH, T).
+static struct kiln_attn_block_args block_args(const struct cfg *c, const float *qkv, float *out, float *lse,
+                                              int qa, int nq, int ka, int nk) {
+    int W = (c->NH + 2 * c->NKV) * c->HS, C = c->NH * c->HS;
+    return (struct kiln_attn_block_args){.out = out + (size_t)qa * C,
+                                         .lse = lse + qa,
+                                         .q = qkv + (size_t)qa * W,
+                                         .k = qkv + (size_t)ka * W + c->NH * c->HS,
+                                         .v = qkv + (size_t)ka * W + (c->NH + c->NKV) * c->HS,
+                                         .B = c->B,
+                                         .Tq = nq,
+                                         .Tk = nk,
+                                         .NH = c->NH,
+                                         .NKV = c->NKV,
+                                         .HS = c->HS,
+                                         .q0 = qa,
+                                         .k0 = ka,
+                                         .q_bstride = (size_t)c->T * W,
+                                         .kv_bstride = (size_t)c->T * W,
+                                         .out_bstride = (size_t)c->T * C,
+                                         .lse_stride = (size_t)c->T,
+                                         .q_stride = W,
+                                         .kv_stride = W,
+                                         .out_stride = C,
+                                         .pos = c->pos,
+                                         .rope_theta = 10000.0f};
+}
+
 static void block_forward(const struct cfg *c, const float *qkv, float *out, float *lse, int qa, int nq,
                           int ka, int nk, int accumulate) {
-    int W = (c->NH + 2 * c->NKV) * c->HS, C = c->NH * c->HS;
-    struct kiln_attn_block_args a = {.out = out + (size_t)qa * C,
-                                     .lse = lse + qa,
-                                     .q = qkv + (size_t)qa * W,
-                                     .k = qkv + (size_t)ka * W + c->NH * c->HS,
-                                     .v = qkv + (size_t)ka * W + (c->NH + c->NKV) * c->HS,
-                                     .B = c->B,
-                                     .Tq = nq,
-                                     .Tk = nk,
-                                     .NH = c->NH,
-                                     .NKV = c->NKV,
-                                     .HS = c->HS,
-                                     .q0 = qa,
-                                     .k0 = ka,
-                                     .q_bstride = (size_t)c->T * W,
-                                     .kv_bstride = (size_t)c->T * W,
-                                     .out_bstride = (size_t)c->T * C,
-                                     .lse_stride = (size_t)c->T,
-                                     .q_stride = W,
-                                     .kv_stride = W,
-                                     .out_stride = C,
-                                     .pos = c->pos,
-                                     .rope_theta = 10000.0f,
-                                     .accumulate = accumulate};
+    struct kiln_attn_block_args a = block_args(c, qkv, out, lse, qa, nq, ka, nk);
+    a.accumulate = accumulate;
     g_be.ops->attention_block_forward(g_be.ctx, &a);
 }
 
@@ -104,32 +109,12 @@ static void block_forward(const struct cfg *c, const float *qkv, float *out, flo
 static void block_backward(const struct cfg *c, const float *qkv, const float *out, const float *lse,
                            const float *dout, float *dqkv, int qa, int nq, int ka, int nk) {
     int W = (c->NH + 2 * c->NKV) * c->HS, C = c->NH * c->HS;
-    struct kiln_attn_block_back_args a = {.dq = dqkv + (size_t)qa * W,
+    struct kiln_attn_block_back_args a = {.blk =
+                                              block_args(c, qkv, (float *)out, (float *)lse, qa, nq, ka, nk),
+                                          .dq = dqkv + (size_t)qa * W,
                                           .dk = dqkv + (size_t)ka * W + c->NH * c->HS,
                                           .dv = dqkv + (size_t)ka * W + (c->NH + c->NKV) * c->HS,
-                                          .dout = dout + (size_t)qa * C,
-                                          .out = out + (size_t)qa * C,
-                                          .lse = lse + qa,
-                                          .q = qkv + (size_t)qa * W,
-                                          .k = qkv + (size_t)ka * W + c->NH * c->HS,
-                                          .v = qkv + (size_t)ka * W + (c->NH + c->NKV) * c->HS,
-                                          .B = c->B,
-                                          .Tq = nq,
-                                          .Tk = nk,
-                                          .NH = c->NH,
-                                          .NKV = c->NKV,
-                                          .HS = c->HS,
-                                          .q0 = qa,
-                                          .k0 = ka,
-                                          .q_bstride = (size_t)c->T * W,
-                                          .kv_bstride = (size_t)c->T * W,
-                                          .out_bstride = (size_t)c->T * C,
-                                          .lse_stride = (size_t)c->T,
-                                          .q_stride = W,
-                                          .kv_stride = W,
-                                          .out_stride = C,
-                                          .pos = c->pos,
-                                          .rope_theta = 10000.0f};
+                                          .dout = dout + (size_t)qa * C};
     g_be.ops->attention_block_backward(g_be.ctx, &a);
 }
 
@@ -266,21 +251,21 @@ static void test_zigzag_ranks_through_strided_views_are_the_full_op(void **state
                         g_be.ops->attention_block_forward(g_be.ctx, &fa);
                     }
             }
-        struct kiln_attn_block_back_args ba = {.B = c.B,
-                                               .Tq = L,
-                                               .Tk = L,
-                                               .NH = c.NH,
-                                               .NKV = c.NKV,
-                                               .HS = c.HS,
-                                               .q_bstride = (size_t)LT * C,
-                                               .kv_bstride = (size_t)LT * 2 * KW,
-                                               .out_bstride = (size_t)LT * C,
-                                               .lse_stride = (size_t)LT,
-                                               .q_stride = C,
-                                               .kv_stride = 2 * KW,
-                                               .out_stride = C,
-                                               .pos = c.pos,
-                                               .rope_theta = 10000.0f};
+        struct kiln_attn_block_back_args ba = {.blk.B = c.B,
+                                               .blk.Tq = L,
+                                               .blk.Tk = L,
+                                               .blk.NH = c.NH,
+                                               .blk.NKV = c.NKV,
+                                               .blk.HS = c.HS,
+                                               .blk.q_bstride = (size_t)LT * C,
+                                               .blk.kv_bstride = (size_t)LT * 2 * KW,
+                                               .blk.out_bstride = (size_t)LT * C,
+                                               .blk.lse_stride = (size_t)LT,
+                                               .blk.q_stride = C,
+                                               .blk.kv_stride = 2 * KW,
+                                               .blk.out_stride = C,
+                                               .blk.pos = c.pos,
+                                               .blk.rope_theta = 10000.0f};
         for (int r = 0; r < 2; r++)
             for (int step = 0; step < 2; step++) {
                 int s = (r + step) % 2;
@@ -288,9 +273,9 @@ static void test_zigzag_ranks_through_strided_views_are_the_full_op(void **state
                     for (int cj = 0; cj < 2; cj++) {
                         size_t qo = (size_t)ci * L * C, ko = (size_t)cj * L * 2 * KW;
                         ba.dq = dq[r] + qo, ba.dk = dkv[s] + ko, ba.dv = dkv[s] + ko + KW;
-                        ba.dout = dout[r] + qo, ba.out = out[r] + qo, ba.lse = lse[r] + ci * L;
-                        ba.q = q[r] + qo, ba.k = kv[s] + ko, ba.v = kv[s] + ko + KW;
-                        ba.q0 = chunks[r][ci] * L, ba.k0 = chunks[s][cj] * L;
+                        ba.dout = dout[r] + qo, ba.blk.out = out[r] + qo, ba.blk.lse = lse[r] + ci * L;
+                        ba.blk.q = q[r] + qo, ba.blk.k = kv[s] + ko, ba.blk.v = kv[s] + ko + KW;
+                        ba.blk.q0 = chunks[r][ci] * L, ba.blk.k0 = chunks[s][cj] * L;
                         g_be.ops->attention_block_backward(g_be.ctx, &ba);
                     }
             }
@@ -357,28 +342,28 @@ static void test_a_slice_of_heads_is_those_heads_of_the_full_op(void **state) {
                                                .dk = dqkv + (c.NH + 1) * HS,
                                                .dv = dqkv + (c.NH + c.NKV + 1) * HS,
                                                .dout = f.dout + 2 * HS,
-                                               .out = out + 2 * HS,
-                                               .lse = lse,
-                                               .q = a.q,
-                                               .k = a.k,
-                                               .v = a.v,
-                                               .B = c.B,
-                                               .Tq = T,
-                                               .Tk = T,
-                                               .NH = 2,
-                                               .NKV = 1,
-                                               .HS = HS,
-                                               .q_bstride = a.q_bstride,
-                                               .kv_bstride = a.kv_bstride,
-                                               .out_bstride = a.out_bstride,
-                                               .lse_stride = a.lse_stride,
-                                               .q_stride = W,
-                                               .kv_stride = W,
-                                               .out_stride = C,
-                                               .pos = c.pos,
-                                               .rope_theta = 10000.0f,
-                                               .head0 = 2,
-                                               .NH_total = 4};
+                                               .blk.out = out + 2 * HS,
+                                               .blk.lse = lse,
+                                               .blk.q = a.q,
+                                               .blk.k = a.k,
+                                               .blk.v = a.v,
+                                               .blk.B = c.B,
+                                               .blk.Tq = T,
+                                               .blk.Tk = T,
+                                               .blk.NH = 2,
+                                               .blk.NKV = 1,
+                                               .blk.HS = HS,
+                                               .blk.q_bstride = a.q_bstride,
+                                               .blk.kv_bstride = a.kv_bstride,
+                                               .blk.out_bstride = a.out_bstride,
+                                               .blk.lse_stride = a.lse_stride,
+                                               .blk.q_stride = W,
+                                               .blk.kv_stride = W,
+                                               .blk.out_stride = C,
+                                               .blk.pos = c.pos,
+                                               .blk.rope_theta = 10000.0f,
+                                               .blk.head0 = 2,
+                                               .blk.NH_total = 4};
         g_be.ops->attention_block_backward(g_be.ctx, &ba);
         // the full op's values where the slice writes, zero elsewhere
         float *want_out = falloc(BT * C), *want_lse = falloc((size_t)c.B * 2 * T),
@@ -524,30 +509,30 @@ static void check_block_gradient(const struct fd_case *fc) {
                                            .dk = dk,
                                            .dv = dv,
                                            .dout = R,
-                                           .out = out,
-                                           .lse = lse,
-                                           .q = q,
-                                           .k = k,
-                                           .v = v,
-                                           .B = B,
-                                           .Tq = fc->Tq,
-                                           .Tk = fc->Tk,
-                                           .NH = NH,
-                                           .NKV = NKV,
-                                           .HS = HS,
-                                           .q0 = fc->q0,
-                                           .k0 = fc->k0,
-                                           .q_bstride = a.q_bstride,
-                                           .kv_bstride = a.kv_bstride,
-                                           .out_bstride = a.out_bstride,
-                                           .lse_stride = a.lse_stride,
-                                           .q_stride = QW,
-                                           .kv_stride = KW,
-                                           .out_stride = QW,
-                                           .pos = fc->pos,
-                                           .rope_theta = 10000.0f,
-                                           .head0 = head0,
-                                           .NH_total = NH_total};
+                                           .blk.out = out,
+                                           .blk.lse = lse,
+                                           .blk.q = q,
+                                           .blk.k = k,
+                                           .blk.v = v,
+                                           .blk.B = B,
+                                           .blk.Tq = fc->Tq,
+                                           .blk.Tk = fc->Tk,
+                                           .blk.NH = NH,
+                                           .blk.NKV = NKV,
+                                           .blk.HS = HS,
+                                           .blk.q0 = fc->q0,
+                                           .blk.k0 = fc->k0,
+                                           .blk.q_bstride = a.q_bstride,
+                                           .blk.kv_bstride = a.kv_bstride,
+                                           .blk.out_bstride = a.out_bstride,
+                                           .blk.lse_stride = a.lse_stride,
+                                           .blk.q_stride = QW,
+                                           .blk.kv_stride = KW,
+                                           .blk.out_stride = QW,
+                                           .blk.pos = fc->pos,
+                                           .blk.rope_theta = 10000.0f,
+                                           .blk.head0 = head0,
+                                           .blk.NH_total = NH_total};
     g_be.ops->attention_block_backward(g_be.ctx, &ba);
 
     struct blk_ref r = {d_of(q, nq),
@@ -662,28 +647,28 @@ static void test_a_block_that_sees_nothing_changes_nothing(void **state) {
                                                .dk = dk,
                                                .dv = dv,
                                                .dout = dout,
-                                               .out = out,
-                                               .lse = lse,
-                                               .q = q,
-                                               .k = k,
-                                               .v = v,
-                                               .B = B,
-                                               .Tq = Tq,
-                                               .Tk = Tk,
-                                               .NH = NH,
-                                               .NKV = NKV,
-                                               .HS = HS,
-                                               .q0 = a.q0,
-                                               .k0 = a.k0,
-                                               .q_bstride = a.q_bstride,
-                                               .kv_bstride = a.kv_bstride,
-                                               .out_bstride = a.out_bstride,
-                                               .lse_stride = a.lse_stride,
-                                               .q_stride = QW,
-                                               .kv_stride = KW,
-                                               .out_stride = QW,
-                                               .pos = poss[p],
-                                               .rope_theta = 10000.0f};
+                                               .blk.out = out,
+                                               .blk.lse = lse,
+                                               .blk.q = q,
+                                               .blk.k = k,
+                                               .blk.v = v,
+                                               .blk.B = B,
+                                               .blk.Tq = Tq,
+                                               .blk.Tk = Tk,
+                                               .blk.NH = NH,
+                                               .blk.NKV = NKV,
+                                               .blk.HS = HS,
+                                               .blk.q0 = a.q0,
+                                               .blk.k0 = a.k0,
+                                               .blk.q_bstride = a.q_bstride,
+                                               .blk.kv_bstride = a.kv_bstride,
+                                               .blk.out_bstride = a.out_bstride,
+                                               .blk.lse_stride = a.lse_stride,
+                                               .blk.q_stride = QW,
+                                               .blk.kv_stride = KW,
+                                               .blk.out_stride = QW,
+                                               .blk.pos = poss[p],
+                                               .blk.rope_theta = 10000.0f};
         g_be.ops->attention_block_backward(g_be.ctx, &ba);
         assert_memory_equal(dq, dq0, nq * sizeof(float));
         assert_memory_equal(dk, dk0, nk * sizeof(float));
@@ -758,30 +743,30 @@ static void test_block_attention_is_bitwise_identical_with_1_and_2_threads(void 
                                                .dk = dk[t],
                                                .dv = dv[t],
                                                .dout = dout,
-                                               .out = out[t],
-                                               .lse = lse[t],
-                                               .q = q,
-                                               .k = k,
-                                               .v = v,
-                                               .B = B,
-                                               .Tq = Tq,
-                                               .Tk = Tk,
-                                               .NH = NH,
-                                               .NKV = NKV,
-                                               .HS = HS,
-                                               .q0 = 20,
-                                               .k0 = 5,
-                                               .q_bstride = a.q_bstride,
-                                               .kv_bstride = a.kv_bstride,
-                                               .out_bstride = a.out_bstride,
-                                               .lse_stride = a.lse_stride,
-                                               .q_stride = QW,
-                                               .kv_stride = KW,
-                                               .out_stride = QW,
-                                               .pos = KILN_POS_ROPE,
-                                               .rope_theta = 10000.0f};
+                                               .blk.out = out[t],
+                                               .blk.lse = lse[t],
+                                               .blk.q = q,
+                                               .blk.k = k,
+                                               .blk.v = v,
+                                               .blk.B = B,
+                                               .blk.Tq = Tq,
+                                               .blk.Tk = Tk,
+                                               .blk.NH = NH,
+                                               .blk.NKV = NKV,
+                                               .blk.HS = HS,
+                                               .blk.q0 = 20,
+                                               .blk.k0 = 5,
+                                               .blk.q_bstride = a.q_bstride,
+                                               .blk.kv_bstride = a.kv_bstride,
+                                               .blk.out_bstride = a.out_bstride,
+                                               .blk.lse_stride = a.lse_stride,
+                                               .blk.q_stride = QW,
+                                               .blk.kv_stride = KW,
+                                               .blk.out_stride = QW,
+                                               .blk.pos = KILN_POS_ROPE,
+                                               .blk.rope_theta = 10000.0f};
         be.ops->attention_block_backward(be.ctx, &ba);
-        ba.k0 = 30;
+        ba.blk.k0 = 30;
         be.ops->attention_block_backward(be.ctx, &ba);
         kiln_backend_close(&be);
     }

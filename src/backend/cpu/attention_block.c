@@ -227,27 +227,28 @@ void kiln_cpu_attention_block_forward(void *ctx, const struct kiln_attn_block_ar
 // ---- backward --------------------------------------------------------------------------------------------
 
 void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_back_args *a) {
+    const struct kiln_attn_block_args *f = &a->blk; // the block, with the final out and lse
     struct block g =
-        block_of(a->B, a->Tq, a->Tk, a->NH, a->NKV, a->HS, a->q0, a->k0, a->pos, a->head0, a->NH_total);
+        block_of(f->B, f->Tq, f->Tk, f->NH, f->NKV, f->HS, f->q0, f->k0, f->pos, f->head0, f->NH_total);
     int HS = g.HS, NH = g.NH, NKV = g.NKV, B = g.B, Tq = g.Tq, Tk = g.Tk;
-    KILN_ASSERT(a->q_stride >= NH * HS && a->kv_stride >= NKV * HS && a->out_stride >= NH * HS);
-    KILN_ASSERT(Tq == 0 || a->lse_stride >= (size_t)Tq);
+    KILN_ASSERT(f->q_stride >= NH * HS && f->kv_stride >= NKV * HS && f->out_stride >= NH * HS);
+    KILN_ASSERT(Tq == 0 || f->lse_stride >= (size_t)Tq);
     int rope = g.pos == KILN_POS_ROPE;
     float *qown, *kown;
-    struct rows q = rotated_rows(ctx, (struct rows){a->q, a->q_bstride, (size_t)a->q_stride}, B, Tq, NH, HS,
-                                 g.q0, g.pos, a->rope_theta, &qown);
-    struct rows k = rotated_rows(ctx, (struct rows){a->k, a->kv_bstride, (size_t)a->kv_stride}, B, Tk, NKV,
-                                 HS, g.k0, g.pos, a->rope_theta, &kown);
-    struct rows v = {a->v, a->kv_bstride, (size_t)a->kv_stride};
-    struct rows dout = {a->dout, a->out_bstride, (size_t)a->out_stride};
-    struct rows out = {a->out, a->out_bstride, (size_t)a->out_stride};
+    struct rows q = rotated_rows(ctx, (struct rows){f->q, f->q_bstride, (size_t)f->q_stride}, B, Tq, NH, HS,
+                                 g.q0, g.pos, f->rope_theta, &qown);
+    struct rows k = rotated_rows(ctx, (struct rows){f->k, f->kv_bstride, (size_t)f->kv_stride}, B, Tk, NKV,
+                                 HS, g.k0, g.pos, f->rope_theta, &kown);
+    struct rows v = {f->v, f->kv_bstride, (size_t)f->kv_stride};
+    struct rows dout = {a->dout, f->out_bstride, (size_t)f->out_stride};
+    struct rows out = {f->out, f->out_bstride, (size_t)f->out_stride};
     struct rope_table rq = {0}, rk = {0};
     if (rope) {
-        rq = rope_table_make(g.q0, Tq, HS, a->rope_theta);
-        rk = rope_table_make(g.k0, Tk, HS, a->rope_theta);
+        rq = rope_table_make(g.q0, Tq, HS, f->rope_theta);
+        rk = rope_table_make(g.k0, Tk, HS, f->rope_theta);
     }
     float *dq = a->dq, *dk = a->dk, *dv = a->dv;
-    const float *lse = a->lse;
+    const float *lse = f->lse;
     float *D = malloc((size_t)B * NH * Tq * sizeof(float) + 1); // (B, NH, Tq) dout . out
     KILN_ASSERT(D);
 #pragma omp parallel num_threads(kiln_cpu_threads(ctx)) if (KILN_CPU_PAR((double)B * NH * Tq * Tk * HS))
@@ -261,7 +262,7 @@ void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_b
             int kvh = h / g.group;
             const float *dy = row_at(dout, b, i) + h * HS;
             float Di = dot(dy, row_at(out, b, i) + h * HS, HS);
-            float row_lse = lse[((size_t)b * NH + h) * a->lse_stride + i];
+            float row_lse = lse[((size_t)b * NH + h) * f->lse_stride + i];
             D[((size_t)b * NH + h) * Tq + i] = Di;
             int n = visible_keys(&g, i);
             if (n == 0 || row_lse == -INFINITY)
@@ -279,7 +280,7 @@ void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_b
             }
             if (rope)
                 kiln_cpu_rope_apply(acc, HS, rq.cos + (size_t)i * (HS / 2), rq.sin + (size_t)i * (HS / 2), 1);
-            float *dqi = dq + (size_t)b * a->q_bstride + (size_t)i * a->q_stride + h * HS;
+            float *dqi = dq + (size_t)b * f->q_bstride + (size_t)i * f->q_stride + h * HS;
             for (int c = 0; c < HS; c++)
                 dqi[c] += acc[c];
         }
@@ -297,7 +298,7 @@ void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_b
             for (int h = kvh * g.group; h < (kvh + 1) * g.group; h++) {
                 float slope = slope_of(&g, h);
                 for (int i = i0; i < Tq; i++) {
-                    float row_lse = lse[((size_t)b * NH + h) * a->lse_stride + i];
+                    float row_lse = lse[((size_t)b * NH + h) * f->lse_stride + i];
                     if (row_lse == -INFINITY)
                         continue;
                     const float *qi = row_at(q, b, i) + h * HS;
@@ -313,7 +314,7 @@ void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_b
             if (rope)
                 kiln_cpu_rope_apply(dk_acc, HS, rk.cos + (size_t)j * (HS / 2), rk.sin + (size_t)j * (HS / 2),
                                     1);
-            size_t off = (size_t)b * a->kv_bstride + (size_t)j * a->kv_stride + kvh * HS;
+            size_t off = (size_t)b * f->kv_bstride + (size_t)j * f->kv_stride + kvh * HS;
             for (int c = 0; c < HS; c++) {
                 dk[off + c] += dk_acc[c];
                 dv[off + c] += dv_acc[c];

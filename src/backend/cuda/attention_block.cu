@@ -395,8 +395,8 @@ template <int NU> static __global__ void __launch_bounds__(128) blk_dkdv_kernel(
 
 // ---- launchers --------------------------------------------------------------------------------------------
 
-// The shared part of forward and backward arguments (the two structs spell the same fields).
-template <typename A> static struct blk_params blk_setup(struct cuda_ctx *c, const A *a) {
+// The block's arguments, which the backward's carry as blk.
+static struct blk_params blk_setup(struct cuda_ctx *c, const struct kiln_attn_block_args *a) {
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0 && a->HS > 0 && a->HS % 2 == 0 && a->HS <= BLK_MAX_HS);
     KILN_ASSERT(a->q0 >= 0 && a->k0 >= 0 && a->head0 >= 0);
     struct blk_params p;
@@ -480,21 +480,22 @@ extern "C" void kiln_cuda_attention_block_forward(void *ctx, const struct kiln_a
 
 extern "C" void kiln_cuda_attention_block_backward(void *ctx, const struct kiln_attn_block_back_args *a) {
     struct cuda_ctx *c = cuda_ctx_of(ctx);
-    if (a->B == 0 || a->Tq == 0 || a->Tk == 0 || a->NH == 0)
+    if (a->blk.B == 0 || a->blk.Tq == 0 || a->blk.Tk == 0 || a->blk.NH == 0)
         return;
-    struct blk_params p = blk_setup(c, a);
-    p.out = (bf16 *)a->out;
-    p.lse = (float *)a->lse;
+    struct blk_params p = blk_setup(c, &a->blk);
+    p.out = (bf16 *)a->blk.out;
+    p.lse = (float *)a->blk.lse;
     p.dout = (const bf16 *)a->dout;
     p.dq = (bf16 *)a->dq;
     p.dk = (bf16 *)a->dk;
     p.dv = (bf16 *)a->dv;
-    float *dsum = (float *)kiln_cuda_scratch(c, SCR_ATTN_D, (size_t)a->B * a->NH * a->Tq * sizeof(float));
+    float *dsum =
+        (float *)kiln_cuda_scratch(c, SCR_ATTN_D, (size_t)a->blk.B * a->blk.NH * a->blk.Tq * sizeof(float));
     p.dsum = dsum;
-    int rows = a->B * a->NH * a->Tq;
+    int rows = a->blk.B * a->blk.NH * a->blk.Tq;
     blk_dsum_kernel<<<KILN_CEIL_DIV(rows, 8), 256, 0, c->stream>>>(p, dsum);
     CUDA_CHECK_LAUNCH();
-    switch (blk_nu(a->HS)) {
+    switch (blk_nu(a->blk.HS)) {
     case 2:
         blk_backward_launch<2>(c, p);
         break;
