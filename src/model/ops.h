@@ -356,6 +356,11 @@ struct kiln_ops {
     void (*copy_async)(void *ctx, void *dst, const void *src, size_t bytes, void *done);
     // the compute stream waits for ev (a copy_async's done) before what it is given next; NULL on the CPU
     void (*stream_wait)(void *ctx, void *ev);
+
+    // ---- copies from a thread beside the compute (the offloaded optimizer's pipeline) ----
+    // bytes between host memory and backend memory, either way, on a stream of their own, not ordered after
+    // the compute stream's work; returns when the copy is done. The caller orders it against the compute.
+    void (*copy_side)(void *ctx, void *dst, const void *src, size_t bytes);
 };
 
 // ---- a backend: the ops table, its context, and what the model and trainer need to know about it ----

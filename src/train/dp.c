@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 // ZeRO-2/3's staging buffers shared by the buckets between the top and the bottom one. A layer's backward
 // holds two (its own and, for the biases its norm writes, the layer below's), so with two the backward waits
@@ -44,6 +45,15 @@ struct unit {
 struct slot {
     void *p;
     int bucket; // whose gradients it holds now, -1: none
+};
+
+// --offload=optimizer: a chunk of the optimizer step's pipeline (offload_adamw)
+struct ochunk {
+    const void *grads;  // backend: the chunk's reduced gradients (grad dtype)
+    void *weights;      // backend: where its updated compute weights go (act dtype)
+    size_t so, n;       // state offsets [so, so + n)
+    int span0, n_spans; // its spans in dp->c_spans (cut to the chunk)
+    int order;          // when the forward first reads it (seg_order); the chunks are sorted by it
 };
 
 struct kiln_dp {
@@ -86,7 +96,10 @@ struct kiln_dp {
     float *h_master, *h_m, *h_v;
     void *h_gstage[2], *h_wstage[2]; // (host_alloc 0-3) a chunk's gradients on the way down, weights on the way up
     unsigned h_pinned;
-    double host_s;                  // seconds the offloaded optimizer steps took so far (the step waits on them)
+    double host_s;                  // seconds the offloaded optimizer's steps took so far (their wall time)
+    double host_wait_s;             // seconds the training thread waited for them
+    struct opipe *pipe;             // the step running beside the training thread, or NULL
+    int delay_us;                   // tests: the host's AdamW sleeps this long before each chunk
     size_t chunk;                   // elements a chunk
     struct ochunk *chunks;          // the update ranges, cut into the pipeline's chunks
     int n_chunks;
@@ -97,6 +110,9 @@ struct kiln_dp {
 
 static void gather_weights(struct kiln_dp *dp, int master);
 static void offload_params_set(struct kiln_dp *dp, const float *host);
+static void offload_wait(struct kiln_dp *dp, int chunks);
+static void offload_settle(struct kiln_dp *dp);
+static int chunks_through(const struct kiln_dp *dp, int order);
 
 int kiln_dp_external_grads(const struct kiln_dp *dp) {
     return dp->zero >= 2;
@@ -205,6 +221,7 @@ static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const st
     dp->offload = o->offload;
     dp->host_threads = o->host_threads;
     dp->chunk = o->offload_chunk ? o->offload_chunk : OFFLOAD_CHUNK;
+    dp->delay_us = o->offload_delay_us;
     if (o->zero == 3)
         plan_layer_buckets(dp, pt);
     else
@@ -301,6 +318,7 @@ static void unit_free(struct kiln_dp *dp, struct unit *u) {
 void kiln_dp_free(struct kiln_dp *dp) {
     if (!dp)
         return;
+    offload_settle(dp);
     for (int i = 0; i < dp->nb; i++) {
         kiln_comm_wait(dp->comm, dp->b[i].work);
         if (dp->b[i].event)
@@ -441,12 +459,26 @@ static void *alloc_or_die(struct kiln_dp *dp, size_t bytes, const char *what) {
 
 // ---- ZeRO-3: gathering the compute weights ----
 
+// With the optimizer offloaded: the chunks through the last one that holds part of bucket i's slice.
+static int bucket_chunks(const struct kiln_dp *dp, int i) {
+    size_t lo, hi;
+    kiln_comm_slice(dp->b[i].hi - dp->b[i].lo, dp->comm->size, dp->comm->rank, &lo, &hi);
+    size_t so = dp->b[i].state_offset;
+    int need = 0;
+    for (int k = 0; k < dp->n_chunks; k++)
+        if (dp->chunks[k].so < so + (hi - lo) && dp->chunks[k].so + dp->chunks[k].n > so)
+            need = k + 1;
+    return need;
+}
+
 // Issues the gather of bucket i's compute weights into u (nothing when u holds them already). It is ordered
 // after everything the compute stream was given so far: the update of the shard, and the last reads of what
 // the slot held before.
 static void unit_gather(struct kiln_dp *dp, struct unit *u, int i) {
     if (u->bucket == i && u->valid)
         return;
+    if (dp->pipe) // the offloaded step has taken this bucket's shard up
+        offload_wait(dp, bucket_chunks(dp, i));
     kiln_comm_wait_stream(dp->comm, u->work); // a gather never waited for (a slot is only reused once read)
     const struct bucket *b = &dp->b[i];
     size_t ab = kiln_dtype_bytes(dp->be->act_dtype), lo, hi;
@@ -545,6 +577,7 @@ static void invalidate_units(struct kiln_dp *dp) {
 static void on_params_set(void *user, const float *host) {
     struct kiln_dp *dp = user;
     if (dp->offload) {
+        offload_settle(dp);
         offload_params_set(dp, host);
         return;
     }
@@ -565,6 +598,7 @@ static void on_params_set(void *user, const float *host) {
 // (the caller has its own; a 7B model's would be 28 GB held between checkpoints).
 static void on_params_get(void *user, float *host) {
     struct kiln_dp *dp = user;
+    offload_settle(dp);
     if (dp->offload && !dp->zero) { // the host master is whole
         memcpy(host, dp->h_master, dp->bounds[0] * sizeof(float));
         return;
@@ -648,12 +682,14 @@ static float *on_params_buffer(void *user) {
 
 static void on_optim_get(void *user, float *m, float *v) {
     struct kiln_dp *dp = user;
+    offload_settle(dp);
     memcpy(m, dp->h_m, dp->optim_elems * sizeof(float));
     memcpy(v, dp->h_v, dp->optim_elems * sizeof(float));
 }
 
 static void on_optim_set(void *user, const float *m, const float *v) {
     struct kiln_dp *dp = user;
+    offload_settle(dp);
     memcpy(dp->h_m, m, dp->optim_elems * sizeof(float));
     memcpy(dp->h_v, v, dp->optim_elems * sizeof(float));
 }
@@ -662,18 +698,21 @@ static void on_optim_set(void *user, const float *m, const float *v) {
 // chunk k, a copy thread brings chunk k+1's gradients down and takes chunk k-1's updated weights up (two
 // staging buffers each way), so the copies hide behind the host's arithmetic, and host memory holds the master
 // weights and moments only, not a second copy of the gradients or of the weights.
-struct ochunk {
-    const void *grads;  // backend: the chunk's reduced gradients (grad dtype)
-    void *weights;      // backend: where its updated compute weights go (act dtype)
-    size_t so, n;       // state offsets [so, so + n)
-    int span0, n_spans; // its spans in dp->c_spans (cut to the chunk)
-};
+//
+// The step runs beside the training thread: kiln_dp_adamw starts it and returns, and the next forward waits,
+// layer by layer, for the chunks it reads (offload_wait from the hooks), so the host's AdamW overlaps the next
+// forward. The chunks go in the order that forward reads them: the embeddings, the final norm and head, then
+// the layers upwards (ZeRO-3: its buckets in the order they are gathered).
 
+// One step's pipeline: a stepper thread runs AdamW over the chunks, a copier thread moves them.
 struct opipe {
     struct kiln_dp *dp;
+    struct kiln_adamw_args a;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int grads_in, adam_done, weights_out; // chunks done by each stage, in order
+    pthread_t stepper, copier;
+    double busy_s; // the step's wall time, from its start to its last chunk's weights up
 };
 
 static void opipe_wait(struct opipe *p, const int *counter, int at_least) {
@@ -691,7 +730,9 @@ static void opipe_bump(struct opipe *p, int *counter) {
 }
 
 // The copy thread: chunk k's gradients down into staging k % 2 once AdamW is done with what it held (chunk
-// k - 2), then chunk k - 1's weights up once AdamW wrote them.
+// k - 2), then chunk k - 1's weights up once AdamW wrote them. Its copies are not ordered after the compute
+// stream's work: the step starts after the gradient norm, which waited for the backward, and the forward waits
+// for a chunk's weights before it reads them.
 static void *offload_copier(void *arg) {
     struct opipe *p = arg;
     struct kiln_dp *dp = p->dp;
@@ -701,81 +742,174 @@ static void *offload_copier(void *arg) {
         if (k < dp->n_chunks) {
             opipe_wait(p, &p->adam_done, k - 1);
             const struct ochunk *c = &dp->chunks[k];
-            ops->download(dp->be->ctx, dp->h_gstage[k % 2], c->grads, c->n * gb);
+            ops->copy_side(dp->be->ctx, dp->h_gstage[k % 2], c->grads, c->n * gb);
             opipe_bump(p, &p->grads_in);
         }
         if (k > 0) {
             opipe_wait(p, &p->adam_done, k);
             const struct ochunk *c = &dp->chunks[k - 1];
-            ops->upload(dp->be->ctx, c->weights, dp->h_wstage[(k - 1) % 2], c->n * ab);
+            ops->copy_side(dp->be->ctx, c->weights, dp->h_wstage[(k - 1) % 2], c->n * ab);
             opipe_bump(p, &p->weights_out);
         }
     }
     return NULL;
 }
 
-// The step's reduced gradients of this rank's ranges to the host, AdamW there, and the updated compute weights
-// back to the backend (then, under ZeRO-1/2, gathered from their owners as without offload).
-static void offload_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm) {
-    double t0 = kiln_now_s();
-    struct kiln_adamw_args a = {.params = dp->h_master,
-                                .grads_compact = 1,
-                                .params_compact = 1,
-                                .m = dp->h_m,
-                                .v = dp->h_v};
-    kiln_adamw_args_from(h, grad_norm, &a);
-    struct opipe p = {.dp = dp};
-    pthread_mutex_init(&p.mu, NULL);
-    pthread_cond_init(&p.cv, NULL);
-    pthread_t t;
-    int threaded = pthread_create(&t, NULL, offload_copier, &p) == 0;
-    if (!threaded) {
-        fprintf(stderr, "kiln: cannot start the offloaded optimizer's copy thread\n");
+static void start_thread(pthread_t *t, void *(*fn)(void *), void *arg) {
+    if (pthread_create(t, NULL, fn, arg)) {
+        fprintf(stderr, "kiln: cannot start the offloaded optimizer's threads\n");
         kiln_comm_abort_job(1);
     }
+}
+
+// The stepper thread: AdamW on each chunk as its gradients arrive, into the staging its weights leave from.
+static void *offload_stepper(void *arg) {
+    struct opipe *p = arg;
+    struct kiln_dp *dp = p->dp;
+    double t0 = kiln_now_s();
+    start_thread(&p->copier, offload_copier, p);
+    struct kiln_adamw_args a = p->a;
     for (int k = 0; k < dp->n_chunks; k++) {
         const struct ochunk *c = &dp->chunks[k];
-        opipe_wait(&p, &p.grads_in, k + 1);
-        opipe_wait(&p, &p.weights_out, k - 1); // staging k % 2 was taken up
+        opipe_wait(p, &p->grads_in, k + 1);
+        opipe_wait(p, &p->weights_out, k - 1); // staging k % 2 was taken up
+        if (dp->delay_us) // tests: a slow host, so that the forward must wait for every chunk it reads
+            usleep((useconds_t)dp->delay_us);
         a.grads = dp->h_gstage[k % 2];
         a.weights = dp->h_wstage[k % 2];
         a.spans = dp->c_spans + c->span0;
         a.n_spans = c->n_spans;
         kiln_adamw_host(&a, dp->be->grad_dtype, dp->be->act_dtype, c->so, dp->host_threads);
-        opipe_bump(&p, &p.adam_done);
+        opipe_bump(p, &p->adam_done);
     }
-    pthread_join(t, NULL);
-    pthread_mutex_destroy(&p.mu);
-    pthread_cond_destroy(&p.cv);
-    dp->host_s += kiln_now_s() - t0;
-    if (dp->zero == 3)
-        invalidate_units(dp);
-    else if (dp->zero)
-        gather_weights(dp, 0);
+    pthread_join(p->copier, NULL);
+    p->busy_s = kiln_now_s() - t0;
+    return NULL;
 }
 
-// Cuts the update ranges into chunks, and AdamW's spans to them.
-static void plan_chunks(struct kiln_dp *dp) {
+// Waits until the running step (if any) has taken the first `chunks` chunks' weights up; with all of them, the
+// step is over and its threads are joined.
+static void offload_wait(struct kiln_dp *dp, int chunks) {
+    struct opipe *p = dp->pipe;
+    if (!p)
+        return;
+    double t0 = kiln_now_s();
+    if (chunks >= dp->n_chunks) {
+        pthread_join(p->stepper, NULL);
+        dp->host_s += p->busy_s;
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->cv);
+        free(p);
+        dp->pipe = NULL;
+    } else {
+        opipe_wait(p, &p->weights_out, chunks);
+    }
+    dp->host_wait_s += kiln_now_s() - t0;
+}
+
+// Everything that reads or writes the host state, or the gradients, outside the forward settles the step first.
+static void offload_settle(struct kiln_dp *dp) {
+    offload_wait(dp, dp->n_chunks);
+}
+
+// The chunks up to forward order `order`, which the forward needs before it reads that part (seg_order).
+static int chunks_through(const struct kiln_dp *dp, int order) {
+    int k = 0;
+    while (k < dp->n_chunks && dp->chunks[k].order <= order)
+        k++;
+    return k;
+}
+
+// The step's reduced gradients of this rank's ranges to the host, AdamW there, and the updated compute weights
+// back to the backend (then, under ZeRO-1/2, gathered from their owners as without offload), started here
+// and left running.
+static void offload_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm) {
+    offload_settle(dp);
+    struct opipe *p = kiln_xcalloc(1, sizeof(*p));
+    p->dp = dp;
+    p->a = (struct kiln_adamw_args){
+        .params = dp->h_master, .grads_compact = 1, .params_compact = 1, .m = dp->h_m, .v = dp->h_v};
+    kiln_adamw_args_from(h, grad_norm, &p->a);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    dp->pipe = p;
+    start_thread(&p->stepper, offload_stepper, p);
+    if (dp->zero == 3) {
+        invalidate_units(dp); // each gather waits for its bucket's chunks (unit_gather)
+    } else if (dp->zero) { // the owners' weights are gathered by a collective of the training thread's
+        offload_settle(dp);
+        gather_weights(dp, 0);
+    }
+}
+
+// When the forward first reads segment s (segment 0: the embeddings, 1 + l: layer l, the last: the final norm
+// and head): the embeddings first, then the layers in turn, and the top last, after the last layer; under
+// ZeRO-3 the top second, since it is gathered with the embeddings at the forward's start.
+static int seg_order(const struct kiln_dp *dp, int s) {
+    int n = dp->n_seg;
+    return s == 0 ? 0 : s < n - 1 ? s + 1 : dp->zero == 3 ? 1 : n;
+}
+
+// The pieces of the flat buffer this rank updates, in the forward's order: the segments (DDP: the whole
+// buffer), or the owned ranges (ZeRO), each ordered by the first segment the forward reads in it.
+struct piece {
+    size_t lo, hi, so;
+    int order;
+};
+
+static int plan_pieces(const struct kiln_dp *dp, struct piece **out) {
     struct kiln_dp_range all;
     int n;
     const struct kiln_dp_range *q = update_ranges(dp, &n, &all);
+    struct piece *pc = kiln_xcalloc((size_t)(n + dp->n_seg) + 1, sizeof(*pc));
+    int np = 0;
+    for (int r = 0; r < n; r++)
+        for (int s = 0; s < dp->n_seg; s++) {
+            size_t lo = dp->seg_begin[s] > q[r].lo ? dp->seg_begin[s] : q[r].lo;
+            size_t hi = dp->seg_begin[s + 1] < q[r].hi ? dp->seg_begin[s + 1] : q[r].hi;
+            if (lo >= hi)
+                continue;
+            int o = seg_order(dp, s);
+            if (dp->zero && np > 0 && pc[np - 1].hi == lo && pc[np - 1].so + (pc[np - 1].hi - pc[np - 1].lo) ==
+                                                                q[r].state_offset + (lo - q[r].lo)) {
+                // ZeRO: a range stays one piece (its bucket is gathered whole), first read at its least order
+                pc[np - 1].hi = hi;
+                pc[np - 1].order = o < pc[np - 1].order ? o : pc[np - 1].order;
+                continue;
+            }
+            pc[np++] = (struct piece){lo, hi, q[r].state_offset + (lo - q[r].lo), o};
+        }
+    for (int i = 1; i < np; i++) // a stable sort by order
+        for (int j = i; j > 0 && pc[j - 1].order > pc[j].order; j--) {
+            struct piece t = pc[j];
+            pc[j] = pc[j - 1];
+            pc[j - 1] = t;
+        }
+    *out = pc;
+    return np;
+}
+
+// Cuts the pieces into chunks, and AdamW's spans to them.
+static void plan_chunks(struct kiln_dp *dp) {
+    struct piece *pc;
+    int n = plan_pieces(dp, &pc);
     size_t gb = kiln_dtype_bytes(dp->be->grad_dtype), ab = kiln_dtype_bytes(dp->be->act_dtype);
     int cap = 0;
     for (int r = 0; r < n; r++)
-        cap += (int)((q[r].hi - q[r].lo + dp->chunk - 1) / dp->chunk);
+        cap += (int)((pc[r].hi - pc[r].lo + dp->chunk - 1) / dp->chunk);
     dp->chunks = kiln_xcalloc((size_t)cap + 1, sizeof(*dp->chunks));
     dp->c_spans = kiln_xcalloc((size_t)(dp->o_n_spans + cap) + 1, sizeof(*dp->c_spans));
     int ns = 0;
     for (int r = 0; r < n; r++)
-        for (size_t at = q[r].lo; at < q[r].hi; at += dp->chunk) {
-            size_t len = q[r].hi - at < dp->chunk ? q[r].hi - at : dp->chunk;
-            size_t so = q[r].state_offset + (at - q[r].lo);
+        for (size_t at = pc[r].lo; at < pc[r].hi; at += dp->chunk) {
+            size_t len = pc[r].hi - at < dp->chunk ? pc[r].hi - at : dp->chunk;
+            size_t so = pc[r].so + (at - pc[r].lo);
             // the gradients: the shard (ZeRO-2/3, compact) or the flat buffer; the weights: the compute copy's
             // shard (ZeRO-3) or the flat copy
             const char *g = dp->zero >= 2 ? (const char *)dp->shard + so * gb : (const char *)dp->buf.grads + at * gb;
             char *w = dp->zero == 3 ? (char *)dp->buf.weights + so * ab : (char *)dp->buf.weights + at * ab;
             struct ochunk *c = &dp->chunks[dp->n_chunks++];
-            *c = (struct ochunk){.grads = g, .weights = w, .so = so, .n = len, .span0 = ns};
+            *c = (struct ochunk){.grads = g, .weights = w, .so = so, .n = len, .span0 = ns, .order = pc[r].order};
             for (int i = 0; i < dp->o_n_spans; i++) { // the spans' parts in [so, so + len)
                 const struct kiln_param_span *sp = &dp->o_spans[i];
                 size_t lo = sp->state_offset > so ? sp->state_offset : so;
@@ -787,6 +921,22 @@ static void plan_chunks(struct kiln_dp *dp) {
             }
             c->n_spans = ns - c->span0;
         }
+    free(pc);
+}
+
+// DDP with offload: the forward's start reads the embeddings and layer 0's first norm; layer l's forward its
+// own weights and layer l + 1's first norm (the last layer's, the top's: everything).
+static void on_forward_begin_offload(void *user) {
+    struct kiln_dp *dp = user;
+    kiln_flight_set_layer(-1);
+    offload_wait(dp, chunks_through(dp, seg_order(dp, 1)));
+}
+
+static void on_layer_begin_offload(void *user, int l, int recompute) {
+    struct kiln_dp *dp = user;
+    kiln_flight_set_layer(l);
+    if (!recompute)
+        offload_wait(dp, chunks_through(dp, seg_order(dp, 2 + l)));
 }
 
 static void attach_offload(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {
@@ -805,7 +955,10 @@ static void attach_offload(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {
         dp->o_n_spans = dp->n_spans;
     } else {
         dp->o_spans = kiln_gpt_spans(dp->g, &dp->o_n_spans); // state offset = offset
+        h->forward_begin = on_forward_begin_offload;
+        h->layer_begin = on_layer_begin_offload;
     }
+    dp->n_seg = kiln_gpt_grad_segments(dp->g, &dp->seg_begin);
     plan_chunks(dp);
     h->params_buffer = on_params_buffer;
     h->params_get = on_params_get;
@@ -872,6 +1025,12 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
 
 void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum) {
     dp->micro = micro;
+    if (dp->pipe && micro == 0) { // zero_grad is next: the embeddings' gradients must have gone down (DDP)
+        struct opipe *p = dp->pipe;
+        opipe_wait(p, &p->grads_in, chunks_through(dp, seg_order(dp, 0)));
+    }
+    if (micro > 0)
+        offload_settle(dp); // (the forward before settled it)
     if (dp->zero < 2) {
         dp->reducing = micro == accum - 1;
         return;
@@ -891,6 +1050,7 @@ void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum) {
 }
 
 void kiln_dp_after_backward(struct kiln_dp *dp) {
+    offload_settle(dp); // (the forward settled it: the last layer's waits for every chunk)
     if (!dp->reducing)
         return;
     for (int i = 0; i < dp->nb; i++) {
@@ -967,6 +1127,7 @@ void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, doubl
 }
 
 void kiln_dp_gather_master(struct kiln_dp *dp) {
+    offload_settle(dp);
     if (dp->offload && dp->zero)
         gather_master_host(dp);
     else if (dp->offload)
@@ -999,6 +1160,14 @@ int kiln_dp_zero(const struct kiln_dp *dp) {
 
 double kiln_dp_offload_s(const struct kiln_dp *dp) {
     return dp->host_s;
+}
+
+double kiln_dp_offload_wait_s(const struct kiln_dp *dp) {
+    return dp->host_wait_s;
+}
+
+void kiln_dp_settle(struct kiln_dp *dp) {
+    offload_settle(dp);
 }
 
 double kiln_dp_wait_s(const struct kiln_dp *dp) {

@@ -37,6 +37,7 @@ struct kiln_dp_opts {
     int offload;      // 1: master weights and moments in pinned host memory, AdamW on the CPU
     int host_threads; // the offloaded AdamW's OpenMP threads (0: OpenMP's default)
     size_t offload_chunk; // elements per chunk of the offloaded optimizer's pipeline (0: 32M)
+    int offload_delay_us; // tests: the host's AdamW sleeps this long before each chunk
 };
 
 // One contiguous range of the flat parameter buffer that this rank owns, and where its AdamW moments sit.
@@ -99,9 +100,14 @@ int kiln_dp_zero(const struct kiln_dp *dp);
 int kiln_dp_host_moments(const struct kiln_dp *dp, const float **m, const float **v);
 // Seconds the host spent waiting on the gradient reductions so far (the metrics' comm_wait_ms).
 double kiln_dp_wait_s(const struct kiln_dp *dp);
-// Seconds the offloaded optimizer's steps took so far (gradients down, AdamW on the host, weights up), all of
-// which the step waits on (the metrics' offload_ms).
+// --offload=optimizer: the optimizer step runs on the host beside the training thread (kiln_dp_adamw starts it
+// and returns; the next forward waits for each chunk of weights before it reads it). Seconds those steps took
+// so far (their wall time: the metrics' offload_ms), and seconds the training thread waited for them
+// (offload_wait_ms).
 double kiln_dp_offload_s(const struct kiln_dp *dp);
+double kiln_dp_offload_wait_s(const struct kiln_dp *dp);
+// Waits for a running offloaded step: before the weights are read other than by the forward (a sample).
+void kiln_dp_settle(struct kiln_dp *dp);
 
 // The ranges rank r of n owns under these bucket bounds (the same rule as kiln_dp_ranges): for resharding a
 // checkpoint written by another world size. Returns the count; *out is malloc'd.

@@ -94,8 +94,10 @@ static void tb_write_row(struct kiln_metrics *m, const struct kiln_metrics_row *
         v[n++] = (struct kiln_tb_scalar){"perf/comm_wait_ms", r->comm_wait_ms};
     if (r->slowest_ms > 0)
         v[n++] = (struct kiln_tb_scalar){"perf/slowest_rank_ms", r->slowest_ms};
-    if (r->offload_ms > 0)
+    if (r->offload_ms > 0) {
         v[n++] = (struct kiln_tb_scalar){"perf/offload_ms", r->offload_ms};
+        v[n++] = (struct kiln_tb_scalar){"perf/offload_wait_ms", r->offload_wait_ms};
+    }
     if (!isnan(r->ckpt_stall_ms))
         v[n++] = (struct kiln_tb_scalar){"ckpt/stall_ms", r->ckpt_stall_ms};
     if (r->prev_ckpt_write_ms > 0)
@@ -142,7 +144,7 @@ void kiln_metrics_write(struct kiln_metrics *m, const struct kiln_metrics_row *r
     if (r->slowest_ms > 0)
         fprintf(f, ",\"slowest_rank_ms\":%.3f", r->slowest_ms);
     if (r->offload_ms > 0)
-        fprintf(f, ",\"offload_ms\":%.3f", r->offload_ms);
+        fprintf(f, ",\"offload_ms\":%.3f,\"offload_wait_ms\":%.3f", r->offload_ms, r->offload_wait_ms);
     if (r->prev_ckpt_write_ms > 0) // the background write of the previous checkpoint, finished by now
         fprintf(f, ",\"prev_ckpt_write_ms\":%.3f", r->prev_ckpt_write_ms);
     if (r->tokens > 0)

@@ -424,7 +424,8 @@ struct step_log {
     int64_t tokens; // the whole job's, through this step
     double loss, norm, tok_s, ms, val_loss, ckpt_stall_ms, prev_ckpt_write_ms;
     double slowest_ms; // several ranks: the slowest rank's step time (0 with one process)
-    double offload_ms; // --offload: the host's optimizer step, waited on (0 without)
+    double offload_ms;      // --offload: the host's optimizer steps that ended in this step (0 without)
+    double offload_wait_ms; // --offload: what this step waited for them
     float lr;
     enum kiln_skip skipped;
 };
@@ -453,6 +454,7 @@ static void log_metrics(struct kiln_metrics *m, const struct step_log *s, const 
                                    .prev_ckpt_write_ms = s->prev_ckpt_write_ms,
                                    .slowest_ms = s->slowest_ms,
                                    .offload_ms = s->offload_ms,
+                                   .offload_wait_ms = s->offload_wait_ms,
                                    .tokens = s->tokens};
     kiln_metrics_write(m, &row);
 }
@@ -489,7 +491,8 @@ struct run {
     long timed_tokens;
     int64_t start, last_ckpt_step;
     double prev_comm_ms;   // the host's wait on reductions up to the last step
-    double prev_offload_s; // the offloaded optimizer's time up to the last step
+    double prev_offload_s;      // the offloaded optimizer's time up to the last step
+    double prev_offload_wait_s; // and the training thread's waits for it
     double first_tok_s;    // the first step's rate: all a run of one step has
     int stall_rank;        // --inject-stall
     int64_t stall_step;
@@ -763,6 +766,8 @@ static void sample_note(struct run *r) {
     const struct kiln_config *cfg = r->cfg;
     if (!r->rank0 || !cfg->sample_every || r->st.step % cfg->sample_every)
         return;
+    if (r->dp)
+        kiln_dp_settle(r->dp); // an offloaded step still running: decoding reads every weight, without hooks
     int maxT = cfg->model.block_size < 256 ? cfg->model.block_size : 256, n = maxT < 64 ? maxT : 64,
         V = cfg->model.vocab_size;
     struct kiln_error err;
@@ -803,9 +808,11 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
     sl->tokens = (int64_t)r->st.tokens;
     sl->slowest_ms = 0;
     if (r->dp) { // this step's share of the offloaded optimizer's time (0 without offload)
-        double off = kiln_dp_offload_s(r->dp);
+        double off = kiln_dp_offload_s(r->dp), wait = kiln_dp_offload_wait_s(r->dp);
         sl->offload_ms = (off - r->prev_offload_s) * 1e3;
+        sl->offload_wait_ms = (wait - r->prev_offload_wait_s) * 1e3;
         r->prev_offload_s = off;
+        r->prev_offload_wait_s = wait;
     }
     res->final_loss = sl->loss;
     res->steps = (int)r->st.step;

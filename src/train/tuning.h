@@ -4,6 +4,7 @@
 //   KILN_SCRATCH_SHARED=0    every scratch buffer in a range of its own
 // and data parallelism's (train/dp.h):
 //   KILN_OFFLOAD_CHUNK=n     elements per chunk of the offloaded optimizer's pipeline (tests use a few hundred)
+//   KILN_OFFLOAD_DELAY_US=n  the host's AdamW sleeps n us before each chunk (tests: the forward must wait)
 #ifndef KILN_TRAIN_TUNING_H
 #define KILN_TRAIN_TUNING_H
 

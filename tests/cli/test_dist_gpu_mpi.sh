@@ -2,7 +2,8 @@
 # On a machine with a GPU (skipped elsewhere, exit 77): two MPI ranks sharing the one GPU (operands staged
 # through host memory) train as one rank does at the same global batch, with DDP, ZeRO-1, ZeRO-2, ZeRO-3 and the
 # offloaded optimizer (deterministic kernels; bf16, so within a tolerance), and with sequence parallelism
-# (Ulysses and ring); the NCCL path at world size 1 trains too, ZeRO-3 and offload included.
+# (Ulysses and ring); the NCCL path at world size 1 trains too, ZeRO-3 and offload included; the offloaded
+# step waited for chunk by chunk by the next forward.
 source "$(dirname "$0")/lib.sh" dist_gpu_mpi "$@"
 if ! "$KILN" info 2>/dev/null | grep -q "gpu 0:"; then
   echo "no GPU: skipped"
@@ -64,6 +65,13 @@ close "$T/one" "$T/nccl1z2" && ok || bad "NCCL ZeRO-2 at world size 1 left the n
 close "$T/one" "$T/nccl1z3" && ok || bad "NCCL ZeRO-3 at world size 1 left the no-comm trajectory"
 "$KILN" train "${a[@]}" --offload=optimizer --out="$T/off1" 2>"$T/err" || bad "offload: $(tail -3 "$T/err")"
 close "$T/one" "$T/off1" && ok || bad "the offloaded optimizer left the trajectory on the GPU"
+# the offloaded step beside the next forward, on the copy thread's own stream: a slow host (2 ms before each of
+# many chunks) makes the forward wait for every chunk it reads; a missed wait reads stale weights, and the
+# losses would differ from those of the same run without the delay, bit for bit
+KILN_OFFLOAD_CHUNK=4096 KILN_OFFLOAD_DELAY_US=2000 "$KILN" train "${a[@]}" --offload=optimizer --out="$T/off1s" \
+  2>"$T/err" || bad "offload, slow host: $(tail -3 "$T/err")"
+[ "$(cut -d, -f1-2 "$T/off1/metrics.jsonl")" = "$(cut -d, -f1-2 "$T/off1s/metrics.jsonl")" ] && ok ||
+  bad "a slow host changed the offloaded optimizer's losses on the GPU"
 # bf16 gradients on the wire (one micro-step a rank), ZeRO-2, against one rank with its bf16 gradients
 b1=("${a[@]}" --total-batch=512)
 "$KILN" train "${b1[@]}" --batch=8 --out="$T/oneb" || bad "one rank, one micro-step failed"

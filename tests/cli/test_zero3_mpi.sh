@@ -2,7 +2,7 @@
 # ZeRO-3 and the offloaded optimizer on the CPU under mpirun (label mpi): ZeRO-3 at 2, 3 and 4 ranks follows the
 # single-process trajectory for sequential and parallel blocks, GQA with RoPE and SwiGLU, and an untied head with
 # ALiBi and QK-norm; --prefetch and --recompute do not change a bit; --offload=optimizer gives bitwise the weights
-# of the same run without it at every --zero level; checkpoints resume across every pair of --zero levels, with
+# of the same run without it at every --zero level, and with a slow host that the next forward must wait for; checkpoints resume across every pair of --zero levels, with
 # and without offload, on another world size; per-rank memory falls as the ranks grow and stays within 10% of
 # kiln info's plan; bad combinations fail with one line.
 source "$(dirname "$0")/lib.sh" zero3_mpi "$@"
@@ -54,6 +54,26 @@ done
 "$KILN" train "${args[@]}" --max-steps=4 --offload=optimizer --out="$T/o1" 2>"$T/err" || bad "offload alone: $(tail -3 "$T/err")"
 "$KILN" train "${args[@]}" --max-steps=4 --out="$T/n1" 2>/dev/null
 same_weights "$T/n1" "$T/o1" && ok || bad "offload in one process changed the weights"
+# The offloaded step runs beside the next forward, which waits for each chunk it reads. A slow host (2 ms before
+# each chunk) makes every one of those waits matter: a missed one reads stale weights, and the bits differ.
+# Evaluation, a sample and checkpoints come between the steps too.
+slow() { KILN_OFFLOAD_DELAY_US=2000 "$@"; }
+for z in 0 3; do
+  slow "${MPI[@]}" -np 3 "$KILN" train "${args[@]}" --max-steps=4 --zero=$z --offload=optimizer --ckpt-every=2 \
+    --out="$T/s$z" 2>"$T/err" || bad "slow host, zero $z: $(tail -3 "$T/err")"
+  same_weights "$T/n${z}3" "$T/s$z" && ok || bad "a slow host changed the weights at zero $z"
+done
+slow "$KILN" train "${args[@]}" --max-steps=4 --offload=optimizer --sample-every=2 --out="$T/s1" 2>"$T/err" ||
+  bad "slow host, one process: $(tail -3 "$T/err")"
+same_weights "$T/n1" "$T/s1" && ok || bad "a slow host changed the weights in one process"
+# the training thread's waits are part of the host's steps, never more
+python3 - "$T/s1/metrics.jsonl" <<'PY2' && ok || bad "offload_wait_ms is not within offload_ms"
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "offload_ms" in r]
+busy, wait = sum(r["offload_ms"] for r in rows), sum(r["offload_wait_ms"] for r in rows)
+print(f"slow host: {len(rows)} steps, host steps {busy:.1f} ms, waited {wait:.1f} ms")
+sys.exit(0 if rows and 0 < wait <= busy + 1.0 else 1)
+PY2
 
 # ---- resume across every pair of --zero levels (4 ranks -> 2), with and without offload on either side ----
 ck=("${args[@]}" --ckpt-every=3)

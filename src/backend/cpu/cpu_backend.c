@@ -51,6 +51,7 @@ static const struct kiln_ops cpu_ops = {
     .mem_peak = kiln_cpu_mem_peak,
     .copy_2d = kiln_cpu_copy_2d,
     .copy_async = kiln_cpu_copy_async,
+    .copy_side = kiln_cpu_copy, // memory is the host's on both sides
 };
 
 static void cpu_close(struct kiln_backend *b) {

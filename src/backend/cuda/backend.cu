@@ -273,6 +273,13 @@ static void cuda_copy_async(void *ctx, void *dst, const void *src, size_t bytes,
         CUDA_CHECK(cudaEventRecord((cudaEvent_t)done, c->copy_stream));
 }
 
+static void cuda_copy_side(void *ctx, void *dst, const void *src, size_t bytes) {
+    struct cuda_ctx *c = cuda_ctx_of(ctx);
+    CUDA_CHECK(cudaSetDevice(c->device)); // called from a thread of its own
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->side_stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->side_stream));
+}
+
 static void cuda_stream_wait(void *ctx, void *ev) {
     CUDA_CHECK(cudaStreamWaitEvent(cuda_ctx_of(ctx)->stream, (cudaEvent_t)ev, 0));
 }
@@ -328,6 +335,7 @@ static const struct kiln_ops cuda_ops = {
     cuda_copy_2d,
     cuda_copy_async,
     cuda_stream_wait,
+    cuda_copy_side,
 };
 
 static void cuda_close(struct kiln_backend *b) {
@@ -336,6 +344,7 @@ static void cuda_close(struct kiln_backend *b) {
         return;
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
+    cudaStreamDestroy(c->side_stream);
     if (c->copy_stream) {
         cudaStreamSynchronize(c->copy_stream);
         cudaStreamDestroy(c->copy_stream);
@@ -431,6 +440,7 @@ extern "C" int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, stru
             dev, major, minor);
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->side_stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
     // 32 MiB: what cuBLASLt asks for on Hopper for its best kernels (NVIDIA's recommendation for sm_90).
     c->workspace_bytes = (size_t)32 << 20;
