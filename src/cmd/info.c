@@ -37,6 +37,8 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg,
     struct kiln_dp_opts o = {.zero = cfg->zero,
                              .bucket_mb = cfg->bucket_mb,
                              .prefetch = cfg->prefetch,
+                             .keep_gathered = !cfg->zero3_reshard,
+                             .accumulate_whole = cfg->zero3_accumulate == KILN_ACCUMULATE_WHOLE,
                              .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0};
     kiln_dp_tuning_from_env(&o);
     struct kiln_gpt_opts go = {.B = cfg->batch_size,

@@ -101,6 +101,13 @@ static const struct opt OPTS[] = {
      "parameters sharded too, gathered per layer (ZeRO-3, FSDP)"},
     {"prefetch", OPT_INT, OFF(prefetch), 1, 2, NULL,
      "ZeRO-3: layers whose weights are gathered ahead of the one computing (bounds the gathered copies)"},
+    {"zero3-reshard-after-forward", OPT_BOOL, OFF(zero3_reshard), 0, 1, NULL,
+     "ZeRO-3: free each layer's gathered weights after its forward and gather them again for its backward "
+     "(0: keep them, a whole model's compute weights, and gather each layer once a step)"},
+    {"zero3-accumulate", OPT_ENUM, OFF(zero3_accumulate), 0, 0, "sharded whole",
+     "ZeRO-3 with several micro-steps: reduce-scatter every micro-step onto the shard (sharded), or hold "
+     "whole gradients and reduce-scatter on the last micro-step only (whole: fewer reductions, 4 bytes a "
+     "parameter more)"},
     {"offload", OPT_ENUM, OFF(offload), 0, 0, "none optimizer activations all",
      "to pinned host memory: optimizer (fp32 master weights and AdamW moments, AdamW on the CPU), "
      "activations (each layer's input kept for --recompute=block, back before its backward), or all"},
@@ -264,6 +271,7 @@ static void config_defaults(struct kiln_config *c) {
     strcpy(c->comm, "auto");
     c->bucket_mb = 25;
     c->prefetch = 1;
+    c->zero3_reshard = 1;
     c->sp = 1;
     c->save_model = 1;
     c->hang_timeout = 600;
@@ -751,6 +759,12 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
             err, KILN_ERR_USAGE,
             "grad-dtype bf16 on device cpu (--grad-dtype): the cpu backend keeps fp32 gradients; "
             "use --grad-dtype=auto or fp32, or --device=cuda");
+    if (c->zero != 3 && (!c->zero3_reshard || c->zero3_accumulate != KILN_ACCUMULATE_SHARDED))
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "%s with zero %d (--%s): it says how ZeRO-3 keeps gathered weights or gradients; "
+                           "add --zero=3 or drop it",
+                           !c->zero3_reshard ? "zero3-reshard-after-forward 0" : "zero3-accumulate whole", c->zero,
+                           !c->zero3_reshard ? "zero3-reshard-after-forward" : "zero3-accumulate");
     if (c->sample_every && c->zero == 3)
         return kiln_errorf(
             err, KILN_ERR_USAGE,

@@ -18,6 +18,7 @@ enum kiln_schedule { KILN_SCHED_COSINE = 0, KILN_SCHED_LINEAR, KILN_SCHED_CONSTA
 enum kiln_recompute { KILN_RECOMPUTE_NONE = 0, KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_BLOCK, KILN_RECOMPUTE_ACT };
 enum kiln_grad_dtype { KILN_GRAD_AUTO = 0, KILN_GRAD_FP32, KILN_GRAD_BF16 };
 // what lives in host memory (bits): the optimizer's state, the layer inputs kept for the recompute, or both
+enum kiln_zero3_accumulate { KILN_ACCUMULATE_SHARDED = 0, KILN_ACCUMULATE_WHOLE };
 enum kiln_offload { KILN_OFFLOAD_NONE = 0, KILN_OFFLOAD_OPTIMIZER = 1, KILN_OFFLOAD_ACTIVATIONS = 2, KILN_OFFLOAD_ALL = 3 };
 enum kiln_sp_mode { KILN_SP_ULYSSES = 0, KILN_SP_RING, KILN_SP_HYBRID };
 
@@ -90,6 +91,8 @@ struct kiln_config {
     char comm[16];        // auto, nccl, mpi, single: the transport (dist/comm.h)
     int zero;             // 0 DDP, 1 optimizer state sharded, 2 gradients too, 3 parameters too (ZeRO-1/2/3)
     int prefetch;         // ZeRO-3: layers gathered ahead of the computing one (1 or 2)
+    int zero3_reshard;    // ZeRO-3: a layer's gathered weights go after its forward (1) or stay to its backward
+    enum kiln_zero3_accumulate zero3_accumulate; // ZeRO-3: where gradients accumulate across micro-steps
     enum kiln_offload offload; // where the optimizer state lives
     float bucket_mb;      // gradient bucket size for DDP's overlapped reduction, in MiB
     enum kiln_grad_dtype reduce_dtype; // the gradients' dtype on the wire: AUTO/FP32 = fp32, BF16 = bf16

@@ -84,8 +84,11 @@ struct kiln_dp {
     // The top bucket (the last layer, final norm, head) and the bottom one (embeddings, layer 0) stay gathered
     // from the first forward of a step to its last backward; each layer between has its own bucket and comes
     // through a ring of K slots: the computing layer, the next one (whose first norm ends this one's forward)
-    // and --prefetch more.
+    // and --prefetch more; with keep_gathered, a slot for each of them, kept until the weights change.
     int L, K;
+    int ahead;  // layers gathered ahead of the computing one: the next and --prefetch more
+    int keep;   // keep_gathered
+    int whole;  // accumulate_whole: ZeRO-3's gradients live whole in the model's buffer (as DDP's), not staged
     struct unit *top_w, *bottom_w; // the top and bottom buckets' gathered weights
     struct unit *slots;            // (K) the layers' between, slot l % K for layer l
     const size_t *layer_begin;     // the model's (L + 1), for windows into a gathered bucket
@@ -115,12 +118,12 @@ static void offload_settle(struct kiln_dp *dp);
 static int chunks_through(const struct kiln_dp *dp, int order);
 
 int kiln_dp_external_grads(const struct kiln_dp *dp) {
-    return dp->zero >= 2;
+    return dp->zero >= 2 && !dp->whole;
 }
 
 void kiln_dp_model_opts(const struct kiln_dp *dp, struct kiln_gpt_opts *o) {
     o->optim_elems = dp->optim_elems;
-    o->external_grads = dp->zero >= 2;
+    o->external_grads = kiln_dp_external_grads(dp);
     o->sharded_params = dp->zero == 3;
     o->offload_optimizer = dp->offload;
 }
@@ -226,7 +229,11 @@ static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const st
         plan_layer_buckets(dp, pt);
     else
         plan_buckets(dp, pt, o->bucket_mb);
-    dp->K = 2 + (o->prefetch > 0 ? o->prefetch : 1);
+    dp->ahead = 1 + (o->prefetch > 0 ? o->prefetch : 1);
+    dp->keep = o->zero == 3 && o->keep_gathered;
+    dp->whole = o->zero == 3 && o->accumulate_whole;
+    // the layers between the top and bottom buckets (nb - 2 of them) each keep a slot, or share a ring
+    dp->K = dp->keep ? (dp->nb > 3 ? dp->nb - 2 : 1) : 1 + dp->ahead;
     dp->n_ranges = kiln_dp_ranges_for(dp->bounds, dp->nb, world, rank, &dp->ranges);
     size_t state = 0; // where each bucket's slice sits in the rank's shard (the ranges skip empty slices)
     for (int i = 0; i < dp->nb; i++) {
@@ -273,7 +280,9 @@ void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp
     size_t top = dp.b[0].hi - dp.b[0].lo, bottom = dp.nb > 1 ? dp.b[dp.nb - 1].hi - dp.b[dp.nb - 1].lo : 0;
     size_t mid = mid_elems(&dp), n = dp.optim_elems;
     memset(out, 0, sizeof(*out));
-    if (dp.zero >= 2) { // staging (two shared between), the gradient shard, and with accumulation its addend
+    if (dp.whole) { // the model holds whole gradients; the shard takes the one reduction a step
+        out->grad_shard = n * gb;
+    } else if (dp.zero >= 2) { // staging (two shared between), the gradient shard, and with accumulation its addend
         out->staging = (top + bottom + STAGING_SLOTS * mid) * gb;
         out->grad_shard = n * gb + (accum > 1 ? n * sizeof(float) : 0);
     }
@@ -365,9 +374,11 @@ static void reduce_bucket(struct kiln_dp *dp, struct bucket *b) {
     KILN_ASSERT(!b->work);
     size_t gb = grad_bytes(dp), lo, hi;
     kiln_comm_slice(b->hi - b->lo, dp->comm->size, dp->comm->rank, &lo, &hi);
-    char *base = dp->zero >= 2 ? (char *)b->stage : (char *)dp->buf.grads + b->lo * gb;
-    // ZeRO-2: from the staging buffer onto the shard (a later micro-step's first into shard_tmp, then added)
-    void *shard = dp->micro == 0 ? dp->shard : dp->shard_tmp;
+    int staged = dp->zero >= 2 && !dp->whole;
+    char *base = staged ? (char *)b->stage : (char *)dp->buf.grads + b->lo * gb;
+    // ZeRO-2: from the staging buffer onto the shard (a later micro-step's first into shard_tmp, then added);
+    // whole gradients are reduced once a step, onto the shard
+    void *shard = dp->micro == 0 || dp->whole ? dp->shard : dp->shard_tmp;
     KILN_ASSERT(dp->zero < 2 || (base && shard));
     struct kiln_coll k = {.op = dp->zero >= 2 ? KILN_COLL_REDUCE_SCATTER : KILN_COLL_ALL_REDUCE,
                           .send = base,
@@ -440,7 +451,7 @@ static void stage_bucket(struct kiln_dp *dp, int i) {
 static void on_layer_begin(void *user, int l, int recompute) {
     struct kiln_dp *dp = user;
     kiln_flight_set_layer(l);
-    if (!recompute)
+    if (!recompute || dp->whole)
         return;
     stage_bucket(dp, bucket_of(dp, dp->seg_begin[1 + l]));
     if (l > 0)
@@ -537,7 +548,7 @@ static void on_forward_begin(void *user) {
     kiln_flight_set_layer(-1);
     unit_gather(dp, dp->bottom_w, dp->nb - 1);
     unit_gather(dp, dp->top_w, 0);
-    for (int j = 1; j < dp->L && j <= dp->K - 1; j++)
+    for (int j = 1; j < dp->L && j <= dp->ahead; j++)
         want_layer(dp, j);
     unit_use(dp, dp->bottom_w);
     if (dp->top_w != dp->bottom_w)
@@ -553,13 +564,13 @@ static void on_layer_begin_zero3(void *user, int l, int recompute) {
         have_layer(dp, l);
         if (l + 1 < dp->L)
             have_layer(dp, l + 1);
-        for (int j = l + 2; j < dp->L && j <= l + dp->K - 1; j++)
+        for (int j = l + 2; j < dp->L && j <= l + dp->ahead; j++)
             want_layer(dp, j);
         return;
     }
     on_layer_begin(user, l, recompute); // the gradients' staging
     have_layer(dp, l);
-    for (int j = l - 1; j >= 0 && j >= l - (dp->K - 2); j--)
+    for (int j = l - 1; j >= 0 && j >= l - (dp->ahead - 1); j--)
         want_layer(dp, j);
 }
 
@@ -1002,7 +1013,10 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
     KILN_ASSERT(kiln_gpt_params(g)->total == dp->bounds[0]); // planned on this layout
     struct kiln_gpt_hooks h = {
         .user = dp, .layer_backward_end = on_layer_backward_end, .embed_backward_end = on_embed_backward_end};
-    if (dp->zero >= 2) {
+    if (dp->zero >= 2 && dp->whole) {
+        dp->n_seg = kiln_gpt_grad_segments(g, &dp->seg_begin);
+        dp->shard = alloc_or_die(dp, dp->optim_elems * grad_bytes(dp), "gradient shard");
+    } else if (dp->zero >= 2) {
         KILN_ASSERT(!dp->buf.grads); // the model was created with external_grads
         dp->n_seg = kiln_gpt_grad_segments(g, &dp->seg_begin);
         size_t gb = grad_bytes(dp), mid = mid_elems(dp);
@@ -1031,7 +1045,7 @@ void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum) {
     }
     if (micro > 0)
         offload_settle(dp); // (the forward before settled it)
-    if (dp->zero < 2) {
+    if (dp->zero < 2 || dp->whole) {
         dp->reducing = micro == accum - 1;
         return;
     }
@@ -1059,7 +1073,7 @@ void kiln_dp_after_backward(struct kiln_dp *dp) {
         kiln_comm_wait_stream(dp->comm, dp->b[i].work);
         dp->b[i].work = NULL;
     }
-    if (dp->zero >= 2 && dp->micro > 0) // ordered after the reductions on the compute stream
+    if (kiln_dp_external_grads(dp) && dp->micro > 0) // ordered after the reductions on the compute stream
         dp->be->ops->accumulate_f32(dp->be->ctx, dp->shard, dp->shard_tmp, dp->optim_elems);
     dp->reducing = 0;
 }

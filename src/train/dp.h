@@ -34,6 +34,10 @@ struct kiln_dp_opts {
     int zero;         // 0, 1, 2 or 3
     double bucket_mb; // MiB of gradients per bucket (at least one layer each)
     int prefetch;     // ZeRO-3: layers gathered ahead of the computing one
+    int keep_gathered; // ZeRO-3: each layer's gathered weights stay from its forward to its backward (FSDP's
+                       // reshard_after_forward=False): every layer gathered once a step
+    int accumulate_whole; // ZeRO-3: whole gradients accumulate across micro-steps, reduce-scattered on the
+                          // last one only (FSDP's no_sync)
     int offload;      // 1: master weights and moments in pinned host memory, AdamW on the CPU
     int host_threads; // the offloaded AdamW's OpenMP threads (0: OpenMP's default)
     size_t offload_chunk; // elements per chunk of the offloaded optimizer's pipeline (0: 32M)

@@ -94,6 +94,8 @@ static void tb_write_row(struct kiln_metrics *m, const struct kiln_metrics_row *
         v[n++] = (struct kiln_tb_scalar){"perf/comm_wait_ms", r->comm_wait_ms};
     if (r->slowest_ms > 0)
         v[n++] = (struct kiln_tb_scalar){"perf/slowest_rank_ms", r->slowest_ms};
+    if (r->comm_ops > 0)
+        v[n++] = (struct kiln_tb_scalar){"perf/comm_ops", (double)r->comm_ops};
     if (r->offload_ms > 0) {
         v[n++] = (struct kiln_tb_scalar){"perf/offload_ms", r->offload_ms};
         v[n++] = (struct kiln_tb_scalar){"perf/offload_wait_ms", r->offload_wait_ms};
@@ -143,6 +145,8 @@ void kiln_metrics_write(struct kiln_metrics *m, const struct kiln_metrics_row *r
         fprintf(f, ",\"comm_wait_ms\":%.3f", r->comm_wait_ms);
     if (r->slowest_ms > 0)
         fprintf(f, ",\"slowest_rank_ms\":%.3f", r->slowest_ms);
+    if (r->comm_ops > 0)
+        fprintf(f, ",\"comm_ops\":%lld", (long long)r->comm_ops);
     if (r->offload_ms > 0)
         fprintf(f, ",\"offload_ms\":%.3f,\"offload_wait_ms\":%.3f", r->offload_ms, r->offload_wait_ms);
     if (r->prev_ckpt_write_ms > 0) // the background write of the previous checkpoint, finished by now

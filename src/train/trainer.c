@@ -426,6 +426,7 @@ struct step_log {
     double slowest_ms; // several ranks: the slowest rank's step time (0 with one process)
     double offload_ms;      // --offload: the host's optimizer steps that ended in this step (0 without)
     double offload_wait_ms; // --offload: what this step waited for them
+    int64_t comm_ops;       // several ranks: collectives issued on the job's communicator so far (0 without)
     float lr;
     enum kiln_skip skipped;
 };
@@ -455,6 +456,7 @@ static void log_metrics(struct kiln_metrics *m, const struct step_log *s, const 
                                    .slowest_ms = s->slowest_ms,
                                    .offload_ms = s->offload_ms,
                                    .offload_wait_ms = s->offload_wait_ms,
+                                   .comm_ops = s->comm_ops,
                                    .tokens = s->tokens};
     kiln_metrics_write(m, &row);
 }
@@ -605,6 +607,8 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         struct kiln_dp_opts dpo = {.zero = cfg->zero,
                                    .bucket_mb = cfg->bucket_mb,
                                    .prefetch = cfg->prefetch,
+                                   .keep_gathered = !cfg->zero3_reshard,
+                                   .accumulate_whole = cfg->zero3_accumulate == KILN_ACCUMULATE_WHOLE,
                                    .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0,
                                    .host_threads = cfg->threads};
         kiln_dp_tuning_from_env(&dpo);
@@ -808,6 +812,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
     sl->tokens = (int64_t)r->st.tokens;
     sl->slowest_ms = 0;
     if (r->dp) { // this step's share of the offloaded optimizer's time (0 without offload)
+        sl->comm_ops = (int64_t)r->comm->seq;
         double off = kiln_dp_offload_s(r->dp), wait = kiln_dp_offload_wait_s(r->dp);
         sl->offload_ms = (off - r->prev_offload_s) * 1e3;
         sl->offload_wait_ms = (wait - r->prev_offload_wait_s) * 1e3;

@@ -2,7 +2,9 @@
 # ZeRO-3 and the offloaded optimizer on the CPU under mpirun (label mpi): ZeRO-3 at 2, 3 and 4 ranks follows the
 # single-process trajectory for sequential and parallel blocks, GQA with RoPE and SwiGLU, and an untied head with
 # ALiBi and QK-norm; --prefetch and --recompute do not change a bit; --offload=optimizer gives bitwise the weights
-# of the same run without it at every --zero level, and with a slow host that the next forward must wait for; checkpoints resume across every pair of --zero levels, with
+# of the same run without it at every --zero level, and with a slow host that the next forward must wait for;
+# --zero3-accumulate=whole and --zero3-reshard-after-forward=0 keep the trajectory, communicate less and cost
+# the memory kiln info plans; checkpoints resume across every pair of --zero levels, with
 # and without offload, on another world size; per-rank memory falls as the ranks grow and stays within 10% of
 # kiln info's plan; bad combinations fail with one line.
 source "$(dirname "$0")/lib.sh" zero3_mpi "$@"
@@ -102,6 +104,49 @@ rm -rf "$T/bx2/ckpt/step_00000006" "$T/bx2/model.safetensors"
 "${MPI[@]}" -np 3 "$KILN" train "${ck[@]}" --max-steps=6 --zero=3 --offload=optimizer --out="$T/bx2" 2>/dev/null
 same_weights "$T/bx" "$T/bx2" && ok || bad "ZeRO-3 with offload: a resume at the same world size is not bit-exact"
 
+# ---- FSDP's two trade-offs ----
+ops() { python3 -c "import json,sys; print(' '.join(str(r.get('comm_ops', 0)) for r in map(json.loads, open(sys.argv[1]))))" "$1/metrics.jsonl"; }
+# --zero3-accumulate=whole: whole gradients accumulate over the micro-steps (4 a step at 3 ranks) and each of
+# the 4 buckets is reduce-scattered on the last one only: the same trajectory, with 3 x 4 = 12 fewer
+# collectives every step than reduce-scattering every micro-step (z3n3); the plan holds the whole gradients
+"${MPI[@]}" -np 3 "$KILN" train "${args[@]}" --max-steps=6 --zero=3 --zero3-accumulate=whole --out="$T/whole" \
+  2>"$T/err" || bad "zero3-accumulate whole: $(tail -3 "$T/err")"
+same_run "$T/single" "$T/whole" 2e-5 && ok || bad "--zero3-accumulate=whole left the single-process trajectory"
+python3 - "$(ops "$T/z3n3")" "$(ops "$T/whole")" <<'PY2' && ok || bad "--zero3-accumulate=whole: not 12 fewer collectives a step"
+import sys
+a, b = ([int(x) for x in v.split()] for v in sys.argv[1:])
+steps = [x - y for x, y in zip(a, [0] + a[:-1])], [x - y for x, y in zip(b, [0] + b[:-1])]
+print(f"collectives a step: reduce-scatter every micro-step {steps[0]}, once a step {steps[1]}")
+sys.exit(0 if len(a) == len(b) == 6 and all(x - y == 12 for x, y in zip(*steps)) else 1)
+PY2
+# --zero3-reshard-after-forward=0: each layer's gathered weights stay from its forward to its backward (8
+# layers: 6 between the top and bottom buckets, more than the ring of 3): bitwise the same weights, fewer
+# collectives a step (no gather in the backward, none in the later micro-steps' forwards), more memory
+deep=("${args[@]}" --layers=8 --max-steps=3)
+"${MPI[@]}" -np 3 "$KILN" train "${deep[@]}" --zero=3 --out="$T/rs1" 2>"$T/err" || bad "8 layers: $(tail -3 "$T/err")"
+"${MPI[@]}" -np 3 "$KILN" train "${deep[@]}" --zero=3 --zero3-reshard-after-forward=0 --out="$T/rs0" 2>"$T/err" ||
+  bad "zero3-reshard-after-forward 0: $(tail -3 "$T/err")"
+same_weights "$T/rs1" "$T/rs0" && ok || bad "--zero3-reshard-after-forward=0 changed the weights"
+python3 - "$(ops "$T/rs1")" "$(ops "$T/rs0")" <<'PY2' && ok || bad "--zero3-reshard-after-forward=0 did not gather less"
+import sys
+a, b = ([int(x) for x in v.split()] for v in sys.argv[1:])
+print(f"collectives so far: resharded after the forward {a}, kept {b}")
+sys.exit(0 if len(a) == len(b) == 3 and all(y < x for x, y in zip(a, b)) else 1)
+PY2
+# the plan: the measured peak (the CPU counts its allocations exactly) is kiln info's, for both trade-offs
+for v in "rs0:--zero3-reshard-after-forward=0:deep" "whole:--zero3-accumulate=whole:args"; do
+  IFS=: read -r dir flag arr <<<"$v"
+  declare -n shape=$arr
+  plan=$("$KILN" info "${shape[@]}" --zero=3 --world=3 "$flag" | grep -o 'per rank: [0-9]* bytes' | head -1 | grep -o '[0-9]*')
+  m=$(tail -1 "$T/$dir/metrics.jsonl" | grep -o '"peak_mem_bytes":[0-9]*' | cut -d: -f2)
+  if [ -n "$plan" ] && [ -n "$m" ] && [ $((m * 100)) -le $((plan * 101)) ] && [ $((m * 100)) -ge $((plan * 99)) ]; then
+    ok
+  else
+    bad "$flag: measured peak ${m:-?} bytes, planned ${plan:-?}"
+  fi
+  unset -n shape
+done
+
 # ---- memory: the measured peak against kiln info's per-rank plan, and 1/N ----
 peak() { tail -1 "$1/metrics.jsonl" | grep -o '"peak_mem_bytes":[0-9]*' | cut -d: -f2; }
 planned() { "$KILN" info "${mem[@]}" --total-batch=$((16 * $1)) --zero=3 --world="$1" | grep -o 'per rank: [0-9]* bytes' | head -1 | grep -o '[0-9]*'; }
@@ -130,4 +175,7 @@ small=(--layers=1 --heads=2 --dim=32 --seq=32 --batch=2 --max-steps=2 --threads=
 expect_error 2 "prefetch" -- train "${small[@]}" --zero=3 --prefetch=3
 expect_error 2 "offload" -- train "${small[@]}" --offload=disk
 expect_error 2 "stochastic" -- train "${small[@]}" --offload=optimizer --stochastic-rounding=1
+expect_error 2 "add --zero=3" -- train "${small[@]}" --zero=2 --zero3-reshard-after-forward=0
+expect_error 2 "add --zero=3" -- train "${small[@]}" --zero3-accumulate=whole
+expect_error 2 "zero3-accumulate" -- train "${small[@]}" --zero=3 --zero3-accumulate=half
 finish
