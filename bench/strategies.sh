@@ -9,7 +9,9 @@
 #                            [--seq=T] [--global=TOKENS]
 # models: a = shakespeare-char, b = gpt2-124m shape at char level (both on the embedded Tiny Shakespeare),
 #         c = gpt2-350m on Gutenberg shards: KILN_GUTENBERG='DIR/train_*.bin' (kiln tokenize's output;
-#             KILN_GUTENBERG_VAL defaults to the same glob with train_ -> val_); skipped without it.
+#             KILN_GUTENBERG_VAL defaults to the same glob with train_ -> val_), or KILN_GUTENBERG_TEXT=FILE
+#             (the corpus as text or .txt.xz, ../shared/data/gutenberg_en_train.txt.xz: 34 MB, which a device
+#             call can carry where the shards cannot), tokenized here first; skipped without either.
 # Rows: one process (accumulating over the ranks' micro-batches), then DDP, ZeRO-1/2/3 and ZeRO-3 + offload on
 # --ranks ranks (mpirun for N > 1; ranks share one GPU over --comm=mpi when the machine has fewer GPUs).
 # --torch=1 (cuda, python3 with torch): bench/torch_fsdp.py for the rows at world size 1 that PyTorch has:
@@ -87,6 +89,16 @@ if [ "$DEVICE" = cpu ]; then COMM=mpi; elif [ "$RANKS" -le "$n_gpus" ]; then COM
 THREADS=()
 [ "$DEVICE" = cpu ] && THREADS=(--threads=1)
 
+# Model c from text: kiln tokenize's GPT-2 BPE into shards under OUT (the last KILN_GUTENBERG_VAL_TOKENS,
+# default 1M, held out).
+if [[ ,$MODELS, == *,c,* ]] && [ -z "${KILN_GUTENBERG:-}" ] && [ -n "${KILN_GUTENBERG_TEXT:-}" ]; then
+  t0=$(date +%s)
+  "$KILN" tokenize --out="$OUT/gutenberg" --val-tokens="${KILN_GUTENBERG_VAL_TOKENS:-1000000}" --quiet "$KILN_GUTENBERG_TEXT" ||
+    die "kiln tokenize $KILN_GUTENBERG_TEXT failed (bench/strategies.sh)"
+  echo "model c: tokenized $KILN_GUTENBERG_TEXT in $(($(date +%s) - t0)) s"
+  export KILN_GUTENBERG="$OUT/gutenberg/train_*.bin" KILN_GUTENBERG_VAL="$OUT/gutenberg/val_*.bin"
+fi
+
 # ---- the models ---------------------------------------------------------------------------------------------
 # model_args MODEL: sets ARGS (kiln options), T, G (global batch in tokens), TRAIN_TOKENS (the epoch),
 # VOCAB (padded, for PyTorch) and NAME; returns 1 with WHY set when the model cannot run here.
@@ -141,7 +153,7 @@ stats() {
       m = 0; for (i = skip + 1; i <= n; i++) if (t[i] != "") s[++m] = t[i] + 0
       for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (s[j] < s[i]) { x = s[i]; s[i] = s[j]; s[j] = x }
       med = m ? (m % 2 ? s[(m + 1) / 2] : (s[m / 2] + s[m / 2 + 1]) / 2) : 0
-      printf "%.1f %d %s\n", med, peak, val == "" ? "n/a" : val
+      printf "%.1f %.0f %s\n", med, peak, val == "" ? "n/a" : val # (%d stops at 2^31 - 1 in mawk)
     }' "$1"
 }
 

@@ -32,15 +32,19 @@ if [ "$PART" = tests ] || [ "$PART" = all ]; then
   grep -E "FAIL|worst|passed," "$OUT/tests.log" | tail -14
 fi
 
-stats() { # median ms after the first 5 steps, the last loss, the peak bytes, and the peak GiB
+stats() { # median ms after the first 5 steps, the last loss, the peak GiB, and (offload) the host step's and
+  # the wait's medians in ms ("-" without offload)
   python3 - "$1" <<'PY'
 import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print(f'{statistics.median(r["ms"] for r in rows[min(5, len(rows) - 1):]):.2f} {rows[-1]["loss"]:.5f} {rows[-1]["peak_mem_bytes"] / 2**30:.2f}')
+late = rows[min(5, len(rows) - 1):]
+off = [r for r in late if "offload_ms" in r]
+host = f'{statistics.median(r["offload_ms"] for r in off):.1f}/{statistics.median(r["offload_wait_ms"] for r in off):.1f}' if off else "-"
+print(f'{statistics.median(r["ms"] for r in late):.2f} {rows[-1]["loss"]:.5f} {rows[-1]["peak_mem_bytes"] / 2**30:.2f} {host}')
 PY
 }
-echo "| run | ms/step | tok/s | last loss | peak GiB (GPU) | host RSS GiB |" >"$OUT/table.md"
-echo "| --- | --- | --- | --- | --- | --- |" >>"$OUT/table.md"
+echo "| run | ms/step | tok/s | last loss | peak GiB (GPU) | host RSS GiB | host step / waited ms |" >"$OUT/table.md"
+echo "| --- | --- | --- | --- | --- | --- | --- |" >>"$OUT/table.md"
 TIMEV=()
 [ -x /usr/bin/time ] && TIMEV=(/usr/bin/time -v) # the host's peak resident memory, where the machine has it
 bench() { # name tokens-per-step steps args...
@@ -55,8 +59,8 @@ bench() { # name tokens-per-step steps args...
   local rss
   rss=$(grep "Maximum resident" "$OUT/run.log" | awk '{printf "%.1f", $6 / 1048576}')
   rss=${rss:-?}
-  read -r ms loss gib < <(stats "$dir/metrics.jsonl")
-  echo "| $name | $ms | $(python3 -c "print(round($tokens/($ms/1e3)))") | $loss | $gib | $rss |" | tee -a "$OUT/table.md"
+  read -r ms loss gib host < <(stats "$dir/metrics.jsonl")
+  echo "| $name | $ms | $(python3 -c "print(round($tokens/($ms/1e3)))") | $loss | $gib | $rss | $host |" | tee -a "$OUT/table.md"
 }
 s13=(--preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --seq=1024 --batch=8)
 if [ "$PART" = fsdp ] || [ "$PART" = all ] || [ "$PART" = trace ]; then
@@ -67,6 +71,11 @@ if [ "$PART" = fsdp ] || [ "$PART" = all ] || [ "$PART" = trace ]; then
     done
     bench "1.3b-nccl-z0" 8192 25 "${s13[@]}" --comm=nccl
     bench "1.3b-nccl-z3-pf2" 8192 25 "${s13[@]}" --comm=nccl --zero=3 --prefetch=2
+    # FSDP's trade-offs: the layers kept gathered to the backward; whole gradients over 8 micro-steps
+    bench "1.3b-nccl-z3-keep" 8192 25 "${s13[@]}" --comm=nccl --zero=3 --zero3-reshard-after-forward=0
+    bench "1.3b-nccl-z3-accum8" 65536 8 "${s13[@]}" --comm=nccl --zero=3 --total-batch=65536
+    bench "1.3b-nccl-z3-accum8-whole" 65536 8 "${s13[@]}" --comm=nccl --zero=3 --total-batch=65536 \
+      --zero3-accumulate=whole
     bench "1.3b-offload" 8192 10 "${s13[@]}" --offload=optimizer
   fi
   # does the prefetch overlap? a CUDA-event trace of each gather against the compute stream (KILN_TRACE_COMM)
