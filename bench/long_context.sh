@@ -6,7 +6,8 @@
 # --offload=activations from KILN_OFFLOAD_FROM tokens on, and PyTorch (eager, SDPA, checkpointing; the seed's
 # baseline) up to KILN_TORCH_MAX tokens, in the same call. KILN_PART=tests|sweep|all picks what runs. A
 # length runs 10 steps up to 16k tokens, 5 up to 64k, 3 up to 256k, 2 beyond (the first is not timed): at
-# 512k and more, one length is a device call of its own (KILN_LENGTHS=524288).
+# 512k and more, one length is a device call of its own (KILN_LENGTHS=524288). KILN_RECOMPUTE=mlp|act runs kiln
+# with less recompute (the attention's forward kept, not redone), where it fits: the 32k-64k gap's candidate.
 # Logs in $OUT (few files: the device returns at most 8), each row printed as soon as it is measured.
 set -u
 cd "$(dirname "$0")/.."
@@ -21,6 +22,7 @@ PART=${KILN_PART:-all}
 LENGTHS=${KILN_LENGTHS:-"2048 8192 32768 65536 131072 262144 524288"}
 OFFLOAD_FROM=${KILN_OFFLOAD_FROM:-262144}
 TORCH_MAX=${KILN_TORCH_MAX:-65536}
+RECOMPUTE=${KILN_RECOMPUTE:-block}
 DEVICE=${KILN_BENCH_DEVICE:-cuda} # cpu: a smoke test of this script with KILN_SHAPE set small
 SHAPE=${KILN_SHAPE:-"--preset=gpt2-124m --layers=24 --dim=2048 --heads=16"}
 t0=$(date +%s)
@@ -54,11 +56,12 @@ mfu = statistics.median(r.get("mfu", 0) for r in timed)  # from the GPU's peak; 
 print(f'{tok:.0f} {mfu * 989:.1f} {100 * mfu:.1f} {rows[-1]["peak_mem_bytes"] / 2**30:.1f}')
 PY
 }
-echo "| tokens | kiln tok/s | TFLOPS | MFU % | peak GiB | offload | PyTorch tok/s | PyTorch GiB | kiln/PyTorch |" >"$OUT/table.md"
+echo "kiln --recompute=$RECOMPUTE" >"$OUT/table.md"
+echo "| tokens | kiln tok/s | TFLOPS | MFU % | peak GiB | offload | PyTorch tok/s | PyTorch GiB | kiln/PyTorch |" >>"$OUT/table.md"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" >>"$OUT/table.md"
 for T in $LENGTHS; do
   off=none
-  [ "$T" -ge "$OFFLOAD_FROM" ] && off=activations
+  [ "$T" -ge "$OFFLOAD_FROM" ] && [ "$RECOMPUTE" = block ] && off=activations
   dir=/tmp/long_$T
   steps=2
   [ "$T" -le 262144 ] && steps=3
@@ -66,7 +69,7 @@ for T in $LENGTHS; do
   [ "$T" -le 16384 ] && steps=10
   rm -rf "$dir"
   # shellcheck disable=SC2086
-  timeout 560 "$BUILD/kiln" train $SHAPE --pos=rope --batch=1 --seq="$T" --block-size="$T" --recompute=block \
+  timeout 560 "$BUILD/kiln" train $SHAPE --pos=rope --batch=1 --seq="$T" --block-size="$T" --recompute="$RECOMPUTE" \
     --offload=$off --data=random --max-steps="$steps" --warmup=1 --device="$DEVICE" \
     --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1 --out="$dir" >"$OUT/run.log" 2>&1
   rc=$?
