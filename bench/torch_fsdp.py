@@ -4,7 +4,7 @@
 # with its CPUOffloadPolicy (--offload=1, kiln's ZeRO-3 + offload), with optional per-block activation
 # checkpointing (--ckpt=1, kiln's --recompute=block) and torch.compile. Prints one JSON line: tokens/s and
 # torch.cuda.max_memory_allocated. Failures print one "error: ..." line and exit 1; the process group has a
-# timeout, so nothing waits forever.
+# timeout, so nothing waits forever. Under torchrun it runs FSDP2 across the GPUs (a GPU a rank).
 import argparse, datetime, json, os, socket, sys, time
 
 p = argparse.ArgumentParser()
@@ -87,7 +87,8 @@ def free_port():
 
 
 torch.backends.cuda.matmul.allow_tf32 = True
-dev = torch.device("cuda", 0)
+# under torchrun (bench/dist_multi_gpu.sh): a GPU a rank; tokens/s is then per GPU (each rank's batch)
+dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 torch.cuda.set_device(dev)
 if a.fsdp:
     # world size 1 on localhost; the timeout turns a stuck collective into an error, not a hang
@@ -153,11 +154,12 @@ try:
 except torch.cuda.OutOfMemoryError as e:
     fail(f"out of GPU memory at batch {a.batch}, seq {a.seq}: {str(e).splitlines()[0]}")
 tokens = a.batch * a.seq * a.accum
-print(json.dumps(dict(impl="pytorch-fsdp2" if a.fsdp else "pytorch", offload=a.offload, ckpt=a.ckpt,
-                      compile=a.compile, layers=a.layers, dim=a.dim, heads=a.heads, vocab=a.vocab, seq=a.seq,
-                      batch=a.batch, accum=a.accum, params_M=round(n_params / 1e6, 1),
-                      ms_per_step=round(ms, 2), tokens_per_s=round(tokens / (ms / 1e3)),
-                      peak_mem_bytes=torch.cuda.max_memory_allocated(), warmup_s=round(warm_s, 1),
-                      loss=float(loss) * a.accum)))
+if int(os.environ.get("RANK", "0")) == 0:
+    print(json.dumps(dict(impl="pytorch-fsdp2" if a.fsdp else "pytorch", offload=a.offload, ckpt=a.ckpt,
+                        compile=a.compile, layers=a.layers, dim=a.dim, heads=a.heads, vocab=a.vocab, seq=a.seq,
+                        batch=a.batch, accum=a.accum, params_M=round(n_params / 1e6, 1),
+                        ms_per_step=round(ms, 2), tokens_per_s=round(tokens / (ms / 1e3)),
+                        peak_mem_bytes=torch.cuda.max_memory_allocated(), warmup_s=round(warm_s, 1),
+                        loss=float(loss) * a.accum, world=int(os.environ.get("WORLD_SIZE", "1")))))
 if a.fsdp:
     dist.destroy_process_group()
