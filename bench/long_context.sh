@@ -6,7 +6,7 @@
 # --offload=activations from KILN_OFFLOAD_FROM tokens on, and PyTorch (eager, SDPA, checkpointing; the seed's
 # baseline) up to KILN_TORCH_MAX tokens, in the same call. KILN_PART=tests|sweep|all picks what runs. A
 # length runs 10 steps up to 16k tokens, 5 up to 64k, 3 up to 256k, 2 beyond (the first is not timed): at
-# 512k and more, one length is a device call of its own (KILN_LENGTHS=524288). KILN_RECOMPUTE=mlp|act runs kiln
+# 512k and more, one length is a device call of its own (KILN_LENGTHS=524288). KILN_RECOMPUTE=selective|mlp runs kiln
 # with less recompute (the attention's forward kept, not redone), where it fits: the 32k-64k gap's candidate.
 # Logs in $OUT (few files: the device returns at most 8), each row printed as soon as it is measured.
 set -u
@@ -61,7 +61,7 @@ echo "| tokens | kiln tok/s | TFLOPS | MFU % | peak GiB | offload | PyTorch tok/
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" >>"$OUT/table.md"
 for T in $LENGTHS; do
   off=none
-  [ "$T" -ge "$OFFLOAD_FROM" ] && [ "$RECOMPUTE" = block ] && off=activations
+  [ "$T" -ge "$OFFLOAD_FROM" ] && { [ "$RECOMPUTE" = block ] || [ "$RECOMPUTE" = selective ]; } && off=activations
   dir=/tmp/long_$T
   steps=2
   [ "$T" -le 262144 ] && steps=3

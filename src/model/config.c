@@ -86,8 +86,9 @@ static const struct opt OPTS[] = {
     {"device", OPT_ENUM, OFF(device), 0, 0, "auto cpu cuda", "compute backend"},
     {"threads", OPT_INT, OFF(threads), 0, 4096, NULL, "CPU threads (0 = all cores)"},
     {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, NULL, "bitwise-repeatable GPU kernels"},
-    {"recompute", OPT_ENUM, OFF(recompute), 0, 0, "none mlp block act",
-     "activation recompute (act: the MLP activation's output, from its kept input)"},
+    {"recompute", OPT_ENUM, OFF(recompute), 0, 0, "none mlp block act selective",
+     "activation recompute (act: the MLP activation's output, from its kept input; selective: as block, but "
+     "each layer keeps its attention's output, so the backward does not redo the attention: long context)"},
     {"grad-dtype", OPT_ENUM, OFF(grad_dtype), 0, 0, "auto fp32 bf16",
      "parameter gradients (auto = bf16 on CUDA when a step is one micro-step, else fp32)"},
     {"peak-flops", OPT_DOUBLE, OFF(peak_flops), 0, 1e18, NULL,
@@ -775,7 +776,8 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
                            "tensorboard without a run directory (--tensorboard=%s): the events mirror "
                            "RUN/metrics.jsonl; add --out=DIR",
                            c->tensorboard);
-    if ((c->offload & KILN_OFFLOAD_ACTIVATIONS) && c->recompute != KILN_RECOMPUTE_BLOCK)
+    if ((c->offload & KILN_OFFLOAD_ACTIVATIONS) && c->recompute != KILN_RECOMPUTE_BLOCK &&
+        c->recompute != KILN_RECOMPUTE_SELECTIVE)
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "offload %s without --recompute=block (--offload): what goes to the host is each "
                            "layer's input, which is all the backward keeps only when it recomputes whole "
@@ -968,5 +970,7 @@ double kiln_model_recompute_flops_per_token(const struct kiln_model_config *m, e
         return m->n_layer * mlp;
     if (r == KILN_RECOMPUTE_BLOCK)
         return m->n_layer * (mlp + attn_gemms + attn_core);
+    if (r == KILN_RECOMPUTE_SELECTIVE)
+        return m->n_layer * (mlp + attn_gemms);
     return 0;
 }

@@ -123,6 +123,7 @@ struct kiln_gpt {
     float *losses_host;
     int has_grad_forward; // the last forward ran the classifier backward
     int grads_fresh;      // set by kiln_gpt_zero_grad: the next gradient writes assign instead of adding
+    int recomputing;      // inside the backward's recompute of a layer (selective skips the attention there)
 
     struct kiln_param_span *spans;
     int n_spans;
@@ -197,8 +198,8 @@ static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t fr
 // for one chunk at a time: chunks of at most 1 GiB of hidden activations, spread evenly. Every token's
 // result is the same; the weight gradients are summed chunk by chunk. N (one chunk) otherwise.
 static int mlp_rows_for(const struct dims *d, const struct kiln_gpt_opts *o, size_t act_bytes) {
-    int recomputed =
-        o->training && (o->recompute == KILN_RECOMPUTE_BLOCK || o->recompute == KILN_RECOMPUTE_MLP);
+    int recomputed = o->training && (o->recompute == KILN_RECOMPUTE_BLOCK || o->recompute == KILN_RECOMPUTE_MLP ||
+                                     o->recompute == KILN_RECOMPUTE_SELECTIVE);
     if (!recomputed || o->mlp_rows < 0)
         return d->N;
     if (o->mlp_rows > 0)
@@ -305,8 +306,13 @@ static size_t scratch_apart(struct acts *a) {
 // one back a layer ahead of its use.
 #define X_RING 3
 
+// --recompute=block and selective keep only each layer's input (and, selective, its attention's output)
+static int recomputes_blocks(enum kiln_recompute r) {
+    return r == KILN_RECOMPUTE_BLOCK || r == KILN_RECOMPUTE_SELECTIVE;
+}
+
 static int offloads_acts(const struct kiln_gpt_opts *o) {
-    return o->training && o->offload_activations && o->recompute == KILN_RECOMPUTE_BLOCK;
+    return o->training && o->offload_activations && recomputes_blocks(o->recompute);
 }
 
 // the device's slots for the residual stream's layer inputs x[0..L] in training
@@ -321,11 +327,12 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
     memset(a, 0, sizeof(*a));
     int L = d->L, training = o->training;
     enum kiln_recompute rc = o->recompute;
-    int per_layer = rc == KILN_RECOMPUTE_BLOCK ? 1 : L;
+    int per_layer = recomputes_blocks(rc) ? 1 : L;
     int mlp_slots = rc == KILN_RECOMPUTE_NONE ? L : 1;                             // fc_act
     int pre_slots = rc == KILN_RECOMPUTE_NONE || rc == KILN_RECOMPUTE_ACT ? L : 1; // fc_pre
     if (!training)
         per_layer = mlp_slots = pre_slots = 1;
+    int attn_slots = training && rc == KILN_RECOMPUTE_SELECTIVE ? L : per_layer; // atty and lse
     size_t N = (size_t)d->N, f = sizeof(float), i = sizeof(int32_t);
     size_t mrows = (size_t)mlp_rows_for(d, o, ab); // the MLP's buffers hold one chunk
     // a fused forward keeps [qkv | fc_pre] in pre (pre_slots == per_layer then); a fused backward has dpre
@@ -333,7 +340,7 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
            dpre = fu->on ? qkv + N * d->FCO : 0;
 #define SET(b, n, s, eb) (a->b = (struct buf){.elems = (n), .slots = (s), .elem_bytes = (eb)})
     SET(x, N * d->C, training ? x_slots(d, o) : 2, ab);
-    SET(ln1, N * d->C, (rc == KILN_RECOMPUTE_BLOCK || !training) ? 2 : L + 1, ab);
+    SET(ln1, N * d->C, (recomputes_blocks(rc) || !training) ? 2 : L + 1, ab);
     SET(mean1, N, L + 1, f);
     SET(rstd1, N, L + 1, f);
     SET(pre, pre, per_layer, ab);
@@ -344,8 +351,8 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
     SET(rstdq, qk * N, per_layer, f);
     SET(meank, qk * N, per_layer, f);
     SET(rstdk, qk * N, per_layer, f);
-    SET(atty, N * d->AO, per_layer, ab);
-    SET(lse, N * d->NH, per_layer, f);
+    SET(atty, N * d->AO, attn_slots, ab);
+    SET(lse, N * d->NH, attn_slots, f);
     SET(mid, N * d->C, per_layer, ab);
     SET(ln2, N * d->C, per_layer, ab);
     SET(mean2, N, per_layer, f);
@@ -907,7 +914,9 @@ static void attn_core_fwd(struct kiln_gpt *g, const struct dims *d, int l, const
                                 .pos = g->cfg.pos,
                                 .rope_theta = g->cfg.rope_theta,
                                 .qkv_stride = stride};
-    if (g->attn_impl.forward)
+    if (g->recomputing && g->opts.recompute == KILN_RECOMPUTE_SELECTIVE)
+        ; // --recompute=selective: atty[l] and lse[l] were kept
+    else if (g->attn_impl.forward)
         g->attn_impl.forward(g->attn_impl.user, l, &at);
     else
         g->ops->attention_forward(g->ctx, &at);
@@ -1272,10 +1281,12 @@ static void parallel_fused_bwd(struct kiln_gpt *g, const struct dims *d, int l, 
 // Re-runs what backward needs but recompute did not keep.
 static void recompute_layer(struct kiln_gpt *g, const struct dims *d, int l) {
     struct acts *a = &g->a;
-    if (g->opts.recompute == KILN_RECOMPUTE_BLOCK) {
+    if (recomputes_blocks(g->opts.recompute)) {
         norm_fwd(g, buf_at(&a->ln1, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), NULL, buf_at(&a->x, l),
                  NULL, g->pt.layer[l][KILN_LN1_W], g->pt.layer[l][KILN_LN1_B], d->N);
+        g->recomputing = 1;
         layer_forward(g, d, l, 0);
+        g->recomputing = 0;
     } else if (g->opts.recompute == KILN_RECOMPUTE_MLP && g->mlp_rows == d->N) { // chunked: in mlp_bwd
         const void *inp = g->cfg.parallel_block ? buf_at(&a->ln1, l) : buf_at(&a->ln2, l);
         mlp_fwd(g, d, l, inp, buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0, d->N);

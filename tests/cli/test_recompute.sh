@@ -4,8 +4,8 @@
 # the default is act. --offload=activations changes no number and moves the layer inputs out of the plan.
 source "$(dirname "$0")/lib.sh" recompute "$@"
 
-expect_error 2 "allowed values are none,mlp,block,act" -- train --recompute=gelu
-expect_error 2 "allowed values are none,mlp,block,act" -- info --recompute=
+expect_error 2 "allowed values are none,mlp,block,act,selective" -- train --recompute=gelu
+expect_error 2 "allowed values are none,mlp,block,act,selective" -- info --recompute=
 
 acts() { "$KILN" info --preset=gpt2-124m --batch=8 --seq=1024 "$@" |
   awk '/^memory \(cuda/ {m = 1} m && /^  activations/ {print $2; exit}'; }
@@ -15,8 +15,14 @@ default=$(acts)
 [ "$default" = "$act" ] && ok || bad "default plan $default GiB, --recompute=act $act GiB: act should be the default"
 mlp=$(acts --recompute=mlp)
 block=$(acts --recompute=block)
-python3 -c "import sys; n, a, m, b = map(float, sys.argv[1:]); assert n > a > m > b > 0, (n, a, m, b)" \
-  "$none" "$act" "$mlp" "$block" && ok || bad "activation plans none $none, act $act, mlp $mlp, block $block GiB"
+selective=$(acts --recompute=selective)
+python3 -c "import sys; n, a, m, s, b = map(float, sys.argv[1:]); assert n > a > m > s > b > 0, (n, a, m, s, b)" \
+  "$none" "$act" "$mlp" "$selective" "$block" && ok ||
+  bad "activation plans none $none, act $act, mlp $mlp, selective $selective, block $block GiB"
+# selective keeps each layer's attention output (N x C, act dtype) and log-sum-exp (N x heads, f32), where
+# block keeps one layer's: 11 more of each, 11 x 8192 x (768 x 2 + 12 x 4) bytes
+python3 -c "import sys; s, b = map(float, sys.argv[1:]); d = (s - b) * 2**30; e = 11 * 8192 * (768 * 2 + 12 * 4); assert abs(d - e) < 2e-3 * 2**30, (d, e)" \
+  "$selective" "$block" && ok || bad "selective keeps $selective - $block GiB more than block, not the attention outputs"
 
 # --offload=activations: each layer's input goes to host memory and back (training with --recompute=block
 # only); the same run without it gives bitwise the same weights and metrics on the CPU, and kiln info's
@@ -33,5 +39,10 @@ run=(--layers=5 --heads=2 --dim=32 --seq=16 --batch=2 --max-steps=3 --eval-every
   bad "training with and without offloaded activations"
 same_weights "$T/kept" "$T/moved" && [ "$(cut -d, -f1-4 "$T/kept/metrics.jsonl")" = "$(cut -d, -f1-4 "$T/moved/metrics.jsonl")" ] &&
   ok || bad "offloaded activations changed the run"
+# --recompute=selective (the attention kept, not redone) trains bitwise as block does, with offload too
+"$KILN" train "${run[@]}" --recompute=selective --offload=activations --out="$T/sel" ||
+  bad "training with --recompute=selective"
+same_weights "$T/kept" "$T/sel" && [ "$(cut -d, -f1-4 "$T/kept/metrics.jsonl")" = "$(cut -d, -f1-4 "$T/sel/metrics.jsonl")" ] &&
+  ok || bad "--recompute=selective changed the run"
 
 finish

@@ -77,6 +77,8 @@ check sp2dp2_zero3 4 --pos=rope --total-batch=256 -- --sp=2 --sp-mode=ulysses --
 check sp2dp2_zero1 4 --pos=learned --total-batch=256 -- --sp=2 --sp-mode=ring --zero=1
 # the layer inputs offloaded to the host while the ring runs (block recompute, the MLP in chunks of 5 rows)
 KILN_MLP_ROWS=5 check ring2_offload 2 --pos=rope --recompute=block -- --sp=2 --sp-mode=ring --offload=activations
+# --recompute=selective: the backward uses the kept attention output and log-sum-exp, with no forward ring pass
+check hyb4_selective 4 --pos=rope --recompute=selective -- --sp=4 --sp-mode=hybrid --sp-ulysses=2
 # six ranks, hybrid 3 x 2: a slot's 24 tokens over 3 Ulysses ranks, so rank 1 holds the end of one chunk and
 # the start of the other (two runs of positions: learned embeddings read both)
 check hyb6_learned 6 --heads=6 --dim=48 --seq=48 --pos=learned -- --sp=6 --sp-mode=hybrid --sp-ulysses=3

@@ -270,6 +270,31 @@ static void test_gpu_training_is_bitwise_repeatable(void **state) {
 
 // Two micro-steps on different batches (the second adds its gradients to the first's): both losses and the
 // gradients, for a model created with the environment as it is.
+static void scratch_steps(int variant, enum kiln_recompute rc, double loss[2], float *grad);
+
+// --recompute=selective keeps each layer's attention output and log-sum-exp instead of recomputing them: the
+// recomputed ones are bitwise the kept ones (deterministic kernels), so every loss and gradient is block's,
+// bit for bit, in every block type (RoPE, whose backward rotates q and k itself, included).
+static void test_selective_recompute_matches_block(void **state) {
+    for (int v = 0; v <= 4; v++) {
+        struct kiln_model_config m;
+        small_config(&m, v);
+        struct kiln_param_table pt;
+        kiln_params_build(&pt, &m);
+        float *gb = malloc(pt.total * sizeof(float)), *gs = malloc(pt.total * sizeof(float));
+        double lb[2], ls[2];
+        scratch_steps(v, KILN_RECOMPUTE_BLOCK, lb, gb);
+        scratch_steps(v, KILN_RECOMPUTE_SELECTIVE, ls, gs);
+        fprintf(stderr, "[selective] variant %d: losses %.6f %.6f (block %.6f %.6f)\n", v, ls[0], ls[1], lb[0],
+                lb[1]);
+        if (memcmp(lb, ls, sizeof(lb)) != 0 || memcmp(gb, gs, pt.total * sizeof(float)) != 0)
+            fail_msg("variant %d: --recompute=selective differs from block", v);
+        free(gb);
+        free(gs);
+        kiln_params_free(&pt);
+    }
+}
+
 static void scratch_steps(int variant, enum kiln_recompute rc, double loss[2], float *grad) {
     struct kiln_model_config m;
     small_config(&m, variant);
@@ -293,14 +318,14 @@ static void scratch_steps(int variant, enum kiln_recompute rc, double loss[2], f
 // what every buffer apart gives (KILN_SCRATCH_SHARED=0, deterministic mode), in every block type and
 // recompute mode, with the LM head in one chunk and in three.
 static void test_shared_scratch_changes_no_number(void **state) {
-    const char *rc_name[] = {"none", "mlp", "block", "act"};
+    const char *rc_name[] = {"none", "mlp", "block", "act", "selective"};
     for (int v = 0; v <= 4; v++) {
         struct kiln_model_config m;
         small_config(&m, v);
         struct kiln_param_table pt;
         kiln_params_build(&pt, &m);
         float *gs = malloc(pt.total * sizeof(float)), *ga = malloc(pt.total * sizeof(float));
-        for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_ACT; rc++)
+        for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_SELECTIVE; rc++)
             for (int chunked = 0; chunked < 2; chunked++) {
                 if (chunked)
                     setenv("KILN_CLASSIFIER_ROWS", "150", 1); // 400 rows: 150 + 150 + 100
@@ -378,6 +403,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_gradient_training_follows_fp32_gradients),
         cmocka_unit_test(test_gpu_training_is_bitwise_repeatable),
         cmocka_unit_test(test_shared_scratch_changes_no_number),
+        cmocka_unit_test(test_selective_recompute_matches_block),
         cmocka_unit_test(test_out_of_memory_is_a_clear_error),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -205,6 +205,7 @@ static void test_parallel_fused_gradients_match_finite_differences(void **state)
     check_gradients(&m, KILN_RECOMPUTE_MLP, "swiglu+bias, recompute=mlp");
     parallel_config(&m, PAR_GELU_BIAS);
     check_gradients(&m, KILN_RECOMPUTE_BLOCK, "gelu+bias, recompute=block");
+    check_gradients(&m, KILN_RECOMPUTE_SELECTIVE, "gelu+bias, recompute=selective");
     parallel_config(&m, PAR_SWIGLU_GQA_ROPE);
     m.qk_norm = 1; // fusion off: q and k pass through their norms between projection and attention
     check_gradients(&m, KILN_RECOMPUTE_NONE, "parallel+qk-norm (unfused)");
@@ -298,7 +299,7 @@ static void test_parallel_block_falls_back_to_two_gemms_when_padding_separates_t
 static void check_recompute_identical(const struct kiln_model_config *m) {
     float *ref = NULL;
     size_t total = 0;
-    for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_ACT; rc++) {
+    for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_SELECTIVE; rc++) {
         struct fixture f;
         fixture_open(&f, m, (enum kiln_recompute)rc, 3);
         total = kiln_gpt_params(f.g)->total;
