@@ -764,8 +764,8 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "%s with zero %d (--%s): it says how ZeRO-3 keeps gathered weights or gradients; "
                            "add --zero=3 or drop it",
-                           !c->zero3_reshard ? "zero3-reshard-after-forward 0" : "zero3-accumulate whole", c->zero,
-                           !c->zero3_reshard ? "zero3-reshard-after-forward" : "zero3-accumulate");
+                           !c->zero3_reshard ? "zero3-reshard-after-forward 0" : "zero3-accumulate whole",
+                           c->zero, !c->zero3_reshard ? "zero3-reshard-after-forward" : "zero3-accumulate");
     if (c->sample_every && c->zero == 3)
         return kiln_errorf(
             err, KILN_ERR_USAGE,

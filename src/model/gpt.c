@@ -13,6 +13,7 @@
 // read as column slices (the ops take row strides). The backward gathers [dqkv | dfc] the same way, for one
 // GEMM giving dL/dln1 and one giving d[W_qkv; W_fc]. struct fusion says when that applies.
 #include "model/gpt.h"
+#include "model/gpt_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -22,156 +23,6 @@
 
 // ----------------------------------------------------------------------------
 // activation buffers: one slot per layer, or one (or two) shared slots when recomputed
-
-struct buf {
-    void *p;
-    size_t elems; // per slot
-    int slots;
-    size_t elem_bytes;
-    int in_arena; // scratch: p points `offset` bytes into the arena instead of to an allocation of its own
-    size_t offset;
-};
-
-static void *buf_at(const struct buf *b, int l) {
-    return (char *)b->p + (size_t)(l % b->slots) * b->elems * b->elem_bytes;
-}
-
-static size_t buf_bytes(const struct buf *b) {
-    return b->elems * (size_t)b->slots * b->elem_bytes;
-}
-
-struct acts {
-    struct buf x;       // act (L+1) x (N, C): residual stream entering each layer; x[L] enters the final norm
-    struct buf ln1;     // act (L+1) x (N, C): norm1 outputs; ln1[L] is the final norm's output
-    struct buf mean1;   // f32 (L+1) x (N)
-    struct buf rstd1;   // f32 (L+1) x (N)
-    struct buf pre;     // act L x (N, QKV + FCO): a parallel block's fused projection [qkv | fc_pre], which
-                        // then takes the place of qkv and fc_pre (both empty)
-    struct buf qkv;     // act L x (N, QKV): the attention's input (q and k normalized with QK-norm)
-    struct buf qkv_raw; // act L x (N, QKV): the projection before QK-norm (QK-norm only)
-    struct buf meanq, rstdq, meank, rstdk; // f32 L x (N): QK-norm statistics
-    struct buf atty;                       // act L x (N, NH*HS)
-    struct buf lse;                        // f32 L x (B, NH, T)
-    struct buf mid;                        // act L x (N, C): h = x + attn(...) (sequential blocks)
-    struct buf ln2;                        // act L x (N, C)
-    struct buf mean2;                      // f32 L x (N)
-    struct buf rstd2;                      // f32 L x (N)
-    struct buf fc_pre;                     // act L x (N, FCO): pre-GELU, or the [gate | up] input of SwiGLU
-    struct buf fc_act;                     // act L x (N, H): the MLP's hidden activation
-    // scratch, one slot each, in one arena where buffers never live at the same time share memory
-    // (scratch_layout says which)
-    struct buf ao;   // act (N, C): attention branch output (parallel: both branches)
-    struct buf mo;   // act (N, C): MLP branch output
-    struct buf dres; // act (N, C): gradient of the residual stream (training only)
-    struct buf dln;  // act (N, C): gradient of a norm output (also dlnf from the classifier; training only)
-    struct buf dpre; // act (N, QKV + FCO): [dqkv | dfc] of a fused parallel block (then dqkv, dfc empty)
-    struct buf dqkv; // act (N, QKV)
-    struct buf dqkv_raw; // act (N, QKV): gradient before QK-norm (QK-norm only)
-    struct buf datty;    // act (N, NH*HS)
-    struct buf dfc;      // act (N, FCO)
-    struct buf dhid;     // act (N, H): SwiGLU only, gradient of the hidden activation
-    struct buf logits;   // act (rows, Vp): one chunk of the classifier
-    // allocations of their own
-    struct buf losses;  // f32 (N)
-    struct buf tokens;  // i32 (N)
-    struct buf targets; // i32 (N)
-};
-#define N_ACT_BUFS (sizeof(struct acts) / sizeof(struct buf))
-
-struct decode {
-    int B, maxT;
-    struct buf k, v;                                                       // act L x (B, maxT, NKV*HS)
-    struct buf x, ln, pre, qkv, qkv_raw, atty, ao, fc_pre, fc_act, logits; // act, B rows
-    struct buf mean, rstd, tokens;
-    float *logits_host; // (B, Vp)
-};
-
-// When a parallel block's input projections run as one GEMM. Not with --qk-norm (q and k pass through their
-// norms into a separate qkv buffer before attention), and not where the 64-element alignment of the parameter
-// table put padding between W_qkv and W_fc (or their biases): QKV * C or QKV not a multiple of 64, no real
-// shape. With --recompute=mlp the forward keeps the two GEMMs (a fused forward would keep every layer's
-// fc_pre, which that mode exists to drop) and only the backward fuses; on CUDA that mode's numbers then
-// differ from --recompute=none's by bf16 rounding (on the CPU they do not). opts.no_parallel_fusion turns
-// fusion off, so that tests and benchmarks can compare both on one build.
-struct fusion {
-    int on;  // backward and decoding fuse
-    int fwd; // the training and evaluation forward fuses too
-};
-
-struct kiln_gpt {
-    struct kiln_model_config cfg;
-    struct kiln_gpt_opts opts;
-    struct kiln_backend *be;
-    const struct kiln_ops *ops;
-    void *ctx;
-    struct kiln_param_table pt;
-    struct kiln_mem_plan plan;
-
-    float *params; // f32 (P) master weights
-    void *weights; // act (P) compute copy (== params on the CPU)
-    void *grads;   // grad (P)
-    float *m, *v;  // f32 (P) AdamW moments
-
-    struct fusion fuse;
-    struct acts a;
-    void *arena;          // the scratch buffers of a point into it
-    int classifier_rows;  // rows per classifier chunk
-    int mlp_rows;         // rows per MLP chunk (mlp_rows_for; N: one chunk)
-    void *x_host;         // offloaded layer inputs x[0 .. L - X_RING] (host_alloc), or NULL
-    void **x_out, **x_in; // (L + 1) events: x[l]'s copy to the host ended, and back (NULL on the CPU)
-    int32_t *tokens_host; // (N) last inputs, for the embedding backward
-    float *losses_host;
-    int has_grad_forward; // the last forward ran the classifier backward
-    int grads_fresh;      // set by kiln_gpt_zero_grad: the next gradient writes assign instead of adding
-    int recomputing;      // inside the backward's recompute of a layer (selective skips the attention there)
-
-    struct kiln_param_span *spans;
-    int n_spans;
-    size_t optim_elems; // of m and v each
-
-    struct kiln_gpt_hooks hooks;         // all NULL with one process
-    struct kiln_gpt_attention attn_impl; // sequence parallelism's attention (NULL functions: the op's)
-    int pos0, pos_split, pos1;           // kiln_gpt_set_positions
-    const void **wwin; // (L + 2) where each segment's weights are read: its range of the compute
-                       // copy, or a stand-in that a hook put there (kiln_gpt_set_weight_window)
-    void **gwin;       // (L + 2) where each segment's gradients are written (kiln_gpt_grad_segments)
-    size_t *seg_begin; // (L + 3) each segment's first element, then the table's total
-
-    struct decode dec;
-};
-
-// the hooks, when set
-#define HOOK(g, name, ...)                                                                                   \
-    do {                                                                                                     \
-        if ((g)->hooks.name)                                                                                 \
-            (g)->hooks.name((g)->hooks.user, __VA_ARGS__);                                                   \
-    } while (0)
-
-// derived sizes
-struct dims {
-    int B, T, N, C, L, NH, NKV, HS, QKV, AO, H, FCO, Vp, V;
-    int qk_norm;
-};
-
-static struct dims dims_of(const struct kiln_model_config *m, int B, int T) {
-    struct dims d;
-    d.B = B;
-    d.T = T;
-    d.N = B * T;
-    d.C = m->n_embd;
-    d.L = m->n_layer;
-    d.NH = m->n_head;
-    d.NKV = kiln_model_kv_heads(m);
-    d.HS = kiln_model_head_size(m);
-    d.QKV = (d.NH + 2 * d.NKV) * d.HS;
-    d.AO = d.NH * d.HS;
-    d.H = kiln_model_mlp_hidden(m);
-    d.FCO = m->mlp_swiglu ? 2 * d.H : d.H;
-    d.Vp = kiln_model_padded_vocab(m);
-    d.V = m->vocab_size;
-    d.qk_norm = m->qk_norm;
-    return d;
-}
 
 // Rows per classifier chunk, given the bytes of scratch that the logits chunk overlaps for free. The full
 // (N, Vp) logits are the largest activation of a small model (PyTorch keeps them whole, in f32: 6.6 GB for
@@ -198,8 +49,9 @@ static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t fr
 // for one chunk at a time: chunks of at most 1 GiB of hidden activations, spread evenly. Every token's
 // result is the same; the weight gradients are summed chunk by chunk. N (one chunk) otherwise.
 static int mlp_rows_for(const struct dims *d, const struct kiln_gpt_opts *o, size_t act_bytes) {
-    int recomputed = o->training && (o->recompute == KILN_RECOMPUTE_BLOCK || o->recompute == KILN_RECOMPUTE_MLP ||
-                                     o->recompute == KILN_RECOMPUTE_SELECTIVE);
+    int recomputed =
+        o->training && (o->recompute == KILN_RECOMPUTE_BLOCK || o->recompute == KILN_RECOMPUTE_MLP ||
+                        o->recompute == KILN_RECOMPUTE_SELECTIVE);
     if (!recomputed || o->mlp_rows < 0)
         return d->N;
     if (o->mlp_rows > 0)
@@ -418,36 +270,7 @@ void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts
 // ----------------------------------------------------------------------------
 // creation
 
-static void *act_at(const struct kiln_gpt *g, const void *base, size_t elems) {
-    return (char *)base + elems * kiln_dtype_bytes(g->be->act_dtype);
-}
-
-// the segment of parameter i (kiln_gpt_grad_segments): 0 before layer 0, 1 + l for layer l, L + 1 after
-static int segment_of(const struct kiln_gpt *g, int i) {
-    const struct kiln_param *p = &g->pt.p[i];
-    return p->layer >= 0 ? 1 + p->layer : p->offset < g->seg_begin[1] ? 0 : g->cfg.n_layer + 1;
-}
-
-// the compute copy of parameter i (act dtype), or NULL for an absent tensor (index -1), read through its
-// segment's window
-static const void *W(const struct kiln_gpt *g, int i) {
-    if (i < 0)
-        return NULL;
-    int s = segment_of(g, i);
-    KILN_ASSERT(g->wwin[s]); // sharded parameters: the window must have been set
-    return act_at(g, g->wwin[s], g->pt.p[i].offset - g->seg_begin[s]);
-}
-
-// the gradient of parameter i (grad dtype), or NULL, through its segment's window
-static void *G(const struct kiln_gpt *g, int i) {
-    if (i < 0)
-        return NULL;
-    int s = segment_of(g, i);
-    KILN_ASSERT(g->gwin[s]); // external gradients: the window must have been set
-    return (char *)g->gwin[s] + (g->pt.p[i].offset - g->seg_begin[s]) * kiln_dtype_bytes(g->be->grad_dtype);
-}
-
-static int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_error *err) {
+int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_error *err) {
     if (!bytes) {
         *p = NULL;
         return 0;
@@ -557,7 +380,7 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
     return 0;
 }
 
-static void free_buf(struct kiln_gpt *g, struct buf *b) {
+void gpt_free_buf(struct kiln_gpt *g, struct buf *b) {
     if (b->p)
         g->ops->free(g->ctx, b->p);
     b->p = NULL;
@@ -569,14 +392,14 @@ void kiln_gpt_free(struct kiln_gpt *g) {
     struct buf *bufs = (struct buf *)&g->a;
     for (size_t i = 0; i < N_ACT_BUFS; i++)
         if (!bufs[i].in_arena)
-            free_buf(g, &bufs[i]);
+            gpt_free_buf(g, &bufs[i]);
     if (g->arena)
         g->ops->free(g->ctx, g->arena);
     struct buf *dec[] = {&g->dec.k,      &g->dec.v,       &g->dec.x,    &g->dec.ln,   &g->dec.pre,
                          &g->dec.qkv,    &g->dec.qkv_raw, &g->dec.atty, &g->dec.ao,   &g->dec.fc_pre,
                          &g->dec.fc_act, &g->dec.logits,  &g->dec.mean, &g->dec.rstd, &g->dec.tokens};
     for (size_t i = 0; i < sizeof(dec) / sizeof(dec[0]); i++)
-        free_buf(g, dec[i]);
+        gpt_free_buf(g, dec[i]);
     free(g->dec.logits_host);
     if (g->weights && g->weights != g->params)
         g->ops->free(g->ctx, g->weights);
@@ -749,8 +572,8 @@ void kiln_gpt_zero_grad(struct kiln_gpt *g) {
 // ----------------------------------------------------------------------------
 // forward
 
-static void norm_fwd(struct kiln_gpt *g, void *out, float *mean, float *rstd, void *res_out, const void *inp,
-                     const void *res_in, int wi, int bi, int N) {
+void gpt_norm_fwd(struct kiln_gpt *g, void *out, float *mean, float *rstd, void *res_out, const void *inp,
+                  const void *res_in, int wi, int bi, int N) {
     struct kiln_norm_args a = {.out = out,
                                .mean = g->cfg.norm_rms ? NULL : mean,
                                .rstd = rstd,
@@ -766,8 +589,8 @@ static void norm_fwd(struct kiln_gpt *g, void *out, float *mean, float *rstd, vo
     g->ops->norm_forward(g->ctx, &a);
 }
 
-static void matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp, int wi, int bi, int N,
-                       int IC, int OC, enum kiln_act act, int accumulate) {
+void gpt_matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp, int wi, int bi, int N, int IC,
+                    int OC, enum kiln_act act, int accumulate) {
     struct kiln_matmul_args a = {.out = out,
                                  .pre = pre,
                                  .inp = inp,
@@ -795,12 +618,12 @@ static void mlp_activation(struct kiln_gpt *g, const struct dims *d, const void 
     }
 }
 
-static void mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *fc_pre, int stride,
-                        void *fc_act, void *out, int accumulate, int N) {
+void gpt_mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *fc_pre, int stride,
+                     void *fc_act, void *out, int accumulate, int N) {
     const int *ix = g->pt.layer[l];
     mlp_activation(g, d, fc_pre, stride, fc_act, N);
-    matmul_fwd(g, out, NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], N, d->H, d->C, KILN_ACT_NONE,
-               accumulate);
+    gpt_matmul_fwd(g, out, NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], N, d->H, d->C, KILN_ACT_NONE,
+                   accumulate);
 }
 
 // the MLP's hidden activation of N rows of `inp` (N, C): fc_pre, and fc_act from it
@@ -809,30 +632,30 @@ static void mlp_hidden(struct kiln_gpt *g, const struct dims *d, int l, const vo
     const int *ix = g->pt.layer[l];
     if (g->cfg.mlp_swiglu) {
         // F.silu(gate) * up, where [gate | up] = self.c_fc(x)
-        matmul_fwd(g, fc_pre, NULL, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->FCO, KILN_ACT_NONE, 0);
+        gpt_matmul_fwd(g, fc_pre, NULL, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->FCO, KILN_ACT_NONE, 0);
         mlp_activation(g, d, fc_pre, 0, fc_act, N);
     } else { // gelu(self.c_fc(x)), the GELU in the GEMM's epilogue
-        matmul_fwd(g, fc_act, fc_pre, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->H, KILN_ACT_GELU, 0);
+        gpt_matmul_fwd(g, fc_act, fc_pre, inp, ix[KILN_FC_W], ix[KILN_FC_B], N, d->C, d->H, KILN_ACT_GELU, 0);
     }
 }
 
 // the MLP of layer l on input `inp` (N, C): fc_pre, fc_act, and (accumulated into) out = self.c_proj(fc_act),
 // in chunks of g->mlp_rows rows (fc_pre and fc_act then hold the last chunk's)
-static void mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre,
-                    void *fc_act, void *out, int accumulate, int N) {
+void gpt_mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre, void *fc_act,
+                 void *out, int accumulate, int N) {
     const int *ix = g->pt.layer[l];
     for (int r0 = 0; r0 < N; r0 += g->mlp_rows) {
         int n = N - r0 < g->mlp_rows ? N - r0 : g->mlp_rows;
         size_t at = (size_t)r0 * d->C;
         mlp_hidden(g, d, l, act_at(g, inp, at), fc_pre, fc_act, n);
-        matmul_fwd(g, act_at(g, out, at), NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], n, d->H, d->C,
-                   KILN_ACT_NONE, accumulate);
+        gpt_matmul_fwd(g, act_at(g, out, at), NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], n, d->H, d->C,
+                       KILN_ACT_NONE, accumulate);
     }
 }
 
 // QK-norm: qkv = raw with its q and k slices normalized (v copied as is). N rows of stride QKV.
-static void qk_norm_forward(struct kiln_gpt *g, const struct dims *d, int l, void *qkv, const void *raw,
-                            int N, float *meanq, float *rstdq, float *meank, float *rstdk) {
+void gpt_qk_norm_forward(struct kiln_gpt *g, const struct dims *d, int l, void *qkv, const void *raw, int N,
+                         float *meanq, float *rstdq, float *meank, float *rstdk) {
     const int *ix = g->pt.layer[l];
     g->ops->copy(g->ctx, qkv, raw, (size_t)N * d->QKV * kiln_dtype_bytes(g->be->act_dtype));
     int rms = g->cfg.norm_rms;
@@ -920,8 +743,8 @@ static void attn_core_fwd(struct kiln_gpt *g, const struct dims *d, int l, const
         g->attn_impl.forward(g->attn_impl.user, l, &at);
     else
         g->ops->attention_forward(g->ctx, &at);
-    matmul_fwd(g, a->ao.p, NULL, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO, d->C,
-               KILN_ACT_NONE, 0);
+    gpt_matmul_fwd(g, a->ao.p, NULL, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO,
+                   d->C, KILN_ACT_NONE, 0);
 }
 
 static void attn_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
@@ -931,13 +754,13 @@ static void attn_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
     if (d->qk_norm) {
         // q = q_norm(q), k = k_norm(k), each over a token's whole q (NH*HS) or k (NKV*HS), as OLMo-2
         void *raw = buf_at(&a->qkv_raw, l);
-        matmul_fwd(g, raw, NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, d->QKV,
-                   KILN_ACT_NONE, 0);
-        qk_norm_forward(g, d, l, buf_at(&a->qkv, l), raw, d->N, buf_at(&a->meanq, l), buf_at(&a->rstdq, l),
-                        buf_at(&a->meank, l), buf_at(&a->rstdk, l));
+        gpt_matmul_fwd(g, raw, NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, d->QKV,
+                       KILN_ACT_NONE, 0);
+        gpt_qk_norm_forward(g, d, l, buf_at(&a->qkv, l), raw, d->N, buf_at(&a->meanq, l),
+                            buf_at(&a->rstdq, l), buf_at(&a->meank, l), buf_at(&a->rstdk, l));
     } else {
-        matmul_fwd(g, buf_at(&a->qkv, l), NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N,
-                   d->C, d->QKV, KILN_ACT_NONE, 0);
+        gpt_matmul_fwd(g, buf_at(&a->qkv, l), NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N,
+                       d->C, d->QKV, KILN_ACT_NONE, 0);
     }
     attn_core_fwd(g, d, l, buf_at(&a->qkv, l), 0);
 }
@@ -950,10 +773,10 @@ static void parallel_fused_fwd(struct kiln_gpt *g, const struct dims *d, int l) 
     const int *ix = g->pt.layer[l];
     void *pre = buf_at(&a->pre, l);
     int S = d->QKV + d->FCO;
-    matmul_fwd(g, pre, NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, S, KILN_ACT_NONE,
-               0);
+    gpt_matmul_fwd(g, pre, NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, S,
+                   KILN_ACT_NONE, 0);
     attn_core_fwd(g, d, l, pre, S);
-    mlp_act_fwd(g, d, l, act_at(g, pre, (size_t)d->QKV), S, buf_at(&a->fc_act, l), a->ao.p, 1, d->N);
+    gpt_mlp_act_fwd(g, d, l, act_at(g, pre, (size_t)d->QKV), S, buf_at(&a->fc_act, l), a->ao.p, 1, d->N);
 }
 
 // Layer l, from ln1[l] (already computed) up to the branch outputs. With tail set, it also produces x[l+1]
@@ -971,18 +794,18 @@ static void layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int t
         } else {
             attn_fwd(g, d, l);
             if (mlp_needed)
-                mlp_fwd(g, d, l, buf_at(&a->ln1, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->ao.p, 1,
-                        d->N);
+                gpt_mlp_fwd(g, d, l, buf_at(&a->ln1, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l),
+                            a->ao.p, 1, d->N);
         }
         resid = buf_at(&a->x, l);
     } else {
         attn_fwd(g, d, l);
         // h = x + attn(ln1(x)), normalized as ln2
-        norm_fwd(g, buf_at(&a->ln2, l), buf_at(&a->mean2, l), buf_at(&a->rstd2, l), buf_at(&a->mid, l),
-                 buf_at(&a->x, l), a->ao.p, ix[KILN_LN2_W], ix[KILN_LN2_B], d->N);
+        gpt_norm_fwd(g, buf_at(&a->ln2, l), buf_at(&a->mean2, l), buf_at(&a->rstd2, l), buf_at(&a->mid, l),
+                     buf_at(&a->x, l), a->ao.p, ix[KILN_LN2_W], ix[KILN_LN2_B], d->N);
         if (mlp_needed)
-            mlp_fwd(g, d, l, buf_at(&a->ln2, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0,
-                    d->N);
+            gpt_mlp_fwd(g, d, l, buf_at(&a->ln2, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0,
+                        d->N);
         resid = buf_at(&a->mid, l);
     }
     if (!tail)
@@ -991,23 +814,23 @@ static void layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int t
     int last = l == d->L - 1;
     int wi = last ? g->pt.lnf_w : g->pt.layer[l + 1][KILN_LN1_W];
     int bi = last ? g->pt.lnf_b : g->pt.layer[l + 1][KILN_LN1_B];
-    norm_fwd(g, buf_at(&a->ln1, l + 1), buf_at(&a->mean1, l + 1), buf_at(&a->rstd1, l + 1),
-             buf_at(&a->x, l + 1), resid, branch, wi, bi, d->N);
+    gpt_norm_fwd(g, buf_at(&a->ln1, l + 1), buf_at(&a->mean1, l + 1), buf_at(&a->rstd1, l + 1),
+                 buf_at(&a->x, l + 1), resid, branch, wi, bi, d->N);
 }
 
-static int head_index(const struct kiln_gpt *g) {
+int gpt_head_index(const struct kiln_gpt *g) {
     return g->cfg.tie_embeddings ? g->pt.wte : g->pt.lm_head;
 }
 
 // logits = lnf @ wte^T chunk by chunk; cross-entropy; with dloss, dlogits -> dlnf and dW_head.
 static void classifier(struct kiln_gpt *g, const struct dims *d, float dloss, float z_loss) {
     struct acts *a = &g->a;
-    int head = head_index(g);
+    int head = gpt_head_index(g);
     const void *lnf = buf_at(&a->ln1, d->L);
     for (int r0 = 0; r0 < d->N; r0 += g->classifier_rows) {
         int rows = d->N - r0 < g->classifier_rows ? d->N - r0 : g->classifier_rows;
         const void *x = act_at(g, lnf, (size_t)r0 * d->C);
-        matmul_fwd(g, a->logits.p, NULL, x, head, -1, rows, d->C, d->Vp, KILN_ACT_NONE, 0);
+        gpt_matmul_fwd(g, a->logits.p, NULL, x, head, -1, rows, d->C, d->Vp, KILN_ACT_NONE, 0);
         struct kiln_xent_args xa = {.logits = a->logits.p,
                                     .losses = (float *)a->losses.p + r0,
                                     .targets = (const int32_t *)a->targets.p + r0,
@@ -1082,8 +905,8 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
                                 .T = d.T,
                                 .C = d.C};
     g->ops->embed_forward(g->ctx, &e);
-    norm_fwd(g, buf_at(&a->ln1, 0), buf_at(&a->mean1, 0), buf_at(&a->rstd1, 0), NULL, buf_at(&a->x, 0), NULL,
-             g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.N);
+    gpt_norm_fwd(g, buf_at(&a->ln1, 0), buf_at(&a->mean1, 0), buf_at(&a->rstd1, 0), NULL, buf_at(&a->x, 0),
+                 NULL, g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.N);
     int offload = dloss != 0.0f && g->x_host; // a forward without a backward keeps nothing
     for (int l = 0; l < d.L; l++) {
         HOOK(g, layer_begin, l, 0);
@@ -1159,8 +982,8 @@ static void matmul_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const v
     g->ops->matmul_backward(g->ctx, &a);
 }
 
-// Backward of mlp_act_fwd, given dout = dL/d(mlp output): dfc = dL/d(fc_pre), rows dfc_stride apart (fc_pre's
-// pre_stride; 0 = FCO). The projection bias's gradient comes from the norm backward that left dout
+// Backward of gpt_mlp_act_fwd, given dout = dL/d(mlp output): dfc = dL/d(fc_pre), rows dfc_stride apart
+// (fc_pre's pre_stride; 0 = FCO). The projection bias's gradient comes from the norm backward that left dout
 // (norm_bwd).
 static void mlp_act_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, const void *fc_pre,
                         int pre_stride, const void *fc_act, void *dfc, int dfc_stride, int N) {
@@ -1282,14 +1105,14 @@ static void parallel_fused_bwd(struct kiln_gpt *g, const struct dims *d, int l, 
 static void recompute_layer(struct kiln_gpt *g, const struct dims *d, int l) {
     struct acts *a = &g->a;
     if (recomputes_blocks(g->opts.recompute)) {
-        norm_fwd(g, buf_at(&a->ln1, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), NULL, buf_at(&a->x, l),
-                 NULL, g->pt.layer[l][KILN_LN1_W], g->pt.layer[l][KILN_LN1_B], d->N);
+        gpt_norm_fwd(g, buf_at(&a->ln1, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), NULL,
+                     buf_at(&a->x, l), NULL, g->pt.layer[l][KILN_LN1_W], g->pt.layer[l][KILN_LN1_B], d->N);
         g->recomputing = 1;
         layer_forward(g, d, l, 0);
         g->recomputing = 0;
     } else if (g->opts.recompute == KILN_RECOMPUTE_MLP && g->mlp_rows == d->N) { // chunked: in mlp_bwd
         const void *inp = g->cfg.parallel_block ? buf_at(&a->ln1, l) : buf_at(&a->ln2, l);
-        mlp_fwd(g, d, l, inp, buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0, d->N);
+        gpt_mlp_fwd(g, d, l, inp, buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0, d->N);
     } else if (g->opts.recompute == KILN_RECOMPUTE_ACT) {
         // the activation's output from its kept input: fc_pre, or the MLP slice of a fused block's [qkv |
         // fc_pre]
@@ -1415,115 +1238,4 @@ static void adamw_over(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, d
                                 .n_spans = n_spans};
     kiln_adamw_args_from(h, grad_norm, &a);
     g->ops->adamw(g->ctx, &a);
-}
-
-// ----------------------------------------------------------------------------
-// KV-cache decoding
-
-int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error *err) {
-    KILN_ASSERT(!g->opts.sharded_params); // decoding runs on one process, over whole weights
-    struct dims d = dims_of(&g->cfg, B, 1);
-    struct decode *dc = &g->dec;
-    size_t ab = kiln_dtype_bytes(g->be->act_dtype), kv = (size_t)B * maxT * d.NKV * d.HS;
-    size_t qkv = (size_t)B * d.QKV, fc = (size_t)B * d.FCO, pre = g->fuse.on ? qkv + fc : 0;
-    dc->B = B;
-    dc->maxT = maxT;
-#define SET(b, n, s, eb) (dc->b = (struct buf){.elems = (n), .slots = (s), .elem_bytes = (eb)})
-    SET(k, kv, d.L, ab);
-    SET(v, kv, d.L, ab);
-    SET(x, (size_t)B * d.C, 1, ab);
-    SET(ln, (size_t)B * d.C, 1, ab);
-    SET(pre, pre, 1, ab);
-    SET(qkv, pre ? 0 : qkv, 1, ab);
-    SET(qkv_raw, (size_t)(d.qk_norm ? B : 0) * d.QKV, 1, ab);
-    SET(atty, (size_t)B * d.AO, 1, ab);
-    SET(ao, (size_t)B * d.C, 1, ab);
-    SET(fc_pre, pre ? 0 : fc, 1, ab);
-    SET(fc_act, (size_t)B * d.H, 1, ab);
-    SET(logits, (size_t)B * d.Vp, 1, ab);
-    SET(mean, (size_t)B, 1, sizeof(float));
-    SET(rstd, (size_t)B, 1, sizeof(float));
-    SET(tokens, (size_t)B, 1, sizeof(int32_t));
-#undef SET
-    struct buf *bufs[] = {&dc->k,      &dc->v,       &dc->x,    &dc->ln,   &dc->pre,
-                          &dc->qkv,    &dc->qkv_raw, &dc->atty, &dc->ao,   &dc->fc_pre,
-                          &dc->fc_act, &dc->logits,  &dc->mean, &dc->rstd, &dc->tokens};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
-        free_buf(g, bufs[i]);
-        int rc = gpt_alloc(g, &bufs[i]->p, buf_bytes(bufs[i]), err);
-        if (rc)
-            return rc;
-    }
-    free(dc->logits_host);
-    dc->logits_host = kiln_xmalloc((size_t)B * d.Vp * sizeof(float));
-    return 0;
-}
-
-void kiln_gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, float *logits) {
-    struct decode *dc = &g->dec;
-    KILN_ASSERT(dc->x.p && pos >= 0 && pos < dc->maxT);
-    struct dims d = dims_of(&g->cfg, dc->B, 1);
-    int B = dc->B;
-    g->ops->upload(g->ctx, dc->tokens.p, tokens, (size_t)B * sizeof(int32_t));
-    // x = wte[tok] + wpe[pos]: the embedding op with T = 1 and the position table shifted to pos
-    const void *wpe = g->pt.wpe >= 0 ? act_at(g, W(g, g->pt.wpe), (size_t)pos * d.C) : NULL;
-    struct kiln_embed_args e = {.out = dc->x.p,
-                                .tokens = dc->tokens.p,
-                                .tokens_host = tokens,
-                                .wte = W(g, g->pt.wte),
-                                .wpe = wpe,
-                                .B = B,
-                                .T = 1,
-                                .C = d.C};
-    g->ops->embed_forward(g->ctx, &e);
-    int S = d.QKV + d.FCO;
-    for (int l = 0; l < d.L; l++) {
-        const int *ix = g->pt.layer[l];
-        norm_fwd(g, dc->ln.p, dc->mean.p, dc->rstd.p, NULL, dc->x.p, NULL, ix[KILN_LN1_W], ix[KILN_LN1_B], B);
-        const void *qkv = g->fuse.on ? dc->pre.p : dc->qkv.p;
-        if (g->fuse.on) { // [qkv | fc_pre] in one GEMM, as parallel_fused_fwd
-            matmul_fwd(g, dc->pre.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, S, KILN_ACT_NONE,
-                       0);
-        } else if (d.qk_norm) {
-            matmul_fwd(g, dc->qkv_raw.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, d.QKV,
-                       KILN_ACT_NONE, 0);
-            qk_norm_forward(g, &d, l, dc->qkv.p, dc->qkv_raw.p, B, dc->mean.p, dc->rstd.p, dc->mean.p,
-                            dc->rstd.p);
-        } else {
-            matmul_fwd(g, dc->qkv.p, NULL, dc->ln.p, ix[KILN_QKV_W], ix[KILN_QKV_B], B, d.C, d.QKV,
-                       KILN_ACT_NONE, 0);
-        }
-        struct kiln_attn_decode_args at = {.out = dc->atty.p,
-                                           .kcache = buf_at(&dc->k, l),
-                                           .vcache = buf_at(&dc->v, l),
-                                           .qkv = qkv,
-                                           .B = B,
-                                           .maxT = dc->maxT,
-                                           .pos = pos,
-                                           .NH = d.NH,
-                                           .NKV = d.NKV,
-                                           .HS = d.HS,
-                                           .pos_kind = g->cfg.pos,
-                                           .rope_theta = g->cfg.rope_theta,
-                                           .qkv_stride = g->fuse.on ? S : 0};
-        g->ops->attention_decode(g->ctx, &at);
-        matmul_fwd(g, dc->ao.p, NULL, dc->atty.p, ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], B, d.AO, d.C,
-                   KILN_ACT_NONE, 0);
-        if (g->fuse.on) {
-            mlp_act_fwd(g, &d, l, act_at(g, dc->pre.p, (size_t)d.QKV), S, dc->fc_act.p, dc->ao.p, 1, B);
-        } else if (g->cfg.parallel_block) {
-            mlp_fwd(g, &d, l, dc->ln.p, dc->fc_pre.p, dc->fc_act.p, dc->ao.p, 1, B);
-        } else {
-            g->ops->add(g->ctx, dc->x.p, dc->x.p, dc->ao.p, (size_t)B * d.C);
-            norm_fwd(g, dc->ln.p, dc->mean.p, dc->rstd.p, NULL, dc->x.p, NULL, ix[KILN_LN2_W], ix[KILN_LN2_B],
-                     B);
-            mlp_fwd(g, &d, l, dc->ln.p, dc->fc_pre.p, dc->fc_act.p, dc->ao.p, 0, B);
-        }
-        g->ops->add(g->ctx, dc->x.p, dc->x.p, dc->ao.p, (size_t)B * d.C);
-    }
-    norm_fwd(g, dc->ln.p, dc->mean.p, dc->rstd.p, NULL, dc->x.p, NULL, g->pt.lnf_w, g->pt.lnf_b, B);
-    matmul_fwd(g, dc->logits.p, NULL, dc->ln.p, head_index(g), -1, B, d.C, d.Vp, KILN_ACT_NONE, 0);
-    g->ops->download_f32(g->ctx, dc->logits_host, dc->logits.p, g->be->act_dtype, (size_t)B * d.Vp);
-    for (int b = 0; b < B; b++)
-        memcpy(logits + (size_t)b * d.V, dc->logits_host + (size_t)b * d.Vp, (size_t)d.V * sizeof(float));
 }

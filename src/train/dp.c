@@ -12,10 +12,10 @@
 
 // ZeRO-2/3's staging buffers shared by the buckets between the top and the bottom one. A layer's backward
 // holds two (its own and, for the biases its norm writes, the layer below's), so with two the backward waits
-// for each reduce-scatter before reusing its buffer. A third hides those waits (the compute stream's wait fell
-// from 13.3 to 1.8 ms in 8 steps on the H100 at world size 1, KILN_TRACE_COMM) but the step got slower, 136.9
-// -> 138.2 ms at the 1.3B shape: the reduction then runs beside the compute and takes SMs from it. Two it is,
-// until it is measured on several GPUs (issue 17).
+// for each reduce-scatter before reusing its buffer. A third hides those waits (the compute stream's wait
+// fell from 13.3 to 1.8 ms in 8 steps on the H100 at world size 1, KILN_TRACE_COMM) but the step got slower,
+// from 136.9 to 138.2 ms at the 1.3B shape: the reduction then runs beside the compute and takes SMs from
+// it. Two it is, until it is measured on several GPUs (issue 17).
 #define STAGING_SLOTS 2
 
 // elements a chunk of the offloaded optimizer's pipeline (offload_adamw), unless kiln_dp_opts says
@@ -81,32 +81,35 @@ struct kiln_dp {
     void *shard_tmp; // (optim_elems) f32: a later micro-step's reduction, before it is added
     int micro;       // this micro-step's index
     // ZeRO-3: the compute weights of each bucket are gathered from their owners when the model needs them.
-    // The top bucket (the last layer, final norm, head) and the bottom one (embeddings, layer 0) stay gathered
-    // from the first forward of a step to its last backward; each layer between has its own bucket and comes
-    // through a ring of K slots: the computing layer, the next one (whose first norm ends this one's forward)
-    // and --prefetch more; with keep_gathered, a slot for each of them, kept until the weights change.
+    // The top bucket (the last layer, final norm, head) and the bottom one (embeddings, layer 0) stay
+    // gathered from the first forward of a step to its last backward; each layer between has its own bucket
+    // and comes through a ring of K slots: the computing layer, the next one (whose first norm ends this
+    // one's forward) and --prefetch more; with keep_gathered, a slot for each of them, kept until the weights
+    // change.
     int L, K;
-    int ahead;  // layers gathered ahead of the computing one: the next and --prefetch more
-    int keep;   // keep_gathered
-    int whole;  // accumulate_whole: ZeRO-3's gradients live whole in the model's buffer (as DDP's), not staged
+    int ahead; // layers gathered ahead of the computing one: the next and --prefetch more
+    int keep;  // keep_gathered
+    int whole; // accumulate_whole: ZeRO-3's gradients live whole in the model's buffer (as DDP's), not staged
     struct unit *top_w, *bottom_w; // the top and bottom buckets' gathered weights
     struct unit *slots;            // (K) the layers' between, slot l % K for layer l
     const size_t *layer_begin;     // the model's (L + 1), for windows into a gathered bucket
-    float *host_master;            // (the table's total) the whole master weights, after kiln_dp_gather_master
-    // --offload=optimizer: this rank's part (optim_elems, at the spans' state offsets) of the f32 master weights,
-    // AdamW's moments, the reduced gradients and the updated compute weights (act dtype) in host memory
+    float *host_master; // (the table's total) the whole master weights, after kiln_dp_gather_master
+    // --offload=optimizer: this rank's part (optim_elems, at the spans' state offsets) of the f32 master
+    // weights, AdamW's moments, the reduced gradients and the updated compute weights (act dtype) in host
+    // memory
     int offload, host_threads;
     float *h_master, *h_m, *h_v;
-    void *h_gstage[2], *h_wstage[2]; // (host_alloc 0-3) a chunk's gradients on the way down, weights on the way up
+    void *h_gstage[2],
+        *h_wstage[2]; // (host_alloc 0-3) a chunk's gradients on the way down, weights on the way up
     unsigned h_pinned;
-    double host_s;                  // seconds the offloaded optimizer's steps took so far (their wall time)
-    double host_wait_s;             // seconds the training thread waited for them
-    struct opipe *pipe;             // the step running beside the training thread, or NULL
-    int delay_us;                   // tests: the host's AdamW sleeps this long before each chunk
-    size_t chunk;                   // elements a chunk
-    struct ochunk *chunks;          // the update ranges, cut into the pipeline's chunks
+    double host_s;         // seconds the offloaded optimizer's steps took so far (their wall time)
+    double host_wait_s;    // seconds the training thread waited for them
+    struct opipe *pipe;    // the step running beside the training thread, or NULL
+    int delay_us;          // tests: the host's AdamW sleeps this long before each chunk
+    size_t chunk;          // elements a chunk
+    struct ochunk *chunks; // the update ranges, cut into the pipeline's chunks
     int n_chunks;
-    struct kiln_param_span *c_spans; // AdamW's spans cut to the chunks
+    struct kiln_param_span *c_spans;       // AdamW's spans cut to the chunks
     const struct kiln_param_span *o_spans; // AdamW's (DDP: the model's, with state offset = offset)
     int o_n_spans;
 };
@@ -218,8 +221,8 @@ static void plan_spans(struct kiln_dp *dp, const struct kiln_param_table *pt) {
 }
 
 // Buckets, ranges and spans for rank `rank` of `world` (no backend memory).
-static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world,
-                 int rank) {
+static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const struct kiln_dp_opts *o,
+                 int world, int rank) {
     dp->zero = o->zero;
     dp->offload = o->offload;
     dp->host_threads = o->host_threads;
@@ -282,7 +285,8 @@ void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp
     memset(out, 0, sizeof(*out));
     if (dp.whole) { // the model holds whole gradients; the shard takes the one reduction a step
         out->grad_shard = n * gb;
-    } else if (dp.zero >= 2) { // staging (two shared between), the gradient shard, and with accumulation its addend
+    } else if (dp.zero >=
+               2) { // staging (two shared between), the gradient shard, and with accumulation its addend
         out->staging = (top + bottom + STAGING_SLOTS * mid) * gb;
         out->grad_shard = n * gb + (accum > 1 ? n * sizeof(float) : 0);
     }
@@ -461,8 +465,8 @@ static void on_layer_begin(void *user, int l, int recompute) {
 static void *alloc_or_die(struct kiln_dp *dp, size_t bytes, const char *what) {
     void *p = dp->be->ops->alloc(dp->be->ctx, bytes ? bytes : 16);
     if (!p) {
-        fprintf(stderr, "kiln: out of memory on %s allocating ZeRO-%d's %s (%.2f GiB)\n", dp->be->name, dp->zero, what,
-                bytes / 1073741824.0);
+        fprintf(stderr, "kiln: out of memory on %s allocating ZeRO-%d's %s (%.2f GiB)\n", dp->be->name,
+                dp->zero, what, bytes / 1073741824.0);
         kiln_comm_abort_job(1);
     }
     return p;
@@ -620,7 +624,8 @@ static void on_params_get(void *user, float *host) {
     dp->host_master = NULL;
 }
 
-// ZeRO-3's (and an offloaded ZeRO-1/2's) kiln_dp_gather_master: each rank's slices of the f32 master weights, gathered into host memory.
+// ZeRO-3's (and an offloaded ZeRO-1/2's) kiln_dp_gather_master: each rank's slices of the f32 master weights,
+// gathered into host memory.
 static void gather_master_host(struct kiln_dp *dp) {
     size_t total = dp->bounds[0];
     if (!dp->host_master)
@@ -636,8 +641,12 @@ static void gather_master_host(struct kiln_dp *dp) {
             memcpy(at + lo, dp->h_master + so, (hi - lo) * sizeof(float));
         else
             dp->be->ops->download(dp->be->ctx, at + lo, dp->buf.params + so, (hi - lo) * sizeof(float));
-        struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER, .send = at + lo, .recv = at, .count = b->hi - b->lo,
-                              .dtype = KILN_F32, .device = 0};
+        struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER,
+                              .send = at + lo,
+                              .recv = at,
+                              .count = b->hi - b->lo,
+                              .dtype = KILN_F32,
+                              .device = 0};
         w[i] = kiln_comm_submit(dp->comm, &k, NULL);
     }
     for (int i = 0; i < dp->nb; i++)
@@ -649,7 +658,8 @@ static void gather_master_host(struct kiln_dp *dp) {
 
 // The ranges of the flat buffer this rank updates, with their place in the host buffers: its slices under
 // ZeRO, everything (state offset = offset) under DDP.
-static const struct kiln_dp_range *update_ranges(const struct kiln_dp *dp, int *n, struct kiln_dp_range *all) {
+static const struct kiln_dp_range *update_ranges(const struct kiln_dp *dp, int *n,
+                                                 struct kiln_dp_range *all) {
     if (dp->zero) {
         *n = dp->n_ranges;
         return dp->ranges;
@@ -678,7 +688,8 @@ static void offload_params_set(struct kiln_dp *dp, const float *host) {
         if (dp->h_master + q[r].state_offset != host + q[r].lo) // (not when initialized in place)
             memcpy(dp->h_master + q[r].state_offset, host + q[r].lo, (q[r].hi - q[r].lo) * sizeof(float));
         if (dp->zero == 3) // the compute copy is a shard too
-            upload_weights(dp, (char *)dp->buf.weights + q[r].state_offset * ab, host + q[r].lo, q[r].hi - q[r].lo);
+            upload_weights(dp, (char *)dp->buf.weights + q[r].state_offset * ab, host + q[r].lo,
+                           q[r].hi - q[r].lo);
     }
     if (dp->zero != 3)
         upload_weights(dp, dp->buf.weights, host, dp->bounds[0]);
@@ -705,15 +716,15 @@ static void on_optim_set(void *user, const float *m, const float *v) {
     memcpy(dp->h_v, v, dp->optim_elems * sizeof(float));
 }
 
-// The optimizer step streams through the host in chunks of at most CHUNK elements: while the host runs AdamW on
-// chunk k, a copy thread brings chunk k+1's gradients down and takes chunk k-1's updated weights up (two
-// staging buffers each way), so the copies hide behind the host's arithmetic, and host memory holds the master
-// weights and moments only, not a second copy of the gradients or of the weights.
+// The optimizer step streams through the host in chunks of at most CHUNK elements: while the host runs AdamW
+// on chunk k, a copy thread brings chunk k+1's gradients down and takes chunk k-1's updated weights up (two
+// staging buffers each way), so the copies hide behind the host's arithmetic, and host memory holds the
+// master weights and moments only, not a second copy of the gradients or of the weights.
 //
 // The step runs beside the training thread: kiln_dp_adamw starts it and returns, and the next forward waits,
-// layer by layer, for the chunks it reads (offload_wait from the hooks), so the host's AdamW overlaps the next
-// forward. The chunks go in the order that forward reads them: the embeddings, the final norm and head, then
-// the layers upwards (ZeRO-3: its buckets in the order they are gathered).
+// layer by layer, for the chunks it reads (offload_wait from the hooks), so the host's AdamW overlaps the
+// next forward. The chunks go in the order that forward reads them: the embeddings, the final norm and head,
+// then the layers upwards (ZeRO-3: its buckets in the order they are gathered).
 
 // One step's pipeline: a stepper thread runs AdamW over the chunks, a copier thread moves them.
 struct opipe {
@@ -723,7 +734,9 @@ struct opipe {
     pthread_cond_t cv;
     int grads_in, adam_done, weights_out; // chunks done by each stage, in order
     pthread_t stepper, copier;
-    double busy_s; // the step's wall time, from its start to its last chunk's weights up
+    double t0;     // when the training thread started it
+    double busy_s; // the step's wall time, from its start to its last chunk's weights up (so every wait for it
+                   // lies within)
 };
 
 static void opipe_wait(struct opipe *p, const int *counter, int at_least) {
@@ -742,8 +755,8 @@ static void opipe_bump(struct opipe *p, int *counter) {
 
 // The copy thread: chunk k's gradients down into staging k % 2 once AdamW is done with what it held (chunk
 // k - 2), then chunk k - 1's weights up once AdamW wrote them. Its copies are not ordered after the compute
-// stream's work: the step starts after the gradient norm, which waited for the backward, and the forward waits
-// for a chunk's weights before it reads them.
+// stream's work: the step starts after the gradient norm, which waited for the backward, and the forward
+// waits for a chunk's weights before it reads them.
 static void *offload_copier(void *arg) {
     struct opipe *p = arg;
     struct kiln_dp *dp = p->dp;
@@ -777,7 +790,6 @@ static void start_thread(pthread_t *t, void *(*fn)(void *), void *arg) {
 static void *offload_stepper(void *arg) {
     struct opipe *p = arg;
     struct kiln_dp *dp = p->dp;
-    double t0 = kiln_now_s();
     start_thread(&p->copier, offload_copier, p);
     struct kiln_adamw_args a = p->a;
     for (int k = 0; k < dp->n_chunks; k++) {
@@ -794,12 +806,12 @@ static void *offload_stepper(void *arg) {
         opipe_bump(p, &p->adam_done);
     }
     pthread_join(p->copier, NULL);
-    p->busy_s = kiln_now_s() - t0;
+    p->busy_s = kiln_now_s() - p->t0;
     return NULL;
 }
 
-// Waits until the running step (if any) has taken the first `chunks` chunks' weights up; with all of them, the
-// step is over and its threads are joined.
+// Waits until the running step (if any) has taken the first `chunks` chunks' weights up; with all of them,
+// the step is over and its threads are joined.
 static void offload_wait(struct kiln_dp *dp, int chunks) {
     struct opipe *p = dp->pipe;
     if (!p)
@@ -818,7 +830,8 @@ static void offload_wait(struct kiln_dp *dp, int chunks) {
     dp->host_wait_s += kiln_now_s() - t0;
 }
 
-// Everything that reads or writes the host state, or the gradients, outside the forward settles the step first.
+// Everything that reads or writes the host state, or the gradients, outside the forward settles the step
+// first.
 static void offload_settle(struct kiln_dp *dp) {
     offload_wait(dp, dp->n_chunks);
 }
@@ -831,9 +844,9 @@ static int chunks_through(const struct kiln_dp *dp, int order) {
     return k;
 }
 
-// The step's reduced gradients of this rank's ranges to the host, AdamW there, and the updated compute weights
-// back to the backend (then, under ZeRO-1/2, gathered from their owners as without offload), started here
-// and left running.
+// The step's reduced gradients of this rank's ranges to the host, AdamW there, and the updated compute
+// weights back to the backend (then, under ZeRO-1/2, gathered from their owners as without offload), started
+// here and left running.
 static void offload_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm) {
     offload_settle(dp);
     struct opipe *p = kiln_xcalloc(1, sizeof(*p));
@@ -844,10 +857,11 @@ static void offload_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     dp->pipe = p;
+    p->t0 = kiln_now_s();
     start_thread(&p->stepper, offload_stepper, p);
     if (dp->zero == 3) {
         invalidate_units(dp); // each gather waits for its bucket's chunks (unit_gather)
-    } else if (dp->zero) { // the owners' weights are gathered by a collective of the training thread's
+    } else if (dp->zero) {    // the owners' weights are gathered by a collective of the training thread's
         offload_settle(dp);
         gather_weights(dp, 0);
     }
@@ -881,8 +895,8 @@ static int plan_pieces(const struct kiln_dp *dp, struct piece **out) {
             if (lo >= hi)
                 continue;
             int o = seg_order(dp, s);
-            if (dp->zero && np > 0 && pc[np - 1].hi == lo && pc[np - 1].so + (pc[np - 1].hi - pc[np - 1].lo) ==
-                                                                q[r].state_offset + (lo - q[r].lo)) {
+            if (dp->zero && np > 0 && pc[np - 1].hi == lo &&
+                pc[np - 1].so + (pc[np - 1].hi - pc[np - 1].lo) == q[r].state_offset + (lo - q[r].lo)) {
                 // ZeRO: a range stays one piece (its bucket is gathered whole), first read at its least order
                 pc[np - 1].hi = hi;
                 pc[np - 1].order = o < pc[np - 1].order ? o : pc[np - 1].order;
@@ -915,20 +929,22 @@ static void plan_chunks(struct kiln_dp *dp) {
         for (size_t at = pc[r].lo; at < pc[r].hi; at += dp->chunk) {
             size_t len = pc[r].hi - at < dp->chunk ? pc[r].hi - at : dp->chunk;
             size_t so = pc[r].so + (at - pc[r].lo);
-            // the gradients: the shard (ZeRO-2/3, compact) or the flat buffer; the weights: the compute copy's
-            // shard (ZeRO-3) or the flat copy
-            const char *g = dp->zero >= 2 ? (const char *)dp->shard + so * gb : (const char *)dp->buf.grads + at * gb;
+            // the gradients: the shard (ZeRO-2/3, compact) or the flat buffer; the weights: the compute
+            // copy's shard (ZeRO-3) or the flat copy
+            const char *g =
+                dp->zero >= 2 ? (const char *)dp->shard + so * gb : (const char *)dp->buf.grads + at * gb;
             char *w = dp->zero == 3 ? (char *)dp->buf.weights + so * ab : (char *)dp->buf.weights + at * ab;
             struct ochunk *c = &dp->chunks[dp->n_chunks++];
-            *c = (struct ochunk){.grads = g, .weights = w, .so = so, .n = len, .span0 = ns, .order = pc[r].order};
+            *c = (struct ochunk){
+                .grads = g, .weights = w, .so = so, .n = len, .span0 = ns, .order = pc[r].order};
             for (int i = 0; i < dp->o_n_spans; i++) { // the spans' parts in [so, so + len)
                 const struct kiln_param_span *sp = &dp->o_spans[i];
                 size_t lo = sp->state_offset > so ? sp->state_offset : so;
                 size_t hi = sp->state_offset + sp->count < so + len ? sp->state_offset + sp->count : so + len;
                 if (lo >= hi)
                     continue;
-                dp->c_spans[ns++] = (struct kiln_param_span){sp->offset + (lo - sp->state_offset), hi - lo, sp->decay,
-                                                             lo};
+                dp->c_spans[ns++] =
+                    (struct kiln_param_span){sp->offset + (lo - sp->state_offset), hi - lo, sp->decay, lo};
             }
             c->n_spans = ns - c->span0;
         }

@@ -423,7 +423,7 @@ struct step_log {
     int64_t step;   // 1-based
     int64_t tokens; // the whole job's, through this step
     double loss, norm, tok_s, ms, val_loss, ckpt_stall_ms, prev_ckpt_write_ms;
-    double slowest_ms; // several ranks: the slowest rank's step time (0 with one process)
+    double slowest_ms;      // several ranks: the slowest rank's step time (0 with one process)
     double offload_ms;      // --offload: the host's optimizer steps that ended in this step (0 without)
     double offload_wait_ms; // --offload: what this step waited for them
     int64_t comm_ops;       // several ranks: collectives issued on the job's communicator so far (0 without)
@@ -492,11 +492,11 @@ struct run {
     double timed_s;
     long timed_tokens;
     int64_t start, last_ckpt_step;
-    double prev_comm_ms;   // the host's wait on reductions up to the last step
+    double prev_comm_ms;        // the host's wait on reductions up to the last step
     double prev_offload_s;      // the offloaded optimizer's time up to the last step
     double prev_offload_wait_s; // and the training thread's waits for it
-    double first_tok_s;    // the first step's rate: all a run of one step has
-    int stall_rank;        // --inject-stall
+    double first_tok_s;         // the first step's rate: all a run of one step has
+    int stall_rank;             // --inject-stall
     int64_t stall_step;
     int lock_fd; // the run directory's lock (kiln_dir_lock), -1 when not held
 };

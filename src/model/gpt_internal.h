@@ -1,0 +1,206 @@
+// gpt.c's insides, shared with the files that hold the rest of the model's code (decode.c: KV-cache
+// decoding). Not an interface: model/gpt.h is. Everything here may change with gpt.c.
+#ifndef KILN_MODEL_GPT_INTERNAL_H
+#define KILN_MODEL_GPT_INTERNAL_H
+
+#include "model/gpt.h"
+#include "util/error.h"
+
+// ----------------------------------------------------------------------------
+// activation buffers: one slot per layer, or one (or two) shared slots when recomputed
+
+struct buf {
+    void *p;
+    size_t elems; // per slot
+    int slots;
+    size_t elem_bytes;
+    int in_arena; // scratch: p points `offset` bytes into the arena instead of to an allocation of its own
+    size_t offset;
+};
+
+static inline void *buf_at(const struct buf *b, int l) {
+    return (char *)b->p + (size_t)(l % b->slots) * b->elems * b->elem_bytes;
+}
+
+static inline size_t buf_bytes(const struct buf *b) {
+    return b->elems * (size_t)b->slots * b->elem_bytes;
+}
+
+struct acts {
+    struct buf x;       // act (L+1) x (N, C): residual stream entering each layer; x[L] enters the final norm
+    struct buf ln1;     // act (L+1) x (N, C): norm1 outputs; ln1[L] is the final norm's output
+    struct buf mean1;   // f32 (L+1) x (N)
+    struct buf rstd1;   // f32 (L+1) x (N)
+    struct buf pre;     // act L x (N, QKV + FCO): a parallel block's fused projection [qkv | fc_pre], which
+                        // then takes the place of qkv and fc_pre (both empty)
+    struct buf qkv;     // act L x (N, QKV): the attention's input (q and k normalized with QK-norm)
+    struct buf qkv_raw; // act L x (N, QKV): the projection before QK-norm (QK-norm only)
+    struct buf meanq, rstdq, meank, rstdk; // f32 L x (N): QK-norm statistics
+    struct buf atty;                       // act L x (N, NH*HS)
+    struct buf lse;                        // f32 L x (B, NH, T)
+    struct buf mid;                        // act L x (N, C): h = x + attn(...) (sequential blocks)
+    struct buf ln2;                        // act L x (N, C)
+    struct buf mean2;                      // f32 L x (N)
+    struct buf rstd2;                      // f32 L x (N)
+    struct buf fc_pre;                     // act L x (N, FCO): pre-GELU, or the [gate | up] input of SwiGLU
+    struct buf fc_act;                     // act L x (N, H): the MLP's hidden activation
+    // scratch, one slot each, in one arena where buffers never live at the same time share memory
+    // (scratch_layout says which)
+    struct buf ao;   // act (N, C): attention branch output (parallel: both branches)
+    struct buf mo;   // act (N, C): MLP branch output
+    struct buf dres; // act (N, C): gradient of the residual stream (training only)
+    struct buf dln;  // act (N, C): gradient of a norm output (also dlnf from the classifier; training only)
+    struct buf dpre; // act (N, QKV + FCO): [dqkv | dfc] of a fused parallel block (then dqkv, dfc empty)
+    struct buf dqkv; // act (N, QKV)
+    struct buf dqkv_raw; // act (N, QKV): gradient before QK-norm (QK-norm only)
+    struct buf datty;    // act (N, NH*HS)
+    struct buf dfc;      // act (N, FCO)
+    struct buf dhid;     // act (N, H): SwiGLU only, gradient of the hidden activation
+    struct buf logits;   // act (rows, Vp): one chunk of the classifier
+    // allocations of their own
+    struct buf losses;  // f32 (N)
+    struct buf tokens;  // i32 (N)
+    struct buf targets; // i32 (N)
+};
+#define N_ACT_BUFS (sizeof(struct acts) / sizeof(struct buf))
+
+struct decode {
+    int B, maxT;
+    struct buf k, v;                                                       // act L x (B, maxT, NKV*HS)
+    struct buf x, ln, pre, qkv, qkv_raw, atty, ao, fc_pre, fc_act, logits; // act, B rows
+    struct buf mean, rstd, tokens;
+    float *logits_host; // (B, Vp)
+};
+
+// When a parallel block's input projections run as one GEMM. Not with --qk-norm (q and k pass through their
+// norms into a separate qkv buffer before attention), and not where the 64-element alignment of the parameter
+// table put padding between W_qkv and W_fc (or their biases): QKV * C or QKV not a multiple of 64, no real
+// shape. With --recompute=mlp the forward keeps the two GEMMs (a fused forward would keep every layer's
+// fc_pre, which that mode exists to drop) and only the backward fuses; on CUDA that mode's numbers then
+// differ from --recompute=none's by bf16 rounding (on the CPU they do not). opts.no_parallel_fusion turns
+// fusion off, so that tests and benchmarks can compare both on one build.
+struct fusion {
+    int on;  // backward and decoding fuse
+    int fwd; // the training and evaluation forward fuses too
+};
+
+struct kiln_gpt {
+    struct kiln_model_config cfg;
+    struct kiln_gpt_opts opts;
+    struct kiln_backend *be;
+    const struct kiln_ops *ops;
+    void *ctx;
+    struct kiln_param_table pt;
+    struct kiln_mem_plan plan;
+
+    float *params; // f32 (P) master weights
+    void *weights; // act (P) compute copy (== params on the CPU)
+    void *grads;   // grad (P)
+    float *m, *v;  // f32 (P) AdamW moments
+
+    struct fusion fuse;
+    struct acts a;
+    void *arena;          // the scratch buffers of a point into it
+    int classifier_rows;  // rows per classifier chunk
+    int mlp_rows;         // rows per MLP chunk (mlp_rows_for; N: one chunk)
+    void *x_host;         // offloaded layer inputs x[0 .. L - X_RING] (host_alloc), or NULL
+    void **x_out, **x_in; // (L + 1) events: x[l]'s copy to the host ended, and back (NULL on the CPU)
+    int32_t *tokens_host; // (N) last inputs, for the embedding backward
+    float *losses_host;
+    int has_grad_forward; // the last forward ran the classifier backward
+    int grads_fresh;      // set by kiln_gpt_zero_grad: the next gradient writes assign instead of adding
+    int recomputing;      // inside the backward's recompute of a layer (selective skips the attention there)
+
+    struct kiln_param_span *spans;
+    int n_spans;
+    size_t optim_elems; // of m and v each
+
+    struct kiln_gpt_hooks hooks;         // all NULL with one process
+    struct kiln_gpt_attention attn_impl; // sequence parallelism's attention (NULL functions: the op's)
+    int pos0, pos_split, pos1;           // kiln_gpt_set_positions
+    const void **wwin; // (L + 2) where each segment's weights are read: its range of the compute
+                       // copy, or a stand-in that a hook put there (kiln_gpt_set_weight_window)
+    void **gwin;       // (L + 2) where each segment's gradients are written (kiln_gpt_grad_segments)
+    size_t *seg_begin; // (L + 3) each segment's first element, then the table's total
+
+    struct decode dec;
+};
+
+// the hooks, when set
+#define HOOK(g, name, ...)                                                                                   \
+    do {                                                                                                     \
+        if ((g)->hooks.name)                                                                                 \
+            (g)->hooks.name((g)->hooks.user, __VA_ARGS__);                                                   \
+    } while (0)
+
+// derived sizes
+struct dims {
+    int B, T, N, C, L, NH, NKV, HS, QKV, AO, H, FCO, Vp, V;
+    int qk_norm;
+};
+
+static inline struct dims dims_of(const struct kiln_model_config *m, int B, int T) {
+    struct dims d;
+    d.B = B;
+    d.T = T;
+    d.N = B * T;
+    d.C = m->n_embd;
+    d.L = m->n_layer;
+    d.NH = m->n_head;
+    d.NKV = kiln_model_kv_heads(m);
+    d.HS = kiln_model_head_size(m);
+    d.QKV = (d.NH + 2 * d.NKV) * d.HS;
+    d.AO = d.NH * d.HS;
+    d.H = kiln_model_mlp_hidden(m);
+    d.FCO = m->mlp_swiglu ? 2 * d.H : d.H;
+    d.Vp = kiln_model_padded_vocab(m);
+    d.V = m->vocab_size;
+    d.qk_norm = m->qk_norm;
+    return d;
+}
+
+static inline void *act_at(const struct kiln_gpt *g, const void *base, size_t elems) {
+    return (char *)base + elems * kiln_dtype_bytes(g->be->act_dtype);
+}
+
+// the segment of parameter i (kiln_gpt_grad_segments): 0 before layer 0, 1 + l for layer l, L + 1 after
+static inline int segment_of(const struct kiln_gpt *g, int i) {
+    const struct kiln_param *p = &g->pt.p[i];
+    return p->layer >= 0 ? 1 + p->layer : p->offset < g->seg_begin[1] ? 0 : g->cfg.n_layer + 1;
+}
+
+// the compute copy of parameter i (act dtype), or NULL for an absent tensor (index -1), read through its
+// segment's window
+static inline const void *W(const struct kiln_gpt *g, int i) {
+    if (i < 0)
+        return NULL;
+    int s = segment_of(g, i);
+    KILN_ASSERT(g->wwin[s]); // sharded parameters: the window must have been set
+    return act_at(g, g->wwin[s], g->pt.p[i].offset - g->seg_begin[s]);
+}
+
+// the gradient of parameter i (grad dtype), or NULL, through its segment's window
+static inline void *G(const struct kiln_gpt *g, int i) {
+    if (i < 0)
+        return NULL;
+    int s = segment_of(g, i);
+    KILN_ASSERT(g->gwin[s]); // external gradients: the window must have been set
+    return (char *)g->gwin[s] + (g->pt.p[i].offset - g->seg_begin[s]) * kiln_dtype_bytes(g->be->grad_dtype);
+}
+
+// ---- gpt.c's helpers that decode.c uses
+int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_error *err);
+void gpt_free_buf(struct kiln_gpt *g, struct buf *b);
+void gpt_norm_fwd(struct kiln_gpt *g, void *out, float *mean, float *rstd, void *res_out, const void *inp,
+                  const void *res_in, int wi, int bi, int N);
+void gpt_matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp, int wi, int bi, int N, int IC,
+                    int OC, enum kiln_act act, int accumulate);
+void gpt_qk_norm_forward(struct kiln_gpt *g, const struct dims *d, int l, void *qkv, const void *raw, int N,
+                         float *meanq, float *rstdq, float *meank, float *rstdk);
+void gpt_mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *fc_pre, int stride,
+                     void *fc_act, void *out, int accumulate, int N);
+void gpt_mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre, void *fc_act,
+                 void *out, int accumulate, int N);
+int gpt_head_index(const struct kiln_gpt *g);
+
+#endif
