@@ -178,4 +178,5 @@ expect_error 2 "stochastic" -- train "${small[@]}" --offload=optimizer --stochas
 expect_error 2 "add --zero=3" -- train "${small[@]}" --zero=2 --zero3-reshard-after-forward=0
 expect_error 2 "add --zero=3" -- train "${small[@]}" --zero3-accumulate=whole
 expect_error 2 "zero3-accumulate" -- train "${small[@]}" --zero=3 --zero3-accumulate=half
+expect_error 2 "zero3-reshard-after-forward" -- train "${small[@]}" --zero=3 --zero3-reshard-after-forward=2
 finish
