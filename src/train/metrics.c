@@ -119,18 +119,29 @@ static void tb_write_row(struct kiln_metrics *m, const struct kiln_metrics_row *
     }
 }
 
+// ,"key":value in fmt, or null where the value is not finite (JSON has no NaN: a skipped step's loss or norm)
+static void put_num(FILE *f, const char *key, const char *fmt, double v) {
+    fprintf(f, ",\"%s\":", key);
+    if (isfinite(v))
+        fprintf(f, fmt, v);
+    else
+        fputs("null", f);
+}
+
 void kiln_metrics_write(struct kiln_metrics *m, const struct kiln_metrics_row *r) {
     FILE *f = m->jsonl;
-    fprintf(f,
-            "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
-            "\"peak_mem_bytes\":%zu",
-            (long long)r->step, r->loss, r->lr, r->grad_norm, r->tokens_per_s, r->ms, r->peak_mem_bytes);
+    fprintf(f, "{\"step\":%lld", (long long)r->step);
+    put_num(f, "loss", "%.6f", r->loss);
+    put_num(f, "lr", "%.6g", r->lr);
+    put_num(f, "grad_norm", "%.6g", r->grad_norm);
+    fprintf(f, ",\"tokens_per_s\":%.1f,\"ms\":%.3f,\"peak_mem_bytes\":%zu", r->tokens_per_s, r->ms,
+            r->peak_mem_bytes);
     if (r->mfu > 0)
         fprintf(f, ",\"mfu\":%.4f,\"mfu_causal\":%.4f", r->mfu, r->mfu_causal);
     if (r->hfu > 0) // with recompute: model FLOPs plus the recomputed forward work
         fprintf(f, ",\"hfu\":%.4f", r->hfu);
     if (!isnan(r->val_loss))
-        fprintf(f, ",\"val_loss\":%.6f", r->val_loss);
+        put_num(f, "val_loss", "%.6f", r->val_loss);
     if (r->skipped)
         fprintf(f, ",\"skipped\":\"%s\"", r->skipped);
     if (r->skipped_total)

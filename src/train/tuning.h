@@ -5,6 +5,7 @@
 // and data parallelism's (train/dp.h):
 //   KILN_OFFLOAD_CHUNK=n     elements per chunk of the offloaded optimizer's pipeline (tests use a few hundred)
 //   KILN_OFFLOAD_DELAY_US=n  the host's AdamW sleeps n us before each chunk (tests: the forward must wait)
+//   KILN_POISON_STAGING=1    ZeRO-2/3's gradient staging filled with NaN before each use (tests)
 #ifndef KILN_TRAIN_TUNING_H
 #define KILN_TRAIN_TUNING_H
 

@@ -127,6 +127,20 @@ deep=("${args[@]}" --layers=8 --max-steps=3)
 "${MPI[@]}" -np 3 "$KILN" train "${deep[@]}" --zero=3 --zero3-reshard-after-forward=0 --out="$T/rs0" 2>"$T/err" ||
   bad "zero3-reshard-after-forward 0: $(tail -3 "$T/err")"
 same_weights "$T/rs1" "$T/rs0" && ok || bad "--zero3-reshard-after-forward=0 changed the weights"
+# The staging buffers are not zeroed before each use, only their padding: the backward assigns every tensor's
+# gradients on its first write. KILN_POISON_STAGING=1 fills them with NaN first, so an element that is neither
+# shows in the norm. At 8 layers the shared buffers take different buckets in turn: ZeRO-3 (bitwise the
+# unpoisoned run), and ZeRO-2 with an untied head, ALiBi and parallel blocks, follow one process.
+"$KILN" train "${deep[@]}" --out="$T/deep1" 2>"$T/err" || bad "8 layers, one process: $(tail -3 "$T/err")"
+same_run "$T/deep1" "$T/rs1" 2e-5 && ok || bad "ZeRO-3 at 8 layers left the single-process trajectory"
+KILN_POISON_STAGING=1 "${MPI[@]}" -np 3 "$KILN" train "${deep[@]}" --zero=3 --out="$T/rs1p" 2>"$T/err" ||
+  bad "ZeRO-3, poisoned staging: $(tail -3 "$T/err")"
+same_weights "$T/rs1" "$T/rs1p" && ok || bad "ZeRO-3 read a staging element that the backward did not write"
+odd=(--tie-embeddings=0 --pos=alibi --block=parallel)
+"$KILN" train "${deep[@]}" "${odd[@]}" --out="$T/deep1o" 2>"$T/err" || bad "8 layers (untied): $(tail -3 "$T/err")"
+KILN_POISON_STAGING=1 "${MPI[@]}" -np 3 "$KILN" train "${deep[@]}" "${odd[@]}" --zero=2 --bucket-mb=0.02 \
+  --out="$T/deep2" 2>"$T/err" || bad "ZeRO-2 at 8 layers: $(tail -3 "$T/err")"
+same_run "$T/deep1o" "$T/deep2" 2e-5 && ok || bad "ZeRO-2 (poisoned staging) left the single-process trajectory"
 python3 - "$(ops "$T/rs1")" "$(ops "$T/rs0")" <<'PY2' && ok || bad "--zero3-reshard-after-forward=0 did not gather less"
 import sys
 a, b = ([int(x) for x in v.split()] for v in sys.argv[1:])

@@ -351,6 +351,14 @@ static void test_injected_nans_are_skipped_and_counted(void **state) {
         assert_non_null(l);
         int skipped = strstr(l, "\"skipped\":\"nan\"") != NULL;
         assert_int_equal(skipped, s == s1 || s == s2);
+        // JSON has no NaN: a skipped step's loss and norm are null, and the line parses
+        cJSON *row = cJSON_Parse(l);
+        if (!row)
+            fail_msg("step %d: metrics.jsonl line is not JSON: %s", s, l);
+        if (skipped)
+            assert_true(cJSON_IsNull(cJSON_GetObjectItem(row, "loss")) &&
+                        cJSON_IsNull(cJSON_GetObjectItem(row, "grad_norm")));
+        cJSON_Delete(row);
         if (s >= s2)
             assert_non_null(strstr(l, "\"skipped_steps\":2,\"skipped_nan\":2"));
         free(l);
