@@ -315,6 +315,13 @@ static struct kv_block ring_block(struct kiln_sp *s, int i, int slot) {
                              .slot = slot};
 }
 
+// Ulysses alone (no ring): each rank attends over the whole sequence, in order, for its heads, which is the
+// backend's own attention op (FlashAttention-class on GPUs) with this rank's heads and strides. ALiBi's
+// slopes depend on the global head, which that op does not take: it goes through the block op instead.
+static int whole_sequence(const struct kiln_sp *s) {
+    return s->lo.ring == 1 && s->pos != KILN_POS_ALIBI;
+}
+
 static void sp_forward(void *user, int l, const struct kiln_attn_args *a) {
     (void)l;
     struct kiln_sp *s = user;
@@ -324,7 +331,20 @@ static void sp_forward(void *user, int l, const struct kiln_attn_args *a) {
     if (u == 1)
         s->out_h = a->out; // the model's output is the slot's
     int started[2] = {0, 0};
-    if (r == 1) {
+    if (whole_sequence(s)) {
+        struct kiln_attn_args at = {.out = s->out_h,
+                                    .lse = a->lse,
+                                    .qkv = s->qkv_h,
+                                    .B = s->B,
+                                    .T = s->S,
+                                    .NH = s->nh,
+                                    .NKV = s->nkv,
+                                    .HS = s->HS,
+                                    .pos = s->pos,
+                                    .rope_theta = s->theta,
+                                    .qkv_stride = s->wl};
+        s->ops->attention_forward(s->ctx, &at);
+    } else if (r == 1) {
         size_t kv_at = (size_t)s->nh * s->HS;
         struct kv_block own = {.k = at(s, s->qkv_h, kv_at),
                                .v = at(s, s->qkv_h, kv_at + (size_t)s->nkv * s->HS),
@@ -359,8 +379,27 @@ static void sp_backward(void *user, int l, const struct kiln_attn_back_args *a) 
         out_to_heads(s, a->out, s->out_h);
         out_to_heads(s, a->dout, s->dout_h);
     }
-    s->ops->zero(s->ctx, s->dqkv_h, (size_t)s->B * s->S * s->wl * s->es);
     float *lse = (float *)a->lse;
+    if (whole_sequence(s)) { // (overwrites dqkv_h's columns)
+        struct kiln_attn_back_args at = {.dqkv = s->dqkv_h,
+                                         .dout = s->dout_h,
+                                         .qkv = s->qkv_h,
+                                         .out = s->out_h,
+                                         .lse = lse,
+                                         .B = s->B,
+                                         .T = s->S,
+                                         .NH = s->nh,
+                                         .NKV = s->nkv,
+                                         .HS = s->HS,
+                                         .pos = s->pos,
+                                         .rope_theta = s->theta,
+                                         .qkv_stride = s->wl,
+                                         .dqkv_stride = s->wl};
+        s->ops->attention_backward(s->ctx, &at);
+        dqkv_from_heads(s, a->dqkv, ds);
+        return;
+    }
+    s->ops->zero(s->ctx, s->dqkv_h, (size_t)s->B * s->S * s->wl * s->es);
     if (r == 1) {
         size_t kv_at = (size_t)s->nh * s->HS, v_at = kv_at + (size_t)s->nkv * s->HS;
         struct kv_block own = {.k = at(s, s->qkv_h, kv_at),

@@ -68,6 +68,8 @@ check ring4_rope 4 --pos=rope -- --sp=4 --sp-mode=ring
 check uly4_alibi 4 --pos=alibi -- --sp=4 --sp-mode=ulysses
 check hyb4_learned 4 --pos=learned -- --sp=4 --sp-mode=hybrid --sp-ulysses=2
 check hyb4_gqa 4 --pos=rope --kv-heads=2 --mlp=swiglu --norm=rmsnorm -- --sp=4 --sp-mode=hybrid --sp-ulysses=2
+# Ulysses alone hands the whole sequence of its heads to the backend's own attention op (GQA: 2 heads, 1 KV head)
+check uly2_gqa 2 --pos=rope --kv-heads=2 -- --sp=2 --sp-mode=ulysses
 check ring4_gqa 4 --pos=alibi --kv-heads=1 -- --sp=4 --sp-mode=ring
 check uly2_parallel 2 --pos=rope --block=parallel -- --sp=2 --sp-mode=ulysses
 check ring4_parallel 4 --pos=learned --block=parallel --recompute=block -- --sp=4 --sp-mode=ring
