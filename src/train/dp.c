@@ -105,8 +105,8 @@ struct kiln_dp {
     // memory
     int offload, host_threads;
     float *h_master, *h_m, *h_v;
-    void *h_gstage[2],
-        *h_wstage[2]; // (host_alloc 0-3) a chunk's gradients on the way down, weights on the way up
+    void *h_gstage[2]; // (host_alloc 0-1) a chunk's gradients on the way down
+    void *h_wstage[2]; // (host_alloc 2-3) a chunk's updated weights on the way up
     unsigned h_pinned;
     double host_s;         // seconds the offloaded optimizer's steps took so far (their wall time)
     double host_wait_s;    // seconds the training thread waited for them
@@ -293,8 +293,8 @@ void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp
     memset(out, 0, sizeof(*out));
     if (dp.whole) { // the model holds whole gradients; the shard takes the one reduction a step
         out->grad_shard = n * gb;
-    } else if (dp.zero >=
-               2) { // staging (two shared between), the gradient shard, and with accumulation its addend
+    } else if (dp.zero >= 2) {
+        // staging (two shared between), the gradient shard, and with accumulation its addend
         out->staging = (top + bottom + STAGING_SLOTS * mid) * gb;
         out->grad_shard = n * gb + (accum > 1 ? n * sizeof(float) : 0);
     }
