@@ -67,8 +67,10 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg,
            (p.grads_bytes + dm.grad_shard) / GIB, p.optim_bytes / GIB);
     printf("  gradient staging %.3f GiB, gathered weights %.3f GiB, activations %.3f GiB\n", dm.staging / GIB,
            dm.gathered / GIB, p.acts_bytes / GIB);
-    if (o.accumulate_whole) // counted in the gradients above, but whole on every rank: it does not fall as 1/N
-        printf("  of the gradients, whole on every rank (--zero3-accumulate=whole): %.3f GiB\n", p.grads_bytes / GIB);
+    if (o.accumulate_whole) // counted in the gradients above, but whole on every rank: it does not fall as
+                            // 1/N
+        printf("  of the gradients, whole on every rank (--zero3-accumulate=whole): %.3f GiB\n",
+               p.grads_bytes / GIB);
     if (o.offload)
         printf("  host memory (offload): %zu bytes (%.3f GiB)\n", dm.host, dm.host / GIB);
     printf("  per rank: %zu bytes (%.3f GiB) on the %s\n", total, total / GIB, alias ? "cpu" : "gpu");
