@@ -15,8 +15,8 @@
 
 enum kiln_schedule { KILN_SCHED_COSINE = 0, KILN_SCHED_LINEAR, KILN_SCHED_CONSTANT, KILN_SCHED_WSD };
 // act: only the MLP activation's output is recomputed (from its kept input), as torch.compile does
-// what the backward recomputes (docs/architecture.md): selective is block, less the attention, whose output and
-// log-sum-exp each layer keeps
+// what the backward recomputes (docs/architecture.md): selective is block, less the attention, whose output
+// and log-sum-exp each layer keeps
 enum kiln_recompute {
     KILN_RECOMPUTE_NONE = 0,
     KILN_RECOMPUTE_MLP,
@@ -99,7 +99,8 @@ struct kiln_config {
     char comm[16];        // auto, nccl, mpi, single: the transport (dist/comm.h)
     int zero;             // 0 DDP, 1 optimizer state sharded, 2 gradients too, 3 parameters too (ZeRO-1/2/3)
     int prefetch;         // ZeRO-3: layers gathered ahead of the computing one (1 or 2)
-    int zero3_reshard;    // ZeRO-3: a layer's gathered weights go after its forward (1) or stay to its backward
+    int zero3_reshard;    // ZeRO-3: a layer's gathered weights go after its forward (1), or stay to its
+                          // backward (0)
     enum kiln_zero3_accumulate zero3_accumulate; // ZeRO-3: where gradients accumulate across micro-steps
     enum kiln_offload offload; // where the optimizer state lives
     float bucket_mb;      // gradient bucket size for DDP's overlapped reduction, in MiB

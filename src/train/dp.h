@@ -42,8 +42,8 @@ struct kiln_dp_opts {
     int host_threads; // the offloaded AdamW's OpenMP threads (0: OpenMP's default)
     size_t offload_chunk; // elements per chunk of the offloaded optimizer's pipeline (0: 32M)
     int offload_delay_us; // tests: the host's AdamW sleeps this long before each chunk
-    int poison_staging;   // tests: ZeRO-2/3's staging buffers are filled with NaN before each use, so that any
-                          // element the backward does not assign (and that is not padding) shows
+    int poison_staging;   // tests: ZeRO-2/3's staging buffers are filled with NaN before each use, so that
+                          // any element the backward does not assign (and that is not padding) shows
 };
 
 // One contiguous range of the flat parameter buffer that this rank owns, and where its AdamW moments sit.

@@ -25,7 +25,7 @@ struct kiln_metrics_row {
     double prev_ckpt_write_ms; // 0: none finished since the last line
     int64_t tokens;            // tokens trained on through this step, the whole job's (0: left out)
     double slowest_ms;         // several ranks: the slowest rank's step time (0: left out)
-    double offload_ms;         // --offload: the host's optimizer steps that ended during this step (0: left out)
+    double offload_ms;         // --offload: the host's optimizer steps that ended in this step (0: left out)
     double offload_wait_ms;    // --offload: how long this step waited for them
     int64_t comm_ops;          // several ranks: collectives this rank issued on the job's communicator so far
                                // (0: left out)
