@@ -24,7 +24,8 @@ static const struct command COMMANDS[] = {
     {"decode", cmd_decode, "JSONL {\"ids\":[...]} lines -> {\"text\":...} lines"},
     {"export", cmd_export, "export a run to a Hugging Face directory (config.json + model.safetensors)"},
     {"import", cmd_import, "import a Hugging Face directory as a kiln run"},
-    {"logits", cmd_logits, "print a run's next-token logits for given tokens, as JSON (--run=DIR --tokens=...)"},
+    {"logits", cmd_logits,
+     "print a run's next-token logits for given tokens, as JSON (--run=DIR --tokens=...)"},
     {"launch", cmd_launch, "supervise kiln train: restart it from the newest checkpoint after a crash"},
     {"doctor", cmd_doctor, "explain a hang from a run's RUN/hang/ reports: which rank stalled, and where"},
     {"plot", cmd_plot, "plot runs' metrics (loss, lr, grad norm, tok/s, MFU, memory) into a PNG"},
@@ -52,11 +53,13 @@ static int print_version(void) {
 }
 
 // Only the options info reads: kiln info also accepts every kiln train option, for the resolved config.
+// clang-format off
 static const char *const INFO_OPTS[] = {
-    "layers",      "heads",          "kv-heads",   "dim",       "block-size", "vocab-multiple",
-    "pos",         "norm",           "norm-bias",  "bias",      "mlp",        "mlp-hidden",
-    "block",       "tie-embeddings", "qk-norm",    "tokenizer", "batch",      "seq",
-    "total-batch", "recompute",      "grad-dtype", NULL};
+    "layers", "heads", "kv-heads", "dim", "block-size", "vocab-multiple", "pos", "norm", "norm-bias", "bias",
+    "mlp", "mlp-hidden", "block", "tie-embeddings", "qk-norm", "tokenizer", "batch", "seq", "total-batch",
+    "recompute", "grad-dtype", "zero", "prefetch", "zero3-reshard-after-forward", "zero3-accumulate", "offload",
+    "bucket-mb", "sp", "sp-mode", "sp-ulysses", NULL};
+// clang-format on
 
 int cmd_help(int argc, char **argv) {
     if (argc == 0) {
@@ -75,7 +78,7 @@ int cmd_help(int argc, char **argv) {
             "  prints the resolved config, the parameter count, FLOPs and memory of a model, and the "
             "backends\n"
             "  and GPUs of this machine. It accepts every kiln train option (kiln help train); these change\n"
-            "  what it computes:\n\n");
+            "  what it computes, and --world=N (default 1) plans one rank of an N-rank job:\n\n");
         kiln_config_print_help_only(stdout, INFO_OPTS);
         return 0;
     }

@@ -43,7 +43,8 @@ for v in --version -V; do
 done
 # help info: the options that change what info computes, not the optimizer's
 "$KILN" help info >"$T/out" 2>&1
-grep -q "^  layers " "$T/out" && grep -q "^  recompute " "$T/out" && ! grep -q "^  lr \|^  warmup \|^  resume " "$T/out" &&
+grep -q "^  layers " "$T/out" && grep -q "^  recompute " "$T/out" && grep -q "^  zero " "$T/out" && grep -q "^  sp " "$T/out" &&
+  grep -q -- "--world=N" "$T/out" && ! grep -q "^  lr \|^  warmup \|^  resume " "$T/out" &&
   ok || bad "kiln help info: $(cat "$T/out")"
 # train and tokenize word the same errors the same way
 printf 'some text\n' >"$T/doc.txt"
