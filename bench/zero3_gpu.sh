@@ -39,11 +39,12 @@ import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1])]
 late = rows[min(5, len(rows) - 1):]
 off = [r for r in late if "offload_ms" in r]
-host = f'{statistics.median(r["offload_ms"] for r in off):.1f}/{statistics.median(r["offload_wait_ms"] for r in off):.1f}' if off else "-"
+host = (f'{statistics.median(r["offload_ms"] for r in off):.1f}/{statistics.median(r["offload_wait_ms"] for r in off):.1f}'
+        f'/{statistics.median(r.get("offload_copy_gbps", 0) for r in off):.1f}') if off else "-"
 print(f'{statistics.median(r["ms"] for r in late):.2f} {rows[-1]["loss"]:.5f} {rows[-1]["peak_mem_bytes"] / 2**30:.2f} {host}')
 PY
 }
-echo "| run | ms/step | tok/s | last loss | peak GiB (GPU) | host RSS GiB | host step / waited ms |" >"$OUT/table.md"
+echo "| run | ms/step | tok/s | last loss | peak GiB (GPU) | host RSS GiB | host step / waited ms / copies GB/s |" >"$OUT/table.md"
 echo "| --- | --- | --- | --- | --- | --- | --- |" >>"$OUT/table.md"
 TIMEV=()
 [ -x /usr/bin/time ] && TIMEV=(/usr/bin/time -v) # the host's peak resident memory, where the machine has it
@@ -89,6 +90,9 @@ if [ "$PART" = fsdp ] || [ "$PART" = all ] || [ "$PART" = trace ]; then
   done
 fi
 if [ "$PART" = offload ] || [ "$PART" = all ]; then
+  # the link as the pipeline uses it (pinned, a chunk at a time): what its copies' GB/s is measured against
+  [ -x "$BUILD/link_bench" ] || cmake --build "$BUILD" -t link_bench >>"$OUT/build.log" 2>&1
+  echo "link (pinned, 128 MiB copies): $("$BUILD/link_bench" 128)" | tee -a "$OUT/table.md"
   [ "$PART" = offload ] && bench "1.3b-offload" 8192 10 "${s13[@]}" --offload=optimizer
   bench "1.3b-plain-accum64" 524288 3 "${s13[@]}" --total-batch=524288
   bench "1.3b-offload-accum64" 524288 3 "${s13[@]}" --offload=optimizer --total-batch=524288

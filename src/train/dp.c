@@ -108,8 +108,10 @@ struct kiln_dp {
     void *h_gstage[2]; // (host_alloc 0-1) a chunk's gradients on the way down
     void *h_wstage[2]; // (host_alloc 2-3) a chunk's updated weights on the way up
     unsigned h_pinned;
-    double host_s;         // seconds the offloaded optimizer's steps took so far (their wall time)
-    double host_wait_s;    // seconds the training thread waited for them
+    double host_s;      // seconds the offloaded optimizer's steps took so far (their wall time)
+    double host_wait_s; // seconds the training thread waited for them
+    double copy_s;      // seconds their copies took, and their bytes (both directions)
+    double copy_bytes;
     struct opipe *pipe;    // the step running beside the training thread, or NULL
     int delay_us;          // tests: the host's AdamW sleeps this long before each chunk
     int poison;            // tests: staging filled with NaN before each use (kiln_dp_opts)
@@ -788,6 +790,8 @@ struct opipe {
     double t0;     // when the training thread started it
     double busy_s; // the step's wall time, from its start to its last chunk's weights up (so every wait for
                    // it lies within)
+    double copy_s; // the copier's time in its copies, and their bytes (the link's achieved bandwidth)
+    size_t copy_bytes;
 };
 
 static void opipe_wait(struct opipe *p, const int *counter, int at_least) {
@@ -817,13 +821,19 @@ static void *offload_copier(void *arg) {
         if (k < dp->n_chunks) {
             opipe_wait(p, &p->adam_done, k - 1);
             const struct ochunk *c = &dp->chunks[k];
+            double t0 = kiln_now_s();
             ops->copy_side(dp->be->ctx, dp->h_gstage[k % 2], c->grads, c->n * gb);
+            p->copy_s += kiln_now_s() - t0;
+            p->copy_bytes += c->n * gb;
             opipe_bump(p, &p->grads_in);
         }
         if (k > 0) {
             opipe_wait(p, &p->adam_done, k);
             const struct ochunk *c = &dp->chunks[k - 1];
+            double t0 = kiln_now_s();
             ops->copy_side(dp->be->ctx, c->weights, dp->h_wstage[(k - 1) % 2], c->n * ab);
+            p->copy_s += kiln_now_s() - t0;
+            p->copy_bytes += c->n * ab;
             opipe_bump(p, &p->weights_out);
         }
     }
@@ -871,6 +881,8 @@ static void offload_wait(struct kiln_dp *dp, int chunks) {
     if (chunks >= dp->n_chunks) {
         pthread_join(p->stepper, NULL);
         dp->host_s += p->busy_s;
+        dp->copy_s += p->copy_s;
+        dp->copy_bytes += (double)p->copy_bytes;
         pthread_mutex_destroy(&p->mu);
         pthread_cond_destroy(&p->cv);
         free(p);
@@ -1249,6 +1261,11 @@ double kiln_dp_offload_s(const struct kiln_dp *dp) {
 
 double kiln_dp_offload_wait_s(const struct kiln_dp *dp) {
     return dp->host_wait_s;
+}
+
+double kiln_dp_offload_copies(const struct kiln_dp *dp, double *seconds) {
+    *seconds = dp->copy_s;
+    return dp->copy_bytes;
 }
 
 void kiln_dp_settle(struct kiln_dp *dp) {

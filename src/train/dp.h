@@ -112,6 +112,8 @@ double kiln_dp_wait_s(const struct kiln_dp *dp);
 // (offload_wait_ms).
 double kiln_dp_offload_s(const struct kiln_dp *dp);
 double kiln_dp_offload_wait_s(const struct kiln_dp *dp);
+// The bytes the offloaded steps' copies moved so far (both directions), and in *seconds the time they took.
+double kiln_dp_offload_copies(const struct kiln_dp *dp, double *seconds);
 // Waits for a running offloaded step: before the weights are read other than by the forward (a sample).
 void kiln_dp_settle(struct kiln_dp *dp);
 

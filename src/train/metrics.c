@@ -99,6 +99,8 @@ static void tb_write_row(struct kiln_metrics *m, const struct kiln_metrics_row *
     if (r->offload_ms > 0) {
         v[n++] = (struct kiln_tb_scalar){"perf/offload_ms", r->offload_ms};
         v[n++] = (struct kiln_tb_scalar){"perf/offload_wait_ms", r->offload_wait_ms};
+        if (r->offload_copy_gbps > 0)
+            v[n++] = (struct kiln_tb_scalar){"perf/offload_copy_gbps", r->offload_copy_gbps};
     }
     if (!isnan(r->ckpt_stall_ms))
         v[n++] = (struct kiln_tb_scalar){"ckpt/stall_ms", r->ckpt_stall_ms};
@@ -160,6 +162,8 @@ void kiln_metrics_write(struct kiln_metrics *m, const struct kiln_metrics_row *r
         fprintf(f, ",\"comm_ops\":%lld", (long long)r->comm_ops);
     if (r->offload_ms > 0)
         fprintf(f, ",\"offload_ms\":%.3f,\"offload_wait_ms\":%.3f", r->offload_ms, r->offload_wait_ms);
+    if (r->offload_copy_gbps > 0)
+        fprintf(f, ",\"offload_copy_gbps\":%.2f", r->offload_copy_gbps);
     if (r->prev_ckpt_write_ms > 0) // the background write of the previous checkpoint, finished by now
         fprintf(f, ",\"prev_ckpt_write_ms\":%.3f", r->prev_ckpt_write_ms);
     if (r->tokens > 0)

@@ -27,6 +27,7 @@ struct kiln_metrics_row {
     double slowest_ms;         // several ranks: the slowest rank's step time (0: left out)
     double offload_ms;         // --offload: the host's optimizer steps that ended in this step (0: left out)
     double offload_wait_ms;    // --offload: how long this step waited for them
+    double offload_copy_gbps;  // --offload: their copies' bandwidth, 1e9 bytes a second (0: left out)
     int64_t comm_ops;          // several ranks: collectives this rank issued on the job's communicator so far
                                // (0: left out)
 };

@@ -423,10 +423,11 @@ struct step_log {
     int64_t step;   // 1-based
     int64_t tokens; // the whole job's, through this step
     double loss, norm, tok_s, ms, val_loss, ckpt_stall_ms, prev_ckpt_write_ms;
-    double slowest_ms;      // several ranks: the slowest rank's step time (0 with one process)
-    double offload_ms;      // --offload: the host's optimizer steps that ended in this step (0 without)
-    double offload_wait_ms; // --offload: what this step waited for them
-    int64_t comm_ops;       // several ranks: collectives issued on the job's communicator so far (0 without)
+    double slowest_ms;        // several ranks: the slowest rank's step time (0 with one process)
+    double offload_ms;        // --offload: the host's optimizer steps that ended in this step (0 without)
+    double offload_wait_ms;   // --offload: what this step waited for them
+    double offload_copy_gbps; // --offload: their copies' bandwidth (0: none ended)
+    int64_t comm_ops; // several ranks: collectives issued on the job's communicator so far (0 without)
     float lr;
     enum kiln_skip skipped;
 };
@@ -456,6 +457,7 @@ static void log_metrics(struct kiln_metrics *m, const struct step_log *s, const 
                                    .slowest_ms = s->slowest_ms,
                                    .offload_ms = s->offload_ms,
                                    .offload_wait_ms = s->offload_wait_ms,
+                                   .offload_copy_gbps = s->offload_copy_gbps,
                                    .comm_ops = s->comm_ops,
                                    .tokens = s->tokens};
     kiln_metrics_write(m, &row);
@@ -492,11 +494,12 @@ struct run {
     double timed_s;
     long timed_tokens;
     int64_t start, last_ckpt_step;
-    double prev_comm_ms;        // the host's wait on reductions up to the last step
-    double prev_offload_s;      // the offloaded optimizer's time up to the last step
-    double prev_offload_wait_s; // and the training thread's waits for it
-    double first_tok_s;         // the first step's rate: all a run of one step has
-    int stall_rank;             // --inject-stall
+    double prev_comm_ms;                 // the host's wait on reductions up to the last step
+    double prev_offload_s;               // the offloaded optimizer's time up to the last step
+    double prev_offload_wait_s;          // and the training thread's waits for it
+    double prev_copy_s, prev_copy_bytes; // and its copies
+    double first_tok_s;                  // the first step's rate: all a run of one step has
+    int stall_rank;                      // --inject-stall
     int64_t stall_step;
     int lock_fd; // the run directory's lock (kiln_dir_lock), -1 when not held
 };
@@ -818,6 +821,11 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
         sl->offload_wait_ms = (wait - r->prev_offload_wait_s) * 1e3;
         r->prev_offload_s = off;
         r->prev_offload_wait_s = wait;
+        double cs, cb = kiln_dp_offload_copies(r->dp, &cs);
+        sl->offload_copy_gbps =
+            cs > r->prev_copy_s ? (cb - r->prev_copy_bytes) / (cs - r->prev_copy_s) / 1e9 : 0;
+        r->prev_copy_s = cs;
+        r->prev_copy_bytes = cb;
     }
     res->final_loss = sl->loss;
     res->steps = (int)r->st.step;

@@ -73,8 +73,9 @@ python3 - "$T/s1/metrics.jsonl" <<'PY2' && ok || bad "offload_wait_ms is not wit
 import json, sys
 rows = [r for r in map(json.loads, open(sys.argv[1])) if "offload_ms" in r]
 busy, wait = sum(r["offload_ms"] for r in rows), sum(r["offload_wait_ms"] for r in rows)
-print(f"slow host: {len(rows)} steps, host steps {busy:.1f} ms, waited {wait:.1f} ms")
-sys.exit(0 if rows and 0 < wait <= busy + 1.0 else 1)
+gbps = [r.get("offload_copy_gbps", 0) for r in rows]
+print(f"slow host: {len(rows)} steps, host steps {busy:.1f} ms, waited {wait:.1f} ms, copies {min(gbps):.2f} GB/s at least")
+sys.exit(0 if rows and 0 < wait <= busy + 1.0 and min(gbps) > 0 else 1)
 PY2
 
 # ---- resume across every pair of --zero levels (4 ranks -> 2), with and without offload on either side ----
