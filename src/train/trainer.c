@@ -894,7 +894,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
                                                    : 0,
                     comm_ms);
     }
-    char extra[200] = "";
+    char extra[320] = ""; // (the longest line these parts make is about 170 bytes)
     int n = 0;
     if (r->env.world > 1)
         n = snprintf(extra, sizeof(extra),
@@ -907,6 +907,9 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
                       100.0 * r->fpt_causal * sl->tok_s / r->peak / r->env.world);
     n += snprintf(extra + n, sizeof(extra) - (size_t)n, "mem %.2f GiB",
                   (double)kiln_gpt_mem_peak(r->g) / (1 << 30));
+    if (sl->offload_ms > 0 && sl->ms > 0) // the share of the step spent waiting on the host's optimizer
+        n += snprintf(extra + n, sizeof(extra) - (size_t)n, " | host wait %.0f%%",
+                      100.0 * sl->offload_wait_ms / sl->ms);
     if (!isnan(sl->ckpt_stall_ms))
         snprintf(extra + n, sizeof(extra) - (size_t)n, " | ckpt stall %.1fms", sl->ckpt_stall_ms);
     kiln_progress_update(&r->prog, (int)r->st.step, sl->loss, sl->tok_s, extra);
