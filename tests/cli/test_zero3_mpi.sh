@@ -14,12 +14,15 @@ if ! command -v mpirun >/dev/null; then
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 MPI=(mpirun --oversubscribe --bind-to none)
+# a fresh seed each run, printed so that a failure can be run again: KILN_TEST_SEED=N
+seed=${KILN_TEST_SEED:-$((RANDOM + 1))}
+echo "seed $seed"
 # the offloaded optimizer in chunks of 777 elements, so that its pipeline has many (32M by default)
 export KILN_OFFLOAD_CHUNK=777
 # 4 layers (a bottom, two ring and a top bucket), 768 tokens a step = 12 micro-batches of 2 x 32, clipping on
 args=(--layers=4 --heads=4 --dim=32 --seq=32 --batch=2 --total-batch=768 --eval-every=3 --eval-steps=2
   --threads=1 --quiet --log-every=1 --grad-clip=0.5 --schedule=constant --warmup=0 --lr=3e-3
-  --seed=$((RANDOM + 1)))
+  --seed=$seed)
 
 # ---- the trajectory, at every world size and for the model family ----
 "$KILN" train "${args[@]}" --max-steps=6 --out="$T/single" || bad "single-process run failed"
