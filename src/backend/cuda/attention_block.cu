@@ -97,6 +97,17 @@ static __device__ __forceinline__ int blk_visible_keys(const struct blk_params &
 // ---- forward ----------------------------------------------------------------------------------------------
 
 // NU = column chunks of 32 a lane holds (HS <= 32 NU). Grid (Tq / 16, B * NH).
+// acc[u] += a * row[d] over this lane's columns d = u * 32 + lane of a row of HS (a warp spans the row)
+template <int NU>
+static __device__ __forceinline__ void blk_axpy(float *acc, float a, const float *row, int lane, int HS) {
+#pragma unroll
+    for (int u = 0; u < NU; u++) {
+        int d = u * 32 + lane;
+        if (d < HS)
+            acc[u] = fmaf(a, row[d], acc[u]);
+    }
+}
+
 template <int NU> static __global__ void __launch_bounds__(128) blk_fwd_kernel(struct blk_params p) {
     extern __shared__ float smf[];
     int HS = p.HS, ld = HS + 1;     // +1: lanes reading different rows hit different banks
@@ -153,13 +164,7 @@ template <int NU> static __global__ void __launch_bounds__(128) blk_fwd_kernel(s
                 o[r][u] *= alpha;
             for (int jj = 0; jj < nj; jj++) {
                 float pj = __shfl_sync(0xffffffffu, pv, jj);
-                const float *vr = Vs + jj * ld;
-#pragma unroll
-                for (int u = 0; u < NU; u++) {
-                    int d = u * 32 + lane;
-                    if (d < HS)
-                        o[r][u] = fmaf(pj, vr[d], o[r][u]);
-                }
+                blk_axpy<NU>(o[r], pj, Vs + jj * ld, lane, HS);
             }
         }
     }
@@ -270,13 +275,7 @@ template <int NU> static __global__ void __launch_bounds__(128) blk_dq_kernel(st
             }
             for (int jj = 0; jj < nj; jj++) {
                 float dsj = __shfl_sync(0xffffffffu, ds, jj);
-                const float *kr = Ks + jj * ld;
-#pragma unroll
-                for (int u = 0; u < NU; u++) {
-                    int d = u * 32 + lane;
-                    if (d < HS)
-                        dq[r][u] = fmaf(dsj, kr[d], dq[r][u]);
-                }
+                blk_axpy<NU>(dq[r], dsj, Ks + jj * ld, lane, HS);
             }
         }
     }
@@ -357,15 +356,8 @@ template <int NU> static __global__ void __launch_bounds__(128) blk_dkdv_kernel(
                 }
                 for (int ii = 0; ii < ni; ii++) {
                     float pi = __shfl_sync(0xffffffffu, pv, ii), dsi = __shfl_sync(0xffffffffu, ds, ii);
-                    const float *qr = Qs + ii * ld, *dr = dOs + ii * ld;
-#pragma unroll
-                    for (int u = 0; u < NU; u++) {
-                        int d = u * 32 + lane;
-                        if (d < HS) {
-                            dv[r][u] = fmaf(pi, dr[d], dv[r][u]);
-                            dk[r][u] = fmaf(dsi, qr[d], dk[r][u]);
-                        }
-                    }
+                    blk_axpy<NU>(dv[r], pi, dOs + ii * ld, lane, HS);
+                    blk_axpy<NU>(dk[r], dsi, Qs + ii * ld, lane, HS);
                 }
             }
         }
