@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# On a machine of several GPUs (nvidia-h200-x2/x4): NCCL data parallelism for real. kiln launch starts one
-# rank per GPU (torchrun-style environment, NCCL's id over the TCP store). Checks DDP, ZeRO-1 and ZeRO-2
-# against one GPU at the same global batch (deterministic kernels), a checkpoint written on N GPUs resumed on
-# 1, then weak scaling at GPT-2 124M and 350M (the same micro-batch per GPU). Logs in $OUT; a table last.
-# KILN_PART picks what runs (issue 17's list): correct | weak (the above) | zero3 (weak scaling under ZeRO-3
-# at 124M, 350M and the 1.3B shape, with PyTorch FSDP2 under torchrun beside it) | big (olmo-7b and llama-8b
-# under ZeRO-3 at T=4096 and 8192) | long (the 1.3B shape under Ulysses, ring and hybrid from 128k up;
-# KILN_LONG_LENGTHS) | faults (a SIGKILLed rank resumed by kiln launch, a stalled rank named by kiln doctor, a
-# checkpoint of N GPUs resumed on 2 and on 1) | all (correct and weak: what earlier sessions ran).
+# On a machine of several GPUs (nvidia-h200-x2/x4): NCCL data and sequence parallelism for real. kiln launch
+# starts one rank per GPU (torchrun-style environment, NCCL's id over the TCP store). Logs in $OUT; a table last.
+# KILN_PART is a list of what runs (issue 17's runs):
+#   correct  DDP, ZeRO-1/2/3, Ulysses and ring against one GPU at the same global batch (deterministic
+#            kernels), and a checkpoint written on N GPUs resumed on 1
+#   scale    weak scaling (the same micro-batch per GPU) at KILN_SCALE_SHAPES (124m 350m 1.3b): kiln on 1 GPU
+#            and DDP, ZeRO-1/2/3 (KILN_SCALE_ZERO) on all of them, fp32 gradients everywhere; PyTorch (torch.compile) on 1 GPU,
+#            DDP and FSDP2 under torchrun beside them
+#   weak     the older weak-scaling rows (DDP/ZeRO-1/2, fp32 and bf16 gradients, 124m and 350m)
+#   zero3    ZeRO-3 weak scaling against ZeRO-3 on 1 GPU, PyTorch FSDP2 beside it
+#   big      olmo-7b and llama-8b under ZeRO-3 at KILN_BIG_LENGTHS (4096 8192)
+#   long     the 1.3B shape under Ulysses, ring and hybrid at KILN_LONG_LENGTHS (128k up)
+#   faults   a SIGKILLed rank resumed by kiln launch, a stalled rank named by kiln doctor, a checkpoint of N
+#            GPUs resumed on 2 and on 1
+#   all      correct and weak (what the first sessions ran)
+# KILN_DEADLINE (seconds from the start, default 560): a run that would start later is skipped and says so,
+# so one device call always ends with its table.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-multi}
@@ -25,8 +33,16 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=90a >"$OUT/b
 echo "build: ok in $(($(date +%s) - t0)) s"
 K="$BUILD/kiln"
 echo "| run | result |" >"$OUT/table.md"
-PART=${KILN_PART:-all}
-has() { [ "$PART" = "$1" ] || { [ "$PART" = all ] && { [ "$1" = correct ] || [ "$1" = weak ]; }; }; }
+PART=" ${KILN_PART:-all} "
+[[ $PART == *" all "* ]] && PART="$PART correct weak "
+has() { [[ $PART == *" $1 "* ]]; }
+DEADLINE=${KILN_DEADLINE:-560}
+# intime() is true while a run of about $1 seconds still ends before the deadline; else it notes the skip
+intime() {
+  [ $(($(date +%s) - t0 + $1)) -le "$DEADLINE" ] && return 0
+  echo "| $2 | skipped: the call's deadline (${DEADLINE} s) |" | tee -a "$OUT/table.md"
+  return 1
+}
 # median ms and tok/s after the first quarter of the steps, the peak GiB and the MFU of a run's metrics
 kstats() {
   python3 - "$1" <<'PY' 2>/dev/null || echo "nan nan nan nan"
@@ -45,10 +61,16 @@ a=(--layers=4 --heads=4 --dim=256 --seq=256 --block-size=256 --batch=4 --total-b
   --lr=1e-3 --ckpt-every=6)
 timeout 120 "$K" train "${a[@]}" --out=/tmp/m1 >"$OUT/one.log" 2>&1
 echo "1 GPU: exit $?"
-for z in 0 1 2; do
+for z in 0 1 2 3; do
   timeout 180 "$K" launch --nproc-per-node=$NG --max-restarts=0 -- "${a[@]}" --zero=$z --out=/tmp/mn$z \
     >"$OUT/nccl-z$z.log" 2>&1
   echo "$NG GPUs zero $z: exit $? $(grep -m1 -i error "$OUT/nccl-z$z.log")"
+done
+# one sequence split over the GPUs (sp = NG, dp = 1): the same tokens per step as one GPU
+for mode in ulysses ring; do
+  timeout 180 "$K" launch --nproc-per-node=$NG --max-restarts=0 -- "${a[@]}" --sp=$NG --sp-mode=$mode \
+    --out=/tmp/mn$mode >"$OUT/nccl-$mode.log" 2>&1
+  echo "$NG GPUs sp $mode: exit $? $(grep -m1 -i error "$OUT/nccl-$mode.log")"
 done
 cp -r /tmp/mn2 /tmp/mr1
 timeout 120 "$K" train "${a[@]}" --max-steps=18 --out=/tmp/mr1 >"$OUT/resume1.log" 2>&1
@@ -61,11 +83,12 @@ def losses(d):
     except Exception:
         return {}
 one = losses("/tmp/m1")
-for z in range(3):
+for z in ["0", "1", "2", "3", "ulysses", "ring"]:
     two = losses(f"/tmp/mn{z}")
     common = sorted(set(one) & set(two))
     d = max((abs(one[s] - two[s]) / one[s] for s in common), default=float("nan"))
-    print(f"| {sys.argv[1]} GPUs NCCL zero {z} vs 1 GPU, {len(common)} steps | worst loss rel diff {d:.2e} |")
+    what = f"zero {z}" if z.isdigit() else f"sp {sys.argv[1]} {z}"
+    print(f"| {sys.argv[1]} GPUs NCCL {what} vs 1 GPU, {len(common)} steps | worst loss rel diff {d:.2e} |")
 r = losses("/tmp/mr1")
 print(f"| {sys.argv[1]}-GPU checkpoint resumed on 1 GPU | steps to {max(r) if r else 'none'}, last loss {r.get(max(r), 'n/a') if r else 'n/a'} |")
 PY
@@ -103,6 +126,60 @@ for shape in "124m --preset=gpt2-124m --batch=32" "350m --preset=gpt2-350m --bat
 done
 fi
 
+# ---- weak scaling beside PyTorch: one table per shape, fp32 gradients everywhere ----
+# efficiency = tokens/s per GPU on NG GPUs over the same implementation's tokens/s on one GPU without sharding
+torch_tok() { # tokens/s per GPU and peak GiB of bench/torch_fsdp.py's JSON line, or "failed"
+  python3 -c "
+import json, sys
+l = [x for x in open('$1') if x.startswith('{')]
+d = json.loads(l[-1]) if l else None
+print(f\"{d['tokens_per_s']} {d['ms_per_step']} {d['peak_mem_bytes'] / 2**30:.1f}\" if d else 'failed nan nan')" 2>/dev/null ||
+    echo "failed nan nan"
+}
+if has scale; then
+  for shape in ${KILN_SCALE_SHAPES:-124m 350m 1.3b}; do
+    case $shape in
+    124m) B=32 L=12 D=768 H=12 ;;
+    350m) B=16 L=24 D=1024 H=16 ;;
+    1.3b) B=8 L=24 D=2048 H=16 ;;
+    *) echo "unknown shape $shape" && continue ;;
+    esac
+    w=(--preset=gpt2-124m --layers=$L --dim=$D --heads=$H --data=random --seq=1024 --batch=$B --max-steps=25
+      --warmup=5 --device=cuda --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1)
+    intime 40 "$shape kiln" || break
+    timeout 200 "$K" train "${w[@]}" --grad-dtype=fp32 --out=/tmp/s1-$shape >"$OUT/scale.log" 2>&1
+    read -r ms1 tok1 gib1 mfu1 < <(kstats /tmp/s1-$shape/metrics.jsonl)
+    echo "| $shape B=$B, kiln 1 GPU | $tok1 tok/s ($ms1 ms, MFU $mfu1%, $gib1 GiB) |" | tee -a "$OUT/table.md"
+    for z in ${KILN_SCALE_ZERO:-0 1 2 3}; do
+      intime 40 "$shape kiln zero $z" || break
+      timeout 200 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --zero=$z \
+        --out=/tmp/sn-$shape-$z >>"$OUT/scale.log" 2>&1
+      read -r msn tokn gibn mfun < <(kstats /tmp/sn-$shape-$z/metrics.jsonl)
+      cw=$(python3 -c "
+import json, statistics
+r = [json.loads(l) for l in open('/tmp/sn-$shape-$z/metrics.jsonl')]
+print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):.2f}')" 2>/dev/null)
+      # (metrics.jsonl's tokens_per_s counts every rank's tokens: a GPU's share is 1/NG of it)
+      echo "| $shape B=$B, kiln $NG GPUs zero $z | $(python3 -c "print(round($tokn / $NG))" 2>/dev/null) tok/s per GPU ($msn ms, MFU $mfun%, $gibn GiB, comm wait $cw ms a step): efficiency $(python3 -c "print(f'{$ms1 / $msn * 100:.1f}%')" 2>/dev/null) |" |
+        tee -a "$OUT/table.md"
+    done
+    p=(bench/torch_fsdp.py --layers $L --dim $D --heads $H --batch $B --seq 1024 --compile 1 --steps 15 --warmup 5)
+    intime 100 "$shape PyTorch" || break
+    timeout 300 python3 "${p[@]}" --fsdp 0 >"$OUT/t1.log" 2>>"$OUT/scale.log"
+    read -r ttok1 tms1 tgib1 < <(torch_tok "$OUT/t1.log")
+    echo "| $shape B=$B, PyTorch compile 1 GPU | $ttok1 tok/s ($tms1 ms, $tgib1 GiB) |" | tee -a "$OUT/table.md"
+    for f in 0 1; do
+      name=DDP
+      [ $f = 1 ] && name=FSDP2
+      intime 120 "$shape PyTorch $name" || break
+      timeout 300 torchrun --standalone --nproc-per-node="$NG" "${p[@]}" --fsdp $f >"$OUT/tn.log" 2>>"$OUT/scale.log"
+      read -r ttok tms tgib < <(torch_tok "$OUT/tn.log")
+      echo "| $shape B=$B, PyTorch $name $NG GPUs | $ttok tok/s per GPU ($tms ms, $tgib GiB): efficiency $(python3 -c "print(f'{$ttok / $ttok1 * 100:.1f}%')" 2>/dev/null) |" |
+        tee -a "$OUT/table.md"
+    done
+  done
+fi
+
 # ---- ZeRO-3 weak scaling, PyTorch FSDP2 (torch.compile, per block) beside it under torchrun ----
 if has zero3; then
   for shape in "124m 32 --preset=gpt2-124m" "350m 16 --preset=gpt2-350m --layers=24 --dim=1024 --heads=16" \
@@ -124,7 +201,7 @@ print(g('--layers', 24 if '350m' in a else 12), g('--dim', 1024 if '350m' in a e
     t=$(timeout 400 torchrun --standalone --nproc-per-node="$NG" bench/torch_fsdp.py --layers "$L" --dim "$D" \
       --heads "$H" --batch "$B" --seq 1024 --fsdp 1 --compile 1 --steps 20 --warmup 5 2>>"$OUT/z3.log" | grep '^{' | tail -1)
     ttok=$(echo "$t" | python3 -c "import json, sys; print(json.load(sys.stdin)['tokens_per_s'])" 2>/dev/null || echo "failed")
-    echo "| $name ZeRO-3, $NG GPUs | $tokn tok/s per GPU ($msn ms, MFU $mfun%, $gibn GiB); 1 GPU $tok1 ($ms1 ms): efficiency $eff; PyTorch FSDP2 $ttok tok/s per GPU |" |
+    echo "| $name ZeRO-3, $NG GPUs | $(python3 -c "print(round($tokn / $NG))" 2>/dev/null) tok/s per GPU ($msn ms, MFU $mfun%, $gibn GiB); 1 GPU $tok1 ($ms1 ms): efficiency $eff; PyTorch FSDP2 $ttok tok/s per GPU |" |
       tee -a "$OUT/table.md"
   done
 fi
@@ -132,13 +209,15 @@ fi
 # ---- ZeRO-3 at 7B/8B on all the GPUs (target >= 50% MFU) ----
 if has big; then
   for m in olmo-7b llama-8b; do
-    for T in 4096 8192; do
+    for T in ${KILN_BIG_LENGTHS:-4096 8192}; do
+      intime 120 "$m ZeRO-3, T=$T" || break
       rm -rf /tmp/big
-      timeout 560 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset="$m" --seq="$T" --batch=1 \
+      timeout 560 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset="$m" --seq="$T" --block-size="$T" --batch=1 \
         --zero=3 --recompute=block --data=random --max-steps=8 --warmup=2 --device=cuda --eval-every=0 \
-        --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/big >"$OUT/big.log" 2>&1
+        --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/big >>"$OUT/big.log" 2>&1
       rc=$?
       read -r ms tok gib mfu < <(kstats /tmp/big/metrics.jsonl)
+      [ $rc -ne 0 ] && grep -v '^\s' "$OUT/big.log" | tail -1
       echo "| $m ZeRO-3, T=$T, $NG GPUs | exit $rc: $(python3 -c "print(round($tok / $NG))" 2>/dev/null) tok/s per GPU, MFU $mfu%, $gib GiB, $ms ms/step |" |
         tee -a "$OUT/table.md"
     done
@@ -152,16 +231,18 @@ if has long; then
     extra=()
     [ "$mode" = hybrid ] && extra=(--sp-ulysses=2)
     for T in ${KILN_LONG_LENGTHS:-131072 524288 1048576 2097152}; do
-      off=none
+      off=none rec=selective
       [ "$T" -ge 1048576 ] && off=activations
+      [ $((T / NG)) -gt 131072 ] && rec=block # selective keeps each layer's attention output: too much past 128k
+      intime 90 "1.3B, $T tokens, sp $NG $mode" || break
       rm -rf /tmp/long
       timeout 560 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset=gpt2-124m --layers=24 --dim=2048 \
         --heads=16 --pos=rope --batch=1 --seq="$T" --block-size="$T" --sp="$NG" --sp-mode=$mode "${extra[@]}" \
-        --recompute=block --offload=$off --data=random --max-steps=3 --warmup=1 --device=cuda --eval-every=0 \
-        --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/long >"$OUT/long.log" 2>&1
+        --recompute=$rec --offload=$off --data=random --max-steps=3 --warmup=1 --device=cuda --eval-every=0 \
+        --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/long >>"$OUT/long.log" 2>&1
       rc=$?
       read -r ms tok gib mfu < <(kstats /tmp/long/metrics.jsonl)
-      echo "| 1.3B, $T tokens, sp $NG $mode | exit $rc: $tok tok/s, $(python3 -c "print(f'{$mfu * 9.89:.0f}')" 2>/dev/null) TFLOPS per GPU (MFU $mfu%), $gib GiB, offload $off |" |
+      echo "| 1.3B, $T tokens, sp $NG $mode | exit $rc: $tok tok/s, $(python3 -c "print(f'{$mfu * 9.89:.0f}')" 2>/dev/null) TFLOPS per GPU (MFU $mfu%), $gib GiB, recompute $rec, offload $off |" |
         tee -a "$OUT/table.md"
       [ $rc -ne 0 ] && { grep -v '^\s' "$OUT/long.log" | tail -2; break; }
     done
@@ -169,7 +250,7 @@ if has long; then
 fi
 
 # ---- faults on real GPUs ----
-if has faults; then
+if has faults && intime 90 "faults"; then
   f=(--layers=4 --heads=4 --dim=256 --seq=256 --batch=4 --max-steps=400 --ckpt-every=50 --eval-every=0 --quiet
     --device=cuda --data=random)
   rm -rf /tmp/fk

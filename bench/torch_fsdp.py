@@ -4,7 +4,9 @@
 # with its CPUOffloadPolicy (--offload=1, kiln's ZeRO-3 + offload), with optional per-block activation
 # checkpointing (--ckpt=1, kiln's --recompute=block) and torch.compile. Prints one JSON line: tokens/s and
 # torch.cuda.max_memory_allocated. Failures print one "error: ..." line and exit 1; the process group has a
-# timeout, so nothing waits forever. Under torchrun it runs FSDP2 across the GPUs (a GPU a rank).
+# timeout, so nothing waits forever. Under torchrun it runs FSDP2 across the GPUs (a GPU a rank), or with
+# --fsdp=0 DistributedDataParallel (bucketed all-reduce overlapped with the backward, fp32 gradients) around
+# the compiled model: kiln's DDP row.
 import argparse, datetime, json, os, socket, sys, time
 
 p = argparse.ArgumentParser()
@@ -90,7 +92,8 @@ torch.backends.cuda.matmul.allow_tf32 = True
 # under torchrun (bench/dist_multi_gpu.sh): a GPU a rank; tokens/s is then per GPU (each rank's batch)
 dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 torch.cuda.set_device(dev)
-if a.fsdp:
+ddp = not a.fsdp and int(os.environ.get("WORLD_SIZE", "1")) > 1
+if a.fsdp or ddp:
     # world size 1 on localhost; the timeout turns a stuck collective into an error, not a hang
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -119,7 +122,11 @@ if a.fsdp:
     fully_shard(m, **kw)  # embeddings, final norm and the tied head
 opt = torch.optim.AdamW(m.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                         fused=not a.offload)  # offloaded parameters live on the CPU: no fused CUDA AdamW
-step_fn = torch.compile(m) if a.compile and not a.fsdp else m
+step_fn = m
+if ddp:  # compile around DDP, as its documentation recommends (DDPOptimizer splits the graph at the buckets)
+    step_fn = torch.nn.parallel.DistributedDataParallel(m, device_ids=[dev.index])
+if a.compile and not a.fsdp:
+    step_fn = torch.compile(step_fn)
 x = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
 y = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
 
@@ -155,11 +162,12 @@ except torch.cuda.OutOfMemoryError as e:
     fail(f"out of GPU memory at batch {a.batch}, seq {a.seq}: {str(e).splitlines()[0]}")
 tokens = a.batch * a.seq * a.accum
 if int(os.environ.get("RANK", "0")) == 0:
-    print(json.dumps(dict(impl="pytorch-fsdp2" if a.fsdp else "pytorch", offload=a.offload, ckpt=a.ckpt,
+    impl = "pytorch-fsdp2" if a.fsdp else "pytorch-ddp" if ddp else "pytorch"
+    print(json.dumps(dict(impl=impl, offload=a.offload, ckpt=a.ckpt,
                         compile=a.compile, layers=a.layers, dim=a.dim, heads=a.heads, vocab=a.vocab, seq=a.seq,
                         batch=a.batch, accum=a.accum, params_M=round(n_params / 1e6, 1),
                         ms_per_step=round(ms, 2), tokens_per_s=round(tokens / (ms / 1e3)),
                         peak_mem_bytes=torch.cuda.max_memory_allocated(), warmup_s=round(warm_s, 1),
                         loss=float(loss) * a.accum, world=int(os.environ.get("WORLD_SIZE", "1")))))
-if a.fsdp:
+if a.fsdp or ddp:
     dist.destroy_process_group()
