@@ -6,10 +6,12 @@
 #            kernels), and a checkpoint written on N GPUs resumed on 1
 #   scale    weak scaling (the same micro-batch per GPU) at KILN_SCALE_SHAPES (124m 350m 1.3b): kiln on 1 GPU
 #            and DDP, ZeRO-1/2/3 (KILN_SCALE_ZERO) on all of them, fp32 gradients everywhere; PyTorch (torch.compile) on 1 GPU,
-#            DDP and FSDP2 under torchrun beside them
+#            DDP and FSDP2 under torchrun beside them; then kiln's DDP with NCCL held to fewer channels
+#            (KILN_SCALE_NCCL_ENV) and a trace of its exposed communication (KILN_SCALE_TRACE=1)
 #   weak     the older weak-scaling rows (DDP/ZeRO-1/2, fp32 and bf16 gradients, 124m and 350m)
 #   zero3    ZeRO-3 weak scaling against ZeRO-3 on 1 GPU, PyTorch FSDP2 beside it
-#   big      olmo-7b and llama-8b under ZeRO-3 at KILN_BIG_LENGTHS (4096 8192)
+#   big      olmo-7b and llama-8b under ZeRO-3 at KILN_BIG_LENGTHS (4096 8192), --recompute=KILN_BIG_RECOMPUTE
+#            (block; an H200 has room for selective)
 #   long     the 1.3B shape under Ulysses, ring and hybrid at KILN_LONG_LENGTHS (128k up)
 #   faults   a SIGKILLed rank resumed by kiln launch, a stalled rank named by kiln doctor, a checkpoint of N
 #            GPUs resumed on 2 and on 1
@@ -175,6 +177,25 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
       echo "| $shape B=$B, kiln $NG GPUs zero $z | $(python3 -c "print(round($tokn / $NG))" 2>/dev/null) tok/s per GPU ($msn ms, MFU $mfun%, $gibn GiB, comm wait $cw ms a step): efficiency $(python3 -c "print(f'{$ms1 / $msn * 100:.1f}%')" 2>/dev/null) |" |
         tee -a "$OUT/table.md"
     done
+    # what the overlap costs: DDP again with NCCL held to fewer channels (each a CTA, so fewer SMs taken from
+    # the backward), and a trace of how much of the reduction the compute stream waited for (KILN_TRACE_COMM)
+    for e in ${KILN_SCALE_NCCL_ENV-NCCL_MAX_NCHANNELS=8 NCCL_MAX_NCHANNELS=2}; do
+      intime 40 "$shape kiln zero 0, $e" || break
+      env "$e" timeout 200 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --zero=0 \
+        --out=/tmp/sc-$shape >>"$OUT/scale.log" 2>&1
+      read -r msn tokn gibn mfun < <(kstats /tmp/sc-$shape/metrics.jsonl)
+      echo "| $shape B=$B, kiln $NG GPUs zero 0, $e | $msn ms: efficiency $(python3 -c "print(f'{$ms1 / $msn * 100:.1f}%')" 2>/dev/null) |" |
+        tee -a "$OUT/table.md"
+      rm -rf /tmp/sc-$shape
+    done
+    if [ -n "${KILN_SCALE_TRACE-1}" ] && intime 40 "$shape kiln zero 0, traced"; then
+      rm -f /tmp/tr-$shape.csv*
+      KILN_TRACE_COMM=/tmp/tr-$shape.csv timeout 200 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" \
+        --zero=0 --out=/tmp/st-$shape >>"$OUT/scale.log" 2>&1
+      echo "| $shape B=$B, kiln $NG GPUs zero 0, traced (rank 0, after the first quarter) | $(python3 bench/overlap.py /tmp/tr-$shape.csv.rank0 25% 2>&1 | sed 's/^trace //' | tr '\n' ';') |" |
+        tee -a "$OUT/table.md"
+      rm -rf /tmp/st-$shape
+    fi
     p=(bench/torch_fsdp.py --layers $L --dim $D --heads $H --batch $B --seq 1024 --compile 1 --steps 15 --warmup 5)
     intime 100 "$shape PyTorch" || break
     timeout 300 python3 "${p[@]}" --fsdp 0 >"$OUT/t1.log" 2>>"$OUT/scale.log"
@@ -225,12 +246,12 @@ if has big; then
       intime 120 "$m ZeRO-3, T=$T" || break
       rm -rf /tmp/big
       timeout 560 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset="$m" --seq="$T" --block-size="$T" --batch=1 \
-        --zero=3 --recompute=block --data=random --max-steps=8 --warmup=2 --device=cuda --eval-every=0 \
+        --zero=3 --recompute="${KILN_BIG_RECOMPUTE:-block}" --data=random --max-steps=8 --warmup=2 --device=cuda --eval-every=0 \
         --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/big >>"$OUT/big.log" 2>&1
       rc=$?
       read -r ms tok gib mfu < <(kstats /tmp/big/metrics.jsonl)
       [ $rc -ne 0 ] && grep -v '^\s' "$OUT/big.log" | tail -1
-      echo "| $m ZeRO-3, T=$T, $NG GPUs | exit $rc: $(python3 -c "print(round($tok / $NG))" 2>/dev/null) tok/s per GPU, MFU $mfu%, $gib GiB, $ms ms/step |" |
+      echo "| $m ZeRO-3, T=$T, $NG GPUs, recompute ${KILN_BIG_RECOMPUTE:-block} | exit $rc: $(python3 -c "print(round($tok / $NG))" 2>/dev/null) tok/s per GPU, MFU $mfu%, $gib GiB, $ms ms/step |" |
         tee -a "$OUT/table.md"
     done
   done

@@ -49,7 +49,7 @@ struct kiln_comm_work {
 // (kiln_comm_wait_stream), timed events on the compute stream just before and after the wait measure how long
 // the compute stream stood still (the exposed part). At the end one CSV line per operation goes to FILE, in
 // ms since the first event: op, bytes, comm begin, comm end, and the compute stream's wait (begin, end), or
-// empty where the host waited instead. bench/overlap.py sums it up.
+// empty where the host waited instead; with several ranks each writes FILE.rankN. bench/overlap.py sums it up.
 struct trace_rec {
     enum kiln_coll_op op;
     size_t bytes;
@@ -61,7 +61,8 @@ static struct {
     struct trace_rec *r;
     size_t n, cap;
     pthread_mutex_t mu;
-} trace = {NULL, -1, NULL, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+    int rank, world; // the world communicator's: with several ranks each writes FILE.rankN
+} trace = {NULL, -1, NULL, 0, 0, PTHREAD_MUTEX_INITIALIZER, 0, 1};
 
 static int trace_on(void) {
     if (trace.on < 0) {
@@ -92,9 +93,14 @@ static void trace_write(void) {
     if (!trace.n)
         return;
     CUDA_OK(cudaDeviceSynchronize());
-    FILE *f = fopen(trace.path, "w");
+    char path[4096];
+    if (trace.world > 1)
+        snprintf(path, sizeof(path), "%s.rank%d", trace.path, trace.rank);
+    else
+        snprintf(path, sizeof(path), "%s", trace.path);
+    FILE *f = fopen(path, "w");
     if (!f) {
-        fprintf(stderr, "kiln: cannot write the comm trace %s\n", trace.path);
+        fprintf(stderr, "kiln: cannot write the comm trace %s\n", path);
         return;
     }
     fprintf(f, "op,bytes,comm_begin_ms,comm_end_ms,wait_begin_ms,wait_end_ms\n");
@@ -371,5 +377,6 @@ extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_e
                            env->rank, env->world, device, ncclGetErrorString(r));
     c->impl = &nccl_impl;
     c->state = state_new(comm, NULL, c->be, device);
+    trace.rank = env->rank, trace.world = env->world;
     return 0;
 }
