@@ -69,9 +69,10 @@ for z in 0 1 2 3; do
   echo "$NG GPUs zero $z: exit $? $(grep -m1 -i error "$OUT/nccl-z$z.log")"
 done
 # one sequence split over the GPUs (sp = NG, dp = 1): the same tokens per step as one GPU
-for mode in ulysses ring; do
-  timeout 180 "$K" launch --nproc-per-node=$NG --max-restarts=0 -- "${a[@]}" --sp=$NG --sp-mode=$mode \
-    --out=/tmp/mn$mode >"$OUT/nccl-$mode.log" 2>&1
+# (ringtc: the ring on the tensor-core block kernels, KILN_ATTN_BLOCK=tc; HS is 64 here)
+for mode in ulysses ring ringtc; do
+  KILN_ATTN_BLOCK=$([ $mode = ringtc ] && echo tc || echo ref) timeout 180 "$K" launch --nproc-per-node=$NG \
+    --max-restarts=0 -- "${a[@]}" --sp=$NG --sp-mode=${mode%tc} --out=/tmp/mn$mode >"$OUT/nccl-$mode.log" 2>&1
   echo "$NG GPUs sp $mode: exit $? $(grep -m1 -i error "$OUT/nccl-$mode.log")"
 done
 # the same ring over MPI, both ranks on GPU 0 (operands staged through the host, no overlap): where this
@@ -94,7 +95,7 @@ def losses(d):
         return {}
 one = losses("/tmp/m1")
 curves = {"one": one}
-for z in ["0", "1", "2", "3", "ulysses", "ring", "mpiring"]:
+for z in ["0", "1", "2", "3", "ulysses", "ring", "ringtc", "mpiring"]:
     two = curves[z] = losses(f"/tmp/mn{z}")
     common = sorted(set(one) & set(two))
     rel = [abs(one[s] - two[s]) / one[s] for s in common]

@@ -47,14 +47,17 @@ done
 [ "$(cut -d, -f1-2 "$T/blk/metrics.jsonl")" = "$(cut -d, -f1-2 "$T/blko/metrics.jsonl")" ] && ok ||
   bad "offloaded activations changed the losses on the GPU"
 # sequence parallelism with 2 ranks on the GPU: Ulysses' all-to-alls and the ring's send_recv staged through
-# the host, the CUDA attention-block op (GQA and RoPE in the second), against one rank
-for sp in "--sp-mode=ulysses" "--sp-mode=ring --pos=rope --kv-heads=2"; do
+# the host, the CUDA attention-block op (GQA and RoPE in the ring, HS 64), against one rank; the ring a second
+# time on the tensor-core block kernels (KILN_ATTN_BLOCK=tc)
+for sp in "ref --sp-mode=ulysses" "ref --sp-mode=ring --pos=rope --heads=2 --kv-heads=1" \
+  "tc --sp-mode=ring --pos=rope --heads=2 --kv-heads=1"; do
+  blk=${sp%% *} sp=${sp#* }
   # shellcheck disable=SC2086
   "$KILN" train "${a[@]}" $sp --sp=1 --out="$T/sp_one" 2>"$T/err" || bad "one rank ($sp): $(tail -3 "$T/err")"
   # shellcheck disable=SC2086
-  mpirun --oversubscribe --bind-to none -np 2 "$KILN" train "${a[@]}" $sp --sp=2 --comm=mpi --out="$T/sp_two" \
-    2>"$T/err" || bad "2 ranks sharing the GPU, sp 2 ($sp): $(tail -3 "$T/err")"
-  close "$T/sp_one" "$T/sp_two" && ok || bad "2 ranks sharing the GPU, sp 2 ($sp), left the one-rank trajectory"
+  KILN_ATTN_BLOCK=$blk mpirun --oversubscribe --bind-to none -np 2 -x KILN_ATTN_BLOCK "$KILN" train "${a[@]}" $sp \
+    --sp=2 --comm=mpi --out="$T/sp_two" 2>"$T/err" || bad "2 ranks sharing the GPU, sp 2 ($sp, $blk): $(tail -3 "$T/err")"
+  close "$T/sp_one" "$T/sp_two" && ok || bad "2 ranks sharing the GPU, sp 2 ($sp, $blk), left the one-rank trajectory"
   rm -rf "$T/sp_one" "$T/sp_two"
 done
 "$KILN" train "${a[@]}" --comm=nccl --out="$T/nccl1" 2>"$T/err" || bad "NCCL at world size 1: $(tail -3 "$T/err")"

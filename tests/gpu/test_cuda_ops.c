@@ -2009,6 +2009,7 @@ static void block_attention_case(struct env *e, const struct blk_case *c) {
 // the pairs; where the layouts allow, the merge and the sums against whole-sequence attention too. RoPE at
 // shifted global positions, ALiBi with global heads (head0 of NH_total, NH_total not a power of two), GQA
 // groups of 1 to 4, HS from 32 to 256 (80: not a multiple of 32), odd strides and padded batches, B = 2.
+// Both kernel families: the tensor-core ones (HS 64 and 128) and the f32 ones.
 static void test_attention_block_matches_cpu(void **state) {
     struct env *e = *state;
     struct blk_case cases[] = {
@@ -2020,8 +2021,16 @@ static void test_attention_block_matches_cpu(void **state) {
         {1, 50, 2, 1, 64, KILN_POS_ALIBI, 3, 6, 1, 100, 2},
         {2, 130, 8, 2, 128, KILN_POS_ROPE, 0, 0, 0, 0, 2},
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-        block_attention_case(e, &cases[i]);
+    // the f32 kernels (the default, KILN_ATTN_BLOCK=ref) at every case, then the tensor-core ones
+    // (KILN_ATTN_BLOCK=tc) at the head sizes they take
+    for (int tc = 0; tc < 2; tc++) {
+        printf("attention block kernels: %s\n", tc ? "tensor cores (KILN_ATTN_BLOCK=tc)" : "f32 (default)");
+        setenv("KILN_ATTN_BLOCK", tc ? "tc" : "ref", 1);
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+            if (!tc || cases[i].HS == 64 || cases[i].HS == 128)
+                block_attention_case(e, &cases[i]);
+        unsetenv("KILN_ATTN_BLOCK");
+    }
     end_test(e);
 }
 

@@ -16,45 +16,17 @@
 //   over query rows for dQ and one over key rows for dK and dV (summing a kv head's group of query heads in a
 //   fixed order); each element of dq, dk, dv is read, added to in f32 and rounded once, by one thread.
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "backend/cuda/attn_common.cuh"
+#include "backend/cuda/attention_block.cuh"
 
-#define BLK_LOG2E 1.4426950408889634f
-#define BLK_LN2 0.6931471805599453f
 #define BLK_WARPS 4
 #define BLK_RPW 4                      // rows a warp owns
 #define BLK_ROWS (BLK_WARPS * BLK_RPW) // rows a block owns: 16
 #define BLK_KT 32                      // rows of a staged tile: one per lane
 #define BLK_MAX_HS 256
-
-struct blk_params {
-    const bf16 *q, *k, *v;
-    bf16 *out;  // forward output, or the final output (backward)
-    float *lse; // (b*NH + h) * lse_s + i
-    const bf16 *dout;
-    bf16 *dq, *dk, *dv;
-    const float *dsum;              // (B, NH, Tq): rowsum(dout * out)
-    const float *cos_tab, *sin_tab; // (positions, HS/2) each, NULL without RoPE
-    int B, Tq, Tk, NH, NKV, HS;
-    int q0, k0;
-    size_t q_bs, kv_bs, out_bs, lse_s;
-    int q_rs, kv_rs, out_rs;
-    int alibi, head0, NH_total;
-    float scale, scale_log2;
-    int accumulate;
-};
-
-// element d of a row after RoPE at global position pos
-static __device__ __forceinline__ float blk_rot(const bf16 *row, int d, int half, int pos, const float *ct,
-                                                const float *st) {
-    float x = bf2f(row[d]);
-    if (!ct)
-        return x;
-    int i = d < half ? d : d - half;
-    float cs = ct[(size_t)pos * half + i], sn = st[(size_t)pos * half + i];
-    return d < half ? x * cs - bf2f(row[d + half]) * sn : x * cs + bf2f(row[d - half]) * sn;
-}
 
 // Rows [row0, row0 + n) of one head (g: row 0 of the head, rows rs apart) into shared memory rows ld apart,
 // in f32, rotated at position pos0 + row (when ct is set) and times mul; rows >= limit are zero.
@@ -83,10 +55,6 @@ static __device__ void blk_store_grad(bf16 *dst, const float *x, int HS, int pos
         }
         dst[d] = f2bf(bf2f(dst[d]) + g);
     }
-}
-
-static __device__ __forceinline__ float blk_slope2(const struct blk_params &p, int h) {
-    return p.alibi ? alibi_slope(p.head0 + h, p.NH_total) * BLK_LOG2E : 0.0f;
 }
 
 // keys of the block visible to some query in [i0, i1): those j < Tk with k0 + j <= q0 + i1 - 1 (may be <= 0)
@@ -450,6 +418,21 @@ template <int NU> static void blk_backward_launch(struct cuda_ctx *c, const stru
     CUDA_CHECK_LAUNCH();
 }
 
+// Which kernels KILN_ATTN_BLOCK asks for, read on each call so that a test can compare them in one process:
+// ref (these kernels) or tc (tensor cores where HS is 64 or 128, these kernels otherwise). The default stays
+// ref until the tensor-core kernels have passed test_cuda_ops on a GPU (written in session 9 without one).
+static int blk_want_tc(void) {
+    const char *s = getenv("KILN_ATTN_BLOCK");
+    if (!s || !*s || !strcmp(s, "ref"))
+        return 0;
+    if (!strcmp(s, "tc"))
+        return 1;
+    static int warned;
+    if (!warned++)
+        fprintf(stderr, "kiln: KILN_ATTN_BLOCK=%s: unknown (tc or ref); the default kernels run\n", s);
+    return 0;
+}
+
 extern "C" void kiln_cuda_attention_block_forward(void *ctx, const struct kiln_attn_block_args *a) {
     struct cuda_ctx *c = cuda_ctx_of(ctx);
     if (a->B == 0 || a->Tq == 0 || a->NH == 0)
@@ -458,6 +441,8 @@ extern "C" void kiln_cuda_attention_block_forward(void *ctx, const struct kiln_a
     p.out = (bf16 *)a->out;
     p.lse = a->lse;
     p.accumulate = a->accumulate;
+    if (blk_want_tc() && blk_tc_forward(c, p))
+        return;
     switch (blk_nu(a->HS)) {
     case 2:
         blk_forward_launch<2>(c, p);
@@ -487,6 +472,8 @@ extern "C" void kiln_cuda_attention_block_backward(void *ctx, const struct kiln_
     int rows = a->blk.B * a->blk.NH * a->blk.Tq;
     blk_dsum_kernel<<<KILN_CEIL_DIV(rows, 8), 256, 0, c->stream>>>(p, dsum);
     CUDA_CHECK_LAUNCH();
+    if (blk_want_tc() && blk_tc_backward(c, p))
+        return;
     switch (blk_nu(a->blk.HS)) {
     case 2:
         blk_backward_launch<2>(c, p);

@@ -1,0 +1,52 @@
+// What the two implementations of the block attention op share (ops.h: kiln_attn_block_args):
+// attention_block.cu holds the f32 CUDA-core kernels (any even HS up to 256; KILN_ATTN_BLOCK=ref) and the
+// launchers; attention_block_tc.cu the tensor-core kernels (bf16 mma.sync, HS 64 and 128), the default where
+// they apply. Both compute the same function with the same conventions; the tensor-core kernels round the
+// rotated q and k, and P and dS, to bf16 before their matrix products, as the FA2 kernels do.
+#ifndef KILN_BACKEND_CUDA_ATTENTION_BLOCK_CUH
+#define KILN_BACKEND_CUDA_ATTENTION_BLOCK_CUH
+
+#include "backend/cuda/attn_common.cuh"
+
+#define BLK_LOG2E 1.4426950408889634f
+#define BLK_LN2 0.6931471805599453f
+
+struct blk_params {
+    const bf16 *q, *k, *v;
+    bf16 *out;  // forward output, or the final output (backward)
+    float *lse; // (b*NH + h) * lse_s + i
+    const bf16 *dout;
+    bf16 *dq, *dk, *dv;
+    const float *dsum;              // (B, NH, Tq): rowsum(dout * out)
+    const float *cos_tab, *sin_tab; // (positions, HS/2) each, NULL without RoPE
+    int B, Tq, Tk, NH, NKV, HS;
+    int q0, k0;
+    size_t q_bs, kv_bs, out_bs, lse_s;
+    int q_rs, kv_rs, out_rs;
+    int alibi, head0, NH_total;
+    float scale, scale_log2;
+    int accumulate;
+};
+
+// element d of a row after RoPE at global position pos
+static __device__ __forceinline__ float blk_rot(const bf16 *row, int d, int half, int pos, const float *ct,
+                                                const float *st) {
+    float x = bf2f(row[d]);
+    if (!ct)
+        return x;
+    int i = d < half ? d : d - half;
+    float cs = ct[(size_t)pos * half + i], sn = st[(size_t)pos * half + i];
+    return d < half ? x * cs - bf2f(row[d + half]) * sn : x * cs + bf2f(row[d - half]) * sn;
+}
+
+// the ALiBi slope of the block's head h, in the log2 domain (0 without ALiBi)
+static __device__ __forceinline__ float blk_slope2(const struct blk_params &p, int h) {
+    return p.alibi ? alibi_slope(p.head0 + h, p.NH_total) * BLK_LOG2E : 0.0f;
+}
+
+// The tensor-core kernels (attention_block_tc.cu), for HS 64 and 128: 1 when they ran, 0 when the head size
+// is not theirs. The backward needs p.dsum.
+int blk_tc_forward(struct cuda_ctx *c, const struct blk_params &p);
+int blk_tc_backward(struct cuda_ctx *c, const struct blk_params &p);
+
+#endif
