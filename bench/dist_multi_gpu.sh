@@ -2,6 +2,7 @@
 # On a machine of several GPUs (nvidia-h200-x2/x4): NCCL data and sequence parallelism for real. kiln launch
 # starts one rank per GPU (torchrun-style environment, NCCL's id over the TCP store). Logs in $OUT; a table last.
 # KILN_PART is a list of what runs (issue 17's runs):
+#   tests    test_cuda_ops' attention-block cases (the f32 and the tensor-core kernels against the CPU)
 #   correct  DDP, ZeRO-1/2/3, Ulysses and ring against one GPU at the same global batch (deterministic
 #            kernels), and a checkpoint written on N GPUs resumed on 1
 #   scale    weak scaling (the same micro-batch per GPU) at KILN_SCALE_SHAPES (124m 350m 1.3b): kiln on 1 GPU
@@ -55,6 +56,13 @@ print(f'{statistics.median(r["ms"] for r in late):.2f} {statistics.median(r["tok
       f'{max(r["peak_mem_bytes"] for r in rows) / 2**30:.1f} {100 * statistics.median(r.get("mfu", 0) for r in late):.1f}')
 PY
 }
+
+if has tests; then # the block op's kernels against the CPU (both families), before anything runs on them
+  KILN_TEST_FILTER="*attention_block*" timeout 200 "$BUILD/test_cuda_ops" >"$OUT/test_block.log" 2>&1
+  echo "| test_cuda_ops attention_block (f32 and tensor-core kernels) | exit $?: $(grep -c ' PASS' "$OUT/test_block.log") PASS, $(grep -c ' FAIL' "$OUT/test_block.log") FAIL |" |
+    tee -a "$OUT/table.md"
+  grep ' FAIL' "$OUT/test_block.log" | head -5
+fi
 
 if has correct; then
 # correctness: N GPUs (NCCL) against 1, same global batch, deterministic kernels
