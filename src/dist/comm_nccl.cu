@@ -49,7 +49,8 @@ struct kiln_comm_work {
 // (kiln_comm_wait_stream), timed events on the compute stream just before and after the wait measure how long
 // the compute stream stood still (the exposed part). At the end one CSV line per operation goes to FILE, in
 // ms since the first event: op, bytes, comm begin, comm end, and the compute stream's wait (begin, end), or
-// empty where the host waited instead; with several ranks each writes FILE.rankN. bench/overlap.py sums it up.
+// empty where the host waited instead. With several ranks each writes FILE.rankN. bench/overlap.py sums it
+// up.
 struct trace_rec {
     enum kiln_coll_op op;
     size_t bytes;

@@ -1,7 +1,7 @@
 // Block attention on the tensor cores (ops.h: kiln_attn_block_args; attention_block.cuh): the kernels that
 // ring and hybrid sequence parallelism run for every block of keys, for HS 64 and 128. Same function as the
-// f32 kernels of attention_block.cu (KILN_ATTN_BLOCK=ref), with FA2's rounding: q and k are rotated in f32 and
-// rounded to bf16 once, P and dS are rounded to bf16 before their products, every sum is f32.
+// f32 kernels of attention_block.cu (KILN_ATTN_BLOCK=ref), with FA2's rounding: q and k are rotated in f32
+// and rounded to bf16 once, P and dS are rounded to bf16 before their products, every sum is f32.
 //
 // Layout: 4 warps, each 16 rows of the block's 64 (queries in the forward and dQ, keys in dK/dV), tiles of 64
 // rows staged in shared memory as bf16 rows HS + 8 apart. Matrix products are mma.sync m16n8k16 with operands
@@ -9,11 +9,13 @@
 // a1 (row g + 8), a2 (cols + 8), a3 (both); a B fragment (16 x 8) is b0 (rows 2t, 2t+1 of column g) and b1
 // (rows + 8); the accumulator c is (row g, cols 2t, 2t+1) then (row g + 8), with g = lane / 4, t = lane % 4.
 // Where B[k][n] is a row-major tile's row n, a B pair is one 32-bit load; where it is the tile's column n, it
-// is two 16-bit loads (blk_col2). Correctness first: no cp.async, no ldmatrix; the loads are plain and scalar.
+// is two 16-bit loads (blk_col2). Correctness first: no cp.async, no ldmatrix; the loads are plain and
+// scalar.
 //
 // - forward: online softmax over the visible key tiles (warps skip tiles wholly above their rows), then the
 //   block's (out, lse) merged into what out and lse hold, as the f32 kernel does.
-// - backward (deterministic, no atomics): dQ over key tiles per (query tile, head); dK and dV over the group's
+// - backward (deterministic, no atomics): dQ over key tiles per (query tile, head); dK and dV over the
+// group's
 //   query heads and query tiles per key tile; each element of dq, dk, dv read, added to and rounded once.
 #include "backend/cuda/attention_block.cuh"
 
@@ -56,8 +58,8 @@ static __device__ __forceinline__ void tc_frag_a(uint32_t *a, const bf16 *s, int
 
 // C (16 x 64: 8 n tiles) = A (rows r0.. of tile As) . B^T, B's rows n0.. of tile Bs: both row-major over HS
 template <int HS>
-static __device__ __forceinline__ void tc_abt(float (*c)[4], const bf16 *As, int r0, const bf16 *Bs, int ld, int g,
-                                              int t) {
+static __device__ __forceinline__ void tc_abt(float (*c)[4], const bf16 *As, int r0, const bf16 *Bs, int ld,
+                                              int g, int t) {
 #pragma unroll
     for (int n = 0; n < 8; n++)
         c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
@@ -73,16 +75,24 @@ static __device__ __forceinline__ void tc_abt(float (*c)[4], const bf16 *As, int
     }
 }
 
+// The A fragment of keys (or queries) kc * 16.. kc * 16 + 15 from accumulator tiles 2 kc and 2 kc + 1 of a
+// 16 x 64 product (P, dS or their transposes), rounded to bf16: a C tile's layout is an A fragment's half.
+static __device__ __forceinline__ void tc_acc_to_a(uint32_t *a, const float (*c)[4], int kc) {
+    a[0] = pack_bf16(c[2 * kc][0], c[2 * kc][1]);
+    a[1] = pack_bf16(c[2 * kc][2], c[2 * kc][3]);
+    a[2] = pack_bf16(c[2 * kc + 1][0], c[2 * kc + 1][1]);
+    a[3] = pack_bf16(c[2 * kc + 1][2], c[2 * kc + 1][3]);
+}
+
 // O (16 x HS: HS/8 n tiles) += P (16 x 64, accumulator fragments p[8][4], rounded to bf16 here) . V, V the
 // row-major tile Vs (64 rows of HS): B[k][n] = Vs[k][n], a column pair
 template <int HS>
-static __device__ __forceinline__ void tc_pv(float (*o)[4], const float (*p)[4], const bf16 *Vs, int ld, int g,
-                                             int t) {
+static __device__ __forceinline__ void tc_pv(float (*o)[4], const float (*p)[4], const bf16 *Vs, int ld,
+                                             int g, int t) {
 #pragma unroll
     for (int kc = 0; kc < 4; kc++) { // 16 keys: p tiles 2 kc and 2 kc + 1
-        uint32_t a[4] = {pack_bf16(p[2 * kc][0], p[2 * kc][1]), pack_bf16(p[2 * kc][2], p[2 * kc][3]),
-                         pack_bf16(p[2 * kc + 1][0], p[2 * kc + 1][1]),
-                         pack_bf16(p[2 * kc + 1][2], p[2 * kc + 1][3])};
+        uint32_t a[4];
+        tc_acc_to_a(a, p, kc);
 #pragma unroll
         for (int n = 0; n < HS / 8; n++)
             mma_bf16(o[n], a, blk_col2(Vs, ld, kc * 16 + 2 * t, n * 8 + g),
@@ -293,12 +303,11 @@ template <int HS> static __global__ void __launch_bounds__(TC_THREADS) tc_dq_ker
                     pv = exp2f(s[n][e] * p.scale_log2 + slope2 * (float)(kpos - qpos[hr]) - lse2[hr]);
                 s[n][e] = pv * (dp[n][e] - D[hr]); // dS
             }
-        // dq (16 x HS) += dS (16 x 64) . K, K's rows the keys: B[k][n] = Ks[k][n], a column pair
+            // dq (16 x HS) += dS (16 x 64) . K, K's rows the keys: B[k][n] = Ks[k][n], a column pair
 #pragma unroll
         for (int kc = 0; kc < 4; kc++) {
-            uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                             pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                             pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+            uint32_t a[4];
+            tc_acc_to_a(a, s, kc);
 #pragma unroll
             for (int n = 0; n < HS / 8; n++)
                 mma_bf16(dq[n], a, blk_col2(Ks, ld, kc * 16 + 2 * t, n * 8 + g),
@@ -360,18 +369,15 @@ template <int HS> static __global__ void __launch_bounds__(TC_THREADS) tc_dkdv_k
                     float pv = 0.0f;
                     if (i < p.Tq && jl[hr] < p.Tk && kpos[hr] <= qpos && Ls[ic] != -INFINITY)
                         pv = exp2f(s[n][e] * p.scale_log2 + slope2 * (float)(kpos[hr] - qpos) - Ls[ic]);
-                    s[n][e] = pv;                     // P^T
+                    s[n][e] = pv;                        // P^T
                     dp[n][e] = pv * (dp[n][e] - Ds[ic]); // dS^T
                 }
-            // dv (16 keys x HS) += P^T . dO and dk += dS^T . Q, the tiles' rows the queries: column pairs
+                // dv (16 keys x HS) += P^T . dO and dk += dS^T . Q, the tiles' rows the queries: column pairs
 #pragma unroll
             for (int kc = 0; kc < 4; kc++) {
-                uint32_t ap[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                                  pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                  pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-                uint32_t ad[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
-                                  pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                                  pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+                uint32_t ap[4], ad[4];
+                tc_acc_to_a(ap, s, kc);
+                tc_acc_to_a(ad, dp, kc);
 #pragma unroll
                 for (int n = 0; n < HS / 8; n++) {
                     mma_bf16(dv[n], ap, blk_col2(dOs, ld, kc * 16 + 2 * t, n * 8 + g),
@@ -410,21 +416,25 @@ template <int HS> static void tc_backward(struct cuda_ctx *c, const struct blk_p
 }
 
 int blk_tc_forward(struct cuda_ctx *c, const struct blk_params &p) {
-    if (p.HS == 64)
+    switch (p.HS) {
+    case 64:
         tc_forward<64>(c, p);
-    else if (p.HS == 128)
+        return 1;
+    case 128:
         tc_forward<128>(c, p);
-    else
-        return 0;
-    return 1;
+        return 1;
+    }
+    return 0;
 }
 
 int blk_tc_backward(struct cuda_ctx *c, const struct blk_params &p) {
-    if (p.HS == 64)
+    switch (p.HS) {
+    case 64:
         tc_backward<64>(c, p);
-    else if (p.HS == 128)
+        return 1;
+    case 128:
         tc_backward<128>(c, p);
-    else
-        return 0;
-    return 1;
+        return 1;
+    }
+    return 0;
 }
