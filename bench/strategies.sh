@@ -14,8 +14,9 @@
 #             call can carry where the shards cannot), tokenized here first; skipped without either.
 # Rows: one process (accumulating over the ranks' micro-batches), then DDP, ZeRO-1/2/3 and ZeRO-3 + offload on
 # --ranks ranks (mpirun for N > 1; ranks share one GPU over --comm=mpi when the machine has fewer GPUs).
-# --torch=1 (cuda, python3 with torch): bench/torch_fsdp.py for the rows at world size 1 that PyTorch has:
-# one process (plain), ZeRO-3 (FSDP2 fully_shard) and ZeRO-3 + offload (FSDP2 + CPUOffloadPolicy).
+# --torch=1 (cuda, python3 with torch): bench/torch_fsdp.py for the rows that PyTorch has: one process (plain),
+# DDP (DistributedDataParallel, several ranks), ZeRO-3 (FSDP2 fully_shard) and ZeRO-3 + offload (FSDP2 +
+# CPUOffloadPolicy); several ranks under torchrun, a GPU each (so only where the machine has that many).
 set -u
 cd "$(dirname "$0")/.."
 SELF="$PWD/bench/strategies.sh"
@@ -190,14 +191,16 @@ run_row() {
   epoch=$(awk -v n="$TRAIN_TOKENS" -v t="$tok" 'BEGIN { if (t > 0) printf "%.1f", n / t; else print "n/a" }')
   echo "  $strategy ($rc_mode, $ranks rank$([ "$ranks" -gt 1 ] && echo s)): $tok tok/s, val loss $val, $((SECONDS - t0)) s"
   local torch_cols=",,,"
-  if [ "$TORCH_OK" = 1 ] && [ "$ranks" = 1 ] && [ -n "${TORCH_ROW[$strategy]:-}" ]; then
-    torch_cols=$(torch_row "$strategy" "$rc_mode" "$tok" "$peak")
+  if [ "$TORCH_OK" = 1 ] && [ -n "${TORCH_ROW[$strategy]:-}" ] && { [ "$ranks" = 1 ] || [ "$ranks" -le "$n_gpus" ]; } &&
+    { [ "$strategy" != DDP ] || [ "$ranks" -gt 1 ]; }; then
+    torch_cols=$(torch_row "$strategy" "$rc_mode" "$tok" "$peak" "$ranks")
   fi
   echo "$model,$strategy,$ranks,$rc_mode,$TRAIN_TOKENS,$epoch,$tok,$peak,$host,$val,$torch_cols,ok" >>"$CSV"
 }
 
-# ---- PyTorch (world size 1) ---------------------------------------------------------------------------------
-declare -A TORCH_ROW=([one-process]="--fsdp=0" [ZeRO-3]="--fsdp=1" [ZeRO-3+offload]="--fsdp=1 --offload=1")
+# ---- PyTorch ------------------------------------------------------------------------------------------------
+declare -A TORCH_ROW=([one-process]="--fsdp=0" [DDP]="--fsdp=0" [ZeRO-3]="--fsdp=1"
+  [ZeRO-3+offload]="--fsdp=1 --offload=1")
 TORCH_OK=0
 if [ "$TORCH" = 1 ]; then
   if [ "$DEVICE" != cuda ]; then
@@ -208,13 +211,15 @@ if [ "$TORCH" = 1 ]; then
     TORCH_OK=1
   fi
 fi
-# torch_row STRATEGY RECOMPUTE KILN_TOK KILN_PEAK: "tok/s,peak,kiln/torch tok/s,kiln/torch memory"
+# torch_row STRATEGY RECOMPUTE KILN_TOK KILN_PEAK RANKS: "tok/s,peak,kiln/torch tok/s,kiln/torch memory", tok/s
+# over all the ranks (torch_fsdp.py reports one rank's) and the peak of one rank, as kiln's columns are
 torch_row() {
-  local log="$OUT/torch.${MODEL}_${1//+/_}_$2.log" ckpt=0
+  local log="$OUT/torch.${MODEL}_${1//+/_}_$2.log" ckpt=0 n=${5:-1} run=(python3)
   [ "$2" = block ] && ckpt=1
+  [ "$n" -gt 1 ] && run=(torchrun --standalone --nproc-per-node="$n")
   # shellcheck disable=SC2086
-  timeout 900 python3 bench/torch_fsdp.py --layers="$TL" --heads="$TH" --dim="$TD" --vocab="$VOCAB" --seq="$T" \
-    --batch="$B" --accum=$((G / (T * B))) --steps="$STEPS" --ckpt="$ckpt" ${TORCH_ROW[$1]} >"$log" 2>&1
+  timeout 900 "${run[@]}" bench/torch_fsdp.py --layers="$TL" --heads="$TH" --dim="$TD" --vocab="$VOCAB" --seq="$T" \
+    --batch="$B" --accum=$((G / (T * B * n))) --steps="$STEPS" --ckpt="$ckpt" ${TORCH_ROW[$1]} >"$log" 2>&1
   local line
   line=$(grep '^{' "$log" | tail -1)
   if [ -z "$line" ]; then
@@ -222,10 +227,11 @@ torch_row() {
     echo ",,,"
     return
   fi
-  python3 - "$line" "$3" "$4" <<'PY'
+  python3 - "$line" "$3" "$4" "$n" <<'PY'
 import json, sys
-r = json.loads(sys.argv[1]); k_tok, k_peak = float(sys.argv[2]), float(sys.argv[3])
-print(f'{r["tokens_per_s"]},{r["peak_mem_bytes"]},{k_tok / r["tokens_per_s"]:.2f},{k_peak / r["peak_mem_bytes"]:.2f}')
+r = json.loads(sys.argv[1]); k_tok, k_peak, n = float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+tok = r["tokens_per_s"] * n
+print(f'{tok},{r["peak_mem_bytes"]},{k_tok / tok:.2f},{k_peak / r["peak_mem_bytes"]:.2f}')
 PY
 }
 
