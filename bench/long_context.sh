@@ -8,7 +8,8 @@
 # length runs 10 steps up to 16k tokens, 5 up to 64k, 3 up to 256k, 2 beyond (the first is not timed): at
 # 512k and more, one length is a device call of its own (KILN_LENGTHS=524288). KILN_RECOMPUTE=selective|mlp runs kiln
 # with less recompute (the attention's forward kept, not redone), where it fits: the 32k-64k gap's candidate.
-# Logs in $OUT (few files: the device returns at most 8), each row printed as soon as it is measured.
+# Logs in $OUT (few files: the device returns at most 8), each row printed as soon as it is measured; the rows
+# also go to long_context.csv and, through kiln plot --bars, long_context.png (tokens/s and TFLOPS a length).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-long}
@@ -57,6 +58,8 @@ print(f'{tok:.0f} {mfu * 989:.1f} {100 * mfu:.1f} {rows[-1]["peak_mem_bytes"] / 
 PY
 }
 echo "kiln --recompute=$RECOMPUTE" >"$OUT/table.md"
+# the same rows for kiln plot: a bar group a length, kiln's and PyTorch's tokens/s and TFLOPS per GPU
+echo "tokens,impl,tokens_per_s,tflops_per_gpu,peak_gib" >"$OUT/long_context.csv"
 echo "| tokens | kiln tok/s | TFLOPS | MFU % | peak GiB | offload | PyTorch tok/s | PyTorch GiB | kiln/PyTorch |" >>"$OUT/table.md"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" >>"$OUT/table.md"
 for T in $LENGTHS; do
@@ -94,6 +97,18 @@ for T in $LENGTHS; do
     fi
   fi
   echo "| $T | $tok | $tf | $mfu | $gib | $off | $ttok | $tgib | $ratio |" | tee -a "$OUT/table.md"
+  label=$T
+  [ $((T % 1024)) -eq 0 ] && label=$((T / 1024))k
+  echo "$label,kiln $RECOMPUTE,$tok,$tf,$gib" >>"$OUT/long_context.csv"
+  # PyTorch's TFLOPS by the same count: kiln's FLOPs a token (TFLOPS / tokens/s) are the shape's and T's
+  [[ $ttok =~ ^[0-9]+$ ]] &&
+    echo "$label,PyTorch,$ttok,$(python3 -c "print(f'{$ttok * $tf / $tok:.1f}')"),$tgib" >>"$OUT/long_context.csv"
 done
+if "$BUILD/kiln" plot --bars="$OUT/long_context.csv" --label=tokens --series=impl \
+  --panels=tokens_per_s,tflops_per_gpu --out="$OUT/long_context.png" >/dev/null 2>"$OUT/plot.err"; then
+  echo "plot: $OUT/long_context.png"
+else
+  echo "no plot: $(head -1 "$OUT/plot.err")"
+fi
 echo
 cat "$OUT/table.md"
