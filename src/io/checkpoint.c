@@ -128,8 +128,10 @@ static void free_list(char **paths, int64_t *steps, int n) {
 
 // ---- verify and load --------------------------------------------------------------------------
 
-// Verifies ckpt_dir; when out is non-NULL also leaves state, model and optim open in it.
-static int ckpt_check(const char *ckpt_dir, struct kiln_ckpt *out, struct kiln_error *err) {
+// Verifies ckpt_dir; when out is non-NULL also leaves state, model and optim open in it. Of the listed files
+// it hashes those whose index (in state.json's order) is share_rank modulo share_size: all with 0 of 1.
+static int ckpt_check(const char *ckpt_dir, struct kiln_ckpt *out, int share_rank, int share_size,
+                      struct kiln_error *err) {
     char p[1200];
     const char *bad = "corrupt checkpoint";
     if (kiln_path_join(p, sizeof(p), ckpt_dir, "state.json", err))
@@ -163,7 +165,8 @@ static int ckpt_check(const char *ckpt_dir, struct kiln_ckpt *out, struct kiln_e
     } else if (out && !cJSON_GetObjectItemCaseSensitive(files, "model.safetensors")) {
         rc = kiln_errorf(err, KILN_ERR_RUNTIME, "%s (%s): lists no model.safetensors", bad, p);
     }
-    for (const cJSON *f = files ? files->child : NULL; f && !rc; f = f->next) {
+    int index = 0;
+    for (const cJSON *f = files ? files->child : NULL; f && !rc; f = f->next, index++) {
         char fp[1200], hex[65];
         if (!file_name_ok(f->string) || !cJSON_IsString(f) || strlen(f->valuestring) != 64) {
             rc = kiln_errorf(err, KILN_ERR_RUNTIME, "%s (%s): bad entry \"%s\" in \"files\"", bad, p,
@@ -177,9 +180,11 @@ static int ckpt_check(const char *ckpt_dir, struct kiln_ckpt *out, struct kiln_e
                              strerror(errno));
             break;
         }
-        if ((rc = kiln_sha256_file(fp, hex, err)))
+        if (index % share_size != share_rank) {
+            // another rank hashes it
+        } else if ((rc = kiln_sha256_file(fp, hex, err))) {
             break;
-        if (strcmp(hex, f->valuestring) != 0) {
+        } else if (strcmp(hex, f->valuestring) != 0) {
             rc = kiln_errorf(err, KILN_ERR_RUNTIME,
                              "%s (%s): sha256 is %.16s..., state.json says %.16s...; the file was changed or "
                              "truncated after it was written",
@@ -208,7 +213,7 @@ static int ckpt_check(const char *ckpt_dir, struct kiln_ckpt *out, struct kiln_e
 }
 
 int kiln_ckpt_verify(const char *ckpt_dir, struct kiln_error *err) {
-    return ckpt_check(ckpt_dir, NULL, err);
+    return ckpt_check(ckpt_dir, NULL, 0, 1, err);
 }
 
 void kiln_ckpt_close(struct kiln_ckpt *c) {
@@ -219,14 +224,20 @@ void kiln_ckpt_close(struct kiln_ckpt *c) {
     c->model = c->optim = NULL;
 }
 
-int kiln_ckpt_load(const char *ckpt_dir, struct kiln_ckpt *out, struct kiln_error *err) {
+int kiln_ckpt_load_share(const char *ckpt_dir, struct kiln_ckpt *out, int share_rank, int share_size,
+                         struct kiln_error *err) {
+    KILN_ASSERT(share_size >= 1 && share_rank >= 0 && share_rank < share_size);
     memset(out, 0, sizeof(*out));
     if (strlen(ckpt_dir) >= sizeof(out->path))
         return kiln_errorf(err, KILN_ERR_USAGE, "checkpoint path too long (%s)", ckpt_dir);
-    int rc = ckpt_check(ckpt_dir, out, err);
+    int rc = ckpt_check(ckpt_dir, out, share_rank, share_size, err);
     if (rc)
         kiln_ckpt_close(out);
     return rc;
+}
+
+int kiln_ckpt_load(const char *ckpt_dir, struct kiln_ckpt *out, struct kiln_error *err) {
+    return kiln_ckpt_load_share(ckpt_dir, out, 0, 1, err);
 }
 
 // The loop shared by find_latest and load_latest: newest first, skipping (and reporting) corrupt ones.

@@ -40,7 +40,8 @@ int kiln_ckpt_save(const char *run_dir, int64_t step, const struct kiln_ckpt_fil
 // A checkpoint written by a group of processes (data-parallel ranks): each writes its own files into one
 // temporary directory; rank 0 writes state.json with every file's hash and renames the directory into place
 // once every rank's files are durable. A kill at any moment leaves the previous checkpoint the newest. The
-// caller (train/) implements the collectives on a communicator; every rank calls save_group in the same order.
+// caller (train/) implements the collectives on a communicator; every rank calls save_group in the same
+// order.
 struct kiln_ckpt_group {
     int rank, size;
     void *user;
@@ -83,6 +84,11 @@ struct kiln_ckpt {
 };
 // Verifies (hashes every file once) and opens a checkpoint directory.
 int kiln_ckpt_load(const char *ckpt_dir, struct kiln_ckpt *out, struct kiln_error *err);
+// The same, hashing only the listed files whose index in state.json is share_rank modulo share_size (the
+// rest is checked as load does: present, and every .safetensors opens). Ranks that resume together each take
+// a share and agree on the verdict, so that the job hashes each file once.
+int kiln_ckpt_load_share(const char *ckpt_dir, struct kiln_ckpt *out, int share_rank, int share_size,
+                         struct kiln_error *err);
 // find_latest + load in one pass (each file hashed once): 0 = loaded, KILN_CKPT_NONE, or an error (> 0).
 int kiln_ckpt_load_latest(const char *run_dir, struct kiln_ckpt *out,
                           void (*on_skip)(void *user, const char *path, const char *why), void *user,

@@ -298,32 +298,62 @@ static int in_step_list(const int64_t *list, int64_t step) {
 // ----------------------------------------------------------------------------
 // resume
 
-static void report_skip(const char *path, const char *why) {
-    fprintf(stderr, "kiln: checkpoint %s is unusable (%s): falling back to the previous one\n", path, why);
+static void report_skip(const char *path, const char *why, const struct kiln_comm *comm) {
+    if (comm && comm->size > 1) // (printed by the rank that found it; the others found nothing)
+        fprintf(stderr,
+                "kiln: checkpoint %s is unusable (%s, found by rank %d): falling back to the previous one\n",
+                path, why, comm->rank);
+    else
+        fprintf(stderr, "kiln: checkpoint %s is unusable (%s): falling back to the previous one\n", path,
+                why);
+}
+
+// With several ranks every step below is taken by all of them on the same checkpoint, and they agree on each
+// verdict: r is this rank's (0, -2 or an error code, err filled), and the job's is returned: 0 when every
+// rank got 0; else -2 when some rank got -2, else the largest error. A rank whose own r was 0 names the
+// others in err; *own says whether this rank's own r failed.
+static int agree(struct kiln_comm *comm, int r, const char *dir, int *own, struct kiln_error *err) {
+    *own = r != 0;
+    if (!comm || comm->size == 1)
+        return r;
+    int32_t cls = r == 0 ? 0 : r == -2 ? 2 : 1, code = r > 0 ? r : r == -2 ? err->code : 0;
+    kiln_comm_all_reduce_host(comm, &cls, 1, KILN_I32, KILN_RED_MAX);
+    kiln_comm_all_reduce_host(comm, &code, 1, KILN_I32, KILN_RED_MAX);
+    if (cls == 0)
+        return 0;
+    if (r == 0)
+        kiln_errorf(err, code ? code : KILN_ERR_RUNTIME,
+                    "another rank could not use the checkpoint %s (its error is above)", dir);
+    return cls == 2 ? -2 : err->code;
 }
 
 // Loads one checkpoint into the model, loader, guards and state. Returns 0, an error, or -2 after a usage
 // error (a different model), which must not fall back. With dp (several ranks) the moments this rank holds
-// are taken from a checkpoint of any world size.
+// are taken from a checkpoint of any world size. With comm (several ranks, all calling this on the same dir)
+// each rank hashes its share of the files, and nothing is applied unless every share verified.
 static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *dp,
                        struct kiln_loader *train, struct kiln_guards *guards, struct kiln_train_state *st,
-                       int verbose, struct kiln_error *err) {
+                       struct kiln_comm *comm, int verbose, int *own, struct kiln_error *err) {
     struct kiln_ckpt ck;
     memset(&ck, 0, sizeof(ck));
-    int rc = kiln_ckpt_load(dir, &ck, err);
-    char *changes = NULL;
-    if (!rc) // first: it checks state.json's own hash
-        rc = kiln_train_state_from_json(ck.state, st, err);
-    if (!rc && (rc = kiln_resume_check_config(ck.state, cfg, &changes, err)) == KILN_ERR_USAGE) {
+    int several = comm && comm->size > 1;
+    int rc = kiln_ckpt_load_share(dir, &ck, several ? comm->rank : 0, several ? comm->size : 1, err);
+    if ((rc = agree(comm, rc, dir, own, err))) {
         kiln_ckpt_close(&ck);
-        return -2;
+        return rc;
     }
+    char *changes = NULL;
+    // first: it checks state.json's own hash
+    rc = kiln_train_state_from_json(ck.state, st, err);
+    if (!rc && (rc = kiln_resume_check_config(ck.state, cfg, &changes, err)) == KILN_ERR_USAGE)
+        rc = -2;
     if (!rc)
         rc = kiln_guards_from_json(guards, cJSON_GetObjectItemCaseSensitive(ck.state, "guards"), err);
     if (!rc)
         rc = dp ? kiln_ckpt_apply_dp(&ck, g, dp, err) : kiln_ckpt_apply(&ck, g, err);
     if (!rc && (rc = kiln_loader_set_state(train, &st->loader, err)))
-        rc = -2;        // other data or T: falling back would not help
+        rc = -2; // other data or T: falling back would not help
+    rc = agree(comm, rc, dir, own, err);
     if (!rc && verbose) // printed also with --quiet: where a run continues from belongs in every log
         fprintf(stderr, "kiln: resuming from %s (step %lld)\n", dir, (long long)st->step);
     if (!rc && verbose && changes[0]) {
@@ -335,17 +365,50 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_gpt
     return rc;
 }
 
-// 0 = resumed, KILN_CKPT_NONE = start fresh, else an error. *chosen gets the checkpoint resumed from.
-static int resume_pick(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *dp,
-                       struct kiln_loader *train, struct kiln_guards *guards, struct kiln_train_state *st,
-                       char *chosen, size_t cap, struct kiln_error *err) {
-    chosen[0] = 0;
+// The run's checkpoints, newest first: with several ranks rank 0's listing, so that every rank walks the same
+// list. Returns the count or -1 (err filled, on every rank).
+static int list_checkpoints(const char *run_dir, struct kiln_comm *comm, char ***paths,
+                            struct kiln_error *err) {
+    int64_t *steps = NULL;
+    int n = -1;
+    *paths = NULL;
+    if (!comm || comm->size == 1 || comm->rank == 0)
+        n = kiln_ckpt_list(run_dir, paths, &steps, err);
+    free(steps);
+    if (!comm || comm->size == 1)
+        return n;
+    int32_t count = n;
+    kiln_comm_broadcast_host(comm, &count, sizeof(count), 0);
+    if (count < 0) {
+        if (comm->rank != 0)
+            kiln_errorf(err, KILN_ERR_RUNTIME, "rank 0 could not list %s/ckpt (its error is above)", run_dir);
+        return -1;
+    }
+    if (comm->rank != 0)
+        *paths = kiln_xcalloc(count ? (size_t)count : 1, sizeof(char *));
+    for (int i = 0; i < count; i++) {
+        char p[1100] = {0};
+        if (comm->rank == 0)
+            snprintf(p, sizeof(p), "%s", (*paths)[i]);
+        kiln_comm_broadcast_host(comm, p, sizeof(p), 0);
+        if (comm->rank != 0)
+            (*paths)[i] = kiln_xstrdup(p);
+    }
+    return count;
+}
+
+// 0 = resumed, KILN_CKPT_NONE = start fresh, else an error. With several ranks (comm) all of them call this
+// and end on the same checkpoint, or on none: each verifies its share of a checkpoint's files, and a
+// checkpoint that fails any share is skipped (--resume=auto) or refused (--resume=PATH) by all.
+static int resume(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *dp, struct kiln_comm *comm,
+                  struct kiln_loader *train, struct kiln_guards *guards, struct kiln_train_state *st,
+                  struct kiln_error *err) {
+    int verbose = !comm || comm->rank == 0;
     if (!strcmp(cfg->resume, "auto") || !strcmp(cfg->resume, "never")) {
         if (!cfg->out[0])
             return KILN_CKPT_NONE;
         char **paths = NULL;
-        int64_t *steps = NULL;
-        int n = kiln_ckpt_list(cfg->out, &paths, &steps, err), rc = KILN_CKPT_NONE;
+        int n = list_checkpoints(cfg->out, comm, &paths, err), rc = KILN_CKPT_NONE;
         if (n < 0)
             return KILN_ERR_RUNTIME;
         if (n > 0 && !strcmp(cfg->resume, "never"))
@@ -355,14 +418,12 @@ static int resume_pick(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_
                              cfg->out, cfg->out);
         for (int i = 0; i < n && rc == KILN_CKPT_NONE; i++) {
             struct kiln_error e = {0};
-            int r = resume_from(paths[i], cfg, g, dp, train, guards, st, 1, &e);
+            int own, r = resume_from(paths[i], cfg, g, dp, train, guards, st, comm, verbose, &own, &e);
             if (r == 0 || r == -2) {
                 rc = r ? e.code : 0;
                 *err = e;
-                if (!r)
-                    snprintf(chosen, cap, "%s", paths[i]);
-            } else {
-                report_skip(paths[i], e.msg);
+            } else if (own) { // (the rank that found it says why)
+                report_skip(paths[i], e.msg, comm);
             }
         }
         if (rc == KILN_CKPT_NONE && n > 0)
@@ -373,47 +434,13 @@ static int resume_pick(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_
         for (int i = 0; i < n; i++)
             free(paths[i]);
         free(paths);
-        free(steps);
         return rc;
     }
     if (!cfg->out[0])
         return kiln_errorf(err, KILN_ERR_USAGE, "--resume=%s needs --out, the run directory to continue in",
                            cfg->resume);
-    int r = resume_from(cfg->resume, cfg, g, dp, train, guards, st, 1, err);
-    if (!r)
-        snprintf(chosen, cap, "%s", cfg->resume);
+    int own, r = resume_from(cfg->resume, cfg, g, dp, train, guards, st, comm, verbose, &own, err);
     return r == -2 ? err->code : r;
-}
-
-// With several ranks, rank 0 picks the checkpoint (the newest that verifies) and every other rank loads that
-// same one, so that no two ranks can resume from different steps.
-static int resume(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *dp, struct kiln_comm *comm,
-                  struct kiln_loader *train, struct kiln_guards *guards, struct kiln_train_state *st,
-                  struct kiln_error *err) {
-    char chosen[1100];
-    if (!comm || comm->size == 1)
-        return resume_pick(cfg, g, dp, train, guards, st, chosen, sizeof(chosen), err);
-    int rc = 0;
-    if (comm->rank == 0)
-        rc = resume_pick(cfg, g, dp, train, guards, st, chosen, sizeof(chosen), err);
-    int32_t verdict = comm->rank == 0 ? rc : 0; // KILN_CKPT_NONE, 0 or an error
-    kiln_comm_broadcast_host(comm, &verdict, sizeof(verdict), 0);
-    kiln_comm_broadcast_host(comm, chosen, sizeof(chosen), 0);
-    if (comm->rank != 0 && verdict == 0) {
-        rc = resume_from(chosen, cfg, g, dp, train, guards, st, 0, err);
-        if (rc == -2)
-            rc = err->code;
-    } else if (comm->rank != 0) {
-        rc = verdict;
-        if (verdict > 0)
-            kiln_errorf(err, verdict, "rank 0 could not resume (its error is above)");
-    }
-    int32_t worst = rc > 0 ? rc : 0;
-    kiln_comm_all_reduce_host(comm, &worst, 1, KILN_I32, KILN_RED_MAX);
-    if (worst && rc <= 0)
-        return kiln_errorf(err, worst, "another rank could not load the checkpoint %s (its error is above)",
-                           chosen);
-    return rc;
 }
 
 // ----------------------------------------------------------------------------

@@ -89,6 +89,25 @@ same_run "$T/single12" "$T/re41" 2e-5 && ok || bad "4 ranks -> 1 process left th
 "${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=12 --zero=2 --ckpt-every=4 --out="$T/c2" 2>/dev/null || bad "resume at 2 ranks failed"
 cmp -s "$T/s2/model.safetensors" "$T/c2/model.safetensors" && ok || bad "resume at the same world size is not bit-exact"
 
+# resuming ranks share the hashing: each verifies the files of its index modulo the ranks (state.json's
+# order); a corrupt file is named by the rank that hashed it, and every rank falls back to the checkpoint
+# before it together
+ck=$(ls -d "$T/c2/ckpt/step_"* | sort | tail -1)
+prev=$(ls -d "$T/c2/ckpt/step_"* | sort | tail -2 | head -1)
+mapfile -t listed < <(python3 -c "import json, sys; print('\n'.join(json.load(open(sys.argv[1]))['files']))" "$ck/state.json")
+[ "${#listed[@]}" -ge 2 ] && [ "$ck" != "$prev" ] && ok || bad "expected 2 checkpoints of 2+ files in $T/c2"
+for idx in 0 1; do
+  rm -rf "$T/cv"
+  cp -r "$T/c2" "$T/cv"
+  f="$T/cv/ckpt/$(basename "$ck")/${listed[$idx]}"
+  python3 -c "import sys; b = bytearray(open(sys.argv[1], 'rb').read()); b[-1] ^= 1; open(sys.argv[1], 'wb').write(b)" "$f"
+  "${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=14 --zero=2 --ckpt-every=4 --out="$T/cv" 2>"$T/err" ||
+    bad "resume past a corrupt ${listed[$idx]} failed: $(tail -3 "$T/err")"
+  grep -q "checkpoint .*$(basename "$ck") is unusable (corrupt checkpoint ($f): sha256 .*, found by rank $idx)" "$T/err" &&
+    grep -q "resuming from .*$(basename "$prev")" "$T/err" && ok ||
+    bad "a corrupt file at index $idx was not found by rank $idx, or the ranks did not fall back: $(cat "$T/err")"
+done
+
 # a rank SIGKILLed mid-run: mpirun ends the job, non-zero, within seconds
 "${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=1000000 --out="$T/kill" >/dev/null 2>&1 &
 job=$!
