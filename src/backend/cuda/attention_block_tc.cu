@@ -23,6 +23,13 @@
 #define TC_KT 64   // rows of a staged tile
 #define TC_THREADS 128
 
+#ifndef KILN_CUDA_EMU // (tests/emu runs these kernels on the CPU, with shared memory of its own)
+static __device__ __forceinline__ unsigned char *tc_smem(void) {
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    return tc_sm;
+}
+#endif
+
 // a pair of bf16 as one 32-bit mma operand register
 static __device__ __forceinline__ uint32_t blk_ld2(const bf16 *s) {
     return *(const uint32_t *)s;
@@ -134,7 +141,7 @@ static __device__ void tc_store_grad(bf16 *dst, int rs, const float (*x)[4], int
 
 // Grid (Tq / 64, B * NH). Shared: Qs, Ks, Vs, each 64 rows of HS + 8.
 template <int HS> static __global__ void __launch_bounds__(TC_THREADS) tc_fwd_kernel(struct blk_params p) {
-    extern __shared__ __align__(16) unsigned char tc_sm[];
+    unsigned char *tc_sm = tc_smem();
     const int ld = HS + 8;
     bf16 *Qs = (bf16 *)tc_sm, *Ks = Qs + TC_ROWS * ld, *Vs = Ks + TC_KT * ld;
     int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH, kvh = h / (p.NH / p.NKV);
@@ -258,7 +265,7 @@ template <int HS> static __global__ void __launch_bounds__(TC_THREADS) tc_fwd_ke
 // dq += scale * sum_j p_ij (dout_i . v_j - D_i) k_j, rotated back. Grid (Tq / 64, B * NH). Shared: Qs, dOs,
 // Ks, Vs, each 64 rows of HS + 8.
 template <int HS> static __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(struct blk_params p) {
-    extern __shared__ __align__(16) unsigned char tc_sm[];
+    unsigned char *tc_sm = tc_smem();
     const int ld = HS + 8;
     bf16 *Qs = (bf16 *)tc_sm, *dOs = Qs + TC_ROWS * ld, *Ks = dOs + TC_ROWS * ld, *Vs = Ks + TC_KT * ld;
     int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH, kvh = h / (p.NH / p.NKV);
@@ -322,7 +329,7 @@ template <int HS> static __global__ void __launch_bounds__(TC_THREADS) tc_dq_ker
 // query heads, rotated back. Grid (Tk / 64, B * NKV). Shared: Ks, Vs (the block's keys), Qs, dOs (a query
 // tile), each 64 rows of HS + 8, then the query tile's lse (log2) and D.
 template <int HS> static __global__ void __launch_bounds__(TC_THREADS) tc_dkdv_kernel(struct blk_params p) {
-    extern __shared__ __align__(16) unsigned char tc_sm[];
+    unsigned char *tc_sm = tc_smem();
     const int ld = HS + 8;
     bf16 *Ks = (bf16 *)tc_sm, *Vs = Ks + TC_ROWS * ld, *Qs = Vs + TC_ROWS * ld, *dOs = Qs + TC_KT * ld;
     float *Ls = (float *)(dOs + TC_KT * ld), *Ds = Ls + TC_KT;
@@ -394,6 +401,7 @@ template <int HS> static __global__ void __launch_bounds__(TC_THREADS) tc_dkdv_k
 }
 
 // ---- launchers --------------------------------------------------------------------------------------------
+#ifndef KILN_CUDA_EMU // (tests/emu launches the kernels itself)
 
 template <int HS> static void tc_forward(struct cuda_ctx *c, const struct blk_params &p) {
     size_t smem = (size_t)3 * TC_ROWS * (HS + 8) * sizeof(bf16);
@@ -438,3 +446,4 @@ int blk_tc_backward(struct cuda_ctx *c, const struct blk_params &p) {
     }
     return 0;
 }
+#endif
