@@ -6,16 +6,7 @@
 
 #include "backend/cuda/common.cuh"
 
-// ALiBi slope of head h: 2^(-8(h+1)/NH) for power-of-two NH; otherwise the paper's interpolation: the slopes
-// of the nearest lower power of two n, then every other slope of 2n.
-static __device__ __forceinline__ float alibi_slope(int h, int NH) {
-    int n = 1;
-    while (n * 2 <= NH)
-        n *= 2;
-    if (h < n)
-        return exp2f(-8.0f * (h + 1) / n);
-    return exp2f(-4.0f * (2 * (h - n) + 1) / n);
-}
+#include "backend/cuda/alibi_slope.cuh"
 
 static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

@@ -53,15 +53,7 @@ static inline uint32_t pack_bf16(float lo, float hi) {
 // CUDA's fast log2 (glibc declares a __log2f of its own but libm does not export it)
 #define __log2f(x) log2f(x)
 
-// ALiBi slope of head h (src/backend/cuda/attn_common.cuh's, which the CPU reference must agree with)
-static inline float alibi_slope(int h, int NH) {
-    int n = 1;
-    while (n * 2 <= NH)
-        n *= 2;
-    if (h < n)
-        return exp2f(-8.0f * (h + 1) / n);
-    return exp2f(-4.0f * (2 * (h - n) + 1) / n);
-}
+#include "backend/cuda/alibi_slope.cuh" // (the kernels' own, from src)
 
 // ---- threads, blocks, warps -------------------------------------------------------------------------------
 struct emu_uint3 {
