@@ -155,7 +155,8 @@ static size_t scratch_apart(struct acts *a) {
 // during the backward of layer l + 1, on the backend's copy stream beside the compute. The device keeps a
 // ring of X_RING inputs: in the forward, layer l writes x[l + 1] over x[l + 1 - X_RING], whose copy out has
 // had a layer's compute to finish; the last X_RING inputs stay for the backward, which brings each earlier
-// one back a layer ahead of its use.
+// one back a layer ahead of its use. --recompute=selective also keeps each layer's attention output atty[l];
+// with offload it takes the same road, in a ring of X_RING of its own (its lse, N x heads f32, stays).
 #define X_RING 3
 
 // --recompute=block and selective keep only each layer's input (and, selective, its attention's output)
@@ -172,6 +173,32 @@ static int x_slots(const struct dims *d, const struct kiln_gpt_opts *o) {
     return offloads_acts(o) && d->L + 1 > X_RING ? X_RING : d->L + 1;
 }
 
+// An offloaded buffer of n entries (struct offl): its host part from *host on, and its events.
+static void offl_init(struct kiln_gpt *g, struct offl *o, struct buf *b, int n, char **host) {
+    o->b = b;
+    o->n = n;
+    if (b->slots >= n)
+        return; // every entry stays on the device
+    o->host = *host;
+    *host += (size_t)(n - b->slots) * b->elems * b->elem_bytes;
+    if (g->ops->event_create) {
+        o->out = kiln_xcalloc((size_t)n, sizeof(void *));
+        o->in = kiln_xcalloc((size_t)n, sizeof(void *));
+        for (int l = 0; l < n; l++)
+            o->out[l] = g->ops->event_create(g->ctx), o->in[l] = g->ops->event_create(g->ctx);
+    }
+}
+
+static void offl_free(struct kiln_gpt *g, struct offl *o) {
+    for (int l = 0; o->out && l < o->n; l++) {
+        g->ops->event_destroy(g->ctx, o->out[l]);
+        g->ops->event_destroy(g->ctx, o->in[l]);
+    }
+    free(o->out);
+    free(o->in);
+    memset(o, 0, sizeof(*o));
+}
+
 // Lays out the activation buffers: sizes, and offsets in the scratch arena. Shared by the plan and the
 // allocation so they cannot drift. Returns the arena's bytes, and the rows per classifier chunk in *rows.
 static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const struct kiln_gpt_opts *o,
@@ -184,7 +211,9 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
     int pre_slots = rc == KILN_RECOMPUTE_NONE || rc == KILN_RECOMPUTE_ACT ? L : 1; // fc_pre
     if (!training)
         per_layer = mlp_slots = pre_slots = 1;
-    int attn_slots = training && rc == KILN_RECOMPUTE_SELECTIVE ? L : per_layer; // atty and lse
+    // selective keeps atty and lse a layer; with offload, atty's older layers wait on the host
+    int lse_slots = training && rc == KILN_RECOMPUTE_SELECTIVE ? L : per_layer;
+    int attn_slots = lse_slots == L && training && offloads_acts(o) && L > X_RING ? X_RING : lse_slots;
     size_t N = (size_t)d->N, f = sizeof(float), i = sizeof(int32_t);
     size_t mrows = (size_t)mlp_rows_for(d, o, ab); // the MLP's buffers hold one chunk
     // a fused forward keeps [qkv | fc_pre] in pre (pre_slots == per_layer then); a fused backward has dpre
@@ -204,7 +233,7 @@ static size_t acts_layout(struct acts *a, int *rows, const struct dims *d, const
     SET(meank, qk * N, per_layer, f);
     SET(rstdk, qk * N, per_layer, f);
     SET(atty, N * d->AO, attn_slots, ab);
-    SET(lse, N * d->NH, attn_slots, f);
+    SET(lse, N * d->NH, lse_slots, f);
     SET(mid, N * d->C, per_layer, ab);
     SET(ln2, N * d->C, per_layer, ab);
     SET(mean2, N, per_layer, f);
@@ -258,6 +287,9 @@ void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts
     plan->acts_bytes = plan->scratch_bytes;
     if (o->training && a.x.slots < d.L + 1) // x[0 .. L - slots] live on the host
         plan->host_bytes = (size_t)(d.L + 1 - a.x.slots) * a.x.elems * ab;
+    if (o->training && o->recompute == KILN_RECOMPUTE_SELECTIVE &&
+        a.atty.slots < d.L) // atty[0 .. L - 1 - slots]
+        plan->host_bytes += (size_t)(d.L - a.atty.slots) * a.atty.elems * ab;
     struct buf *bufs = (struct buf *)&a;
     for (size_t i = 0; i < N_ACT_BUFS; i++)
         if (!bufs[i].in_arena)
@@ -359,23 +391,23 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
     g->tokens_host = kiln_xcalloc((size_t)d.N, sizeof(int32_t));
     g->losses_host = kiln_xcalloc((size_t)d.N, sizeof(float));
     build_spans(g);
-    if (g->plan.host_bytes) { // the offloaded layer inputs, and an event each way per input
-        g->x_host = g->ops->host_alloc ? g->ops->host_alloc(g->ctx, g->plan.host_bytes) : NULL;
-        if (!g->x_host) {
+    if (g->plan
+            .host_bytes) { // the offloaded layer inputs (and attention outputs), and an event each way each
+        g->host_acts = g->ops->host_alloc ? g->ops->host_alloc(g->ctx, g->plan.host_bytes) : NULL;
+        if (!g->host_acts) {
+            int sel = g->opts.recompute == KILN_RECOMPUTE_SELECTIVE;
             kiln_gpt_free(g);
             *out = NULL;
             return kiln_errorf(
                 err, KILN_ERR_RUNTIME,
                 "out of host memory (--offload=activations): %.2f GiB of pinned memory for the "
-                "layer inputs; lower --seq or --batch, or leave the activations on the device",
-                g->plan.host_bytes / 1073741824.0);
+                "layer inputs%s; lower --seq or --batch, or leave the activations on the device",
+                g->plan.host_bytes / 1073741824.0, sel ? " and attention outputs" : "");
         }
-        if (g->ops->event_create) {
-            g->x_out = kiln_xcalloc((size_t)d.L + 1, sizeof(void *));
-            g->x_in = kiln_xcalloc((size_t)d.L + 1, sizeof(void *));
-            for (int l = 0; l <= d.L; l++)
-                g->x_out[l] = g->ops->event_create(g->ctx), g->x_in[l] = g->ops->event_create(g->ctx);
-        }
+        char *host = g->host_acts;
+        offl_init(g, &g->off_x, &g->a.x, d.L + 1, &host);
+        if (g->opts.recompute == KILN_RECOMPUTE_SELECTIVE)
+            offl_init(g, &g->off_atty, &g->a.atty, d.L, &host);
     }
     return 0;
 }
@@ -407,14 +439,10 @@ void kiln_gpt_free(struct kiln_gpt *g) {
     for (int i = 0; i < 4; i++)
         if (owned[i])
             g->ops->free(g->ctx, owned[i]);
-    if (g->x_host)
-        g->ops->host_free(g->ctx, g->x_host);
-    for (int l = 0; g->x_out && l <= g->cfg.n_layer; l++) {
-        g->ops->event_destroy(g->ctx, g->x_out[l]);
-        g->ops->event_destroy(g->ctx, g->x_in[l]);
-    }
-    free(g->x_out);
-    free(g->x_in);
+    if (g->host_acts)
+        g->ops->host_free(g->ctx, g->host_acts);
+    offl_free(g, &g->off_x);
+    offl_free(g, &g->off_atty);
     kiln_params_free(&g->pt);
     free(g->tokens_host);
     free(g->losses_host);
@@ -857,27 +885,24 @@ static void classifier(struct kiln_gpt *g, const struct dims *d, float dloss, fl
 
 // ---- activation offload (X_RING above) ----
 
-// whether x[l] lives on the host between its forward and its backward
-static int x_offloaded(const struct kiln_gpt *g, int l) {
-    return g->x_host && l <= g->cfg.n_layer - g->a.x.slots;
+// whether entry l of an offloaded buffer lives on the host between its forward and its backward
+static int offl_has(const struct offl *o, int l) {
+    return o->host && l >= 0 && l <= o->n - 1 - o->b->slots;
 }
 
-static void *x_host_at(const struct kiln_gpt *g, int l) {
-    return (char *)g->x_host + (size_t)l * g->a.x.elems * g->a.x.elem_bytes;
-}
-
-// the compute stream waits for event i of evs (a copy's end), where the backend has streams
-static void x_wait(struct kiln_gpt *g, void **evs, int i) {
-    if (evs && g->ops->stream_wait)
-        g->ops->stream_wait(g->ctx, evs[i]);
-}
-
-// x[l] to or from its host copy, beside the compute
-static void x_copy(struct kiln_gpt *g, int l, int to_host) {
-    void *dev = buf_at(&g->a.x, l), *host = x_host_at(g, l);
-    size_t bytes = g->a.x.elems * g->a.x.elem_bytes;
-    void **evs = to_host ? g->x_out : g->x_in;
+// entry l to or from its host copy, beside the compute
+static void offl_copy(struct kiln_gpt *g, const struct offl *o, int l, int to_host) {
+    size_t bytes = o->b->elems * o->b->elem_bytes;
+    void *dev = buf_at(o->b, l), *host = (char *)o->host + (size_t)l * bytes;
+    void **evs = to_host ? o->out : o->in;
     g->ops->copy_async(g->ctx, to_host ? host : dev, to_host ? dev : host, bytes, evs ? evs[l] : NULL);
+}
+
+// the compute stream waits for entry l's copy out (to_host) or back, where the backend has streams
+static void offl_wait(struct kiln_gpt *g, const struct offl *o, int l, int to_host) {
+    void **evs = to_host ? o->out : o->in;
+    if (evs && g->ops->stream_wait)
+        g->ops->stream_wait(g->ctx, evs[l]);
 }
 
 double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
@@ -907,16 +932,21 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
     g->ops->embed_forward(g->ctx, &e);
     gpt_norm_fwd(g, buf_at(&a->ln1, 0), buf_at(&a->mean1, 0), buf_at(&a->rstd1, 0), NULL, buf_at(&a->x, 0),
                  NULL, g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.N);
-    int offload = dloss != 0.0f && g->x_host; // a forward without a backward keeps nothing
+    int offload = dloss != 0.0f && g->host_acts; // a forward without a backward keeps nothing
+    const struct offl *ox = &g->off_x, *oa = &g->off_atty;
     for (int l = 0; l < d.L; l++) {
         HOOK(g, layer_begin, l, 0);
-        int over = l + 1 - g->a.x.slots; // the input whose slot x[l + 1] takes
-        if (offload && over >= 0 && x_offloaded(g, over))
-            x_wait(g, g->x_out, over);
+        // the entries whose slots x[l + 1] and atty[l] take must have reached the host
+        if (offload && offl_has(ox, l + 1 - ox->b->slots))
+            offl_wait(g, ox, l + 1 - ox->b->slots, 1);
+        if (offload && offl_has(oa, l - (oa->b ? oa->b->slots : 0)))
+            offl_wait(g, oa, l - oa->b->slots, 1);
         layer_forward(g, &d, l, 1);
         HOOK(g, layer_end, l, 0);
-        if (offload && x_offloaded(g, l))
-            x_copy(g, l, 1);
+        if (offload && offl_has(ox, l))
+            offl_copy(g, ox, l, 1);
+        if (offload && offl_has(oa, l))
+            offl_copy(g, oa, l, 1);
     }
     classifier(g, &d, dloss, z_loss);
     g->has_grad_forward = dloss != 0.0f;
@@ -1136,11 +1166,15 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
 
     for (int l = d.L - 1; l >= 0; l--) {
         const int *ix = g->pt.layer[l];
-        HOOK(g, layer_begin, l, 1);         // its weights, for the recompute and the backward
-        if (l > 0 && x_offloaded(g, l - 1)) // the next layer's input comes back while this one computes
-            x_copy(g, l - 1, 0);
-        if (x_offloaded(g, l))
-            x_wait(g, g->x_in, l);
+        HOOK(g, layer_begin, l, 1); // its weights, for the recompute and the backward
+        // the layer below's input (and attention output) come back while this one computes
+        const struct offl *offs[2] = {&g->off_x, &g->off_atty};
+        for (int i = 0; i < 2; i++) {
+            if (offl_has(offs[i], l - 1))
+                offl_copy(g, offs[i], l - 1, 0);
+            if (offl_has(offs[i], l))
+                offl_wait(g, offs[i], l, 0);
+        }
         recompute_layer(g, &d, l);
         if (g->cfg.parallel_block && g->fuse.on) {
             parallel_fused_bwd(g, &d, l, dres, a->dln.p);

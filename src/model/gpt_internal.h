@@ -100,11 +100,18 @@ struct kiln_gpt {
 
     struct fusion fuse;
     struct acts a;
-    void *arena;          // the scratch buffers of a point into it
-    int classifier_rows;  // rows per classifier chunk
-    int mlp_rows;         // rows per MLP chunk (mlp_rows_for; N: one chunk)
-    void *x_host;         // offloaded layer inputs x[0 .. L - X_RING] (host_alloc), or NULL
-    void **x_out, **x_in; // (L + 1) events: x[l]'s copy to the host ended, and back (NULL on the CPU)
+    void *arena;         // the scratch buffers of a point into it
+    int classifier_rows; // rows per classifier chunk
+    int mlp_rows;        // rows per MLP chunk (mlp_rows_for; N: one chunk)
+    // activation offload: the layer inputs x[0 .. L] and, under selective recompute, the attention outputs
+    // atty[0 .. L - 1] (gpt.c's struct offl)
+    struct offl {
+        struct buf *b;    // the device buffer (in a), whose last b->slots entries never leave it
+        int n;            // entries
+        void *host;       // entries 0 .. n - 1 - b->slots (host_alloc'd with the other), or NULL: none
+        void **out, **in; // n events: entry l's copy to the host ended, and back (NULL on the CPU)
+    } off_x, off_atty;
+    void *host_acts;      // the host memory of both
     int32_t *tokens_host; // (N) last inputs, for the embedding backward
     float *losses_host;
     int has_grad_forward; // the last forward ran the classifier backward

@@ -386,14 +386,16 @@ static void check_mlp_chunks(const struct kiln_model_config *m, const char *what
 // Activation offload moves each layer's input to host memory and back: on the CPU the losses and gradients
 // are bitwise those without it, over two steps and an accumulated third (the ring of 3 device slots is
 // reused several times with 6 layers), with the MLP in chunks too; the plan keeps 3 inputs on the device.
-static void check_offload_activations(const struct kiln_model_config *m, const char *rows, const char *what) {
+// Under selective recompute each layer's attention output takes the same road, in a ring of its own.
+static void check_offload_activations(const struct kiln_model_config *m, enum kiln_recompute rc,
+                                      const char *rows, const char *what) {
     struct kiln_param_table pt;
     kiln_params_build(&pt, m);
     float *kept = calloc(pt.total, sizeof(float)), *moved = calloc(pt.total, sizeof(float));
     double lk[3], lm[3];
-    loss_and_grads_rows(m, KILN_RECOMPUTE_BLOCK, rows, kept, lk);
+    loss_and_grads_rows(m, rc, rows, kept, lk);
     fixture_offload_activations = 1;
-    loss_and_grads_rows(m, KILN_RECOMPUTE_BLOCK, rows, moved, lm);
+    loss_and_grads_rows(m, rc, rows, moved, lm);
     fixture_offload_activations = 0;
     for (int i = 0; i < 3; i++)
         if (lk[i] != lm[i])
@@ -409,13 +411,22 @@ static void test_offloaded_activations_change_no_number(void **state) {
     struct kiln_model_config m;
     tiny_config(&m);
     m.n_layer = 6;
-    check_offload_activations(&m, "-1", "sequential, 6 layers");
-    check_offload_activations(&m, "5", "sequential, 6 layers, MLP in chunks");
-    m.n_layer = 2; // L + 1 = 3 inputs: all fit the ring, nothing moves
-    check_offload_activations(&m, "-1", "sequential, 2 layers");
+    for (int sel = 0; sel < 2; sel++) {
+        enum kiln_recompute rc = sel ? KILN_RECOMPUTE_SELECTIVE : KILN_RECOMPUTE_BLOCK;
+        m.n_layer = 6;
+        check_offload_activations(&m, rc, "-1", sel ? "selective, 6 layers" : "sequential, 6 layers");
+        check_offload_activations(&m, rc, "5",
+                                  sel ? "selective, 6 layers, MLP in chunks" : "6 layers, MLP in chunks");
+        m.n_layer = 2; // L + 1 = 3 inputs: all fit the ring, nothing moves
+        check_offload_activations(&m, rc, "-1", sel ? "selective, 2 layers" : "sequential, 2 layers");
+        m.n_layer = 4; // 5 inputs and 4 attention outputs: both rings of 3 move some
+        check_offload_activations(&m, rc, "-1", sel ? "selective, 4 layers" : "sequential, 4 layers");
+    }
     parallel_config(&m, PAR_SWIGLU_GQA_ROPE);
     m.n_layer = 5;
-    check_offload_activations(&m, "-1", "parallel swiglu gqa rope, 5 layers");
+    check_offload_activations(&m, KILN_RECOMPUTE_BLOCK, "-1", "parallel swiglu gqa rope, 5 layers");
+    check_offload_activations(&m, KILN_RECOMPUTE_SELECTIVE, "-1",
+                              "parallel swiglu gqa rope, 5 layers, selective");
     struct kiln_gpt_opts o = {.B = 2, .T = 7, .recompute = KILN_RECOMPUTE_BLOCK, .training = 1};
     struct kiln_mem_plan kept, moved;
     kiln_gpt_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &kept);
@@ -424,6 +435,16 @@ static void test_offloaded_activations_change_no_number(void **state) {
     size_t x = (size_t)2 * 7 * m.n_embd * 2;                     // one layer input, bf16
     assert_int_equal(kept.acts_bytes - moved.acts_bytes, 3 * x); // 6 inputs kept, 3 on the device
     assert_int_equal(moved.host_bytes, 3 * x);
+    assert_int_equal(kept.host_bytes, 0);
+    // selective: 5 attention outputs too, 3 on the device (an output is as wide as an input here)
+    o.recompute = KILN_RECOMPUTE_SELECTIVE;
+    o.offload_activations = 0;
+    kiln_gpt_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &kept);
+    o.offload_activations = 1;
+    kiln_gpt_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &moved);
+    size_t ao = (size_t)2 * 7 * m.n_head * (m.n_embd / m.n_head) * 2;
+    assert_int_equal(kept.acts_bytes - moved.acts_bytes, 3 * x + 2 * ao);
+    assert_int_equal(moved.host_bytes, 3 * x + 2 * ao);
     assert_int_equal(kept.host_bytes, 0);
 }
 
