@@ -287,8 +287,8 @@ void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts
     plan->acts_bytes = plan->scratch_bytes;
     if (o->training && a.x.slots < d.L + 1) // x[0 .. L - slots] live on the host
         plan->host_bytes = (size_t)(d.L + 1 - a.x.slots) * a.x.elems * ab;
-    if (o->training && o->recompute == KILN_RECOMPUTE_SELECTIVE &&
-        a.atty.slots < d.L) // atty[0 .. L - 1 - slots]
+    // and, selective, atty[0 .. L - 1 - slots]
+    if (o->training && o->recompute == KILN_RECOMPUTE_SELECTIVE && a.atty.slots < d.L)
         plan->host_bytes += (size_t)(d.L - a.atty.slots) * a.atty.elems * ab;
     struct buf *bufs = (struct buf *)&a;
     for (size_t i = 0; i < N_ACT_BUFS; i++)
@@ -391,8 +391,8 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
     g->tokens_host = kiln_xcalloc((size_t)d.N, sizeof(int32_t));
     g->losses_host = kiln_xcalloc((size_t)d.N, sizeof(float));
     build_spans(g);
-    if (g->plan
-            .host_bytes) { // the offloaded layer inputs (and attention outputs), and an event each way each
+    // the offloaded layer inputs (and attention outputs), and an event each way for each
+    if (g->plan.host_bytes) {
         g->host_acts = g->ops->host_alloc ? g->ops->host_alloc(g->ctx, g->plan.host_bytes) : NULL;
         if (!g->host_acts) {
             int sel = g->opts.recompute == KILN_RECOMPUTE_SELECTIVE;
