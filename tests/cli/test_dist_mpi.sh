@@ -118,8 +118,9 @@ t0=$(date +%s)
 wait $job
 rc=$?
 [ $rc -ne 0 ] && [ $(($(date +%s) - t0)) -le 20 ] && ok || bad "after a rank's SIGKILL the job exited $rc after $(($(date +%s) - t0)) s"
-sleep 0.5
-[ -z "$(pgrep -f "out=$T/kill")" ] && ok || bad "ranks left running after a rank's SIGKILL"
+# (mpirun may take a moment to reap the other rank on a loaded machine: up to 5 s)
+for _ in $(seq 50); do [ -z "$(pgrep -f "out=$T/kill")" ] && break; sleep 0.1; done
+[ -z "$(pgrep -f "out=$T/kill")" ] && ok || bad "ranks left running 5 s after a rank's SIGKILL: $(pgrep -af "out=$T/kill")"
 
 # kiln launch: a crashed 2-rank group restarts from its checkpoint to the uninterrupted run's weights
 "$KILN" launch --nproc-per-node=2 --max-restarts=2 --backoff=0 -- "${args[@]}" --max-steps=12 --zero=2 \
