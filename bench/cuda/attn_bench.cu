@@ -14,6 +14,7 @@
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
 //          attn_bench wgmma           (correctness shapes, then wgmma vs FA2 at T 1024/2048, HS 64/128)
+//          attn_bench block T NH HS   (the ring's block op: f32 kernels against tensor cores, bench_block)
 #include <algorithm>
 #include <math.h>
 #include <stdio.h>
@@ -188,6 +189,104 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
     return 0;
 }
 
+// The ring's attention-block op (sequence parallelism) at one length: queries of the sequence's second half
+// against keys of its first (a whole block, as most ring steps are) and the diagonal block (causal), forward
+// and backward, on the f32 kernels (KILN_ATTN_BLOCK=ref) and the tensor cores (tc); RoPE, as the 1.3B shape
+// runs. TFLOP/s count the visible pairs: Tq x Tk whole, half of it on the diagonal. The last column is tc's
+// largest relative error against ref over out and dq (a chunk of the sequence; ~1e-2 is bf16's P and dS).
+static void bench_block(struct kiln_backend *be, int T, int NH, int HS) {
+    const struct kiln_ops *ops = be->ops;
+    struct cuda_ctx *c = cuda_ctx_of(be->ctx);
+    int S = T / 2;
+    size_t W = (size_t)3 * NH * HS, C = (size_t)NH * HS, n_qkv = (size_t)T * W, n_out = (size_t)T * C;
+    void *qkv = ops->alloc(be->ctx, n_qkv * 2), *dqkv = ops->alloc(be->ctx, n_qkv * 2);
+    void *out = ops->alloc(be->ctx, n_out * 2), *dout = ops->alloc(be->ctx, n_out * 2);
+    float *lse = (float *)ops->alloc(be->ctx, (size_t)NH * T * 4);
+    std::vector<float> h(n_qkv);
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < h.size(); i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        h[i] = (float)((s >> 11) * (1.0 / 9007199254740992.0)) * 3.4641f - 1.7320f;
+    }
+    ops->upload_f32(be->ctx, qkv, KILN_BF16, h.data(), n_qkv);
+    ops->upload_f32(be->ctx, dout, KILN_BF16, h.data(), n_out);
+    std::vector<float> zeros(n_qkv, 0.0f);
+    const char *names[2] = {"whole", "diagonal"};
+    std::vector<float> first[2];
+    for (int kind = 0; kind < 2; kind++) {
+        int j0 = kind ? S : 0; // keys [j0, j0 + S) for queries [S, T)
+        bf16 *q = (bf16 *)qkv + (size_t)S * W, *k = (bf16 *)qkv + (size_t)j0 * W + C,
+             *v = (bf16 *)qkv + (size_t)j0 * W + 2 * C;
+        struct kiln_attn_block_args a = {};
+        a.out = (bf16 *)out + (size_t)S * C, a.lse = lse + S, a.q = q, a.k = k, a.v = v;
+        a.B = 1, a.Tq = S, a.Tk = S, a.NH = NH, a.NKV = NH, a.HS = HS, a.q0 = S, a.k0 = j0;
+        a.q_bstride = a.kv_bstride = n_qkv, a.out_bstride = n_out, a.lse_stride = T;
+        a.q_stride = a.kv_stride = (int)W, a.out_stride = (int)C;
+        a.pos = KILN_POS_ROPE, a.rope_theta = 10000.0f;
+        struct kiln_attn_block_back_args b = {};
+        b.blk = a;
+        b.dq = (bf16 *)dqkv + (size_t)S * W, b.dk = (bf16 *)dqkv + (size_t)j0 * W + C;
+        b.dv = (bf16 *)dqkv + (size_t)j0 * W + 2 * C, b.dout = (bf16 *)dout + (size_t)S * C;
+        double fl = 4.0 * S * S * HS * NH * (kind ? 0.5 : 1.0);
+        float err = 0;
+        for (int tc = 0; tc < 2; tc++) {
+            setenv("KILN_ATTN_BLOCK", tc ? "tc" : "ref", 1);
+            cudaEvent_t e0, e1, e2;
+            CUDA_CHECK(cudaEventCreate(&e0));
+            CUDA_CHECK(cudaEventCreate(&e1));
+            CUDA_CHECK(cudaEventCreate(&e2));
+            std::vector<float> tf, tb;
+            int reps = tc ? 13 : 4; // (the f32 kernels are slow)
+            ops->upload_f32(be->ctx, dqkv, KILN_BF16, zeros.data(), n_qkv); // the first call's dq: its gradient
+            for (int it = 0; it < reps; it++) {
+                CUDA_CHECK(cudaEventRecord(e0, c->stream));
+                ops->attention_block_forward(be->ctx, &a);
+                CUDA_CHECK(cudaEventRecord(e1, c->stream));
+                ops->attention_block_backward(be->ctx, &b);
+                CUDA_CHECK(cudaEventRecord(e2, c->stream));
+                CUDA_CHECK(cudaEventSynchronize(e2));
+                float f = 0, bw = 0;
+                CUDA_CHECK(cudaEventElapsedTime(&f, e0, e1));
+                CUDA_CHECK(cudaEventElapsedTime(&bw, e1, e2));
+                if (it >= 1)
+                    tf.push_back(f), tb.push_back(bw);
+                if (it == 0) { // the first call's out and dq (later calls add to dq)
+                    size_t n = std::min((size_t)1 << 20, (size_t)S * C);
+                    std::vector<float> o(n), d(n);
+                    ops->download_f32(be->ctx, o.data(), a.out, KILN_BF16, n);
+                    ops->download_f32(be->ctx, d.data(), b.dq, KILN_BF16, n);
+                    o.insert(o.end(), d.begin(), d.end());
+                    if (!tc) {
+                        first[kind] = o;
+                    } else {
+                        double num = 0, den = 0;
+                        for (size_t i = 0; i < o.size(); i++)
+                            num += (o[i] - first[kind][i]) * (o[i] - first[kind][i]),
+                                den += first[kind][i] * first[kind][i];
+                        err = (float)sqrt(num / (den > 0 ? den : 1));
+                    }
+                }
+            }
+            float mf = median(tf), mb = median(tb);
+            printf("block T=%-7d NH=%-3d HS=%-4d %-8s %-3s fwd %9.3f ms %6.1f TF/s  bwd %9.3f ms %6.1f TF/s", T, NH,
+                   HS, names[kind], tc ? "tc" : "ref", mf, fl / mf / 1e9, mb, 2.5 * fl / mb / 1e9);
+            if (tc)
+                printf("  vs ref %.1e", err);
+            printf("\n");
+            fflush(stdout);
+            CUDA_CHECK(cudaEventDestroy(e0));
+            CUDA_CHECK(cudaEventDestroy(e1));
+            CUDA_CHECK(cudaEventDestroy(e2));
+        }
+    }
+    unsetenv("KILN_ATTN_BLOCK");
+    ops->free(be->ctx, qkv);
+    ops->free(be->ctx, dqkv);
+    ops->free(be->ctx, out);
+    ops->free(be->ctx, dout);
+    ops->free(be->ctx, lse);
+}
+
 int main(int argc, char **argv) {
     if (kiln_cuda_device_count() == 0) {
         printf("attn_bench: no GPU: skipped\n");
@@ -222,6 +321,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 4; i++)
             for (int p = 0; p < 3; p++)
                 bench_one(&be, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][2], shapes[i][3], pos[p]);
+    } else if (argc == 5 && strcmp(argv[1], "block") == 0) {
+        bench_block(&be, atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
     } else if (argc == 5) {
         bench_one(&be, atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[3]), atoi(argv[4]),
                   KILN_POS_NONE);
