@@ -237,7 +237,8 @@ static void bench_block(struct kiln_backend *be, int T, int NH, int HS) {
             CUDA_CHECK(cudaEventCreate(&e2));
             std::vector<float> tf, tb;
             int reps = tc ? 13 : 4; // (the f32 kernels are slow)
-            ops->upload_f32(be->ctx, dqkv, KILN_BF16, zeros.data(), n_qkv); // the first call's dq: its gradient
+            // the first call's dq is its gradient alone
+            ops->upload_f32(be->ctx, dqkv, KILN_BF16, zeros.data(), n_qkv);
             for (int it = 0; it < reps; it++) {
                 CUDA_CHECK(cudaEventRecord(e0, c->stream));
                 ops->attention_block_forward(be->ctx, &a);
@@ -268,8 +269,8 @@ static void bench_block(struct kiln_backend *be, int T, int NH, int HS) {
                 }
             }
             float mf = median(tf), mb = median(tb);
-            printf("block T=%-7d NH=%-3d HS=%-4d %-8s %-3s fwd %9.3f ms %6.1f TF/s  bwd %9.3f ms %6.1f TF/s", T, NH,
-                   HS, names[kind], tc ? "tc" : "ref", mf, fl / mf / 1e9, mb, 2.5 * fl / mb / 1e9);
+            printf("block T=%-7d NH=%-3d HS=%-4d %-8s %-3s fwd %9.3f ms %6.1f TF/s  bwd %9.3f ms %6.1f TF/s", T,
+                   NH, HS, names[kind], tc ? "tc" : "ref", mf, fl / mf / 1e9, mb, 2.5 * fl / mb / 1e9);
             if (tc)
                 printf("  vs ref %.1e", err);
             printf("\n");
