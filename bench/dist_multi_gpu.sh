@@ -2,7 +2,8 @@
 # On a machine of several GPUs (nvidia-h200-x2/x4): NCCL data and sequence parallelism for real. kiln launch
 # starts one rank per GPU (torchrun-style environment, NCCL's id over the TCP store). Logs in $OUT; a table last.
 # KILN_PART is a list of what runs (issue 17's runs):
-#   tests    test_cuda_ops' attention-block cases (the f32 and the tensor-core kernels against the CPU)
+#   tests    test_cuda_ops' attention-block cases (the f32 and the tensor-core kernels against the CPU), then
+#            attn_bench block: both kernels' speed on a 64k ring step
 #   correct  DDP, ZeRO-1/2/3, Ulysses and ring against one GPU at the same global batch (deterministic
 #            kernels), and a checkpoint written on N GPUs resumed on 1
 #   scale    weak scaling (the same micro-batch per GPU) at KILN_SCALE_SHAPES (124m 350m 1.3b): kiln on 1 GPU
@@ -62,6 +63,8 @@ if has tests; then # the block op's kernels against the CPU (both families), bef
   echo "| test_cuda_ops attention_block (f32 and tensor-core kernels) | exit $?: $(grep -c ' PASS' "$OUT/test_block.log") PASS, $(grep -c ' FAIL' "$OUT/test_block.log") FAIL |" |
     tee -a "$OUT/table.md"
   grep ' FAIL' "$OUT/test_block.log" | head -5
+  # and their speed at the 1.3B shape's heads, a ring step of a 64k sequence (one GPU)
+  timeout 120 "$BUILD/attn_bench" block 65536 16 128 2>&1 | grep '^block' | tee -a "$OUT/table.md"
 fi
 
 if has correct; then
