@@ -190,8 +190,9 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
         tee -a "$OUT/table.md"
     done
     # what the overlap costs: DDP again with NCCL held to fewer channels (each a CTA, so fewer SMs taken from
-    # the backward), and a trace of how much of the reduction the compute stream waited for (KILN_TRACE_COMM)
-    for e in ${KILN_SCALE_NCCL_ENV-NCCL_MAX_NCHANNELS=8 NCCL_MAX_NCHANNELS=2}; do
+    # the backward) or NCCL's efficiency CTA policy, and a trace of how much of the reduction the compute
+    # stream waited for (KILN_TRACE_COMM)
+    for e in ${KILN_SCALE_NCCL_ENV-NCCL_MAX_NCHANNELS=8 NCCL_MAX_NCHANNELS=2 KILN_NCCL_CTA_POLICY=efficiency}; do
       intime 40 "$shape kiln zero 0, $e" || break
       env "$e" timeout 200 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --zero=0 \
         --out=/tmp/sc-$shape >>"$OUT/scale.log" 2>&1

@@ -361,6 +361,30 @@ extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_e
         return kiln_errorf(
             err, KILN_ERR_USAGE,
             "comm nccl (--comm): NCCL needs the cuda backend; use --device=cuda, or --comm=mpi");
+    // (before the rendezvous: a bad value stops every rank alike, none waits)
+    // KILN_NCCL_CTA_POLICY=efficiency|zero: NCCL 2.27+'s CTA policy, which trades collective speed for SMs
+    // left to the overlapped compute (issue 17's weak-scaling loss is the compute slowed beside the
+    // reduction); KILN_NCCL_MAX_CTAS=N caps the CTAs. Unset: NCCL's defaults. Split communicators inherit it.
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    const char *policy = getenv("KILN_NCCL_CTA_POLICY"), *max_ctas = getenv("KILN_NCCL_MAX_CTAS");
+    if (policy && *policy) {
+        if (!strcmp(policy, "efficiency"))
+            cfg.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY;
+        else if (!strcmp(policy, "zero"))
+            cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+        else if (strcmp(policy, "default"))
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "KILN_NCCL_CTA_POLICY=%s (environment): one of default, efficiency, zero",
+                               policy);
+    }
+    if (max_ctas && *max_ctas) {
+        char *end;
+        long n = strtol(max_ctas, &end, 10);
+        if (*end || n < 1 || n > 64)
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "KILN_NCCL_MAX_CTAS=%s (environment): a whole number 1 to 64", max_ctas);
+        cfg.maxCTAs = (int)n;
+    }
     int device = 0;
     CUDA_OK(cudaGetDevice(&device));
     ncclUniqueId id;
@@ -371,11 +395,12 @@ extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_e
     if (rc)
         return rc;
     ncclComm_t comm;
-    ncclResult_t r = ncclCommInitRank(&comm, env->world, id, env->rank);
+    ncclResult_t r = ncclCommInitRankConfig(&comm, env->world, id, env->rank, &cfg);
     if (r != ncclSuccess)
-        return kiln_errorf(err, KILN_ERR_RUNTIME,
-                           "NCCL (ncclCommInitRank, rank %d of %d, GPU %d): %s; NCCL_DEBUG=INFO says more",
-                           env->rank, env->world, device, ncclGetErrorString(r));
+        return kiln_errorf(
+            err, KILN_ERR_RUNTIME,
+            "NCCL (ncclCommInitRankConfig, rank %d of %d, GPU %d): %s; NCCL_DEBUG=INFO says more", env->rank,
+            env->world, device, ncclGetErrorString(r));
     c->impl = &nccl_impl;
     c->state = state_new(comm, NULL, c->be, device);
     trace.rank = env->rank, trace.world = env->world;

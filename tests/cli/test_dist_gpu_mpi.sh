@@ -65,6 +65,13 @@ for sp in "ref --sp-mode=ulysses" "ref --sp-mode=ring --pos=rope --heads=2 --kv-
 done
 "$KILN" train "${a[@]}" --comm=nccl --out="$T/nccl1" 2>"$T/err" || bad "NCCL at world size 1: $(tail -3 "$T/err")"
 close "$T/one" "$T/nccl1" && ok || bad "NCCL at world size 1 left the no-comm trajectory"
+# NCCL's CTA policy and cap (KILN_NCCL_CTA_POLICY, KILN_NCCL_MAX_CTAS): the same numbers, and a bad value is
+# one line before any rendezvous
+KILN_NCCL_CTA_POLICY=efficiency KILN_NCCL_MAX_CTAS=4 "$KILN" train "${a[@]}" --comm=nccl --out="$T/nccl1e" 2>"$T/err" ||
+  bad "NCCL with the efficiency CTA policy: $(tail -3 "$T/err")"
+close "$T/one" "$T/nccl1e" && ok || bad "NCCL's efficiency CTA policy left the no-comm trajectory"
+KILN_NCCL_CTA_POLICY=fast expect_error 2 "KILN_NCCL_CTA_POLICY=fast (environment): one of default, efficiency, zero" -- \
+  train "${a[@]}" --comm=nccl --out="$T/nccl1bad"
 # ZeRO-2's staging buffers over NCCL (reduce-scatter onto the shard, summed over micro-steps on the GPU)
 "$KILN" train "${a[@]}" --comm=nccl --zero=2 --out="$T/nccl1z2" 2>"$T/err" || bad "NCCL ZeRO-2: $(tail -3 "$T/err")"
 close "$T/one" "$T/nccl1z2" && ok || bad "NCCL ZeRO-2 at world size 1 left the no-comm trajectory"
