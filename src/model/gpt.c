@@ -905,6 +905,12 @@ static void offl_wait(struct kiln_gpt *g, const struct offl *o, int l, int to_ho
         g->ops->stream_wait(g->ctx, evs[l]);
 }
 
+// before entry e is written into its slot: the entry that slot held must have reached the host
+static void offl_claim(struct kiln_gpt *g, const struct offl *o, int e) {
+    if (o->host && offl_has(o, e - o->b->slots))
+        offl_wait(g, o, e - o->b->slots, 1);
+}
+
 double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
                         float z_loss) {
     KILN_ASSERT(g->opts.training || dloss == 0.0f);
@@ -933,20 +939,18 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
     gpt_norm_fwd(g, buf_at(&a->ln1, 0), buf_at(&a->mean1, 0), buf_at(&a->rstd1, 0), NULL, buf_at(&a->x, 0),
                  NULL, g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.N);
     int offload = dloss != 0.0f && g->host_acts; // a forward without a backward keeps nothing
-    const struct offl *ox = &g->off_x, *oa = &g->off_atty;
     for (int l = 0; l < d.L; l++) {
         HOOK(g, layer_begin, l, 0);
-        // the entries whose slots x[l + 1] and atty[l] take must have reached the host
-        if (offload && offl_has(ox, l + 1 - ox->b->slots))
-            offl_wait(g, ox, l + 1 - ox->b->slots, 1);
-        if (offload && offl_has(oa, l - (oa->b ? oa->b->slots : 0)))
-            offl_wait(g, oa, l - oa->b->slots, 1);
+        if (offload) { // layer l writes x[l + 1] and atty[l]
+            offl_claim(g, &g->off_x, l + 1);
+            offl_claim(g, &g->off_atty, l);
+        }
         layer_forward(g, &d, l, 1);
         HOOK(g, layer_end, l, 0);
-        if (offload && offl_has(ox, l))
-            offl_copy(g, ox, l, 1);
-        if (offload && offl_has(oa, l))
-            offl_copy(g, oa, l, 1);
+        const struct offl *offs[2] = {&g->off_x, &g->off_atty};
+        for (int i = 0; offload && i < 2; i++)
+            if (offl_has(offs[i], l))
+                offl_copy(g, offs[i], l, 1);
     }
     classifier(g, &d, dloss, z_loss);
     g->has_grad_forward = dloss != 0.0f;
