@@ -423,27 +423,22 @@ template <int HS> static void tc_backward(struct cuda_ctx *c, const struct blk_p
     CUDA_CHECK_LAUNCH();
 }
 
+// the head sizes these kernels take
+static int tc_takes(int HS) {
+    return HS == 64 || HS == 128;
+}
+
 int blk_tc_forward(struct cuda_ctx *c, const struct blk_params &p) {
-    switch (p.HS) {
-    case 64:
-        tc_forward<64>(c, p);
-        return 1;
-    case 128:
-        tc_forward<128>(c, p);
-        return 1;
-    }
-    return 0;
+    if (!tc_takes(p.HS))
+        return 0;
+    p.HS == 64 ? tc_forward<64>(c, p) : tc_forward<128>(c, p);
+    return 1;
 }
 
 int blk_tc_backward(struct cuda_ctx *c, const struct blk_params &p) {
-    switch (p.HS) {
-    case 64:
-        tc_backward<64>(c, p);
-        return 1;
-    case 128:
-        tc_backward<128>(c, p);
-        return 1;
-    }
-    return 0;
+    if (!tc_takes(p.HS))
+        return 0;
+    p.HS == 64 ? tc_backward<64>(c, p) : tc_backward<128>(c, p);
+    return 1;
 }
 #endif
