@@ -168,10 +168,12 @@ if has scale; then
     124m) B=32 L=12 D=768 H=12 ;;
     350m) B=16 L=24 D=1024 H=16 ;;
     1.3b) B=8 L=24 D=2048 H=16 ;;
+    tiny) B=2 L=2 D=64 H=2 ;; # (a smoke test of this part: KILN_BENCH_DEVICE=cpu KILN_NG=2)
     *) echo "unknown shape $shape" && continue ;;
     esac
     w=(--preset=gpt2-124m --layers=$L --dim=$D --heads=$H --data=random --seq=1024 --batch=$B --max-steps=25
-      --warmup=5 --device=cuda --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1)
+      --warmup=5 --device="${KILN_BENCH_DEVICE:-cuda}" --eval-every=0 --checkpoint=0 --save-model=0 --quiet
+      --log-every=1)
     intime 40 "$shape kiln" || break
     timeout 200 "$K" train "${w[@]}" --grad-dtype=fp32 --out=/tmp/s1-$shape >"$OUT/scale.log" 2>&1
     read -r ms1 tok1 gib1 mfu1 < <(kstats /tmp/s1-$shape/metrics.jsonl)
@@ -205,8 +207,9 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
       rm -f /tmp/tr-$shape.csv*
       KILN_TRACE_COMM=/tmp/tr-$shape.csv timeout 200 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" \
         --zero=0 --out=/tmp/st-$shape >>"$OUT/scale.log" 2>&1
-      echo "| $shape B=$B, kiln $NG GPUs zero 0, traced (rank 0, after the first quarter) | $(python3 bench/overlap.py /tmp/tr-$shape.csv.rank0 25% 2>&1 | sed 's/^trace //' | tr '\n' ';') |" |
-        tee -a "$OUT/table.md"
+      tr="no trace came out (KILN_TRACE_COMM is the NCCL transport's)"
+      [ -s /tmp/tr-$shape.csv.rank0 ] && tr=$(python3 bench/overlap.py /tmp/tr-$shape.csv.rank0 25% 2>&1 | sed 's/^trace //' | tr '\n' ';')
+      echo "| $shape B=$B, kiln $NG GPUs zero 0, traced (rank 0, after the first quarter) | $tr |" | tee -a "$OUT/table.md"
       rm -rf /tmp/st-$shape
     fi
     p=(bench/torch_fsdp.py --layers $L --dim $D --heads $H --batch $B --seq 1024 --compile 1 --steps 15 --warmup 5)
