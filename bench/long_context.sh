@@ -7,7 +7,8 @@
 # baseline) up to KILN_TORCH_MAX tokens, in the same call. KILN_PART=tests|sweep|all picks what runs. A
 # length runs 10 steps up to 16k tokens, 5 up to 64k, 3 up to 256k, 2 beyond (the first is not timed): at
 # 512k and more, one length is a device call of its own (KILN_LENGTHS=524288). KILN_RECOMPUTE=selective|mlp runs kiln
-# with less recompute (the attention's forward kept, not redone), where it fits: the 32k-64k gap's candidate.
+# with less recompute (the attention's forward kept, not redone), where it fits: the 32k-64k gap's candidate;
+# KILN_RECOMPUTE=auto lets kiln take the least recompute that fits the GPU at each length (the row says which).
 # Logs in $OUT (few files: the device returns at most 8), each row printed as soon as it is measured; the rows
 # also go to long_context.csv and, through kiln plot --bars, long_context.png (tokens/s and TFLOPS a length).
 set -u
@@ -96,6 +97,8 @@ for T in $LENGTHS; do
       ttok="failed: $(tail -1 "$OUT/torch.log" | cut -c1-60)"
     fi
   fi
+  # (auto: the mode it chose)
+  [ "$RECOMPUTE" = auto ] && off="$off, $(grep -o 'recompute=auto: [a-z]*' "$OUT/run.log" | head -1)"
   echo "| $T | $tok | $tf | $mfu | $gib | $off | $ttok | $tgib | $ratio |" | tee -a "$OUT/table.md"
   label=$T
   [ $((T % 1024)) -eq 0 ] && label=$((T / 1024))k

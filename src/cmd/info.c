@@ -8,6 +8,7 @@
 #include "model/gpt.h"
 #include "dist/comm.h"
 #include "train/dp.h"
+#include "train/plan.h"
 #include "train/sp.h"
 #include "train/embedded.h"
 #include "train/tuning.h"
@@ -34,46 +35,48 @@ static void print_plan(const char *label, const struct kiln_mem_plan *p, int tok
 static void print_rank_plan(const char *label, const struct kiln_config *cfg,
                             const struct kiln_param_table *pt, int world, const struct kiln_sp_layout *sp,
                             enum kiln_dtype act, enum kiln_dtype grad, int alias) {
-    struct kiln_dp_opts o = {.zero = cfg->zero,
-                             .bucket_mb = cfg->bucket_mb,
-                             .prefetch = cfg->prefetch,
-                             .keep_gathered = !cfg->zero3_reshard,
-                             .accumulate_whole = cfg->zero3_accumulate == KILN_ACCUMULATE_WHOLE,
-                             .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0};
-    kiln_dp_tuning_from_env(&o);
-    struct kiln_gpt_opts go = {.B = cfg->batch_size,
-                               .T = sp->T_local,
-                               .recompute = cfg->recompute,
-                               .training = 1,
-                               .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
-    kiln_gpt_tuning_from_env(&go);
-    struct kiln_dp_mem dm;
-    kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &dm);
-    struct kiln_mem_plan p;
-    kiln_gpt_plan(&cfg->model, &go, act, grad, alias, &p);
-    size_t state = p.params_bytes + p.weights_bytes + p.grads_bytes + p.optim_bytes + dm.grad_shard;
-    size_t sp_bytes = kiln_sp_buffer_bytes(sp, &cfg->model, cfg->batch_size, act);
-    size_t total = p.total_bytes + dm.staging + dm.grad_shard + dm.gathered + sp_bytes;
+    struct kiln_rank_plan rp;
+    kiln_rank_plan(cfg, pt, world, sp, cfg->recompute, act, grad, alias, &rp);
+    const struct kiln_mem_plan *p = &rp.model;
+    size_t state = p->params_bytes + p->weights_bytes + p->grads_bytes + p->optim_bytes + rp.dp.grad_shard;
     printf("per rank (%s; zero %d, %d ranks%s):\n", label, cfg->zero, world,
-           o.offload ? ", optimizer offloaded" : "");
+           rp.dpo.offload ? ", optimizer offloaded" : "");
     if (sp->sp > 1)
         printf("  sequence parallelism: sp %d (%d Ulysses x %d ring) x dp %d, %d of %d tokens a rank, "
                "buffers %.3f "
                "GiB\n",
-               sp->sp, sp->ulysses, sp->ring, sp->dp, sp->T_local, sp->T, sp_bytes / GIB);
+               sp->sp, sp->ulysses, sp->ring, sp->dp, sp->T_local, sp->T, rp.sp_bytes / GIB);
     printf("  sharded state: %zu bytes (%.3f GiB: master %.3f, compute copy %.3f, gradients %.3f, moments "
            "%.3f)\n",
-           state, state / GIB, p.params_bytes / GIB, p.weights_bytes / GIB,
-           (p.grads_bytes + dm.grad_shard) / GIB, p.optim_bytes / GIB);
-    printf("  gradient staging %.3f GiB, gathered weights %.3f GiB, activations %.3f GiB\n", dm.staging / GIB,
-           dm.gathered / GIB, p.acts_bytes / GIB);
-    if (o.accumulate_whole) // counted in the gradients above, but whole on every rank: it does not fall as
-                            // 1/N
+           state, state / GIB, p->params_bytes / GIB, p->weights_bytes / GIB,
+           (p->grads_bytes + rp.dp.grad_shard) / GIB, p->optim_bytes / GIB);
+    printf("  gradient staging %.3f GiB, gathered weights %.3f GiB, activations %.3f GiB\n",
+           rp.dp.staging / GIB, rp.dp.gathered / GIB, p->acts_bytes / GIB);
+    if (rp.dpo.accumulate_whole) // counted in the gradients above, but whole on every rank: it does not fall
+                                 // as 1/N
         printf("  of the gradients, whole on every rank (--zero3-accumulate=whole): %.3f GiB\n",
-               p.grads_bytes / GIB);
-    if (o.offload)
-        printf("  host memory (offload): %zu bytes (%.3f GiB)\n", dm.host, dm.host / GIB);
-    printf("  per rank: %zu bytes (%.3f GiB) on the %s\n", total, total / GIB, alias ? "cpu" : "gpu");
+               p->grads_bytes / GIB);
+    if (rp.dpo.offload)
+        printf("  host memory (offload): %zu bytes (%.3f GiB)\n", rp.dp.host, rp.dp.host / GIB);
+    printf("  per rank: %zu bytes (%.3f GiB) on the %s\n", rp.total, rp.total / GIB, alias ? "cpu" : "gpu");
+}
+
+// --recompute=auto: each candidate's per-rank plan on a GPU; the trainer takes the first that fits the GPU's
+// free memory (less its margin, train/trainer.c), and act on the CPU, which states no limit. The rest of info
+// plans with the CPU's choice (selective with --offload=activations).
+static enum kiln_recompute print_auto(const struct kiln_config *cfg, const struct kiln_param_table *pt,
+                                      int world, const struct kiln_sp_layout *sp, enum kiln_dtype grad) {
+    static const enum kiln_recompute order[] = {KILN_RECOMPUTE_NONE, KILN_RECOMPUTE_ACT, KILN_RECOMPUTE_MLP,
+                                                KILN_RECOMPUTE_SELECTIVE, KILN_RECOMPUTE_BLOCK};
+    printf(
+        "\n--recompute=auto: the first of these whose plan fits the GPU's free memory (cuda, per rank):\n");
+    int first = cfg->offload & KILN_OFFLOAD_ACTIVATIONS ? 3 : 0;
+    for (int i = first; i < 5; i++) {
+        struct kiln_rank_plan rp;
+        kiln_rank_plan(cfg, pt, world, sp, order[i], KILN_BF16, grad, 0, &rp);
+        printf("  %-10s %.3f GiB\n", kiln_recompute_name(order[i]), rp.total / GIB);
+    }
+    return first ? KILN_RECOMPUTE_SELECTIVE : KILN_RECOMPUTE_ACT;
 }
 
 // --world=N (kiln info only: a training job's size comes from its launcher): removed from argv, 1 when absent
@@ -131,6 +134,10 @@ int cmd_info(int argc, char **argv) {
     kiln_config_write(&cfg, stdout);
     struct kiln_param_table pt;
     kiln_params_build(&pt, &cfg.model);
+    if (cfg.recompute == KILN_RECOMPUTE_AUTO) {
+        cfg.recompute = print_auto(&cfg, &pt, world, &sp, kiln_config_grad_dtype(&cfg, 1));
+        printf("(the plans below: --recompute=%s)\n", kiln_recompute_name(cfg.recompute));
+    }
     const struct kiln_model_config *m = &cfg.model;
     printf(
         "\nmodel: %d layers, %d heads (%d kv), dim %d, head size %d, mlp hidden %d, vocab %d (padded %d)\n",

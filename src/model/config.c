@@ -86,9 +86,10 @@ static const struct opt OPTS[] = {
     {"device", OPT_ENUM, OFF(device), 0, 0, "auto cpu cuda", "compute backend"},
     {"threads", OPT_INT, OFF(threads), 0, 4096, NULL, "CPU threads (0 = all cores)"},
     {"deterministic", OPT_BOOL, OFF(deterministic), 0, 1, NULL, "bitwise-repeatable GPU kernels"},
-    {"recompute", OPT_ENUM, OFF(recompute), 0, 0, "none mlp block act selective",
+    {"recompute", OPT_ENUM, OFF(recompute), 0, 0, "none mlp block act selective auto",
      "activation recompute (act: the MLP activation's output, from its kept input; selective: as block, but "
-     "each layer keeps its attention's output, so the backward does not redo the attention: long context)"},
+     "each layer keeps its attention's output, so the backward does not redo the attention: long context; "
+     "auto: the least of none, act, mlp, selective, block whose memory plan fits the GPU's free memory)"},
     {"grad-dtype", OPT_ENUM, OFF(grad_dtype), 0, 0, "auto fp32 bf16",
      "parameter gradients (auto = bf16 on CUDA when a step is one micro-step, else fp32)"},
     {"peak-flops", OPT_DOUBLE, OFF(peak_flops), 0, 1e18, NULL,
@@ -777,7 +778,7 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
                            "RUN/metrics.jsonl; add --out=DIR",
                            c->tensorboard);
     if ((c->offload & KILN_OFFLOAD_ACTIVATIONS) && c->recompute != KILN_RECOMPUTE_BLOCK &&
-        c->recompute != KILN_RECOMPUTE_SELECTIVE)
+        c->recompute != KILN_RECOMPUTE_SELECTIVE && c->recompute != KILN_RECOMPUTE_AUTO)
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "offload %s without --recompute=block (--offload): what goes to the host is each "
                            "layer's input, which is all the backward keeps only when it recomputes whole "

@@ -17,12 +17,14 @@ enum kiln_schedule { KILN_SCHED_COSINE = 0, KILN_SCHED_LINEAR, KILN_SCHED_CONSTA
 // act: only the MLP activation's output is recomputed (from its kept input), as torch.compile does
 // what the backward recomputes (docs/architecture.md): selective is block, less the attention, whose output
 // and log-sum-exp each layer keeps
+// auto: the least recompute whose memory plan fits the device, chosen when training starts (train/plan.h)
 enum kiln_recompute {
     KILN_RECOMPUTE_NONE = 0,
     KILN_RECOMPUTE_MLP,
     KILN_RECOMPUTE_BLOCK,
     KILN_RECOMPUTE_ACT,
-    KILN_RECOMPUTE_SELECTIVE
+    KILN_RECOMPUTE_SELECTIVE,
+    KILN_RECOMPUTE_AUTO
 };
 enum kiln_grad_dtype { KILN_GRAD_AUTO = 0, KILN_GRAD_FP32, KILN_GRAD_BF16 };
 // what lives in host memory (bits): the optimizer's state, the layer inputs kept for the recompute, or both

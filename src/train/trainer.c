@@ -27,6 +27,7 @@
 #include "train/metrics.h"
 #include "train/schedule.h"
 #include "train/dp.h"
+#include "train/plan.h"
 #include "train/sp.h"
 #include "train/tuning.h"
 #include "train/train_ckpt.h"
@@ -572,6 +573,54 @@ static int start_watchdog(struct run *r, struct kiln_error *err) {
     return kiln_watchdog_start(&o, err);
 }
 
+// --recompute=auto (train/plan.h): the least recompute whose plan fits this rank's GPU, less a margin for
+// what the plan does not count (the CUDA context, cuBLASLt's and the attention's workspaces, NCCL's buffers):
+// 10% of the free memory and 1 GiB. The CPU states no limit: act, the default, there. Every rank takes the
+// most recompute any rank chose, so that all run the same collectives (sequence parallelism's attention is
+// one). KILN_MEM_BUDGET_MB sets the budget instead (tests).
+static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
+                                   const struct kiln_param_table *pt) {
+    size_t free_b = r->be.mem_free_bytes, budget = 0, planned = 0;
+    const char *env = getenv("KILN_MEM_BUDGET_MB");
+    char *end = NULL;
+    double mb = env && *env ? strtod(env, &end) : 0;
+    if (env && *env && (*end || !(mb > 0 && mb < 1e12)))
+        fprintf(stderr, "kiln: KILN_MEM_BUDGET_MB=%s (environment) is not a number of MiB: ignored\n", env);
+    else if (env && *env)
+        budget = (size_t)(mb * 1048576.0);
+    else if (free_b > ((size_t)1 << 30))
+        budget = free_b - free_b / 10 - ((size_t)1 << 30);
+    enum kiln_recompute rc = KILN_RECOMPUTE_ACT;
+    if (budget)
+        rc = kiln_recompute_auto(cfg, pt, r->env.world, &r->sp_lo, r->be.act_dtype, r->be.grad_dtype,
+                                 r->be.weights_alias_master, budget, &planned);
+    else if (cfg->offload & KILN_OFFLOAD_ACTIVATIONS)
+        rc = KILN_RECOMPUTE_SELECTIVE;
+    if (r->comm) { // the order of memory: none > act > mlp > selective > block
+        static const int rank_of[] = {[KILN_RECOMPUTE_NONE] = 0,
+                                      [KILN_RECOMPUTE_ACT] = 1,
+                                      [KILN_RECOMPUTE_MLP] = 2,
+                                      [KILN_RECOMPUTE_SELECTIVE] = 3,
+                                      [KILN_RECOMPUTE_BLOCK] = 4};
+        static const enum kiln_recompute of_rank[] = {KILN_RECOMPUTE_NONE, KILN_RECOMPUTE_ACT,
+                                                      KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_SELECTIVE,
+                                                      KILN_RECOMPUTE_BLOCK};
+        int32_t k = rank_of[rc];
+        kiln_comm_all_reduce_host(r->comm, &k, 1, KILN_I32, KILN_RED_MAX);
+        rc = of_rank[k];
+    }
+    cfg->recompute = rc;
+    if (r->rank0) { // (printed also with --quiet, as the resume line: it decides the run's memory and speed)
+        if (budget)
+            fprintf(stderr,
+                    "kiln: --recompute=auto: %s (planned %.2f GiB of a %.2f GiB budget on the device)\n",
+                    kiln_recompute_name(rc), planned / 1073741824.0, budget / 1073741824.0);
+        else
+            fprintf(stderr, "kiln: --recompute=auto: %s (the %s states no memory limit)\n",
+                    kiln_recompute_name(rc), r->be.name);
+    }
+}
+
 // The job's place (launcher environment), the backend on this rank's device, the communicators, the data
 // (this rank's part), the model, resume, and the run directory.
 static int run_setup(struct run *r, struct kiln_error *err) {
@@ -627,6 +676,8 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     }
     struct kiln_param_table pt;
     kiln_params_build(&pt, &cfg->model);
+    if (cfg->recompute == KILN_RECOMPUTE_AUTO)
+        resolve_auto_recompute(r, cfg, &pt);
     struct kiln_gpt_opts go = {.B = cfg->batch_size,
                                .T = r->sp_lo.T_local,
                                .recompute = cfg->recompute,

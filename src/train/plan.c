@@ -1,0 +1,53 @@
+// The per-rank memory plan and --recompute=auto (plan.h).
+#include "train/plan.h"
+
+#include <string.h>
+
+#include "train/tuning.h"
+
+void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_param_table *pt, int world,
+                    const struct kiln_sp_layout *sp, enum kiln_recompute rc, enum kiln_dtype act,
+                    enum kiln_dtype grad, int alias, struct kiln_rank_plan *out) {
+    memset(out, 0, sizeof(*out));
+    struct kiln_dp_opts o = {.zero = cfg->zero,
+                             .bucket_mb = cfg->bucket_mb,
+                             .prefetch = cfg->prefetch,
+                             .keep_gathered = !cfg->zero3_reshard,
+                             .accumulate_whole = cfg->zero3_accumulate == KILN_ACCUMULATE_WHOLE,
+                             .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0};
+    kiln_dp_tuning_from_env(&o);
+    out->dpo = o;
+    struct kiln_gpt_opts go = {.B = cfg->batch_size,
+                               .T = sp->T_local,
+                               .recompute = rc,
+                               .training = 1,
+                               .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
+    kiln_gpt_tuning_from_env(&go);
+    if (world > 1 || cfg->zero || o.offload)
+        kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &out->dp);
+    kiln_gpt_plan(&cfg->model, &go, act, grad, alias, &out->model);
+    out->sp_bytes = kiln_sp_buffer_bytes(sp, &cfg->model, cfg->batch_size, act);
+    out->total =
+        out->model.total_bytes + out->dp.staging + out->dp.grad_shard + out->dp.gathered + out->sp_bytes;
+}
+
+enum kiln_recompute kiln_recompute_auto(const struct kiln_config *cfg, const struct kiln_param_table *pt,
+                                        int world, const struct kiln_sp_layout *sp, enum kiln_dtype act,
+                                        enum kiln_dtype grad, int alias, size_t budget, size_t *planned) {
+    static const enum kiln_recompute order[] = {KILN_RECOMPUTE_NONE, KILN_RECOMPUTE_ACT, KILN_RECOMPUTE_MLP,
+                                                KILN_RECOMPUTE_SELECTIVE, KILN_RECOMPUTE_BLOCK};
+    int first = cfg->offload & KILN_OFFLOAD_ACTIVATIONS ? 3 : 0; // the offload needs whole-block recompute
+    struct kiln_rank_plan p;
+    for (int i = first; i < 5; i++) {
+        kiln_rank_plan(cfg, pt, world, sp, order[i], act, grad, alias, &p);
+        *planned = p.total;
+        if (p.total <= budget || i == 4)
+            return order[i];
+    }
+    return KILN_RECOMPUTE_BLOCK;
+}
+
+const char *kiln_recompute_name(enum kiln_recompute rc) {
+    static const char *const names[] = {"none", "mlp", "block", "act", "selective", "auto"};
+    return (unsigned)rc < sizeof(names) / sizeof(names[0]) ? names[rc] : "?";
+}

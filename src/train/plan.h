@@ -1,0 +1,35 @@
+// The memory a training rank plans for: the model's plan (kiln_gpt_plan) under the data- and
+// sequence-parallel options, and what dp.c and sp.c add. kiln info prints it; --recompute=auto chooses by it.
+#ifndef KILN_TRAIN_PLAN_H
+#define KILN_TRAIN_PLAN_H
+
+#include "model/config.h"
+#include "model/gpt.h"
+#include "model/params.h"
+#include "train/dp.h"
+#include "train/sp.h"
+
+struct kiln_rank_plan {
+    struct kiln_mem_plan model; // what the model holds (ZeRO shards its state)
+    struct kiln_dp_mem dp;      // what data parallelism adds (zero when it is off)
+    struct kiln_dp_opts dpo;    // the options it was planned with
+    size_t sp_bytes;            // sequence parallelism's buffers
+    size_t total;               // on the device (on the CPU: kiln's counted allocations)
+};
+
+// Rank 0's plan (the ranks' differ by an element a bucket at most) with recompute rc, for a backend of these
+// dtypes (alias: the compute weights are the master, as on the CPU). Data parallelism is counted where the
+// trainer runs it: several ranks, --zero or --offload=optimizer.
+void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_param_table *pt, int world,
+                    const struct kiln_sp_layout *sp, enum kiln_recompute rc, enum kiln_dtype act,
+                    enum kiln_dtype grad, int alias, struct kiln_rank_plan *out);
+
+// --recompute=auto: the fastest of none, act, mlp, selective and block (in that order, each holding less)
+// whose plan fits `budget` bytes; with --offload=activations only selective and block, which it takes.
+// block when none fits (the run then fails as it would have). *planned gets the choice's total.
+enum kiln_recompute kiln_recompute_auto(const struct kiln_config *cfg, const struct kiln_param_table *pt,
+                                        int world, const struct kiln_sp_layout *sp, enum kiln_dtype act,
+                                        enum kiln_dtype grad, int alias, size_t budget, size_t *planned);
+const char *kiln_recompute_name(enum kiln_recompute rc);
+
+#endif
