@@ -76,6 +76,15 @@ static enum kiln_recompute print_auto(const struct kiln_config *cfg, const struc
         kiln_rank_plan(cfg, pt, world, sp, order[i], KILN_BF16, grad, 0, &rp);
         printf("  %-10s %.3f GiB\n", kiln_recompute_name(order[i]), rp.total / GIB);
     }
+    // with KILN_MEM_BUDGET_MB, what the trainer would take under it with this machine's CPU (f32) plans
+    size_t budget = kiln_recompute_budget(0), planned = 0;
+    if (budget) {
+        enum kiln_recompute rc = kiln_recompute_auto(cfg, pt, world, sp, KILN_F32,
+                                                     kiln_config_grad_dtype(cfg, 0), 1, budget, &planned);
+        printf("under KILN_MEM_BUDGET_MB (%zu bytes), on the cpu: %s (planned %zu bytes)\n", budget,
+               kiln_recompute_name(rc), planned);
+        return rc;
+    }
     return first ? KILN_RECOMPUTE_SELECTIVE : KILN_RECOMPUTE_ACT;
 }
 

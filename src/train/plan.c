@@ -1,6 +1,8 @@
 // The per-rank memory plan and --recompute=auto (plan.h).
 #include "train/plan.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "train/tuning.h"
@@ -50,4 +52,16 @@ enum kiln_recompute kiln_recompute_auto(const struct kiln_config *cfg, const str
 const char *kiln_recompute_name(enum kiln_recompute rc) {
     static const char *const names[] = {"none", "mlp", "block", "act", "selective", "auto"};
     return (unsigned)rc < sizeof(names) / sizeof(names[0]) ? names[rc] : "?";
+}
+
+size_t kiln_recompute_budget(size_t free_bytes) {
+    const char *env = getenv("KILN_MEM_BUDGET_MB");
+    if (env && *env) {
+        char *end;
+        double mb = strtod(env, &end);
+        if (!*end && mb > 0 && mb < 1e12)
+            return (size_t)(mb * 1048576.0);
+        fprintf(stderr, "kiln: KILN_MEM_BUDGET_MB=%s (environment) is not a number of MiB: ignored\n", env);
+    }
+    return free_bytes > ((size_t)1 << 30) ? free_bytes - free_bytes / 10 - ((size_t)1 << 30) : 0;
 }

@@ -573,23 +573,12 @@ static int start_watchdog(struct run *r, struct kiln_error *err) {
     return kiln_watchdog_start(&o, err);
 }
 
-// --recompute=auto (train/plan.h): the least recompute whose plan fits this rank's GPU, less a margin for
-// what the plan does not count (the CUDA context, cuBLASLt's and the attention's workspaces, NCCL's buffers):
-// 10% of the free memory and 1 GiB. The CPU states no limit: act, the default, there. Every rank takes the
-// most recompute any rank chose, so that all run the same collectives (sequence parallelism's attention is
-// one). KILN_MEM_BUDGET_MB sets the budget instead (tests).
+// --recompute=auto (train/plan.h): the least recompute whose plan fits this rank's GPU
+// (kiln_recompute_budget). The CPU states no limit: act, the default, there. Every rank takes the most
+// recompute any rank chose, so that all run the same collectives (sequence parallelism's attention is one).
 static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
                                    const struct kiln_param_table *pt) {
-    size_t free_b = r->be.mem_free_bytes, budget = 0, planned = 0;
-    const char *env = getenv("KILN_MEM_BUDGET_MB");
-    char *end = NULL;
-    double mb = env && *env ? strtod(env, &end) : 0;
-    if (env && *env && (*end || !(mb > 0 && mb < 1e12)))
-        fprintf(stderr, "kiln: KILN_MEM_BUDGET_MB=%s (environment) is not a number of MiB: ignored\n", env);
-    else if (env && *env)
-        budget = (size_t)(mb * 1048576.0);
-    else if (free_b > ((size_t)1 << 30))
-        budget = free_b - free_b / 10 - ((size_t)1 << 30);
+    size_t budget = kiln_recompute_budget(r->be.mem_free_bytes), planned = 0;
     enum kiln_recompute rc = KILN_RECOMPUTE_ACT;
     if (budget)
         rc = kiln_recompute_auto(cfg, pt, r->env.world, &r->sp_lo, r->be.act_dtype, r->be.grad_dtype,

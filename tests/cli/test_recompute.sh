@@ -46,35 +46,37 @@ same_weights "$T/kept" "$T/sel" && [ "$(cut -d, -f1-4 "$T/kept/metrics.jsonl")" 
   ok || bad "--recompute=selective changed the run"
 
 # --recompute=auto takes the least recompute whose plan fits the budget (KILN_MEM_BUDGET_MB stands in for a
-# GPU's free memory), block when none fits, selective or block with --offload=activations, and act on the CPU
-# without a budget; it says which on stderr and trains
+# GPU's free memory): walked down through kiln info, each budget just under the last choice's plan takes the
+# next mode, none to block, then block when nothing fits; selective first with --offload=activations; act on
+# the CPU without a budget; and the trainer takes what info says, says so, and trains
 m=(--layers=4 --heads=2 --dim=128 --seq=1024 --block-size=1024 --batch=4 --max-steps=1 --eval-every=0 --quiet
   --threads=1 --checkpoint=0 --save-model=0)
-mib() { "$KILN" info "${m[@]}" "$@" | awk '/^  total/ {print $2 * 1024; exit}'; }
-declare -A plan
-for rc in none act mlp selective block; do plan[$rc]=$(mib --recompute=$rc); done
-python3 -c "import sys; v = list(map(float, sys.argv[1:])); assert all(a > b for a, b in zip(v, v[1:])), v" \
-  "${plan[none]}" "${plan[act]}" "${plan[mlp]}" "${plan[selective]}" "${plan[block]}" && ok ||
-  bad "the plans do not fall from none to block: ${plan[*]}"
-auto() { # BUDGET_MIB EXPECTED [ARGS]: the mode auto picks under that budget
-  local budget=$1 want=$2
-  shift 2
-  KILN_MEM_BUDGET_MB=$budget "$KILN" train "${m[@]}" --recompute=auto "$@" --out="$T/auto" 2>"$T/err" ||
-    { bad "auto under $budget MiB failed: $(cat "$T/err")"; return; }
-  grep -q "^kiln: --recompute=auto: $want (planned" "$T/err" && ok ||
-    bad "auto under $budget MiB: expected $want, got: $(cat "$T/err")"
+pick() { # BUDGET_MIB [ARGS]: "MODE PLANNED_BYTES" that kiln info says auto takes
+  local budget=$1
+  shift
+  KILN_MEM_BUDGET_MB=$budget "$KILN" info "${m[@]}" --recompute=auto "$@" |
+    awk '/^under KILN_MEM_BUDGET_MB/ {print $(NF - 3), $(NF - 1)}'
 }
-mid() { python3 -c "import sys; print((float(sys.argv[1]) + float(sys.argv[2])) / 2)" "$1" "$2"; }
-auto 100000 none
-auto "$(mid "${plan[none]}" "${plan[act]}")" act
-auto "$(mid "${plan[act]}" "${plan[mlp]}")" mlp
-auto "$(mid "${plan[mlp]}" "${plan[selective]}")" selective
-auto "$(mid "${plan[selective]}" "${plan[block]}")" block
-auto 1 block
-auto 100000 selective --offload=activations
-"$KILN" train "${m[@]}" --recompute=auto --out="$T/auto" 2>"$T/err" && grep -q "^kiln: --recompute=auto: act (the cpu states no memory limit)" "$T/err" &&
-  ok || bad "auto on the CPU without a budget: $(cat "$T/err")"
-"$KILN" info "${m[@]}" --recompute=auto | grep -q "^--recompute=auto: the first of these" && ok ||
-  bad "kiln info --recompute=auto lists no candidates"
+budget=1000000 seen=""
+for want in none act mlp selective block; do
+  read -r got planned < <(pick $budget)
+  [ "$got" = "$want" ] && ok || bad "auto under $budget MiB: expected $want, got '$got'"
+  seen="$seen $got:$planned"
+  budget=$(python3 -c "print(($planned - 4096) / 1048576)") # just under this choice's plan
+done
+read -r got _ < <(pick 0.01)
+[ "$got" = block ] && ok || bad "auto when nothing fits: expected block, got '$got' ($seen)"
+read -r got _ < <(pick 1000000 --offload=activations)
+[ "$got" = selective ] && ok || bad "auto with --offload=activations: expected selective, got '$got'"
+read -r want planned < <(pick 100)
+KILN_MEM_BUDGET_MB=100 "$KILN" train "${m[@]}" --recompute=auto --out="$T/auto" 2>"$T/err" &&
+  grep -q "^kiln: --recompute=auto: $want (planned" "$T/err" && grep -q "^recompute = $want$" "$T/auto/config" && ok ||
+  bad "training under 100 MiB: expected $want (as info said), got: $(cat "$T/err")"
+"$KILN" train "${m[@]}" --recompute=auto --out="$T/auto" 2>"$T/err" &&
+  grep -q "^kiln: --recompute=auto: act (the cpu states no memory limit)" "$T/err" && ok ||
+  bad "auto on the CPU without a budget: $(cat "$T/err")"
+KILN_MEM_BUDGET_MB=lots "$KILN" info "${m[@]}" --recompute=auto 2>&1 >/dev/null |
+  grep -q "KILN_MEM_BUDGET_MB=lots (environment) is not a number of MiB: ignored" && ok ||
+  bad "a bad KILN_MEM_BUDGET_MB is not named"
 
 finish
