@@ -66,8 +66,7 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg,
 // plans with the CPU's choice (selective with --offload=activations).
 static enum kiln_recompute print_auto(const struct kiln_config *cfg, const struct kiln_param_table *pt,
                                       int world, const struct kiln_sp_layout *sp, enum kiln_dtype grad) {
-    static const enum kiln_recompute order[] = {KILN_RECOMPUTE_NONE, KILN_RECOMPUTE_ACT, KILN_RECOMPUTE_MLP,
-                                                KILN_RECOMPUTE_SELECTIVE, KILN_RECOMPUTE_BLOCK};
+    const enum kiln_recompute *order = kiln_recompute_by_memory;
     printf(
         "\n--recompute=auto: the first of these whose plan fits the GPU's free memory (cuda, per rank):\n");
     int first = cfg->offload & KILN_OFFLOAD_ACTIVATIONS ? 3 : 0;

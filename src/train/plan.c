@@ -33,11 +33,14 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_param_table
         out->model.total_bytes + out->dp.staging + out->dp.grad_shard + out->dp.gathered + out->sp_bytes;
 }
 
+const enum kiln_recompute kiln_recompute_by_memory[5] = {KILN_RECOMPUTE_NONE, KILN_RECOMPUTE_ACT,
+                                                         KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_SELECTIVE,
+                                                         KILN_RECOMPUTE_BLOCK};
+
 enum kiln_recompute kiln_recompute_auto(const struct kiln_config *cfg, const struct kiln_param_table *pt,
                                         int world, const struct kiln_sp_layout *sp, enum kiln_dtype act,
                                         enum kiln_dtype grad, int alias, size_t budget, size_t *planned) {
-    static const enum kiln_recompute order[] = {KILN_RECOMPUTE_NONE, KILN_RECOMPUTE_ACT, KILN_RECOMPUTE_MLP,
-                                                KILN_RECOMPUTE_SELECTIVE, KILN_RECOMPUTE_BLOCK};
+    const enum kiln_recompute *order = kiln_recompute_by_memory;
     int first = cfg->offload & KILN_OFFLOAD_ACTIVATIONS ? 3 : 0; // the offload needs whole-block recompute
     struct kiln_rank_plan p;
     for (int i = first; i < 5; i++) {

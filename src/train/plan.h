@@ -24,6 +24,9 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_param_table
                     const struct kiln_sp_layout *sp, enum kiln_recompute rc, enum kiln_dtype act,
                     enum kiln_dtype grad, int alias, struct kiln_rank_plan *out);
 
+// The recompute modes from the most memory (and the fastest) to the least: none, act, mlp, selective, block.
+extern const enum kiln_recompute kiln_recompute_by_memory[5];
+
 // --recompute=auto: the fastest of none, act, mlp, selective and block (in that order, each holding less)
 // whose plan fits `budget` bytes; with --offload=activations only selective and block, which it takes.
 // block when none fits (the run then fails as it would have). *planned gets the choice's total.

@@ -585,18 +585,12 @@ static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
                                  r->be.weights_alias_master, budget, &planned);
     else if (cfg->offload & KILN_OFFLOAD_ACTIVATIONS)
         rc = KILN_RECOMPUTE_SELECTIVE;
-    if (r->comm) { // the order of memory: none > act > mlp > selective > block
-        static const int rank_of[] = {[KILN_RECOMPUTE_NONE] = 0,
-                                      [KILN_RECOMPUTE_ACT] = 1,
-                                      [KILN_RECOMPUTE_MLP] = 2,
-                                      [KILN_RECOMPUTE_SELECTIVE] = 3,
-                                      [KILN_RECOMPUTE_BLOCK] = 4};
-        static const enum kiln_recompute of_rank[] = {KILN_RECOMPUTE_NONE, KILN_RECOMPUTE_ACT,
-                                                      KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_SELECTIVE,
-                                                      KILN_RECOMPUTE_BLOCK};
-        int32_t k = rank_of[rc];
+    if (r->comm) { // the most recompute any rank chose: the furthest down kiln_recompute_by_memory
+        int32_t k = 0;
+        while (kiln_recompute_by_memory[k] != rc)
+            k++;
         kiln_comm_all_reduce_host(r->comm, &k, 1, KILN_I32, KILN_RED_MAX);
-        rc = of_rank[k];
+        rc = kiln_recompute_by_memory[k];
     }
     cfg->recompute = rc;
     if (r->rank0) { // (printed also with --quiet, as the resume line: it decides the run's memory and speed)
