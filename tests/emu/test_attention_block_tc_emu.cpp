@@ -85,23 +85,12 @@ struct twin {
     }
 };
 
-// blk_setup of attention_block.cu, on the host: the kernels' parameters from the op's arguments, with the
-// RoPE tables as rope_table_kernel builds them (double precision)
+// The kernels' parameters as attention_block.cu's blk_setup makes them (blk_params_of), with the RoPE tables
+// built on the host as rope_table_kernel builds them (double precision)
 static struct blk_params setup(const struct kiln_attn_block_args *a, std::vector<float> &rope) {
-    struct blk_params p;
-    memset(&p, 0, sizeof(p));
-    p.q = (const bf16 *)a->q, p.k = (const bf16 *)a->k, p.v = (const bf16 *)a->v;
-    p.B = a->B, p.Tq = a->Tq, p.Tk = a->Tk, p.NH = a->NH, p.NKV = a->NKV, p.HS = a->HS;
-    p.q0 = a->q0, p.k0 = a->k0;
-    p.q_bs = a->q_bstride, p.kv_bs = a->kv_bstride, p.out_bs = a->out_bstride, p.lse_s = a->lse_stride;
-    p.q_rs = a->q_stride, p.kv_rs = a->kv_stride, p.out_rs = a->out_stride;
-    p.alibi = a->pos == KILN_POS_ALIBI;
-    p.head0 = a->NH_total ? a->head0 : 0;
-    p.NH_total = a->NH_total ? a->NH_total : a->NH;
-    p.scale = 1.0f / sqrtf((float)a->HS);
-    p.scale_log2 = p.scale * BLK_LOG2E;
+    struct blk_params p = blk_params_of(a);
     if (a->pos == KILN_POS_ROPE) {
-        int npos = std::max(a->q0 + a->Tq, a->k0 + a->Tk), half = a->HS / 2;
+        int npos = blk_positions(a), half = a->HS / 2;
         rope.assign((size_t)2 * npos * half, 0.0f);
         for (int t = 0; t < npos; t++)
             for (int d = 0; d < half; d++) {

@@ -359,36 +359,10 @@ template <int NU> static __global__ void __launch_bounds__(128) blk_dkdv_kernel(
 static struct blk_params blk_setup(struct cuda_ctx *c, const struct kiln_attn_block_args *a) {
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0 && a->HS > 0 && a->HS % 2 == 0 && a->HS <= BLK_MAX_HS);
     KILN_ASSERT(a->q0 >= 0 && a->k0 >= 0 && a->head0 >= 0);
-    struct blk_params p;
-    memset(&p, 0, sizeof(p));
-    p.q = (const bf16 *)a->q;
-    p.k = (const bf16 *)a->k;
-    p.v = (const bf16 *)a->v;
-    p.B = a->B;
-    p.Tq = a->Tq;
-    p.Tk = a->Tk;
-    p.NH = a->NH;
-    p.NKV = a->NKV;
-    p.HS = a->HS;
-    p.q0 = a->q0;
-    p.k0 = a->k0;
-    p.q_bs = a->q_bstride;
-    p.kv_bs = a->kv_bstride;
-    p.out_bs = a->out_bstride;
-    p.lse_s = a->lse_stride;
-    p.q_rs = a->q_stride;
-    p.kv_rs = a->kv_stride;
-    p.out_rs = a->out_stride;
-    p.alibi = a->pos == KILN_POS_ALIBI;
-    p.head0 = a->NH_total ? a->head0 : 0;
-    p.NH_total = a->NH_total ? a->NH_total : a->NH;
+    struct blk_params p = blk_params_of(a);
     KILN_ASSERT(p.head0 + a->NH <= p.NH_total);
-    p.scale = 1.0f / sqrtf((float)a->HS);
-    p.scale_log2 = p.scale * BLK_LOG2E;
-    if (a->pos == KILN_POS_ROPE) {
-        int npos = a->q0 + a->Tq > a->k0 + a->Tk ? a->q0 + a->Tq : a->k0 + a->Tk; // global positions used
-        p.cos_tab = kiln_cuda_rope_table(c, npos, a->HS, a->rope_theta, &p.sin_tab);
-    }
+    if (a->pos == KILN_POS_ROPE)
+        p.cos_tab = kiln_cuda_rope_table(c, blk_positions(a), a->HS, a->rope_theta, &p.sin_tab);
     return p;
 }
 

@@ -6,7 +6,11 @@
 #ifndef KILN_BACKEND_CUDA_ATTENTION_BLOCK_CUH
 #define KILN_BACKEND_CUDA_ATTENTION_BLOCK_CUH
 
+#include <math.h>
+#include <string.h>
+
 #include "backend/cuda/attn_common.cuh"
+#include "model/ops.h"
 
 #define BLK_LOG2E 1.4426950408889634f
 #define BLK_LN2 0.6931471805599453f
@@ -27,6 +31,29 @@ struct blk_params {
     float scale, scale_log2;
     int accumulate;
 };
+
+// The kernels' parameters from the op's arguments, all but the RoPE tables (the launchers' blk_setup, and
+// tests/emu, build those) and the per-direction pointers (out, lse, dout, dq, dk, dv).
+static inline struct blk_params blk_params_of(const struct kiln_attn_block_args *a) {
+    struct blk_params p;
+    memset(&p, 0, sizeof(p));
+    p.q = (const bf16 *)a->q, p.k = (const bf16 *)a->k, p.v = (const bf16 *)a->v;
+    p.B = a->B, p.Tq = a->Tq, p.Tk = a->Tk, p.NH = a->NH, p.NKV = a->NKV, p.HS = a->HS;
+    p.q0 = a->q0, p.k0 = a->k0;
+    p.q_bs = a->q_bstride, p.kv_bs = a->kv_bstride, p.out_bs = a->out_bstride, p.lse_s = a->lse_stride;
+    p.q_rs = a->q_stride, p.kv_rs = a->kv_stride, p.out_rs = a->out_stride;
+    p.alibi = a->pos == KILN_POS_ALIBI;
+    p.head0 = a->NH_total ? a->head0 : 0;
+    p.NH_total = a->NH_total ? a->NH_total : a->NH;
+    p.scale = 1.0f / sqrtf((float)a->HS);
+    p.scale_log2 = p.scale * BLK_LOG2E;
+    return p;
+}
+
+// the global positions a block's RoPE tables must cover
+static inline int blk_positions(const struct kiln_attn_block_args *a) {
+    return a->q0 + a->Tq > a->k0 + a->Tk ? a->q0 + a->Tq : a->k0 + a->Tk;
+}
 
 // element d of a row after RoPE at global position pos
 static __device__ __forceinline__ float blk_rot(const bf16 *row, int d, int half, int pos, const float *ct,
