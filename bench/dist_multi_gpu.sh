@@ -47,6 +47,14 @@ intime() {
   echo "| $2 | skipped: the call's deadline (${DEADLINE} s) |" | tee -a "$OUT/table.md"
   return 1
 }
+# cap N: a run's time limit, N seconds or what is left before the deadline (and 20 s more), whichever is less,
+# so that a run which overruns its estimate (a slow kernel, a hang) still leaves the call its table
+cap() {
+  local left=$((DEADLINE + 20 - $(date +%s) + t0))
+  [ "$left" -lt 10 ] && left=10
+  [ "$1" -lt "$left" ] && left=$1
+  echo "$left"
+}
 # median ms and tok/s after the first quarter of the steps, the peak GiB and the MFU of a run's metrics
 kstats() {
   python3 - "$1" <<'PY' 2>/dev/null || echo "nan nan nan nan"
@@ -59,12 +67,12 @@ PY
 }
 
 if has tests; then # the block op's kernels against the CPU (both families), before anything runs on them
-  KILN_TEST_FILTER="*attention_block*" timeout 200 "$BUILD/test_cuda_ops" >"$OUT/test_block.log" 2>&1
+  KILN_TEST_FILTER="*attention_block*" timeout "$(cap 200)" "$BUILD/test_cuda_ops" >"$OUT/test_block.log" 2>&1
   echo "| test_cuda_ops attention_block (f32 and tensor-core kernels) | exit $?: $(grep -c ' PASS' "$OUT/test_block.log") PASS, $(grep -c ' FAIL' "$OUT/test_block.log") FAIL |" |
     tee -a "$OUT/table.md"
   grep ' FAIL' "$OUT/test_block.log" | head -5
   # and their speed at the 1.3B shape's heads, a ring step of a 64k sequence (one GPU)
-  timeout 120 "$BUILD/attn_bench" block 65536 16 128 2>&1 | grep '^block' | tee -a "$OUT/table.md"
+  timeout "$(cap 120)" "$BUILD/attn_bench" block 65536 16 128 2>&1 | grep '^block' | tee -a "$OUT/table.md"
 fi
 
 if has correct; then
@@ -72,30 +80,30 @@ if has correct; then
 a=(--layers=4 --heads=4 --dim=256 --seq=256 --block-size=256 --batch=4 --total-batch=$((4 * 256 * NG * 2)) --max-steps=12
   --eval-every=6 --quiet --log-every=1 --device=${KILN_BENCH_DEVICE:-cuda} --deterministic=1 --bucket-mb=1 --schedule=constant --warmup=0
   --lr=1e-3 --ckpt-every=6)
-timeout 120 "$K" train "${a[@]}" --out=/tmp/m1 >"$OUT/one.log" 2>&1
+timeout "$(cap 120)" "$K" train "${a[@]}" --out=/tmp/m1 >"$OUT/one.log" 2>&1
 echo "1 GPU: exit $?"
 for z in 0 1 2 3; do
-  timeout 180 "$K" launch --nproc-per-node=$NG --max-restarts=0 -- "${a[@]}" --zero=$z --out=/tmp/mn$z \
+  timeout "$(cap 180)" "$K" launch --nproc-per-node=$NG --max-restarts=0 -- "${a[@]}" --zero=$z --out=/tmp/mn$z \
     >"$OUT/nccl-z$z.log" 2>&1
   echo "$NG GPUs zero $z: exit $? $(grep -m1 -i error "$OUT/nccl-z$z.log")"
 done
 # one sequence split over the GPUs (sp = NG, dp = 1): the same tokens per step as one GPU
 # (ringtc: the ring on the tensor-core block kernels, KILN_ATTN_BLOCK=tc; HS is 64 here)
 for mode in ulysses ring ringtc; do
-  KILN_ATTN_BLOCK=$([ $mode = ringtc ] && echo tc || echo ref) timeout 180 "$K" launch --nproc-per-node=$NG \
+  KILN_ATTN_BLOCK=$([ $mode = ringtc ] && echo tc || echo ref) timeout "$(cap 180)" "$K" launch --nproc-per-node=$NG \
     --max-restarts=0 -- "${a[@]}" --sp=$NG --sp-mode=${mode%tc} --out=/tmp/mn$mode >"$OUT/nccl-$mode.log" 2>&1
   echo "$NG GPUs sp $mode: exit $? $(grep -m1 -i error "$OUT/nccl-$mode.log")"
 done
 # the same ring over MPI, both ranks on GPU 0 (operands staged through the host, no overlap): where this
 # matches one GPU as closely as Ulysses does and NCCL's ring does not, the NCCL path is at fault, not numerics
 if command -v mpirun >/dev/null; then
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES=0 timeout 180 mpirun --oversubscribe \
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES=0 timeout "$(cap 180)" mpirun --oversubscribe \
     --bind-to none -np $NG "$K" train "${a[@]}" --sp=$NG --sp-mode=ring --comm=mpi --out=/tmp/mnmpiring \
     >"$OUT/mpi-ring.log" 2>&1
   echo "$NG MPI ranks on one GPU, sp ring: exit $?"
 fi
 cp -r /tmp/mn2 /tmp/mr1
-timeout 120 "$K" train "${a[@]}" --max-steps=18 --out=/tmp/mr1 >"$OUT/resume1.log" 2>&1
+timeout "$(cap 120)" "$K" train "${a[@]}" --max-steps=18 --out=/tmp/mr1 >"$OUT/resume1.log" 2>&1
 echo "resume of the $NG-GPU ZeRO-2 checkpoint on 1 GPU: exit $? $(grep -m1 resuming "$OUT/resume1.log")"
 python3 - "$NG" "$OUT" <<'PY' | tee -a "$OUT/table.md"
 import json, sys
@@ -139,10 +147,10 @@ for shape in "124m --preset=gpt2-124m --batch=32" "350m --preset=gpt2-350m --bat
   for gd in fp32 bf16; do
     one=(--grad-dtype=$gd)
     many=(--reduce-dtype=$gd)
-    timeout 200 "$K" train "${w[@]}" "${one[@]}" --out=/tmp/w1-$name-$gd >"$OUT/w1-$name.log" 2>&1
+    timeout "$(cap 200)" "$K" train "${w[@]}" "${one[@]}" --out=/tmp/w1-$name-$gd >"$OUT/w1-$name.log" 2>&1
     ms1=$(median /tmp/w1-$name-$gd/metrics.jsonl)
     for z in 0 1 2; do
-      timeout 240 "$K" launch --nproc-per-node=$NG --max-restarts=0 -- "${w[@]}" "${many[@]}" --zero=$z \
+      timeout "$(cap 240)" "$K" launch --nproc-per-node=$NG --max-restarts=0 -- "${w[@]}" "${many[@]}" --zero=$z \
         --out=/tmp/wn-$name-$z-$gd >"$OUT/wn-$name-$z.log" 2>&1
       msn=$(median /tmp/wn-$name-$z-$gd/metrics.jsonl 2>/dev/null || echo nan)
       cw=$(tail -1 /tmp/wn-$name-$z-$gd/metrics.jsonl 2>/dev/null | grep -o '"comm_wait_ms":[0-9.]*')
@@ -175,12 +183,12 @@ if has scale; then
       --warmup=5 --device="${KILN_BENCH_DEVICE:-cuda}" --eval-every=0 --checkpoint=0 --save-model=0 --quiet
       --log-every=1)
     intime 40 "$shape kiln" || break
-    timeout 200 "$K" train "${w[@]}" --grad-dtype=fp32 --out=/tmp/s1-$shape >"$OUT/scale.log" 2>&1
+    timeout "$(cap 200)" "$K" train "${w[@]}" --grad-dtype=fp32 --out=/tmp/s1-$shape >"$OUT/scale.log" 2>&1
     read -r ms1 tok1 gib1 mfu1 < <(kstats /tmp/s1-$shape/metrics.jsonl)
     echo "| $shape B=$B, kiln 1 GPU | $tok1 tok/s ($ms1 ms, MFU $mfu1%, $gib1 GiB) |" | tee -a "$OUT/table.md"
     for z in ${KILN_SCALE_ZERO:-0 1 2 3}; do
       intime 40 "$shape kiln zero $z" || break
-      timeout 200 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --zero=$z \
+      timeout "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --zero=$z \
         --out=/tmp/sn-$shape-$z >>"$OUT/scale.log" 2>&1
       read -r msn tokn gibn mfun < <(kstats /tmp/sn-$shape-$z/metrics.jsonl)
       cw=$(python3 -c "
@@ -196,7 +204,7 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
     # stream waited for (KILN_TRACE_COMM)
     for e in ${KILN_SCALE_NCCL_ENV-NCCL_MAX_NCHANNELS=8 NCCL_MAX_NCHANNELS=2 KILN_NCCL_CTA_POLICY=efficiency}; do
       intime 40 "$shape kiln zero 0, $e" || break
-      env "$e" timeout 200 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --zero=0 \
+      env "$e" timeout "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --zero=0 \
         --out=/tmp/sc-$shape >>"$OUT/scale.log" 2>&1
       read -r msn tokn gibn mfun < <(kstats /tmp/sc-$shape/metrics.jsonl)
       echo "| $shape B=$B, kiln $NG GPUs zero 0, $e | $msn ms: efficiency $(python3 -c "print(f'{$ms1 / $msn * 100:.1f}%')" 2>/dev/null) |" |
@@ -205,7 +213,7 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
     done
     if [ -n "${KILN_SCALE_TRACE-1}" ] && intime 40 "$shape kiln zero 0, traced"; then
       rm -f /tmp/tr-$shape.csv*
-      KILN_TRACE_COMM=/tmp/tr-$shape.csv timeout 200 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" \
+      KILN_TRACE_COMM=/tmp/tr-$shape.csv timeout "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" \
         --zero=0 --out=/tmp/st-$shape >>"$OUT/scale.log" 2>&1
       tr="no trace came out (KILN_TRACE_COMM is the NCCL transport's)"
       [ -s /tmp/tr-$shape.csv.rank0 ] && tr=$(python3 bench/overlap.py /tmp/tr-$shape.csv.rank0 25% 2>&1 | sed 's/^trace //' | tr '\n' ';')
@@ -214,14 +222,14 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
     fi
     p=(bench/torch_fsdp.py --layers $L --dim $D --heads $H --batch $B --seq 1024 --compile 1 --steps 15 --warmup 5)
     intime 100 "$shape PyTorch" || break
-    timeout 300 python3 "${p[@]}" --fsdp 0 >"$OUT/t1.log" 2>>"$OUT/scale.log"
+    timeout "$(cap 300)" python3 "${p[@]}" --fsdp 0 >"$OUT/t1.log" 2>>"$OUT/scale.log"
     read -r ttok1 tms1 tgib1 < <(torch_tok "$OUT/t1.log")
     echo "| $shape B=$B, PyTorch compile 1 GPU | $ttok1 tok/s ($tms1 ms, $tgib1 GiB) |" | tee -a "$OUT/table.md"
     for f in 0 1; do
       name=DDP
       [ $f = 1 ] && name=FSDP2
       intime 120 "$shape PyTorch $name" || break
-      timeout 300 torchrun --standalone --nproc-per-node="$NG" "${p[@]}" --fsdp $f >"$OUT/tn.log" 2>>"$OUT/scale.log"
+      timeout "$(cap 300)" torchrun --standalone --nproc-per-node="$NG" "${p[@]}" --fsdp $f >"$OUT/tn.log" 2>>"$OUT/scale.log"
       read -r ttok tms tgib < <(torch_tok "$OUT/tn.log")
       echo "| $shape B=$B, PyTorch $name $NG GPUs | $ttok tok/s per GPU ($tms ms, $tgib GiB): efficiency $(python3 -c "print(f'{$ttok / $ttok1 * 100:.1f}%')" 2>/dev/null) |" |
         tee -a "$OUT/table.md"
@@ -238,16 +246,16 @@ if has zero3; then
     shift 2
     w=(--data=random --seq=1024 --batch="$B" --max-steps=30 --warmup=5 --device=cuda --eval-every=0 --checkpoint=0
       --save-model=0 --quiet --log-every=1 --zero=3 --comm=nccl "$@")
-    timeout 300 "$K" train "${w[@]}" --out=/tmp/z1-$name >"$OUT/z3.log" 2>&1
+    timeout "$(cap 300)" "$K" train "${w[@]}" --out=/tmp/z1-$name >"$OUT/z3.log" 2>&1
     read -r ms1 tok1 gib1 mfu1 < <(kstats /tmp/z1-$name/metrics.jsonl)
-    timeout 300 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --out=/tmp/zn-$name >>"$OUT/z3.log" 2>&1
+    timeout "$(cap 300)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --out=/tmp/zn-$name >>"$OUT/z3.log" 2>&1
     read -r msn tokn gibn mfun < <(kstats /tmp/zn-$name/metrics.jsonl)
     eff=$(python3 -c "print(f'{$ms1 / $msn * 100:.1f}%')" 2>/dev/null)
     read -r L D H < <(echo "$@" | python3 -c "
 import re, sys
 a = sys.stdin.read(); g = lambda k, d: int(re.search(k + r'=(\d+)', a).group(1)) if re.search(k + r'=(\d+)', a) else d
 print(g('--layers', 24 if '350m' in a else 12), g('--dim', 1024 if '350m' in a else 768), g('--heads', 16 if '350m' in a else 12))")
-    t=$(timeout 400 torchrun --standalone --nproc-per-node="$NG" bench/torch_fsdp.py --layers "$L" --dim "$D" \
+    t=$(timeout "$(cap 400)" torchrun --standalone --nproc-per-node="$NG" bench/torch_fsdp.py --layers "$L" --dim "$D" \
       --heads "$H" --batch "$B" --seq 1024 --fsdp 1 --compile 1 --steps 20 --warmup 5 2>>"$OUT/z3.log" | grep '^{' | tail -1)
     ttok=$(echo "$t" | python3 -c "import json, sys; print(json.load(sys.stdin)['tokens_per_s'])" 2>/dev/null || echo "failed")
     echo "| $name ZeRO-3, $NG GPUs | $(python3 -c "print(round($tokn / $NG))" 2>/dev/null) tok/s per GPU ($msn ms, MFU $mfun%, $gibn GiB); 1 GPU $tok1 ($ms1 ms): efficiency $eff; PyTorch FSDP2 $ttok tok/s per GPU |" |
@@ -261,7 +269,7 @@ if has big; then
     for T in ${KILN_BIG_LENGTHS:-4096 8192}; do
       intime 120 "$m ZeRO-3, T=$T" || break
       rm -rf /tmp/big
-      timeout 560 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset="$m" --seq="$T" --block-size="$T" --batch=1 \
+      timeout "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset="$m" --seq="$T" --block-size="$T" --batch=1 \
         --zero=3 --recompute="${KILN_BIG_RECOMPUTE:-block}" --data=random --max-steps=8 --warmup=2 --device=cuda --eval-every=0 \
         --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/big >>"$OUT/big.log" 2>&1
       rc=$?
@@ -285,7 +293,7 @@ if has long; then
       [ $((T / NG)) -gt 131072 ] && rec=block # selective keeps each layer's attention output: too much past 128k
       intime 90 "1.3B, $T tokens, sp $NG $mode" || break
       rm -rf /tmp/long
-      timeout 560 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset=gpt2-124m --layers=24 --dim=2048 \
+      timeout "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset=gpt2-124m --layers=24 --dim=2048 \
         --heads=16 --pos=rope --batch=1 --seq="$T" --block-size="$T" --sp="$NG" --sp-mode=$mode "${extra[@]}" \
         --recompute=$rec --offload=$off --data=random --max-steps=3 --warmup=1 --device=cuda --eval-every=0 \
         --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/long >>"$OUT/long.log" 2>&1
@@ -300,7 +308,7 @@ fi
 
 # ---- faults on real GPUs ----
 if has faults && intime 90 "faults"; then
-  f=(--layers=4 --heads=4 --dim=256 --seq=256 --batch=4 --max-steps=400 --ckpt-every=50 --eval-every=0 --quiet
+  f=(--layers=4 --heads=4 --dim=256 --seq=256 --block-size=256 --batch=4 --max-steps=400 --ckpt-every=50 --eval-every=0 --quiet
     --device=cuda --data=random)
   rm -rf /tmp/fk
   "$K" launch --nproc-per-node="$NG" --max-restarts=1 --backoff=1 -- "${f[@]}" --zero=2 --out=/tmp/fk >"$OUT/faults.log" 2>&1 &
@@ -312,14 +320,14 @@ if has faults && intime 90 "faults"; then
   echo "| SIGKILL of one of $NG ranks | launch exit $?; restarts: $(wc -l </tmp/fk/restarts.jsonl 2>/dev/null); last step $(tail -1 /tmp/fk/metrics.jsonl | grep -o '"step":[0-9]*') |" |
     tee -a "$OUT/table.md"
   rm -rf /tmp/fs
-  timeout 120 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${f[@]}" --hang-timeout=5 --inject-stall=1:20 \
+  timeout "$(cap 120)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${f[@]}" --hang-timeout=5 --inject-stall=1:20 \
     --out=/tmp/fs >>"$OUT/faults.log" 2>&1
   echo "| a stalled rank (1 of $NG) | exit $?; kiln doctor: $("$K" doctor /tmp/fs 2>&1 | grep -m1 -i 'rank 1')" | tee -a "$OUT/table.md"
   for n in 2 1; do
     [ "$n" -ge "$NG" ] && continue
     rm -rf /tmp/fr$n
     cp -r /tmp/fk /tmp/fr$n
-    timeout 200 "$K" launch --nproc-per-node=$n --max-restarts=0 -- "${f[@]}" --zero=2 --max-steps=420 --out=/tmp/fr$n \
+    timeout "$(cap 200)" "$K" launch --nproc-per-node=$n --max-restarts=0 -- "${f[@]}" --zero=2 --max-steps=420 --out=/tmp/fr$n \
       >>"$OUT/faults.log" 2>&1
     echo "| the $NG-GPU checkpoint resumed on $n | exit $?; $(grep -m1 -o 'resuming[^;]*' /tmp/fr$n/*.log "$OUT/faults.log" 2>/dev/null | head -1); last step $(tail -1 /tmp/fr$n/metrics.jsonl | grep -o '"step":[0-9]*') |" |
       tee -a "$OUT/table.md"

@@ -35,8 +35,8 @@ enum kiln_recompute kiln_recompute_auto(const struct kiln_config *cfg, const str
                                         enum kiln_dtype grad, int alias, size_t budget, size_t *planned);
 const char *kiln_recompute_name(enum kiln_recompute rc);
 // auto's budget: KILN_MEM_BUDGET_MB where set (tests, kiln info; a bad value is named on stderr and
-// ignored), else a device's free bytes less what the plans do not count (10% of them and 1 GiB: the CUDA
-// context, cuBLASLt's and the attention's workspaces, NCCL's buffers); 0: no limit (the CPU states none).
+// ignored), else a device's free bytes less what the plans do not count (4% of them and 1 GiB: cuBLASLt's
+// and the attention's workspaces, the allocator's rounding; an H100's peaks ran 0.7-2.6 GiB over the plans); 0: no limit (the CPU states none).
 size_t kiln_recompute_budget(size_t free_bytes);
 
 #endif
