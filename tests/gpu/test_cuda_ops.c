@@ -2021,10 +2021,10 @@ static void test_attention_block_matches_cpu(void **state) {
         {1, 50, 2, 1, 64, KILN_POS_ALIBI, 3, 6, 1, 100, 2},
         {2, 130, 8, 2, 128, KILN_POS_ROPE, 0, 0, 0, 0, 2},
     };
-    // the f32 kernels (the default, KILN_ATTN_BLOCK=ref) at every case, then the tensor-core ones
-    // (KILN_ATTN_BLOCK=tc) at the head sizes they take
+    // the f32 kernels (KILN_ATTN_BLOCK=ref) at every case, then the tensor-core ones (the default,
+    // KILN_ATTN_BLOCK=tc) at the head sizes they take
     for (int tc = 0; tc < 2; tc++) {
-        printf("attention block kernels: %s\n", tc ? "tensor cores (KILN_ATTN_BLOCK=tc)" : "f32 (default)");
+        printf("attention block kernels: %s\n", tc ? "tensor cores (the default)" : "f32 (KILN_ATTN_BLOCK=ref)");
         setenv("KILN_ATTN_BLOCK", tc ? "tc" : "ref", 1);
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
             if (!tc || cases[i].HS == 64 || cases[i].HS == 128)
