@@ -9,12 +9,14 @@
 #   scale    weak scaling (the same micro-batch per GPU) at KILN_SCALE_SHAPES (124m 350m 1.3b): kiln on 1 GPU
 #            and DDP, ZeRO-1/2/3 (KILN_SCALE_ZERO) on all of them, fp32 gradients everywhere; PyTorch (torch.compile) on 1 GPU,
 #            DDP and FSDP2 under torchrun beside them; then kiln's DDP with NCCL held to fewer channels
-#            (KILN_SCALE_NCCL_ENV) and a trace of its exposed communication (KILN_SCALE_TRACE=1)
+#            or bf16 gradients (KILN_SCALE_NCCL_ENV) and a trace of its exposed communication (KILN_SCALE_TRACE=1)
 #   weak     the older weak-scaling rows (DDP/ZeRO-1/2, fp32 and bf16 gradients, 124m and 350m)
 #   zero3    ZeRO-3 weak scaling against ZeRO-3 on 1 GPU, PyTorch FSDP2 beside it
 #   big      olmo-7b and llama-8b under ZeRO-3 at KILN_BIG_LENGTHS (4096 8192), --recompute=KILN_BIG_RECOMPUTE
-#            (block; an H200 has room for selective)
-#   long     the 1.3B shape under Ulysses, ring and hybrid at KILN_LONG_LENGTHS (128k up)
+#            (block; an H200 has room for selective), KILN_BIG_BATCH sequences a GPU (1), KILN_BIG_MODELS;
+#            PyTorch FSDP2 beside llama-8b (KILN_BIG_TORCH= turns it off)
+#   long     the 1.3B shape under Ulysses, ring and hybrid at KILN_LONG_LENGTHS (128k up), PyTorch's context
+#            parallelism beside it (bench/torch_cp.py)
 #   faults   a SIGKILLed rank resumed by kiln launch, a stalled rank named by kiln doctor, a checkpoint of N
 #            GPUs resumed on 2 and on 1
 #   all      correct and weak (what the first sessions ran)
@@ -199,15 +201,27 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
       echo "| $shape B=$B, kiln $NG GPUs zero $z | $(python3 -c "print(round($tokn / $NG))" 2>/dev/null) tok/s per GPU ($msn ms, MFU $mfun%, $gibn GiB, comm wait $cw ms a step): efficiency $(python3 -c "print(f'{$ms1 / $msn * 100:.1f}%')" 2>/dev/null) |" |
         tee -a "$OUT/table.md"
     done
-    # what the overlap costs: DDP again with NCCL held to fewer channels (each a CTA, so fewer SMs taken from
-    # the backward) or NCCL's efficiency CTA policy, and a trace of how much of the reduction the compute
-    # stream waited for (KILN_TRACE_COMM)
-    for e in ${KILN_SCALE_NCCL_ENV-NCCL_MAX_NCHANNELS=8 NCCL_MAX_NCHANNELS=2 KILN_NCCL_CTA_POLICY=efficiency}; do
-      intime 40 "$shape kiln zero 0, $e" || break
-      env "$e" timeout "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --zero=0 \
-        --out=/tmp/sc-$shape >>"$OUT/scale.log" 2>&1
+    # what the overlap costs: DDP again with NCCL's settings varied (VAR=VALUE: fewer channels, each a CTA,
+    # so fewer SMs taken from the backward; NCCL's CTA policy) or with a flag of kiln's (--flag=VALUE, against
+    # one GPU with the same flag: bf16 gradients halve the bytes reduced), and a trace of how much of the
+    # reduction the compute stream waited for (KILN_TRACE_COMM). Session 10 (4 H100s): 8 and 2 channels lost
+    # 4 and 39 points at 1.3B, the efficiency CTA policy changed nothing; next, NCCL's Simple protocol (no
+    # flag-polling LL/LL128 kernels), bigger buckets and bf16 gradients.
+    for e in ${KILN_SCALE_NCCL_ENV-NCCL_PROTO=Simple --bucket-mb=100 --grad-dtype=bf16}; do
+      intime 60 "$shape kiln zero 0, $e" || break
+      ms1e=$ms1 envs=(env) flags=()
+      if [[ $e == --* ]]; then
+        flags=("$e")
+        timeout "$(cap 200)" "$K" train "${w[@]}" "$e" --out=/tmp/sc1-$shape >>"$OUT/scale.log" 2>&1
+        read -r ms1e _ < <(kstats /tmp/sc1-$shape/metrics.jsonl)
+        rm -rf /tmp/sc1-$shape
+      else
+        envs=(env "$e")
+      fi
+      "${envs[@]}" timeout "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" "${flags[@]}" \
+        --zero=0 --out=/tmp/sc-$shape >>"$OUT/scale.log" 2>&1
       read -r msn tokn gibn mfun < <(kstats /tmp/sc-$shape/metrics.jsonl)
-      echo "| $shape B=$B, kiln $NG GPUs zero 0, $e | $msn ms: efficiency $(python3 -c "print(f'{$ms1 / $msn * 100:.1f}%')" 2>/dev/null) |" |
+      echo "| $shape B=$B, kiln $NG GPUs zero 0, $e | $msn ms (1 GPU: $ms1e ms): efficiency $(python3 -c "print(f'{$ms1e / $msn * 100:.1f}%')" 2>/dev/null) |" |
         tee -a "$OUT/table.md"
       rm -rf /tmp/sc-$shape
     done
@@ -265,17 +279,27 @@ fi
 
 # ---- ZeRO-3 at 7B/8B on all the GPUs (target >= 50% MFU) ----
 if has big; then
-  for m in olmo-7b llama-8b; do
+  for m in ${KILN_BIG_MODELS:-olmo-7b llama-8b}; do
     for T in ${KILN_BIG_LENGTHS:-4096 8192}; do
       intime 120 "$m ZeRO-3, T=$T" || break
       rm -rf /tmp/big
-      timeout "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset="$m" --seq="$T" --block-size="$T" --batch=1 \
+      timeout "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset="$m" --seq="$T" --block-size="$T" --batch="${KILN_BIG_BATCH:-1}" \
         --zero=3 --recompute="${KILN_BIG_RECOMPUTE:-block}" --data=random --max-steps=8 --warmup=2 --device=cuda --eval-every=0 \
         --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/big >>"$OUT/big.log" 2>&1
       rc=$?
       read -r ms tok gib mfu < <(kstats /tmp/big/metrics.jsonl)
       [ $rc -ne 0 ] && grep -v '^\s' "$OUT/big.log" | tail -1
-      echo "| $m ZeRO-3, T=$T, $NG GPUs, recompute ${KILN_BIG_RECOMPUTE:-block} | exit $rc: $(python3 -c "print(round($tok / $NG))" 2>/dev/null) tok/s per GPU, MFU $mfu%, $gib GiB, $ms ms/step |" |
+      echo "| $m ZeRO-3, T=$T, B=${KILN_BIG_BATCH:-1}, $NG GPUs, recompute ${KILN_BIG_RECOMPUTE:-block} | exit $rc: $(python3 -c "print(round($tok / $NG))" 2>/dev/null) tok/s per GPU, MFU $mfu%, $gib GiB, $ms ms/step |" |
+        tee -a "$OUT/table.md"
+      # PyTorch FSDP2 beside llama-8b (torchtitan's comparison): the same shape and batch, compiled per block,
+      # whole-block activation checkpointing (PyTorch has no selective recompute of kiln's kind)
+      [ "$m" = llama-8b ] && [ -n "${KILN_BIG_TORCH-1}" ] || continue
+      intime 200 "$m PyTorch FSDP2, T=$T" || break
+      timeout "$(cap 400)" torchrun --standalone --nproc-per-node="$NG" bench/torch_fsdp.py --arch llama --layers 32 \
+        --dim 4096 --heads 32 --kv-heads 8 --ffn 14336 --batch "${KILN_BIG_BATCH:-1}" --seq "$T" --ckpt 1 \
+        --compile 1 --steps 5 --warmup 3 --fsdp 1 >"$OUT/tbig.log" 2>>"$OUT/big.log"
+      read -r ttok tms tgib < <(torch_tok "$OUT/tbig.log")
+      echo "| $m PyTorch FSDP2, T=$T, B=${KILN_BIG_BATCH:-1}, $NG GPUs, block checkpointing | $ttok tok/s per GPU ($tms ms, $tgib GiB); kiln ÷ PyTorch $(python3 -c "print(f'{$tok / $NG / $ttok:.2f}')" 2>/dev/null) |" |
         tee -a "$OUT/table.md"
     done
   done
@@ -303,6 +327,18 @@ if has long; then
         tee -a "$OUT/table.md"
       [ $rc -ne 0 ] && { grep -v '^\s' "$OUT/long.log" | tail -2; break; }
     done
+  done
+  # PyTorch's context parallelism (ring attention over SDPA, FSDP2 for the gradients; bench/torch_cp.py) at the
+  # same lengths, beside kiln's rows (KILN_LONG_TORCH= turns it off)
+  for T in ${KILN_LONG_LENGTHS:-131072 524288 1048576 2097152}; do
+    [ -n "${KILN_LONG_TORCH-1}" ] || break
+    intime 150 "1.3B, $T tokens, PyTorch context parallel over $NG" || break
+    timeout "$(cap 400)" torchrun --standalone --nproc-per-node="$NG" bench/torch_cp.py --layers 24 --dim 2048 \
+      --heads 16 --seq "$T" --steps 2 --warmup 1 >"$OUT/tcp.log" 2>>"$OUT/long.log"
+    read -r ttok tms tgib < <(torch_tok "$OUT/tcp.log")
+    echo "| 1.3B, $T tokens, PyTorch context parallel over $NG GPUs (RoPE, block checkpointing) | $ttok tok/s ($tms ms, $tgib GiB a GPU) |" |
+      tee -a "$OUT/table.md"
+    [ "$ttok" = failed ] && { grep -m2 -i 'error' "$OUT/long.log"; break; }
   done
 fi
 

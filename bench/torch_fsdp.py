@@ -6,7 +6,9 @@
 # torch.cuda.max_memory_allocated. Failures print one "error: ..." line and exit 1; the process group has a
 # timeout, so nothing waits forever. Under torchrun it runs FSDP2 across the GPUs (a GPU a rank), or with
 # --fsdp=0 DistributedDataParallel (bucketed all-reduce overlapped with the backward, fp32 gradients) around
-# the compiled model: kiln's DDP row.
+# the compiled model: kiln's DDP row. --arch=llama trains a Llama-shaped model instead (RoPE, RMSNorm, SwiGLU,
+# GQA; kiln's llama-8b with --layers 32 --dim 4096 --heads 32 --kv-heads 8 --ffn 14336), built on the meta
+# device under FSDP2 across GPUs, so that no rank holds the whole model.
 import argparse, datetime, json, os, socket, sys, time
 
 p = argparse.ArgumentParser()
@@ -23,7 +25,15 @@ p.add_argument("--fsdp", type=int, default=1)
 p.add_argument("--offload", type=int, default=0)
 p.add_argument("--ckpt", type=int, default=0)
 p.add_argument("--compile", type=int, default=1)
+p.add_argument("--arch", choices=["gpt", "llama"], default="gpt",
+               help="llama: RoPE, RMSNorm, SwiGLU, GQA, no bias, untied (kiln's llama-8b with --kv-heads=8 "
+                    "--ffn=14336; its no-bias LayerNorm variant is olmo-7b's shape)")
+p.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0: --heads)")
+p.add_argument("--ffn", type=int, default=0, help="llama: SwiGLU hidden width (0: 4 dim)")
+p.add_argument("--rope-theta", type=float, default=500000.0)
 a = p.parse_args()
+a.kv_heads = a.kv_heads or a.heads
+a.ffn = a.ffn or 4 * a.dim
 
 
 def fail(msg):
@@ -34,6 +44,7 @@ def fail(msg):
 try:
     import torch, torch.nn as nn, torch.nn.functional as F
     import torch.distributed as dist
+    from torch_models import Llama  # (bench/ is on the path: this script's folder)
 except ImportError as e:
     fail(f"no PyTorch ({e}); pip install torch")
 if not torch.cuda.is_available():
@@ -106,7 +117,13 @@ if a.fsdp or ddp:
         fail(f"cannot start the process group (nccl, {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}): {e}")
 
 torch.manual_seed(1337)
-m = GPT().to(dev)
+if a.arch == "llama" and (a.heads % a.kv_heads or a.dim % a.heads or (a.dim // a.heads) % 2):
+    fail(f"--arch=llama needs heads ({a.heads}) divisible by --kv-heads ({a.kv_heads}) and an even head size")
+# (the GPT's tied head stays on the device as before: only the untied Llama is built on the meta device)
+meta = a.arch == "llama" and a.fsdp and int(os.environ.get("WORLD_SIZE", "1")) > 1
+with torch.device("meta" if meta else dev):
+    m = (Llama(a.vocab, a.dim, a.layers, a.heads, a.kv_heads, a.ffn, a.rope_theta, ckpt=bool(a.ckpt))
+         if a.arch == "llama" else GPT())
 n_params = sum(p.numel() for p in m.parameters())
 if a.fsdp:
     # like kiln's ZeRO-3: bf16 compute copy, fp32 gradient reduction and master; each block its own unit
@@ -120,6 +137,11 @@ if a.fsdp:
             m.blocks[i] = b
         fully_shard(b, **kw)
     fully_shard(m, **kw)  # embeddings, final norm and the tied head
+    if any(p.is_meta for p in m.parameters()):  # built on the meta device: each rank materialises its shard
+        m.to_empty(device=dev)
+        with torch.no_grad():
+            for name, p in m.named_parameters():  # matrices N(0, 0.02), biases 0, norm weights 1
+                p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(0.0 if name.endswith("bias") else 1.0)
 opt = torch.optim.AdamW(m.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                         fused=not a.offload)  # offloaded parameters live on the CPU: no fused CUDA AdamW
 step_fn = m
@@ -164,7 +186,7 @@ tokens = a.batch * a.seq * a.accum
 if int(os.environ.get("RANK", "0")) == 0:
     impl = "pytorch-fsdp2" if a.fsdp else "pytorch-ddp" if ddp else "pytorch"
     print(json.dumps(dict(impl=impl, offload=a.offload, ckpt=a.ckpt,
-                        compile=a.compile, layers=a.layers, dim=a.dim, heads=a.heads, vocab=a.vocab, seq=a.seq,
+                        compile=a.compile, arch=a.arch, layers=a.layers, dim=a.dim, heads=a.heads, vocab=a.vocab, seq=a.seq,
                         batch=a.batch, accum=a.accum, params_M=round(n_params / 1e6, 1),
                         ms_per_step=round(ms, 2), tokens_per_s=round(tokens / (ms / 1e3)),
                         peak_mem_bytes=torch.cuda.max_memory_allocated(), warmup_s=round(warm_s, 1),

@@ -2,7 +2,9 @@
 # extended to RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases, untied head. bf16 autocast, SDPA
 # flash attention, fused AdamW, torch.compile; random tokens. Prints one JSON line like torch_gpt.py.
 import argparse, json, time
-import torch, torch.nn as nn, torch.nn.functional as F
+import torch
+
+from torch_models import Llama  # (bench/ is on the path: this script's folder)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--layers", type=int, default=16)
@@ -22,59 +24,8 @@ args = ap.parse_args()
 HS = args.dim // args.heads
 
 
-def rope_tables(T, device):
-    inv = 1.0 / (args.theta ** (torch.arange(0, HS, 2, device=device, dtype=torch.float32) / HS))
-    ang = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv)  # (T, HS/2)
-    return ang.cos(), ang.sin()
-
-
-def rotate(x, cos, sin):  # pairs (i, i + HS/2), HF Llama's rotate_half convention (kiln's too)
-    a, b = x[..., : HS // 2], x[..., HS // 2 :]
-    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        d, kv = args.dim, args.kv_heads
-        self.n1, self.n2 = nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)
-        self.qkv = nn.Linear(d, (args.heads + 2 * kv) * HS, bias=False)
-        self.o = nn.Linear(args.heads * HS, d, bias=False)
-        self.gate_up = nn.Linear(d, 2 * args.hidden, bias=False)
-        self.down = nn.Linear(args.hidden, d, bias=False)
-
-    def forward(self, x, cos, sin):
-        B, T, _ = x.shape
-        nh, kv = args.heads, args.kv_heads
-        q, k, v = self.qkv(self.n1(x)).split([nh * HS, kv * HS, kv * HS], dim=-1)
-        q = rotate(q.view(B, T, nh, HS).transpose(1, 2), cos, sin)
-        k = rotate(k.view(B, T, kv, HS).transpose(1, 2), cos, sin)
-        v = v.view(B, T, kv, HS).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != nh)
-        x = x + self.o(y.transpose(1, 2).reshape(B, T, nh * HS))
-        g, u = self.gate_up(self.n2(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(g) * u)
-
-
-class Llama(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(args.vocab, args.dim)
-        self.blocks = nn.ModuleList([Block() for _ in range(args.layers)])
-        self.norm = nn.RMSNorm(args.dim, eps=1e-5)
-        self.head = nn.Linear(args.dim, args.vocab, bias=False)
-
-    def forward(self, idx, tgt):
-        cos, sin = rope_tables(idx.shape[1], idx.device)
-        x = self.emb(idx)
-        for b in self.blocks:
-            x = b(x, cos, sin)
-        logits = self.head(self.norm(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
-
-
 torch.backends.cuda.matmul.allow_tf32 = True
-m = Llama().cuda()
+m = Llama(args.vocab, args.dim, args.layers, args.heads, args.kv_heads, args.hidden, args.theta).cuda()
 n_params = sum(p.numel() for p in m.parameters())
 opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)
 fn = torch.compile(m) if args.compile else m
