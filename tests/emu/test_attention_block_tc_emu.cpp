@@ -104,16 +104,30 @@ static struct blk_params setup(const struct kiln_attn_block_args *a, std::vector
     return p;
 }
 
-template <int HS> static void emu_forward(struct blk_params p) {
-    size_t smem = (size_t)3 * TC_ROWS * (HS + 8) * sizeof(bf16);
-    emu_launch(KILN_CEIL_DIV(p.Tq, TC_ROWS), p.B * p.NH, TC_THREADS, smem, [&] { tc_fwd_kernel<HS>(p); });
+// As the launchers' tc_prepare: with RoPE, q and k rotated into a host buffer by tc_rope_kernel (a few
+// blocks, grid-stride), then the tile sources planned on it.
+static struct tc_params emu_prepare(const struct blk_params &p, std::vector<bf16> &rot) {
+    rot.assign(tc_rot_elems(p) + 8, f2bf(0.0f));
+    struct tc_params tp = tc_plan(p, rot.data());
+    if (tp.rot)
+        emu_launch(3, 1, 64, 0, [&] { tc_rope_kernel(tp); });
+    return tp;
 }
 
-template <int HS> static void emu_backward(struct blk_params p) {
-    size_t s_dq = (size_t)4 * TC_ROWS * (HS + 8) * sizeof(bf16),
-           s_kv = s_dq + (size_t)2 * TC_KT * sizeof(float);
-    emu_launch(KILN_CEIL_DIV(p.Tq, TC_ROWS), p.B * p.NH, TC_THREADS, s_dq, [&] { tc_dq_kernel<HS>(p); });
-    emu_launch(KILN_CEIL_DIV(p.Tk, TC_ROWS), p.B * p.NKV, TC_THREADS, s_kv, [&] { tc_dkdv_kernel<HS>(p); });
+template <int HS> static void emu_forward(const struct blk_params &p) {
+    std::vector<bf16> rot;
+    struct tc_params tp = emu_prepare(p, rot);
+    emu_launch(KILN_CEIL_DIV(p.Tq, TC_ROWS), p.B * p.NH, TC_THREADS, tc_fwd_smem(HS),
+               [&] { tc_fwd_kernel<HS>(tp); });
+}
+
+template <int HS> static void emu_backward(const struct blk_params &p) {
+    std::vector<bf16> rot;
+    struct tc_params tp = emu_prepare(p, rot);
+    emu_launch(KILN_CEIL_DIV(p.Tq, TC_ROWS), p.B * p.NH, TC_THREADS, tc_dq_smem(HS),
+               [&] { tc_dq_kernel<HS>(tp); });
+    emu_launch(KILN_CEIL_DIV(p.Tk, TC_ROWS), p.B * p.NKV, TC_THREADS, tc_dkdv_smem(HS),
+               [&] { tc_dkdv_kernel<HS>(tp); });
 }
 
 struct bufs {
@@ -348,12 +362,18 @@ int main(void) {
     printf("seed %u (KILN_TEST_SEED=%u runs it again)\n", seed, seed);
     std::mt19937 rng(seed);
     // RoPE at shifted positions with GQA, ALiBi with global heads (NH_total not a power of two) and odd
-    // strides, no positions with B = 2; HS 64 and 128; lengths that are not multiples of the tiles
+    // strides, no positions with B = 2; HS 64 and 128; lengths that are not multiples of the tiles. The tiles
+    // are staged by cp.async where a source's rows allow 16-byte copies and by plain loads where not (pad =
+    // 1: odd strides): q and k are rotated copies with RoPE, the inputs without. One case has blocks of 3 to
+    // 5 tiles (the double buffers alternate, the dK/dV loop crosses heads), at positions past 1000.
     const tcase cases[] = {
         {1, 100, 4, 2, 64, KILN_POS_ROPE, 0, 0, 0, 37, 2},
         {1, 70, 2, 1, 128, KILN_POS_ALIBI, 1, 3, 1, 50, 2},
         {2, 48, 2, 2, 64, KILN_POS_NONE, 0, 0, 0, 0, 3},
         {1, 130, 2, 1, 128, KILN_POS_ROPE, 0, 0, 0, 0, 2},
+        {1, 300, 4, 2, 128, KILN_POS_ROPE, 0, 0, 0, 1000, 1},
+        {2, 70, 4, 1, 64, KILN_POS_ROPE, 0, 0, 1, 3, 2},
+        {1, 90, 4, 2, 64, KILN_POS_ALIBI, 2, 7, 0, 11, 2},
     };
     for (const tcase &c : cases)
         run_case(&cpu, c, rng);

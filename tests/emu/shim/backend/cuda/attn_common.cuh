@@ -1,6 +1,9 @@
 // The CUDA that the block-attention tensor-core kernels use, emulated on the CPU (tests/emu): one thread per
-// CUDA thread of a block, barriers for __syncthreads and __syncwarp, shuffles and mma.sync m16n8k16 done
-// warp-collectively through a per-warp exchange area, with the PTX fragment layouts. Compiled as C++ with
+// CUDA thread of a block, barriers for __syncthreads and __syncwarp, shuffles, ldmatrix and mma.sync m16n8k16
+// done warp-collectively through a per-warp exchange area, with the PTX fragment layouts, and cp.async with
+// its commit groups. What only faults (or races) on the hardware is made to fail here: 16-byte accesses and
+// ldmatrix rows must be 16-byte aligned and ldmatrix / cp.async destinations in shared memory (asserted), and
+// a cp.async's destination reads as NaN from its issue until the wait that completes it. Compiled as C++ with
 // KILN_CUDA_EMU in place of src/backend/cuda/attn_common.cuh (this directory comes first on the include
 // path), so src/backend/cuda/attention_block_tc.cu's kernels build unchanged. Only what those kernels use is
 // here.
@@ -9,11 +12,13 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
+#include <vector>
 
 #define __global__
 #define __device__
@@ -63,13 +68,15 @@ struct emu_warp {
     pthread_barrier_t bar;
     float f[32];
     uint32_t a[32][4], b[32][2];
+    const unsigned char *row[32]; // ldmatrix: each lane's row address
 };
 struct emu_block {
     unsigned char *smem;
+    size_t smem_bytes;
     pthread_barrier_t bar;
     emu_warp warps[32];
 };
-static thread_local emu_uint3 threadIdx, blockIdx;
+static thread_local emu_uint3 threadIdx, blockIdx, blockDim, gridDim;
 static thread_local emu_block *emu_cur;
 
 static inline unsigned char *tc_smem(void) {
@@ -126,17 +133,102 @@ static inline void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b
     pthread_barrier_wait(&w.bar);
 }
 
+// ---- shared memory: ldmatrix, cp.async --------------------------------------------------------------------
+
+// what would fault on the hardware aborts here (on in release builds, unlike assert)
+#define EMU_CHECK(cond)                                                                                      \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            fprintf(stderr, "emu: %s:%d: %s fails (a fault on the GPU)\n", __FILE__, __LINE__, #cond);       \
+            abort();                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+// 16 bytes at p lie in the block's shared memory, 16-byte aligned
+static inline void emu_check_smem16(const void *p) {
+    const unsigned char *b = (const unsigned char *)p;
+    EMU_CHECK(((uintptr_t)b & 15) == 0);
+    EMU_CHECK(b >= emu_cur->smem && b + 16 <= emu_cur->smem + emu_cur->smem_bytes);
+}
+
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lane l gives the address of row l % 8 of matrix l / 8 (16
+// bytes, 16-byte aligned, in shared memory); register i of lane l (g = l / 4, t = l % 4) gets matrix i's row
+// g, columns 2t and 2t + 1 (low half first), or with .trans its column g, rows 2t and 2t + 1.
+static inline void emu_ldmatrix_x4(uint32_t *r, const bf16 *p, int trans) {
+    emu_warp &w = emu_my_warp();
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    emu_check_smem16(p);
+    w.row[lane] = (const unsigned char *)p;
+    pthread_barrier_wait(&w.bar);
+    for (int i = 0; i < 4; i++) {
+        uint16_t h[2];
+        for (int e = 0; e < 2; e++) {
+            int row = trans ? 2 * t + e : g, col = trans ? g : 2 * t + e;
+            memcpy(&h[e], w.row[i * 8 + row] + 2 * col, 2);
+        }
+        r[i] = (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+    }
+    pthread_barrier_wait(&w.bar);
+}
+static inline void ldmatrix_x4(uint32_t *r, const bf16 *p) {
+    emu_ldmatrix_x4(r, p, 0);
+}
+static inline void ldmatrix_x4_trans(uint32_t *r, const bf16 *p) {
+    emu_ldmatrix_x4(r, p, 1);
+}
+
+// cp.async.cg.shared.global [s], [g], 16, valid ? 16 : 0: both addresses 16-byte aligned; 16 bytes copied, or
+// zeros. The copy lands at the cp_async_wait that completes its group; until then the destination holds NaN
+// (on the hardware: anything), so a read that comes too early, or a refill that overtakes a read, shows.
+struct emu_copy {
+    unsigned char *s;
+    const unsigned char *g;
+    int valid;
+    long group; // the commit group it belongs to; -1 until committed
+};
+static thread_local std::vector<emu_copy> emu_copies;
+static thread_local long emu_groups; // groups committed by this thread
+
+static inline void cp_async16(bf16 *s, const bf16 *g, int valid) {
+    emu_check_smem16(s);
+    EMU_CHECK(((uintptr_t)g & 15) == 0);
+    memset(s, 0xff, 16);
+    emu_copies.push_back(emu_copy{(unsigned char *)s, (const unsigned char *)g, valid, -1});
+}
+static inline void cp_async_commit(void) {
+    for (emu_copy &c : emu_copies)
+        if (c.group < 0)
+            c.group = emu_groups;
+    emu_groups++;
+}
+// cp.async.wait_group N: every group but the newest N committed is complete
+template <int N> static inline void cp_async_wait(void) {
+    std::vector<emu_copy> left;
+    for (const emu_copy &c : emu_copies) {
+        if (c.group >= 0 && c.group < emu_groups - N) {
+            if (c.valid)
+                memcpy(c.s, c.g, 16);
+            else
+                memset(c.s, 0, 16);
+        } else {
+            left.push_back(c);
+        }
+    }
+    emu_copies.swap(left);
+}
+
 // Runs kernel() for every block of grid (gx, gy), `threads` CPU threads a block (a multiple of 32), with
 // `smem` bytes of shared memory each, blocks one after another.
 template <class K> static void emu_launch(int gx, int gy, int threads, size_t smem, K kernel) {
     struct arg {
         emu_block *blk;
-        unsigned tx, bx, by;
+        unsigned tx, bx, by, nt, gx, gy;
         K *kernel;
     };
     int nw = threads / 32;
     emu_block *blk = new emu_block;
-    blk->smem = (unsigned char *)aligned_alloc(16, (smem + 15) / 16 * 16);
+    blk->smem_bytes = smem;
+    blk->smem = (unsigned char *)aligned_alloc(16, (smem + 15) / 16 * 16 + 16);
     pthread_barrier_init(&blk->bar, NULL, threads);
     for (int w = 0; w < nw; w++)
         pthread_barrier_init(&blk->warps[w].bar, NULL, 32);
@@ -146,7 +238,8 @@ template <class K> static void emu_launch(int gx, int gy, int threads, size_t sm
         for (int bx = 0; bx < gx; bx++) {
             memset(blk->smem, 0xff, smem); // poison: a read of shared memory nothing wrote shows as NaN
             for (int i = 0; i < threads; i++) {
-                args[i] = arg{blk, (unsigned)i, (unsigned)bx, (unsigned)by, &kernel};
+                args[i] = arg{blk,          (unsigned)i,  (unsigned)bx, (unsigned)by, (unsigned)threads,
+                              (unsigned)gx, (unsigned)gy, &kernel};
                 pthread_create(
                     &th[i], NULL,
                     [](void *v) -> void * {
@@ -154,6 +247,10 @@ template <class K> static void emu_launch(int gx, int gy, int threads, size_t sm
                         emu_cur = a->blk;
                         threadIdx = emu_uint3{a->tx, 0, 0};
                         blockIdx = emu_uint3{a->bx, a->by, 0};
+                        blockDim = emu_uint3{a->nt, 1, 1};
+                        gridDim = emu_uint3{a->gx, a->gy, 1};
+                        emu_copies.clear();
+                        emu_groups = 0;
                         (*a->kernel)();
                         return NULL;
                     },
