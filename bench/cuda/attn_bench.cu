@@ -10,7 +10,8 @@
 // speedup over det. Where the Hopper kernels apply (a build with KILN_CUDA_ARCHS containing 90a, an sm_90
 // device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward and backward, both wgmma + TMA),
 // follows; its `fwd/new` and `bwd/new` columns are its speedups over the FA2 forward and single-pass backward
-// of `new`, `f+b` the two together. The last line counts CHECK-FAILs (exit 1 if any).
+// of `new`, `f+b` the two together; then wgmma-tma, the same with the backward's dQ added by TMA's reduce-add
+// (KILN_WGMMA_DQ=tma). The last line counts CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
 //          attn_bench wgmma           (correctness shapes, then wgmma vs FA2 at T 1024/2048, HS 64/128)
@@ -125,16 +126,22 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
              pos == KILN_POS_ROPE    ? "rope"
              : pos == KILN_POS_ALIBI ? "alibi"
                                      : "none");
-    const char *names[6] = {"ref", "det", "new", "new-v1", "new-v2", "wgmma"};
-    const char *attn[6] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma"}, *var[6] = {"0", "0", "0", "1", "2", "0"};
-    int det[6] = {0, 1, 0, 0, 0, 0};
-    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 6 : 5;
+    // (wgmma-tma: the wgmma backward with dQ added by TMA's reduce-add, KILN_WGMMA_DQ=tma)
+    const char *names[7] = {"ref", "det", "new", "new-v1", "new-v2", "wgmma", "wgmma-tma"};
+    const char *attn[7] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma"};
+    const char *var[7] = {"0", "0", "0", "1", "2", "0", "0"};
+    int det[7] = {0, 1, 0, 0, 0, 0, 0};
+    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 7 : 5;
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);
     std::vector<float> r_out(n_out), r_lse(n_lse), r_d(n_qkv), x_out(n_out), x_lse(n_lse), x_d(n_qkv);
     std::vector<float> nan_fill(n_qkv, NAN);
     float ref_f = 0, ref_b = 0, det_b = 0, new_f = 0, new_b = 0;
     for (int k = 0; k < n_paths; k++) {
         set_path(attn[k], var[k]);
+        if (k == 6)
+            setenv("KILN_WGMMA_DQ", "tma", 1);
+        else
+            unsetenv("KILN_WGMMA_DQ");
         c->deterministic = det[k];
         ops->upload_f32(be->ctx, dqkv, KILN_BF16, nan_fill.data(), n_qkv); // every element must be written
         ops->attention_forward(be->ctx, &fa);
@@ -156,12 +163,12 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
             new_f = mf;
             new_b = mb;
         }
-        printf("%-40s %-6s fwd %7.3f ms %6.1f TF/s  bwd %7.3f ms %6.1f TF/s  f+b %6.1f TF/s  x%.2f", sh,
+        printf("%-40s %-9s fwd %7.3f ms %6.1f TF/s  bwd %7.3f ms %6.1f TF/s  f+b %6.1f TF/s  x%.2f", sh,
                names[k], mf, fl_f / (mf * 1e-3) / 1e12, mb, fl_b / (mb * 1e-3) / 1e12,
                (fl_f + fl_b) / ((mf + mb) * 1e-3) / 1e12, (ref_f + ref_b) / (mf + mb));
         if (k >= 2)
             printf("  bwd/det x%.2f", det_b / mb);
-        if (k == 5)
+        if (k >= 5)
             printf("  fwd/new x%.2f bwd/new x%.2f", new_f / mf, new_b / mb);
         if (k) {
             size_t BT = (size_t)B * T;
@@ -180,6 +187,7 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
         fflush(stdout);
     }
     set_path(NULL, "0");
+    unsetenv("KILN_WGMMA_DQ");
     c->deterministic = 0;
     ops->free(be->ctx, qkv);
     ops->free(be->ctx, dqkv);

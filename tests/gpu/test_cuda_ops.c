@@ -982,7 +982,7 @@ static void test_attention_wgmma_matches_cpu(void **state) {
 // with NH not a power of two, none. dqkv poisoned first (every element must be written), a second run must
 // agree within 1e-2 (dQ by atomics), and dq, dk, dv are checked separately. Then strided rows (dqkv's stride
 // differs from qkv's; an odd one falls back to FA2), and deterministic mode, which must decline the path
-// (FA2's two kernels, bitwise repeatable).
+// (FA2's two kernels, bitwise repeatable). All but the last twice: dQ added by REDs and by TMA.
 static void test_attention_wgmma_backward_matches_cpu(void **state) {
     struct env *e = *state;
     if (!kiln_cuda_wgmma_attention_available(e->gpu.ctx)) {
@@ -991,23 +991,29 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
                "and an sm_90 device): skipped\n");
         skip();
     }
-    setenv("KILN_ATTN", "fa2", 1);
-    printf("attention path: FA2 forward, wgmma backward\n");
-    struct kiln_backend *g = &e->gpu;
-    attention_case_paths(e, g, "wgmma", 1, 17, 4, 1, 64, KILN_POS_ALIBI);
-    attention_case_paths(e, g, "wgmma", 1, 17, 2, 2, 128, KILN_POS_ROPE);
-    attention_case_paths(e, g, "wgmma", 2, 129, 6, 2, 64, KILN_POS_ROPE);
-    attention_case_paths(e, g, "wgmma", 2, 129, 4, 4, 128, KILN_POS_ALIBI);
-    attention_case_paths(e, g, "wgmma", 1, 1024, 4, 2, 64, KILN_POS_NONE);
-    attention_case_paths(e, g, "wgmma", 1, 1024, 4, 1, 128, KILN_POS_ROPE);
-    attention_case_paths(e, g, "wgmma", 1, 1024, 6, 3, 64, KILN_POS_ALIBI);
-    attention_case_paths(e, g, "wgmma", 1, 1024, 2, 2, 128, KILN_POS_ALIBI);
-    attention_case_paths(e, g, "wgmma", 1, 300, 8, 2, 128, KILN_POS_NONE);
-    setenv("KILN_ATTN", "wgmma", 1);
-    printf("attention path: wgmma forward and backward, strided rows\n");
-    strided_attention_case(e, g, 2, 129, 4, 1, 64, KILN_POS_ROPE, 384 + 1024, 384 + 1024);
-    strided_attention_case(e, g, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
-    strided_attention_case(e, g, 2, 65, 4, 2, 64, KILN_POS_NONE, 512 + 7, 512 + 3); // FA2 fallback
+    // both ways of adding dQ (KILN_WGMMA_DQ): vector REDs (the default) and TMA's reduce-add
+    for (int tma = 0; tma < 2; tma++) {
+        setenv("KILN_WGMMA_DQ", tma ? "tma" : "red", 1);
+        printf("dQ added by %s\n", tma ? "TMA's reduce-add (KILN_WGMMA_DQ=tma)" : "vector REDs (the default)");
+        setenv("KILN_ATTN", "fa2", 1);
+        printf("attention path: FA2 forward, wgmma backward\n");
+        struct kiln_backend *g = &e->gpu;
+        attention_case_paths(e, g, "wgmma", 1, 17, 4, 1, 64, KILN_POS_ALIBI);
+        attention_case_paths(e, g, "wgmma", 1, 17, 2, 2, 128, KILN_POS_ROPE);
+        attention_case_paths(e, g, "wgmma", 2, 129, 6, 2, 64, KILN_POS_ROPE);
+        attention_case_paths(e, g, "wgmma", 2, 129, 4, 4, 128, KILN_POS_ALIBI);
+        attention_case_paths(e, g, "wgmma", 1, 1024, 4, 2, 64, KILN_POS_NONE);
+        attention_case_paths(e, g, "wgmma", 1, 1024, 4, 1, 128, KILN_POS_ROPE);
+        attention_case_paths(e, g, "wgmma", 1, 1024, 6, 3, 64, KILN_POS_ALIBI);
+        attention_case_paths(e, g, "wgmma", 1, 1024, 2, 2, 128, KILN_POS_ALIBI);
+        attention_case_paths(e, g, "wgmma", 1, 300, 8, 2, 128, KILN_POS_NONE);
+        setenv("KILN_ATTN", "wgmma", 1);
+        printf("attention path: wgmma forward and backward, strided rows\n");
+        strided_attention_case(e, g, 2, 129, 4, 1, 64, KILN_POS_ROPE, 384 + 1024, 384 + 1024);
+        strided_attention_case(e, g, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
+        strided_attention_case(e, g, 2, 65, 4, 2, 64, KILN_POS_NONE, 512 + 7, 512 + 3); // FA2 fallback
+    }
+    unsetenv("KILN_WGMMA_DQ");
     printf(
         "attention path: KILN_ATTN=wgmma in deterministic mode (the backward must be FA2's two kernels)\n");
     attention_case_on(e, &e->gpu_det, 2, 129, 6, 2, 64, KILN_POS_ROPE);

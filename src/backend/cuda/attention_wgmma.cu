@@ -20,6 +20,7 @@
 // Not done yet (see the doc): ping-pong scheduling between the consumer warpgroups, a TMA store of O, and in
 // the backward dQ through shared memory with TMA's bulk reduce-add.
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/attn_common.cuh"
@@ -223,6 +224,32 @@ static __device__ __forceinline__ void consumers_bar_sync(void) {
 // this kernel (docs/perf_notes.md).
 static __device__ __forceinline__ void wg_red2(float *g, float x, float y) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(g), "f"(x), "f"(y) : "memory");
+}
+// DQ_TMA (FA3's dQ path): a box of shared memory added into global memory by the TMA unit, f32 element-wise
+// (cp.reduce.async.bulk.tensor .add), one bulk group per commit; the issuing thread waits for its groups'
+// reads of shared memory (.read) before the buffer is rewritten, and for all of them before the block ends.
+static __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap *map, uint32_t src, int c0, int c1,
+                                                         int c2, int c3) {
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], "
+                 "[%1];\n" ::"l"(map),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+static __device__ __forceinline__ void bulk_commit(void) {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+static __device__ __forceinline__ void bulk_wait_read_all(void) {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+static __device__ __forceinline__ void bulk_wait_all(void) {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Barrier over one consumer warpgroup's 128 threads (ids 2 and 3)
+static __device__ __forceinline__ void consumer_bar_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + cw) : "memory");
+}
+static __device__ __forceinline__ void st_shared_v2f(uint32_t addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 #endif // WG_DEVICE_HELPERS
 
@@ -521,6 +548,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 // dq_acc unscaled (the convert kernel scales and rotates back), dK rotated back in registers (RoPE).
 struct wg_bwd_params {
     CUtensorMap tq, tdo, tk, tv;    // 4-D maps (d, head, t, b); boxes (64, 1, rows, 1): q, dO BM; k, v BN
+    CUtensorMap tdq;                // DQ_TMA: dq_acc as f32 (d, head, t, b), boxes (32, 1, BM, 1), swizzled
     const float *lse;               // (B, NH, T), natural log
     const float *dsum;              // (B, NH, T): D = rowsum(dO * O)
     float *dq_acc;                  // (B, T, NH, HS) f32, zeroed first: unscaled dQ in the rotated frame
@@ -537,8 +565,11 @@ struct wg_bwd_params {
 // Shared memory: K [HS/64][BN][64] | V, same | Q [2 stages][HS/64][BM][64] | dO, same | dS^T [2 consumers]
 // [2 buffers][64 keys][64 queries] | lse log2(e), D [2 stages][2][BM] f32 | 5 mbarriers; plus up to 1023
 // bytes to align the start to 1024.
-template <int HS> static constexpr size_t wb_smem_bytes(void) {
-    return (size_t)(2 * WB_BN + 4 * WB_BM) * HS * 2 + 4 * 64 * WB_BM * 2 + 4 * WB_BM * 4 + 8 * 8 + 1024;
+// DQ_TMA adds [2 consumers][2 boxes][BM][32] f32 after dS^T: a 64-column pass of a consumer's dQ, staged for
+// TMA's reduce-add.
+template <int HS, bool DQ_TMA> static constexpr size_t wb_smem_bytes(void) {
+    return (size_t)(2 * WB_BN + 4 * WB_BM) * HS * 2 + 4 * 64 * WB_BM * 2 + (DQ_TMA ? 2 * WB_BM * 64 * 4 : 0) +
+           4 * WB_BM * 4 + 8 * 8 + 1024;
 }
 
 #if defined(WG_DEVICE_HELPERS)
@@ -560,7 +591,7 @@ static __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) 
 }
 #endif // WG_DEVICE_HELPERS
 
-template <int HS>
+template <int HS, bool DQ_TMA>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_bwd_kernel(const __grid_constant__ struct wg_bwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -571,7 +602,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     extern __shared__ __align__(16) unsigned char wg_smem[];
     uint32_t base = ((uint32_t)__cvta_generic_to_shared(wg_smem) + 1023) & ~1023u;
     uint32_t k_s = base, v_s = k_s + KV_BYTES, q_s = v_s + KV_BYTES, do_s = q_s + 2 * QT_BYTES;
-    uint32_t ds_s = do_s + 2 * QT_BYTES, stat_s = ds_s + 4 * DS_BYTES, bars = stat_s + 4 * WB_BM * 4;
+    uint32_t ds_s = do_s + 2 * QT_BYTES, dq_s = ds_s + 4 * DS_BYTES;
+    uint32_t stat_s = dq_s + (DQ_TMA ? 2 * WB_BM * 64 * 4 : 0), bars = stat_s + 4 * WB_BM * 4;
     // mbarriers, 8 bytes each: K and V full, stage full [2] (Q, dO, lse, D), stage empty [2]
     uint32_t kv_full = bars, full = bars + 8, empty = bars + 24;
     // lse log2(e) and D of stage s's query rows: stat[s][0][row], stat[s][1][row] (plain loads and stores)
@@ -743,8 +775,6 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 
             consumers_bar_sync(); // every warp's dS^T rows, of both consumers, are in their buffers
             if ((it & 1) == cw) {
-                float *dqg = p.dq_acc + ((size_t)b * p.T * p.NH + h) * HS;
-                size_t qstride = (size_t)p.NH * HS;
 #pragma unroll
                 for (int cb = 0; cb < CB; cb++) {
                     float dq[32];
@@ -771,11 +801,39 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         reg_fence_u32<WB_BM / 4>(&da[0][0]);
                         mbar_arrive(empty + 8 * st);
                     }
+                    if constexpr (DQ_TMA) {
+                        // the pass's 64 x 64 into this consumer's two boxes ([BM][32] f32 each, 128-byte
+                        // swizzle: chunk c of row r at c ^ (r % 8), r % 8 = g), once TMA has read the last
+                        // pass's; then one thread has TMA add them to dq_acc (rows past T are dropped by
+                        // the map's bound)
+                        uint32_t dqb = dq_s + cw * WB_BM * 64 * 4;
+                        if (tid == 0)
+                            bulk_wait_read_all();
+                        consumer_bar_sync(cw);
 #pragma unroll
-                    for (int i = 0; i < 32; i += 2) {
-                        int qi = q0 + warp * 16 + g + 8 * ((i >> 1) & 1), d = cb * 64 + (i >> 2) * 8 + t4 * 2;
-                        if (qi < p.T)
-                            wg_red2(dqg + (size_t)qi * qstride + d, dq[i], dq[i + 1]);
+                        for (int i = 0; i < 32; i += 2) {
+                            int r = warp * 16 + g + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + t4 * 2;
+                            int chunk = (col & 31) >> 2;
+                            st_shared_v2f(dqb + (col >> 5) * (WB_BM * 128) + r * 128 + ((chunk ^ g) << 4) +
+                                              (col & 3) * 4,
+                                          dq[i], dq[i + 1]);
+                        }
+                        fence_proxy_async_smem();
+                        consumer_bar_sync(cw);
+                        if (tid == 0) {
+                            tma_reduce_add_4d(&p.tdq, dqb, cb * 64, h, q0, b);
+                            tma_reduce_add_4d(&p.tdq, dqb + WB_BM * 128, cb * 64 + 32, h, q0, b);
+                            bulk_commit();
+                        }
+                    } else {
+                        float *dqg = p.dq_acc + ((size_t)b * p.T * p.NH + h) * HS;
+                        size_t qstride = (size_t)p.NH * HS;
+#pragma unroll
+                        for (int i = 0; i < 32; i += 2) {
+                            int qi = q0 + warp * 16 + g + 8 * ((i >> 1) & 1), d = cb * 64 + (i >> 2) * 8 + t4 * 2;
+                            if (qi < p.T)
+                                wg_red2(dqg + (size_t)qi * qstride + d, dq[i], dq[i + 1]);
+                        }
                     }
                 }
             } else {
@@ -789,6 +847,10 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         }
     }
 
+    if constexpr (DQ_TMA) {
+        if (tid == 0)
+            bulk_wait_all(); // the last reduce-adds: read out of shared memory and done before the block ends
+    }
     float(*dk4)[4] = reinterpret_cast<float(*)[4]>(dk);
     float(*dv4)[4] = reinterpret_cast<float(*)[4]>(dv);
     if (p.cos_tab)
@@ -857,12 +919,42 @@ template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct
     CUDA_CHECK_LAUNCH();
 }
 
-template <int HS> static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_params &p, int B) {
-    size_t smem = wb_smem_bytes<HS>();
-    set_smem(wg_bwd_kernel<HS>, smem);
+template <int HS, bool DQ_TMA> static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_params &p, int B) {
+    size_t smem = wb_smem_bytes<HS, DQ_TMA>();
+    set_smem(wg_bwd_kernel<HS, DQ_TMA>, smem);
     dim3 grid(KILN_CEIL_DIV(p.T, WB_BN), B * p.NKV);
-    wg_bwd_kernel<HS><<<grid, WG_THREADS, smem, c->stream>>>(p);
+    wg_bwd_kernel<HS, DQ_TMA><<<grid, WG_THREADS, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
+}
+
+// The f32 map of dq_acc (B, T, NH, HS) for DQ_TMA's reduce-adds: boxes of 32 d (128 bytes, the widest a
+// 128-byte swizzle allows) x 1 head x BM rows x 1 batch; rows past T are not written (the map's bound).
+static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int B) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = wg_encoder();
+    if (!enc)
+        return 1;
+    cuuint64_t dims[4] = {(cuuint64_t)HS, (cuuint64_t)NH, (cuuint64_t)T, (cuuint64_t)B};
+    cuuint64_t strides[3] = {(cuuint64_t)HS * 4, (cuuint64_t)NH * HS * 4, (cuuint64_t)T * NH * HS * 4};
+    cuuint32_t box[4] = {32, 1, WB_BM, 1}, estr[4] = {1, 1, 1, 1};
+    CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, (void *)dq_acc, dims, strides, box, estr,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r != CUDA_SUCCESS;
+}
+
+// KILN_WGMMA_DQ (read on every call, so that a test or attn_bench can compare both in one process): red (the
+// default: each consumer thread adds its dQ with vector REDs) or tma (the pass staged in shared memory and
+// added by the TMA unit, as FlashAttention-3 does; written in session 10 without a GPU).
+static int wb_dq_tma(void) {
+    const char *s = getenv("KILN_WGMMA_DQ");
+    if (!s || !*s || !strcmp(s, "red"))
+        return 0;
+    if (!strcmp(s, "tma"))
+        return 1;
+    static int warned;
+    if (!warned++)
+        fprintf(stderr, "kiln: KILN_WGMMA_DQ=%s: unknown (red or tma); red runs\n", s);
+    return 0;
 }
 
 #endif // KILN_HAVE_SM90A
@@ -961,10 +1053,11 @@ extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const stru
     p.alibi = a->pos == KILN_POS_ALIBI;
     p.scale = 1.0f / sqrtf((float)HS);
     p.scale_log2 = p.scale * WG_LOG2E;
+    int tma = wb_dq_tma() && !wb_dq_map(&p.tdq, p.dq_acc, HS, a->NH, a->T, a->B);
     if (HS == 64)
-        wb_launch<64>(c, p, a->B);
+        tma ? wb_launch<64, true>(c, p, a->B) : wb_launch<64, false>(c, p, a->B);
     else
-        wb_launch<128>(c, p, a->B);
+        tma ? wb_launch<128, true>(c, p, a->B) : wb_launch<128, false>(c, p, a->B);
     kiln_cuda_fa_dq_convert(c, (bf16 *)a->dqkv, p.dq_acc, a->B, a->T, a->NH, HS, drs, p.scale, p.cos_tab,
                             p.sin_tab);
     return 1;
