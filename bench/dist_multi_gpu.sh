@@ -315,18 +315,20 @@ if has long; then
     extra=()
     [ "$mode" = hybrid ] && extra=(--sp-ulysses=2)
     for T in ${KILN_LONG_LENGTHS:-131072 524288 1048576 2097152}; do
-      off=none rec=selective
-      [ "$T" -ge 1048576 ] && off=activations
+      off=none rec=selective zero=0
+      # from 1M on: layer inputs in host memory, and the weights and optimizer sharded over the SP ranks
+      # (ZeRO-3: 2M tokens plan 71.4 GiB a GPU that way, 86.1 without)
+      [ "$T" -ge 1048576 ] && off=activations zero=3
       [ $((T / NG)) -gt 131072 ] && rec=block # selective keeps each layer's attention output: too much past 128k
       intime 90 "1.3B, $T tokens, sp $NG $mode" || break
       rm -rf /tmp/long
       timeout "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset=gpt2-124m --layers=24 --dim=2048 \
         --heads=16 --pos=rope --batch=1 --seq="$T" --block-size="$T" --sp="$NG" --sp-mode=$mode "${extra[@]}" \
-        --recompute=$rec --offload=$off --data=random --max-steps=3 --warmup=1 --device=cuda --eval-every=0 \
+        --recompute=$rec --offload=$off --zero=$zero --data=random --max-steps=3 --warmup=1 --device=cuda --eval-every=0 \
         --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/long >>"$OUT/long.log" 2>&1
       rc=$?
       read -r ms tok gib mfu < <(kstats /tmp/long/metrics.jsonl)
-      echo "| 1.3B, $T tokens, sp $NG $mode | exit $rc: $tok tok/s, $(python3 -c "print(f'{$mfu * 9.89:.0f}')" 2>/dev/null) TFLOPS per GPU (MFU $mfu%), $gib GiB, recompute $rec, offload $off |" |
+      echo "| 1.3B, $T tokens, sp $NG $mode | exit $rc: $tok tok/s, $(python3 -c "print(f'{$mfu * 9.89:.0f}')" 2>/dev/null) TFLOPS per GPU (MFU $mfu%), $gib GiB, recompute $rec, offload $off, zero $zero |" |
         tee -a "$OUT/table.md"
       [ $rc -ne 0 ] && { grep -v '^\s' "$OUT/long.log" | tail -2; break; }
     done
