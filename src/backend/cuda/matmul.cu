@@ -60,6 +60,7 @@ static uint64_t ptr_align(const void *p) {
 // is in: the heuristic's answer depends on it). Zero-filled before use so that memcmp compares it.
 struct lt_key {
     int transa, transb, m, n, k, lda, ldb, ldd, dtype, beta_nz, epi, has_bias, bias_dtype, has_aux, aux_ld;
+    int sm_target; // CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, 0: the device's count
     uint32_t al[4];
 };
 
@@ -117,6 +118,11 @@ static void lt_entry_build(struct cuda_ctx *c, struct lt_entry *e, const struct 
         int32_t bt = (int32_t)g->bias_dtype;
         CUBLAS_CHECK(
             cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+    }
+    if (e->key.sm_target > 0) {
+        int32_t sm = e->key.sm_target;
+        CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm, sizeof(sm)));
     }
     if (g->aux) {
         int64_t aux_ld = g->aux_ld;
@@ -222,6 +228,26 @@ static void lt_tune(struct cuda_ctx *c, struct lt_entry *e, const struct lt_gemm
     CUDA_CHECK(cudaEventDestroy(t1));
 }
 
+// KILN_GEMM_SM_MARGIN=N: plan every GEMM for N fewer SMs than the device has (cuBLASLt's SM count target), as
+// comm-overlapping stacks do for the SMs that NCCL's kernels hold while a reduction overlaps the backward. An
+// experiment for the DDP weak-scaling loss (docs/benchmarks.md, 4 H100s: the backward slowed beside NCCL's
+// kernels); unset or 0: the device's count. Read once.
+static int gemm_sm_target(const struct cuda_ctx *c) {
+    static int margin = -1;
+    if (margin < 0) {
+        const char *s = getenv("KILN_GEMM_SM_MARGIN");
+        char *end = NULL;
+        long v = s && *s ? strtol(s, &end, 10) : 0;
+        margin = 0;
+        if (s && *s && (*end || v < 0 || v >= c->prop.multiProcessorCount))
+            fprintf(stderr, "kiln: KILN_GEMM_SM_MARGIN=%s (environment) is not a number of SMs below %d: ignored\n",
+                    s, c->prop.multiProcessorCount);
+        else
+            margin = (int)v;
+    }
+    return margin > 0 ? c->prop.multiProcessorCount - margin : 0;
+}
+
 // Runs one cuBLASLt matmul; returns 0, or -1 when no algorithm supports this combination (then nothing ran).
 // The heuristic is asked once per configuration (struct lt_key) and remembered in the context: a training
 // step issues the same few dozen GEMMs every step, and each query costs tens of microseconds of host time.
@@ -243,6 +269,7 @@ static int lt_matmul(struct cuda_ctx *c, const struct lt_gemm *g) {
     key.bias_dtype = g->bias ? (int)g->bias_dtype : 0;
     key.has_aux = g->aux != NULL;
     key.aux_ld = g->aux ? g->aux_ld : 0;
+    key.sm_target = gemm_sm_target(c);
     key.al[0] = (uint32_t)ptr_align(g->A);
     key.al[1] = (uint32_t)ptr_align(g->B);
     key.al[2] = (uint32_t)ptr_align(g->C);
