@@ -574,11 +574,13 @@ static int start_watchdog(struct run *r, struct kiln_error *err) {
 }
 
 // --recompute=auto (train/plan.h): the least recompute whose plan fits this rank's GPU
-// (kiln_recompute_budget). The CPU states no limit: act, the default, there. Every rank takes the most
+// (kiln_recompute_budget) as it is once the communicators are open (NCCL's buffers are not in the plan). The
+// CPU states no limit: act, the default, there. Every rank takes the most
 // recompute any rank chose, so that all run the same collectives (sequence parallelism's attention is one).
 static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
                                    const struct kiln_param_table *pt) {
-    size_t budget = kiln_recompute_budget(r->be.mem_free_bytes), planned = 0;
+    size_t free_now = r->be.ops->mem_free ? r->be.ops->mem_free(r->be.ctx) : r->be.mem_free_bytes;
+    size_t budget = kiln_recompute_budget(free_now), planned = 0;
     enum kiln_recompute rc = KILN_RECOMPUTE_ACT;
     if (budget)
         rc = kiln_recompute_auto(cfg, pt, r->env.world, &r->sp_lo, r->be.act_dtype, r->be.grad_dtype,

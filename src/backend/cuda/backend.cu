@@ -38,6 +38,14 @@ static size_t cuda_mem_peak(void *ctx) {
     return cuda_ctx_of(ctx)->mem_peak;
 }
 
+static size_t cuda_mem_free(void *ctx) {
+    struct cuda_ctx *c = cuda_ctx_of(ctx);
+    CUDA_CHECK(cudaSetDevice(c->device));
+    size_t fr = 0, tot = 0;
+    CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    return fr;
+}
+
 // ---- scratch ------------------------------------------------------------------------------------------
 
 extern "C" void *kiln_cuda_scratch(struct cuda_ctx *c, int slot, size_t bytes) {
@@ -327,6 +335,7 @@ static const struct kiln_ops cuda_ops = {
     cuda_host_alloc,
     cuda_host_free,
     cuda_mem_peak,
+    cuda_mem_free,
     cuda_event_create,
     cuda_event_destroy,
     cuda_event_record,
