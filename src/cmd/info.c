@@ -52,6 +52,8 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg,
            (p->grads_bytes + rp.dp.grad_shard) / GIB, p->optim_bytes / GIB);
     printf("  gradient staging %.3f GiB, gathered weights %.3f GiB, activations %.3f GiB\n",
            rp.dp.staging / GIB, rp.dp.gathered / GIB, p->acts_bytes / GIB);
+    if (rp.attn_ws)
+        printf("  attention workspace %.3f GiB (dQ accumulator, RoPE's rotated q and k)\n", rp.attn_ws / GIB);
     if (rp.dpo.accumulate_whole) // counted in the gradients above, but whole on every rank: it does not fall
                                  // as 1/N
         printf("  of the gradients, whole on every rank (--zero3-accumulate=whole): %.3f GiB\n",
@@ -175,6 +177,9 @@ int cmd_info(int argc, char **argv) {
     print_plan(grad == KILN_BF16 ? "cuda: bf16 weights, activations and gradients, f32 master and AdamW"
                                  : "cuda: bf16 weights and activations, f32 master, gradients and AdamW",
                &plan, go.B * go.T);
+    size_t ws = kiln_attn_workspace_bytes(m, go.B, go.T);
+    printf("  + attention workspace   %8.3f GiB (the backend's own: dQ accumulator, RoPE's q and k)\n", ws / GIB);
+    printf("  total on the GPU        %8.3f GiB\n", (plan.total_bytes + ws) / GIB);
     if (world > 1 || cfg.zero || (cfg.offload & KILN_OFFLOAD_OPTIMIZER)) {
         printf("\n");
         print_rank_plan("cpu", &cfg, &pt, world, &sp, KILN_F32, kiln_config_grad_dtype(&cfg, 0), 1);

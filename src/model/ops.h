@@ -332,7 +332,7 @@ struct kiln_ops {
     // library workspaces included (what a step really needs beyond the model's plan). NULL: not tracked.
     size_t (*mem_peak)(void *ctx);
     // The device memory free now, in bytes (after what libraries such as NCCL took since the backend opened:
-    // kiln_backend's mem_free_bytes is the figure at opening). NULL: not planned against (the CPU).
+    // kiln_backend's mem_free_bytes is the figure at opening). 0: not planned against (the CPU).
     size_t (*mem_free)(void *ctx);
 
     // ---- events, so that communication can overlap compute ----

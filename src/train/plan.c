@@ -29,8 +29,18 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_param_table
         kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &out->dp);
     kiln_gpt_plan(&cfg->model, &go, act, grad, alias, &out->model);
     out->sp_bytes = kiln_sp_buffer_bytes(sp, &cfg->model, cfg->batch_size, act);
-    out->total =
-        out->model.total_bytes + out->dp.staging + out->dp.grad_shard + out->dp.gathered + out->sp_bytes;
+    out->attn_ws = alias ? 0 : kiln_attn_workspace_bytes(&cfg->model, cfg->batch_size, sp->T_local);
+    out->total = out->model.total_bytes + out->dp.staging + out->dp.grad_shard + out->dp.gathered +
+                 out->sp_bytes + out->attn_ws;
+}
+
+size_t kiln_attn_workspace_bytes(const struct kiln_model_config *m, int B, int T) {
+    size_t NH = (size_t)m->n_head, NKV = (size_t)kiln_model_kv_heads(m), HS = (size_t)kiln_model_head_size(m);
+    size_t rows = (size_t)B * T;
+    size_t bytes = rows * NH * HS * sizeof(float) + rows * NH * sizeof(float);
+    if (m->pos == KILN_POS_ROPE)
+        bytes += rows * (NH + NKV) * HS * 2;
+    return bytes;
 }
 
 const enum kiln_recompute kiln_recompute_by_memory[5] = {KILN_RECOMPUTE_NONE, KILN_RECOMPUTE_ACT,
@@ -66,9 +76,10 @@ size_t kiln_recompute_budget(size_t free_bytes) {
             return (size_t)(mb * 1048576.0);
         fprintf(stderr, "kiln: KILN_MEM_BUDGET_MB=%s (environment) is not a number of MiB: ignored\n", env);
     }
-    // The margin covers what the plan leaves out (the attention kernels' workspace, the allocator's
-    // rounding). Measured on an H100 (2026-11-26, the 1.3B shape): peaks 0.7-2.6 GiB over the plan, so 4% of
-    // the free memory (3.1 GiB of 78) and 1 GiB. (10% had kept --recompute=mlp out at 64k tokens, where its
-    // plan said 71.7 GiB, it peaked at 73.0 of 78.6 free, and it ran 2.7% faster than selective.)
+    // The margin covers what the plan leaves out (cuBLASLt's workspace, the allocator's rounding). Measured on
+    // H100s (2026-11-26, test_plan), with the attention workspace counted: the peaks run 0.0-1.2 GiB over
+    // the plans, so 4% of the free memory (3.1 GiB of 78) and 1 GiB. (10% had kept --recompute=mlp out at 64k
+    // tokens of the 1.3B shape, where it fits, peaking at 73.0 of 78.6 GiB free, and runs 2.7% faster than
+    // selective.)
     return free_bytes > ((size_t)1 << 30) ? free_bytes - free_bytes / 25 - ((size_t)1 << 30) : 0;
 }

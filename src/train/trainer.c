@@ -579,7 +579,7 @@ static int start_watchdog(struct run *r, struct kiln_error *err) {
 // recompute any rank chose, so that all run the same collectives (sequence parallelism's attention is one).
 static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
                                    const struct kiln_param_table *pt) {
-    size_t free_now = r->be.ops->mem_free ? r->be.ops->mem_free(r->be.ctx) : r->be.mem_free_bytes;
+    size_t free_now = r->be.ops->mem_free(r->be.ctx);
     size_t budget = kiln_recompute_budget(free_now), planned = 0;
     enum kiln_recompute rc = KILN_RECOMPUTE_ACT;
     if (budget)

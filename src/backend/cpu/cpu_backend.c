@@ -17,6 +17,12 @@ static void cpu_host_free(void *ctx, void *p) {
     free(p);
 }
 
+// The CPU states no memory limit (kiln_backend's mem_total_bytes is 0): nothing to plan against
+static size_t cpu_mem_free(void *ctx) {
+    (void)ctx;
+    return 0;
+}
+
 static const struct kiln_ops cpu_ops = {
     .alloc = kiln_cpu_alloc,
     .free = kiln_cpu_free,
@@ -49,6 +55,7 @@ static const struct kiln_ops cpu_ops = {
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_host_free,
     .mem_peak = kiln_cpu_mem_peak,
+    .mem_free = cpu_mem_free,
     .copy_2d = kiln_cpu_copy_2d,
     .copy_async = kiln_cpu_copy_async,
     .copy_side = kiln_cpu_copy, // memory is the host's on both sides
