@@ -20,6 +20,7 @@
 #   faults   a SIGKILLed rank resumed by kiln launch, a stalled rank named by kiln doctor, a checkpoint of N
 #            GPUs resumed on 2 and on 1
 #   all      correct and weak (what the first sessions ran)
+# KILN_DRY=1: no GPU and no training; every kiln run is checked by `kiln info` (bench/kiln_dry.sh, test_bench_dry).
 # KILN_DEADLINE (seconds from the start, default 560): a run that would start later is skipped and says so,
 # so one device call always ends with its table.
 set -u
@@ -31,13 +32,24 @@ if [ -d .debs ] && ! dpkg -s libcmocka-dev >/dev/null 2>&1; then
   eval "$(bash scripts/gpu-deps.sh .debs /tmp/kiln-deps)"
 fi
 BUILD=${BUILD:-build-gpu}
-NG=${KILN_NG:-$(nvidia-smi -L | wc -l)}
-echo "GPUs: $NG; $(nvidia-smi topo -m 2>/dev/null | head -3 | tail -2 | tr -s ' ' | cut -c1-60)"
 t0=$(date +%s)
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 &&
-  cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-echo "build: ok in $(($(date +%s) - t0)) s"
-K="$BUILD/kiln"
+if [ -n "${KILN_DRY:-}" ]; then
+  # KILN_DRY=1: no GPU, no training. Every kiln run goes to bench/kiln_dry.sh, which checks its options with
+  # `kiln info` (the build in $BUILD, as it is) and notes any it refuses in $KILN_DRY_LOG, so that a bad flag
+  # shows here and not in a device call (tests/cli/test_bench_dry.sh).
+  NG=${KILN_NG:-4}
+  export KILN_REAL="$BUILD/kiln" KILN_DRY_LOG=${KILN_DRY_LOG:-$OUT/dry.log}
+  : >"$KILN_DRY_LOG"
+  K=bench/kiln_dry.sh
+  echo "GPUs: $NG (a dry run)"
+else
+  NG=${KILN_NG:-$(nvidia-smi -L | wc -l)}
+  echo "GPUs: $NG; $(nvidia-smi topo -m 2>/dev/null | head -3 | tail -2 | tr -s ' ' | cut -c1-60)"
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 &&
+    cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  echo "build: ok in $(($(date +%s) - t0)) s"
+  K="$BUILD/kiln"
+fi
 echo "| run | result |" >"$OUT/table.md"
 PART=" ${KILN_PART:-all} "
 [[ $PART == *" all "* ]] && PART="$PART correct weak "
@@ -355,7 +367,7 @@ if has faults && intime 90 "faults"; then
   rm -rf /tmp/fk
   "$K" launch --nproc-per-node="$NG" --max-restarts=1 --backoff=1 -- "${f[@]}" --zero=2 --out=/tmp/fk >"$OUT/faults.log" 2>&1 &
   lp=$!
-  for _ in $(seq 60); do [ -d /tmp/fk/ckpt/step_00000100 ] && break; sleep 1; done
+  for _ in $(seq 60); do [ -d /tmp/fk/ckpt/step_00000100 ] || [ -n "${KILN_DRY:-}" ] && break; sleep 1; done
   victim=$(pgrep -f "kiln train.*--out=/tmp/fk" | tail -1)
   [ -n "$victim" ] && kill -9 "$victim"
   wait $lp

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# bench/dist_multi_gpu.sh's multi-GPU runs, dry (KILN_DRY=1): every kiln run of the parts a device call takes
+# (correct, scale, big, long, faults) at 4 and 2 GPUs has its options parsed, validated and planned by
+# `kiln info` (bench/kiln_dry.sh), so that a bad flag (a --seq past the model's block size, an --sp that does
+# not divide the world) fails here and not in device time, where each such mistake has cost a call.
+source "$(dirname "$0")/lib.sh" bench_dry "$@"
+cd "$(dirname "$0")/../.."
+for ng in 4 2; do
+  : >"$T/checked"
+  KILN_DRY=1 KILN_NG=$ng BUILD="$(dirname "$KILN")" OUT="$T/out$ng" KILN_DRY_LOG="$T/refused$ng" \
+    KILN_DRY_CHECKED="$T/checked" KILN_PART="correct scale big long faults" KILN_DEADLINE=100000 \
+    timeout 600 bash bench/dist_multi_gpu.sh >"$T/console$ng" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] && ok || bad "$ng GPUs: the dry run exited $rc: $(tail -3 "$T/console$ng")"
+  [ -f "$T/refused$ng" ] && [ ! -s "$T/refused$ng" ] && ok || bad "$ng GPUs: kiln refused runs: $(cat "$T/refused$ng" 2>/dev/null)"
+  # (every part ran some: correct's 1-GPU run and its launches, scale's, big's, long's and the faults')
+  n=$(wc -l <"$T/checked")
+  [ "$n" -ge 20 ] && ok || bad "$ng GPUs: only $n kiln runs were checked"
+  for want in "--preset=llama-8b" "--sp=$ng --sp-mode=ulysses" "--inject-stall" "--zero=3"; do
+    grep -q -- "$want" "$T/checked" && ok || bad "$ng GPUs: no run with $want was checked"
+  done
+done
+finish
