@@ -330,7 +330,8 @@ if has long; then
     for T in ${KILN_LONG_LENGTHS:-131072 524288 1048576 2097152}; do
       off=none rec=selective zero=0
       # from 1M on: layer inputs in host memory, and the weights and optimizer sharded over the SP ranks
-      # (ZeRO-3: 2M tokens plan 71.4 GiB a GPU that way, 86.1 without)
+      # (ZeRO-3: 2M tokens plan 79.5 GiB a GPU that way, attention workspace included: H200s, not H100s; 94.2
+      # without)
       [ "$T" -ge 1048576 ] && off=activations zero=3
       [ $((T / NG)) -gt 131072 ] && rec=block # selective keeps each layer's attention output: too much past 128k
       intime 90 "1.3B, $T tokens, sp $NG $mode" || break

@@ -28,7 +28,13 @@ RECOMPUTE=${KILN_RECOMPUTE:-block}
 DEVICE=${KILN_BENCH_DEVICE:-cuda} # cpu: a smoke test of this script with KILN_SHAPE set small
 SHAPE=${KILN_SHAPE:-"--preset=gpt2-124m --layers=24 --dim=2048 --heads=16"}
 t0=$(date +%s)
-if [ "$DEVICE" = cuda ]; then
+K="$BUILD/kiln"
+if [ -n "${KILN_DRY:-}" ]; then # no GPU, no training: each run's options checked by kiln info (bench/kiln_dry.sh)
+  export KILN_REAL="$BUILD/kiln" KILN_DRY_LOG=${KILN_DRY_LOG:-$OUT/dry.log}
+  : >"$KILN_DRY_LOG"
+  K=bench/kiln_dry.sh
+  [ "$PART" = all ] && PART=sweep
+elif [ "$DEVICE" = cuda ]; then
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 &&
     cmake --build "$BUILD" -j "$(nproc)" -t kiln test_cuda_ops test_cuda_model >>"$OUT/build.log" 2>&1 ||
     { tail -40 "$OUT/build.log"; exit 1; }
@@ -73,7 +79,7 @@ for T in $LENGTHS; do
   [ "$T" -le 16384 ] && steps=10
   rm -rf "$dir"
   # shellcheck disable=SC2086
-  timeout 560 "$BUILD/kiln" train $SHAPE --pos=rope --batch=1 --seq="$T" --block-size="$T" --recompute="$RECOMPUTE" \
+  timeout 560 "$K" train $SHAPE --pos=rope --batch=1 --seq="$T" --block-size="$T" --recompute="$RECOMPUTE" \
     --offload=$off --data=random --max-steps="$steps" --warmup=1 --device="$DEVICE" \
     --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1 --out="$dir" >"$OUT/run.log" 2>&1
   rc=$?

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# bench/dist_multi_gpu.sh's multi-GPU runs, dry (KILN_DRY=1): every kiln run of the parts a device call takes
+# The device calls' bench scripts, dry (KILN_DRY=1). bench/dist_multi_gpu.sh's multi-GPU runs: every kiln run of the parts a device call takes
 # (correct, scale, big, long, faults) at 4 and 2 GPUs has its options parsed, validated and planned by
 # `kiln info` (bench/kiln_dry.sh), so that a bad flag (a --seq past the model's block size, an --sp that does
-# not divide the world) fails here and not in device time, where each such mistake has cost a call.
+# not divide the world) fails here and not in device time, where each such mistake has cost a call. Then
+# bench/long_context.sh's sweep the same way.
 source "$(dirname "$0")/lib.sh" bench_dry "$@"
 cd "$(dirname "$0")/../.."
 for ng in 4 2; do
@@ -19,5 +20,16 @@ for ng in 4 2; do
   for want in "--preset=llama-8b" "--sp=$ng --sp-mode=ulysses" "--inject-stall" "--zero=3"; do
     grep -q -- "$want" "$T/checked" && ok || bad "$ng GPUs: no run with $want was checked"
   done
+done
+# bench/long_context.sh's sweep, one GPU, 2k to 512k tokens, as each recompute mode runs it
+for rc in auto selective block; do
+  : >"$T/checked"
+  KILN_DRY=1 BUILD="$(dirname "$KILN")" OUT="$T/long_$rc" KILN_DRY_LOG="$T/refused_$rc" KILN_DRY_CHECKED="$T/checked" \
+    KILN_RECOMPUTE=$rc timeout 300 bash bench/long_context.sh >"$T/console_$rc" 2>&1
+  rc_=$?
+  [ $rc_ -eq 0 ] && ok || bad "long_context.sh --recompute=$rc: the dry run exited $rc_: $(tail -3 "$T/console_$rc")"
+  [ -f "$T/refused_$rc" ] && [ ! -s "$T/refused_$rc" ] && ok ||
+    bad "long_context.sh --recompute=$rc: kiln refused runs: $(cat "$T/refused_$rc" 2>/dev/null)"
+  [ "$(wc -l <"$T/checked")" -eq 7 ] && ok || bad "long_context.sh --recompute=$rc: $(wc -l <"$T/checked") of 7 lengths checked"
 done
 finish
