@@ -3,7 +3,7 @@
 # (correct, scale, big, long, faults) at 4 and 2 GPUs has its options parsed, validated and planned by
 # `kiln info` (bench/kiln_dry.sh), so that a bad flag (a --seq past the model's block size, an --sp that does
 # not divide the world) fails here and not in device time, where each such mistake has cost a call. Then
-# bench/long_context.sh's sweep the same way.
+# bench/long_context.sh's sweep and bench/strategies.sh's table the same way.
 source "$(dirname "$0")/lib.sh" bench_dry "$@"
 cd "$(dirname "$0")/../.."
 for ng in 4 2; do
@@ -31,5 +31,18 @@ for rc in auto selective block; do
   [ -f "$T/refused_$rc" ] && [ ! -s "$T/refused_$rc" ] && ok ||
     bad "long_context.sh --recompute=$rc: kiln refused runs: $(cat "$T/refused_$rc" 2>/dev/null)"
   [ "$(wc -l <"$T/checked")" -eq 7 ] && ok || bad "long_context.sh --recompute=$rc: $(wc -l <"$T/checked") of 7 lengths checked"
+done
+# bench/strategies.sh's table at 4 and 2 ranks (issue 17's rows), through its --kiln
+for ranks in 4 2; do
+  : >"$T/checked"
+  : >"$T/refused_s$ranks"
+  KILN_REAL="$KILN" KILN_DRY_LOG="$T/refused_s$ranks" KILN_DRY_CHECKED="$T/checked" OMPI_ALLOW_RUN_AS_ROOT=1 \
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 bash bench/strategies.sh --device=cuda --ranks=$ranks \
+    --kiln="$PWD/bench/kiln_dry.sh" --models=a,b --torch=0 --out="$T/strat$ranks" >"$T/console_s$ranks" 2>&1
+  rc_=$?
+  [ $rc_ -eq 0 ] && ok || bad "strategies.sh --ranks=$ranks: the dry run exited $rc_: $(tail -3 "$T/console_s$ranks")"
+  [ ! -s "$T/refused_s$ranks" ] && ok || bad "strategies.sh --ranks=$ranks: kiln refused runs: $(cat "$T/refused_s$ranks")"
+  n=$(wc -l <"$T/checked")
+  [ "$n" -ge 20 ] && ok || bad "strategies.sh --ranks=$ranks: only $n kiln runs were checked"
 done
 finish
