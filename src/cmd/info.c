@@ -178,7 +178,8 @@ int cmd_info(int argc, char **argv) {
                                  : "cuda: bf16 weights and activations, f32 master, gradients and AdamW",
                &plan, go.B * go.T);
     size_t ws = kiln_attn_workspace_bytes(m, go.B, go.T);
-    printf("  + attention workspace   %8.3f GiB (the backend's own: dQ accumulator, RoPE's q and k)\n", ws / GIB);
+    printf("  + attention workspace   %8.3f GiB (the backend's own: dQ accumulator, RoPE's q and k)\n",
+           ws / GIB);
     printf("  total on the GPU        %8.3f GiB\n", (plan.total_bytes + ws) / GIB);
     if (world > 1 || cfg.zero || (cfg.offload & KILN_OFFLOAD_OPTIMIZER)) {
         printf("\n");

@@ -76,8 +76,8 @@ size_t kiln_recompute_budget(size_t free_bytes) {
             return (size_t)(mb * 1048576.0);
         fprintf(stderr, "kiln: KILN_MEM_BUDGET_MB=%s (environment) is not a number of MiB: ignored\n", env);
     }
-    // The margin covers what the plan leaves out (cuBLASLt's workspace, the allocator's rounding). Measured on
-    // H100s (2026-11-26, test_plan), with the attention workspace counted: the peaks run 0.0-1.2 GiB over
+    // The margin covers what the plan leaves out (cuBLASLt's workspace, the allocator's rounding). Measured
+    // on H100s (2026-11-26, test_plan), with the attention workspace counted: the peaks run 0.0-1.2 GiB over
     // the plans, so 4% of the free memory (3.1 GiB of 78) and 1 GiB. (10% had kept --recompute=mlp out at 64k
     // tokens of the 1.3B shape, where it fits, peaking at 73.0 of 78.6 GiB free, and runs 2.7% faster than
     // selective.)

@@ -575,8 +575,8 @@ static int start_watchdog(struct run *r, struct kiln_error *err) {
 
 // --recompute=auto (train/plan.h): the least recompute whose plan fits this rank's GPU
 // (kiln_recompute_budget) as it is once the communicators are open (NCCL's buffers are not in the plan). The
-// CPU states no limit: act, the default, there. Every rank takes the most
-// recompute any rank chose, so that all run the same collectives (sequence parallelism's attention is one).
+// CPU states no limit: act, the default, there. Every rank takes the most recompute any rank chose, so that
+// all run the same collectives (sequence parallelism's attention is one).
 static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
                                    const struct kiln_param_table *pt) {
     size_t free_now = r->be.ops->mem_free(r->be.ctx);
