@@ -4,14 +4,15 @@
 // FLOPs (causal, the half computed): forward 2*2*B*NH*T*T*HS/2, backward 2.5x that (the FA-2 convention; the
 // deterministic backward executes 3.5x the forward's work, recomputing S and dP for dQ without atomics).
 // Each shape runs five paths on the same inputs: ref (KILN_ATTN=ref, the first kernels), det (the FA2
-// kernels, KILN_ATTN=fa2, in deterministic mode: two-kernel backward), new (FA2 in the default mode: single-pass
-// backward, dQ by atomics), new-v1 and new-v2 (KILN_FA_VARIANT=1, 2: other tile shapes of the single-pass backward; the
-// forward is variant 1's in both), with the max relative error of each against ref and the backward's
-// speedup over det. Where the Hopper kernels apply (a build with KILN_CUDA_ARCHS containing 90a, an sm_90
-// device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward and backward, both wgmma + TMA),
-// follows; its `fwd/new` and `bwd/new` columns are its speedups over the FA2 forward and single-pass backward
-// of `new`, `f+b` the two together; then wgmma-tma, the same with the backward's dQ added by TMA's reduce-add
-// (KILN_WGMMA_DQ=tma). The last line counts CHECK-FAILs (exit 1 if any).
+// kernels, KILN_ATTN=fa2, in deterministic mode: two-kernel backward), new (FA2 in the default mode:
+// single-pass backward, dQ by atomics), new-v1 and new-v2 (KILN_FA_VARIANT=1, 2: other tile shapes of the
+// single-pass backward; the forward is variant 1's in both), with the max relative error of each against ref
+// and the backward's speedup over det. Where the Hopper kernels apply (a build with KILN_CUDA_ARCHS
+// containing 90a, an sm_90 device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward and
+// backward, both wgmma + TMA), follows; its `fwd/new` and `bwd/new` columns are its speedups over the FA2
+// forward and single-pass backward of `new`, `f+b` the two together; then wgmma-tma, the same with the
+// backward's dQ added by TMA's reduce-add (KILN_WGMMA_DQ=tma). The last line counts CHECK-FAILs (exit 1 if
+// any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
 //          attn_bench wgmma           (correctness shapes, then wgmma vs FA2 at T 1024/2048, HS 64/128)
@@ -277,8 +278,8 @@ static void bench_block(struct kiln_backend *be, int T, int NH, int HS) {
                 }
             }
             float mf = median(tf), mb = median(tb);
-            printf("block T=%-7d NH=%-3d HS=%-4d %-8s %-3s fwd %9.3f ms %6.1f TF/s  bwd %9.3f ms %6.1f TF/s", T,
-                   NH, HS, names[kind], tc ? "tc" : "ref", mf, fl / mf / 1e9, mb, 2.5 * fl / mb / 1e9);
+            printf("block T=%-7d NH=%-3d HS=%-4d %-8s %-3s fwd %9.3f ms %6.1f TF/s  bwd %9.3f ms %6.1f TF/s",
+                   T, NH, HS, names[kind], tc ? "tc" : "ref", mf, fl / mf / 1e9, mb, 2.5 * fl / mb / 1e9);
             if (tc)
                 printf("  vs ref %.1e", err);
             printf("\n");
@@ -310,7 +311,8 @@ int main(int argc, char **argv) {
     }
     printf("attn_bench on %s (causal, bf16, median of 20 after 3 warmup)\n", be.device_name);
     if (argc == 2 && strcmp(argv[1], "wgmma") == 0) {
-        // the Hopper forward + backward against FA2 (and ref): correctness shapes first, then the timing shapes
+        // the Hopper forward + backward against FA2 (and ref): correctness shapes first, then the timing
+        // shapes
         if (!kiln_cuda_wgmma_attention_available(be.ctx))
             printf("wgmma path not applicable (build KILN_CUDA_ARCHS without 90a, or not an sm_90 device)\n");
         bench_one(&be, 2, 1000, 8, 2, 64, KILN_POS_ROPE);
@@ -321,7 +323,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 2; i++)
             for (int j = 0; j < 2; j++)
                 bench_one(&be, bt[i][0], bt[i][1], hh[j][0], hh[j][0], hh[j][1], KILN_POS_NONE);
-        bench_one(&be, 8, 1024, 25, 25, 64, KILN_POS_NONE); // GPT-2 1.5B
+        bench_one(&be, 8, 1024, 25, 25, 64, KILN_POS_NONE);  // GPT-2 1.5B
         bench_one(&be, 16, 1024, 16, 16, 64, KILN_POS_NONE); // GPT-2 350M
     } else if (argc == 2 && strcmp(argv[1], "pos") == 0) {
         // the cost of RoPE and ALiBi against plain causal attention (issue 5: within 10%)

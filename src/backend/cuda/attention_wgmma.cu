@@ -230,10 +230,11 @@ static __device__ __forceinline__ void wg_red2(float *g, float x, float y) {
 // reads of shared memory (.read) before the buffer is rewritten, and for all of them before the block ends.
 static __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap *map, uint32_t src, int c0, int c1,
                                                          int c2, int c3) {
-    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], "
-                 "[%1];\n" ::"l"(map),
-                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-                 : "memory");
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], "
+        "[%1];\n" ::"l"(map),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
 }
 static __device__ __forceinline__ void bulk_commit(void) {
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
@@ -273,8 +274,8 @@ template <int HS> static constexpr __host__ __device__ int wg_stages(void) {
 }
 
 // Shared memory: Q [2 buffers][HS/64][BM][64] | K [stages][HS/64][BN][64] | V, same | mbarriers (q full and
-// empty [2] each, k full, v full, k empty, v empty [stages] each); plus up to 1023 bytes to align the start to
-// 1024.
+// empty [2] each, k full, v full, k empty, v empty [stages] each); plus up to 1023 bytes to align the start
+// to 1024.
 template <int HS, int BN> static constexpr size_t wg_smem_bytes(void) {
     return (size_t)(2 * WG_BM + 2 * wg_stages<HS>() * BN) * HS * 2 + (4 + 4 * wg_stages<HS>()) * 8 + 1024;
 }
@@ -387,7 +388,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                     mbar_wait(q_empty + 8 * qb, ((ic >> 1) - 1) & 1);
                 mbar_expect_tx(q_full + 8 * qb, Q_BYTES);
                 for (int c = 0; c < CB; c++)
-                    tma_load_4d(q_s + qb * Q_BYTES + c * WG_BM * 128, &p.tq, c * 64, h, q0, b, q_full + 8 * qb);
+                    tma_load_4d(q_s + qb * Q_BYTES + c * WG_BM * 128, &p.tq, c * 64, h, q0, b,
+                                q_full + 8 * qb);
                 for (int j = 0; j < n_kv; j++, kc++) {
                     int s = kc % NS;
                     uint32_t ep = ((kc / NS) - 1) & 1; // the phase that released this stage's last use
@@ -445,7 +447,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             reg_fence<BN / 2>(s);
             mbar_arrive(k_empty + 8 * st);
             attn_online_softmax<BN>(s, m, l, alpha, 0, qi, t4, p.alibi, slope2, p.scale_log2, p.T,
-                           BN - 1 > qw0 || BN > p.T);
+                                    BN - 1 > qw0 || BN > p.T);
             wg_pack_p<BN>(pa, s);
         }
         for (int j = 1; j < n_mine; j++) {
@@ -466,7 +468,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             reg_fence<BN / 2>(s);
             mbar_arrive(k_empty + 8 * st);
             attn_online_softmax<BN>(s, m, l, alpha, k0, qi, t4, p.alibi, slope2, p.scale_log2, p.T,
-                           k0 + BN - 1 > qw0 || k0 + BN > p.T);
+                                    k0 + BN - 1 > qw0 || k0 + BN > p.T);
             wgmma_wait<0>();
             reg_fence<HS / 2>(o);
             reg_fence_u32<BN / 4>(&pa[0][0]); // P(j - 1)'s registers were the tensor cores' until the wait
@@ -489,7 +491,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             reg_fence_u32<BN / 4>(&pa[0][0]);
             mbar_arrive(v_empty + 8 * sp);
         }
-        mbar_arrive(q_empty + 8 * qb); // every S of this item is done: buffer qb may be refilled
+        mbar_arrive(q_empty + 8 * qb);        // every S of this item is done: buffer qb may be refilled
         for (int j = n_mine; j < n_kv; j++) { // tiles wholly above this warpgroup's rows: keep phases in step
             int st = (kc + j) % NS;
             uint32_t par = ((kc + j) / NS) & 1;
@@ -688,7 +690,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         uint32_t par = (it >> 1) & 1;
         mbar_wait(full + 8 * st, par);
         {
-            uint32_t qb = q_s + st * QT_BYTES, dob = do_s + st * QT_BYTES, dsb = ds_mine + (it & 1) * DS_BYTES;
+            uint32_t qb = q_s + st * QT_BYTES, dob = do_s + st * QT_BYTES,
+                     dsb = ds_mine + (it & 1) * DS_BYTES;
             // S^T, dP^T (and dQ below) are overwritten by their first k-step (scale-d 0), but the asm reads
             // them ("+f"): zeroed here, they are not live across tiles (32 registers each)
             float s[32], dp[32];
@@ -785,7 +788,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                     wgmma_fence();
 #pragma unroll
                     for (int kk = 0; kk < 8; kk++) { // 16 keys a step: consumer kk / 4's dS^T and K rows
-                        uint32_t dsk = ds_s + (kk >> 2) * 2 * DS_BYTES + (it & 1) * DS_BYTES + (kk & 3) * 2048;
+                        uint32_t dsk =
+                            ds_s + (kk >> 2) * 2 * DS_BYTES + (it & 1) * DS_BYTES + (kk & 3) * 2048;
                         uint32_t kk_addr = k_s + (kk >> 2) * 64 * 128 + cb * WB_BN * 128 + (kk & 3) * 2048;
                         uint64_t dsd = wg_desc(dsk, DS_BYTES, 1024);
                         uint64_t kd = wg_desc(kk_addr, WB_BN * 128, 1024);
@@ -830,7 +834,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         size_t qstride = (size_t)p.NH * HS;
 #pragma unroll
                         for (int i = 0; i < 32; i += 2) {
-                            int qi = q0 + warp * 16 + g + 8 * ((i >> 1) & 1), d = cb * 64 + (i >> 2) * 8 + t4 * 2;
+                            int qi = q0 + warp * 16 + g + 8 * ((i >> 1) & 1),
+                                d = cb * 64 + (i >> 2) * 8 + t4 * 2;
                             if (qi < p.T)
                                 wg_red2(dqg + (size_t)qi * qstride + d, dq[i], dq[i + 1]);
                         }
@@ -904,7 +909,8 @@ static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, 
     if (r != CUDA_SUCCESS) { // the opt-in path would fall back silently: say so once, so a run is not misread
         static int warned;
         if (!warned)
-            fprintf(stderr, "kiln: Hopper attention: cuTensorMapEncodeTiled failed (CUresult %d), using FA2\n",
+            fprintf(stderr,
+                    "kiln: Hopper attention: cuTensorMapEncodeTiled failed (CUresult %d), using FA2\n",
                     (int)r);
         warned = 1;
     }
@@ -919,7 +925,8 @@ template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct
     CUDA_CHECK_LAUNCH();
 }
 
-template <int HS, bool DQ_TMA> static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_params &p, int B) {
+template <int HS, bool DQ_TMA>
+static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_params &p, int B) {
     size_t smem = wb_smem_bytes<HS, DQ_TMA>();
     set_smem(wg_bwd_kernel<HS, DQ_TMA>, smem);
     dim3 grid(KILN_CEIL_DIV(p.T, WB_BN), B * p.NKV);
@@ -937,8 +944,8 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
     cuuint64_t strides[3] = {(cuuint64_t)HS * 4, (cuuint64_t)NH * HS * 4, (cuuint64_t)T * NH * HS * 4};
     cuuint32_t box[4] = {32, 1, WB_BM, 1}, estr[4] = {1, 1, 1, 1};
     CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, (void *)dq_acc, dims, strides, box, estr,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r != CUDA_SUCCESS;
 }
 

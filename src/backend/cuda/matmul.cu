@@ -206,8 +206,8 @@ static void lt_tune(struct cuda_ctx *c, struct lt_entry *e, const struct lt_gemm
             for (int r = 0; r < 3 && st == CUBLAS_STATUS_SUCCESS && ok[i]; r++) {
                 if (r == 1)
                     CUDA_CHECK(cudaEventRecord(t0, c->stream));
-                st = cublasLtMatmul(c->lt, e->desc, &alpha, g->A, e->la, g->B, e->lb, &beta, g->C, e->lc, g->D,
-                                    e->ld, &e->algos[i], c->workspace, c->workspace_bytes, c->stream);
+                st = cublasLtMatmul(c->lt, e->desc, &alpha, g->A, e->la, g->B, e->lb, &beta, g->C, e->lc,
+                                    g->D, e->ld, &e->algos[i], c->workspace, c->workspace_bytes, c->stream);
             }
             if (st != CUBLAS_STATUS_SUCCESS || !ok[i]) {
                 ok[i] = 0; // this candidate cannot run these operands after all
@@ -240,7 +240,8 @@ static int gemm_sm_target(const struct cuda_ctx *c) {
         long v = s && *s ? strtol(s, &end, 10) : 0;
         margin = 0;
         if (s && *s && (*end || v < 0 || v >= c->prop.multiProcessorCount))
-            fprintf(stderr, "kiln: KILN_GEMM_SM_MARGIN=%s (environment) is not a number of SMs below %d: ignored\n",
+            fprintf(stderr,
+                    "kiln: KILN_GEMM_SM_MARGIN=%s (environment) is not a number of SMs below %d: ignored\n",
                     s, c->prop.multiProcessorCount);
         else
             margin = (int)v;
@@ -450,9 +451,9 @@ static void grad_add(struct cuda_ctx *c, void *out, const void *x, int n) {
         kiln_cuda_add_f32(c, (float *)out, (const float *)x, n);
 }
 
-// Where a matmul's bias gradient comes from: kiln's column-sum kernel (default), or cuBLASLt's BGRADB epilogue
-// (KILN_BGRAD=lt), which runs as a separate reduction kernel over dout anyway (globalKernelBgradAB in a
-// profile), not fused into the GEMM.
+// Where a matmul's bias gradient comes from: kiln's column-sum kernel (default), or cuBLASLt's BGRADB
+// epilogue (KILN_BGRAD=lt), which runs as a separate reduction kernel over dout anyway (globalKernelBgradAB
+// in a profile), not fused into the GEMM.
 static int bgrad_from_lt(void) {
     static int v = -1;
     if (v < 0) {
