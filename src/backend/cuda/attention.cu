@@ -657,17 +657,9 @@ static int attn_tiled(const struct attn_params *p) {
 // FA2 kernels, "ref" these (first-generation) ones for every head size.
 enum attn_path { ATTN_DEFAULT, ATTN_FA2, ATTN_REF };
 static enum attn_path attn_path(void) {
-    const char *s = getenv("KILN_ATTN");
-    if (!s || !*s || strcmp(s, "wgmma") == 0)
-        return ATTN_DEFAULT;
-    if (strcmp(s, "fa2") == 0)
-        return ATTN_FA2;
-    if (strcmp(s, "ref") == 0)
-        return ATTN_REF;
+    static const char *const names[] = {"wgmma", "fa2", "ref"}; // in enum attn_path's order
     static int told;
-    if (!told++)
-        fprintf(stderr, "kiln: KILN_ATTN=%s: unknown (wgmma, fa2 or ref); the default kernels run\n", s);
-    return ATTN_DEFAULT;
+    return (enum attn_path)kiln_cuda_env_choice("KILN_ATTN", names, 3, &told);
 }
 
 extern "C" void kiln_cuda_attention_forward(void *ctx, const struct kiln_attn_args *a) {

@@ -397,15 +397,9 @@ template <int NU> static void blk_backward_launch(struct cuda_ctx *c, const stru
 // tensor-core kernels passed test_cuda_ops on an H100 (2026-11-26: 114 checks) and ran the 4-GPU ring within
 // 5.9e-3 of one GPU over 12 steps; at a 64k ring step they are 4.3-4.5x faster than these.
 static int blk_want_tc(void) {
-    const char *s = getenv("KILN_ATTN_BLOCK");
-    if (!s || !*s || !strcmp(s, "tc"))
-        return 1;
-    if (!strcmp(s, "ref"))
-        return 0;
-    static int warned;
-    if (!warned++)
-        fprintf(stderr, "kiln: KILN_ATTN_BLOCK=%s: unknown (tc or ref); the default kernels run\n", s);
-    return 1;
+    static const char *const names[] = {"tc", "ref"};
+    static int told;
+    return kiln_cuda_env_choice("KILN_ATTN_BLOCK", names, 2, &told) == 0;
 }
 
 extern "C" void kiln_cuda_attention_block_forward(void *ctx, const struct kiln_attn_block_args *a) {

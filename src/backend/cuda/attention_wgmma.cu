@@ -953,15 +953,9 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
 // default: each consumer thread adds its dQ with vector REDs) or tma (the pass staged in shared memory and
 // added by the TMA unit, as FlashAttention-3 does; written in session 10 without a GPU).
 static int wb_dq_tma(void) {
-    const char *s = getenv("KILN_WGMMA_DQ");
-    if (!s || !*s || !strcmp(s, "red"))
-        return 0;
-    if (!strcmp(s, "tma"))
-        return 1;
-    static int warned;
-    if (!warned++)
-        fprintf(stderr, "kiln: KILN_WGMMA_DQ=%s: unknown (red or tma); red runs\n", s);
-    return 0;
+    static const char *const names[] = {"red", "tma"};
+    static int told;
+    return kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 2, &told) == 1;
 }
 
 #endif // KILN_HAVE_SM90A
