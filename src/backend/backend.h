@@ -25,6 +25,8 @@ const char *kiln_backend_resolve(const char *name);
 
 // Devices of a backend visible now: GPUs for "cuda" (0 in a build without CUDA), 1 for "cpu".
 int kiln_backend_device_count(const char *name);
+// The free memory of GPU `index` now, in bytes; 0 where there is none (or the build has no CUDA).
+size_t kiln_backend_gpu_free(int index);
 
 // Compiled-in backends, e.g. "cpu cuda", and a description of the devices visible now (for `kiln info`).
 const char *kiln_backends_compiled(void);
@@ -38,6 +40,7 @@ extern "C" {
 int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, struct kiln_backend *out,
                            struct kiln_error *err);
 int kiln_cuda_device_count(void);
+size_t kiln_cuda_device_free(int index);
 void kiln_cuda_describe(FILE *f);
 // 1 when the Hopper attention kernels (attention_wgmma.cu) can run on this CUDA backend context (a build for
 // sm_90a and an sm_90 device), else 0; lets tests and benchmarks skip the path cleanly

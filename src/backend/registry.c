@@ -20,6 +20,15 @@ void kiln_backends_describe(FILE *f) {
 #endif
 }
 
+size_t kiln_backend_gpu_free(int index) {
+#ifdef KILN_CUDA
+    return kiln_cuda_device_free(index);
+#else
+    (void)index;
+    return 0;
+#endif
+}
+
 const char *kiln_backend_resolve(const char *name) {
     if (strcmp(name, "auto") != 0)
         return name;
@@ -46,16 +55,17 @@ int kiln_backend_open(const char *name, const struct kiln_backend_opts *opts, st
     name = kiln_backend_resolve(name);
     int want_cuda = strcmp(name, "cuda") == 0;
     if (!want_cuda && strcmp(name, "cpu") != 0) {
-        return kiln_errorf(err, KILN_ERR_USAGE, "unknown device '%s' (--device): allowed values are cpu, cuda, auto",
-                           name);
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "unknown device '%s' (--device): allowed values are cpu, cuda, auto", name);
     }
     if (want_cuda) {
 #ifdef KILN_CUDA
         return kiln_cuda_backend_open(opts, out, err);
 #else
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "device cuda (--device): this kiln was built without CUDA; use --device=cpu or rebuild "
-                           "where nvcc is installed");
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "device cuda (--device): this kiln was built without CUDA; use --device=cpu or rebuild "
+            "where nvcc is installed");
 #endif
     }
     return kiln_cpu_backend_open(opts, out, err);

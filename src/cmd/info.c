@@ -1,5 +1,6 @@
 // kiln info: the resolved config, what the model costs, and what this machine offers.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -61,6 +62,24 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg,
     if (rp.dpo.offload)
         printf("  host memory (offload): %zu bytes (%.3f GiB)\n", rp.dp.host, rp.dp.host / GIB);
     printf("  per rank: %zu bytes (%.3f GiB) on the %s\n", rp.total, rp.total / GIB, alias ? "cpu" : "gpu");
+}
+
+// Whether a rank's GPU plan fits GPU 0 here, by the budget --recompute=auto uses (its free memory less the
+// margin; KILN_MEM_BUDGET_MB stands in for it, as on a machine without a GPU). Nothing when there is neither.
+static void print_fit(size_t on_gpu) {
+    size_t free_b = kiln_backend_gpu_free(0), budget = kiln_recompute_budget(free_b);
+    if (!budget)
+        return;
+    const char *env = getenv("KILN_MEM_BUDGET_MB");
+    printf("\nfits %s: %s, %.3f GiB planned a rank of a %.3f GiB budget",
+           env && *env ? "KILN_MEM_BUDGET_MB" : "GPU 0", on_gpu <= budget ? "yes" : "no", on_gpu / GIB,
+           budget / GIB);
+    if (!(env && *env))
+        printf(" (%.3f GiB free, less 4%% and 1 GiB)", free_b / GIB);
+    printf("\n");
+    if (on_gpu > budget)
+        printf("  less memory: more recompute (--recompute=auto takes the least that fits), "
+               "--offload=activations or =optimizer, --zero=3 over more ranks, or a smaller --batch\n");
 }
 
 // --recompute=auto: each candidate's per-rank plan on a GPU; the trainer takes the first that fits the GPU's
@@ -181,11 +200,16 @@ int cmd_info(int argc, char **argv) {
     printf("  + attention workspace   %8.3f GiB (the backend's own: dQ accumulator, RoPE's q and k)\n",
            ws / GIB);
     printf("  total on the GPU        %8.3f GiB\n", (plan.total_bytes + ws) / GIB);
+    size_t on_gpu = plan.total_bytes + ws; // what one rank holds on its GPU
     if (world > 1 || cfg.zero || (cfg.offload & KILN_OFFLOAD_OPTIMIZER)) {
         printf("\n");
         print_rank_plan("cpu", &cfg, &pt, world, &sp, KILN_F32, kiln_config_grad_dtype(&cfg, 0), 1);
         print_rank_plan("cuda", &cfg, &pt, world, &sp, KILN_BF16, grad, 0);
+        struct kiln_rank_plan rp;
+        kiln_rank_plan(&cfg, &pt, world, &sp, cfg.recompute, KILN_BF16, grad, 0, &rp);
+        on_gpu = rp.total;
     }
+    print_fit(on_gpu);
     kiln_params_free(&pt);
     printf("\n");
     kiln_backends_describe(stdout);

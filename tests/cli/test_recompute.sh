@@ -75,6 +75,17 @@ KILN_MEM_BUDGET_MB=100 "$KILN" train "${m[@]}" --recompute=auto --out="$T/auto" 
 "$KILN" train "${m[@]}" --recompute=auto --out="$T/auto" 2>"$T/err" &&
   grep -q "^kiln: --recompute=auto: act (the cpu states no memory limit)" "$T/err" && ok ||
   bad "auto on the CPU without a budget: $(cat "$T/err")"
+# kiln info says whether a rank's GPU plan fits the budget auto uses (KILN_MEM_BUDGET_MB standing in for a GPU),
+# and what takes less memory when it does not; without a GPU or a budget it says nothing
+gpu=$("$KILN" info "${m[@]}" | awk '/^  total on the GPU/ {print $5}')
+fits() { KILN_MEM_BUDGET_MB=$1 "$KILN" info "${m[@]}" | grep '^fits'; }
+mib=$(python3 -c "print(int($gpu * 1024) + 64)")
+fits "$mib" | grep -q "^fits KILN_MEM_BUDGET_MB: yes, $gpu GiB planned" && ok || bad "a budget above the plan: $(fits "$mib")"
+mib=$(python3 -c "print(int($gpu * 1024) - 64)")
+fits "$mib" | grep -q "^fits KILN_MEM_BUDGET_MB: no, $gpu GiB planned" &&
+  KILN_MEM_BUDGET_MB=$mib "$KILN" info "${m[@]}" | grep -q "less memory: more recompute" && ok ||
+  bad "a budget under the plan: $(fits "$mib")"
+[ -z "$("$KILN" info "${m[@]}" | grep '^fits')" ] && ok || bad "a fit verdict without a GPU or a budget"
 KILN_MEM_BUDGET_MB=lots "$KILN" info "${m[@]}" --recompute=auto 2>&1 >/dev/null |
   grep -q "KILN_MEM_BUDGET_MB=lots (environment) is not a number of MiB: ignored" && ok ||
   bad "a bad KILN_MEM_BUDGET_MB is not named"

@@ -385,6 +385,16 @@ extern "C" int kiln_cuda_device_count(void) {
     return n;
 }
 
+extern "C" size_t kiln_cuda_device_free(int index) {
+    size_t fr = 0, tot = 0;
+    if (index < 0 || index >= kiln_cuda_device_count() || cudaSetDevice(index) != cudaSuccess ||
+        cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return fr;
+}
+
 extern "C" void kiln_cuda_describe(FILE *f) {
     int n = kiln_cuda_device_count();
     if (n == 0) {
