@@ -17,8 +17,9 @@
 // done with the stage). Warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240), run the wgmma: operands
 // from shared memory through 128-byte-swizzled descriptors, or (P, dS) straight from the accumulator
 // registers of the previous wgmma, whose layout is the register-A layout of the next (as with mma.sync).
-// Not done yet (see the doc): ping-pong scheduling between the consumer warpgroups, a TMA store of O, and in
-// the backward dQ through shared memory with TMA's bulk reduce-add.
+// Not done yet (see the doc): ping-pong scheduling between the consumer warpgroups and a TMA store of O. The
+// backward's dQ through shared memory with TMA's bulk reduce-add is written (KILN_WGMMA_DQ=tma, session 10)
+// and has not run on a GPU; the vector REDs stay the default.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,9 +246,13 @@ static __device__ __forceinline__ void bulk_wait_read_all(void) {
 static __device__ __forceinline__ void bulk_wait_all(void) {
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
-// Barrier over one consumer warpgroup's 128 threads (ids 2 and 3)
+// Barrier over one consumer warpgroup's 128 threads (ids 2 and 3, immediates: ptxas then counts 4 barriers,
+// not the 16 a register id makes it assume)
 static __device__ __forceinline__ void consumer_bar_sync(int cw) {
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + cw) : "memory");
+    if (cw == 0)
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 3, 128;\n" ::: "memory");
 }
 static __device__ __forceinline__ void st_shared_v2f(uint32_t addr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
@@ -813,6 +818,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         uint32_t dqb = dq_s + cw * WB_BM * 64 * 4;
                         if (tid == 0)
                             bulk_wait_read_all();
+                        __syncwarp(); // (warp 0 whole again before the aligned barrier)
                         consumer_bar_sync(cw);
 #pragma unroll
                         for (int i = 0; i < 32; i += 2) {
@@ -829,6 +835,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                             tma_reduce_add_4d(&p.tdq, dqb + WB_BM * 128, cb * 64 + 32, h, q0, b);
                             bulk_commit();
                         }
+                        __syncwarp(); // (before the next pass's wgmma.fence, which is warp-aligned)
                     } else {
                         float *dqg = p.dq_acc + ((size_t)b * p.T * p.NH + h) * HS;
                         size_t qstride = (size_t)p.NH * HS;
@@ -1054,7 +1061,14 @@ extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const stru
     p.alibi = a->pos == KILN_POS_ALIBI;
     p.scale = 1.0f / sqrtf((float)HS);
     p.scale_log2 = p.scale * WG_LOG2E;
-    int tma = wb_dq_tma() && !wb_dq_map(&p.tdq, p.dq_acc, HS, a->NH, a->T, a->B);
+    int tma = wb_dq_tma();
+    if (tma && wb_dq_map(&p.tdq, p.dq_acc, HS, a->NH, a->T, a->B)) { // said once, so a run is not misread
+        static int told;
+        if (!told++)
+            fprintf(stderr,
+                    "kiln: KILN_WGMMA_DQ=tma: the f32 tensor map of dQ failed to encode; REDs add dQ\n");
+        tma = 0;
+    }
     if (HS == 64)
         tma ? wb_launch<64, true>(c, p, a->B) : wb_launch<64, false>(c, p, a->B);
     else
