@@ -114,17 +114,19 @@ static __device__ __forceinline__ unsigned char *tc_smem(void) {
 
 // rot = rotated q rows [0, Tq) of the call's NH heads, then rotated k rows [0, Tk) of its NKV heads, at their
 // global positions, rounded to bf16 once; one element a thread, grid-stride (consecutive threads read
-// consecutive columns). Rotating in the kernels would redo it for every tile.
+// consecutive columns). Rotating in the kernels would redo it for every tile. HS is 64 or 128 (tc_takes): the
+// column is a mask and the row a shift, and the row's (b, t, h) come from 32-bit divisions (rows < 2^32),
+// not 64-bit ones, which the GPU runs in software.
 static __global__ void tc_rope_kernel(struct tc_params tp) {
     const struct blk_params &p = tp.blk;
-    int HS = p.HS;
+    int HS = p.HS, sh = HS == 64 ? 6 : 7;
     size_t nq = (size_t)p.B * p.Tq * p.NH * HS, n = nq + (size_t)p.B * p.Tk * p.NKV * HS;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         int isq = i < nq;
-        size_t e = isq ? i : i - nq, r = e / HS;
-        int d = (int)(e % HS), heads = isq ? p.NH : p.NKV, T = isq ? p.Tq : p.Tk;
-        int h = (int)(r % heads), t = (int)(r / heads % T), b = (int)(r / heads / T);
+        size_t e = isq ? i : i - nq;
+        unsigned r = (unsigned)(e >> sh), heads = isq ? p.NH : p.NKV, T = isq ? p.Tq : p.Tk, rt = r / heads;
+        int d = (int)(e & (size_t)(HS - 1)), h = (int)(r - rt * heads), t = (int)(rt % T), b = (int)(rt / T);
         const bf16 *row = isq ? p.q + b * p.q_bs + (size_t)t * p.q_rs + h * HS
                               : p.k + b * p.kv_bs + (size_t)t * p.kv_rs + h * HS;
         tp.rot[i] = f2bf(blk_rot(row, d, HS / 2, (isq ? p.q0 : p.k0) + t, p.cos_tab, p.sin_tab));
