@@ -2,8 +2,9 @@
 # On a machine of several GPUs (nvidia-h200-x2/x4): NCCL data and sequence parallelism for real. kiln launch
 # starts one rank per GPU (torchrun-style environment, NCCL's id over the TCP store). Logs in $OUT; a table last.
 # KILN_PART is a list of what runs (issue 17's runs):
-#   tests    test_cuda_ops' attention-block cases (the f32 and the tensor-core kernels against the CPU), then
-#            attn_bench block: both kernels' speed on a 64k ring step
+#   tests    test_cuda_ops' attention-block cases (the f32 and the tensor-core kernels against the CPU) and
+#            wgmma cases (dQ by REDs and by TMA), then attn_bench: the block kernels on a 64k ring step, and
+#            wgmma against wgmma-tma at 64k
 #   correct  DDP, ZeRO-1/2/3, Ulysses and ring against one GPU at the same global batch (deterministic
 #            kernels), and a checkpoint written on N GPUs resumed on 1
 #   scale    weak scaling (the same micro-batch per GPU) at KILN_SCALE_SHAPES (124m 350m 1.3b): kiln on 1 GPU
@@ -80,13 +81,17 @@ print(f'{statistics.median(r["ms"] for r in late):.2f} {statistics.median(r["tok
 PY
 }
 
-if has tests; then # the block op's kernels against the CPU (both families), before anything runs on them
-  KILN_TEST_FILTER="*attention_block*" timeout "$(cap 200)" "$BUILD/test_cuda_ops" >"$OUT/test_block.log" 2>&1
-  echo "| test_cuda_ops attention_block (f32 and tensor-core kernels) | exit $?: $(grep -c ' PASS' "$OUT/test_block.log") PASS, $(grep -c ' FAIL' "$OUT/test_block.log") FAIL |" |
-    tee -a "$OUT/table.md"
-  grep ' FAIL' "$OUT/test_block.log" | head -5
-  # and their speed at the 1.3B shape's heads, a ring step of a 64k sequence (one GPU)
+if has tests; then # the attention kernels written without a GPU, against the CPU, before anything runs on them:
+  # the block op's (both families) and the wgmma backward (dQ by REDs and by TMA)
+  for f in attention_block wgmma; do
+    KILN_TEST_FILTER="*$f*" timeout "$(cap 200)" "$BUILD/test_cuda_ops" >"$OUT/test_$f.log" 2>&1
+    echo "| test_cuda_ops $f | exit $?: $(grep -c ' PASS' "$OUT/test_$f.log") PASS, $(grep -c ' FAIL' "$OUT/test_$f.log") FAIL |" |
+      tee -a "$OUT/table.md"
+    grep ' FAIL' "$OUT/test_$f.log" | head -5
+  done
+  # and their speed at the 1.3B shape's heads: a ring step of a 64k sequence, and the whole 64k (wgmma, wgmma-tma)
   timeout "$(cap 120)" "$BUILD/attn_bench" block 65536 16 128 2>&1 | grep '^block' | tee -a "$OUT/table.md"
+  timeout "$(cap 120)" "$BUILD/attn_bench" 1 65536 16 128 2>&1 | grep -E ' wgmma' | cut -c1-150 | tee -a "$OUT/table.md"
 fi
 
 if has correct; then
