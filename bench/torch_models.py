@@ -11,9 +11,11 @@ def rope_tables(T, hs, theta, device):  # cos, sin of (T, hs/2): position t, fre
 
 
 def rotate(x, cos, sin):  # x (..., T, hs): pairs (i, i + hs/2), HF Llama's rotate_half convention (kiln's too)
+    # in f32, back in x's dtype: without autocast (FSDP2's mixed precision casts instead) a bf16 q rotated by
+    # f32 tables would reach SDPA as f32 beside a bf16 v
     h = x.shape[-1] // 2
-    a, b = x[..., :h], x[..., h:]
-    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+    a, b = x[..., :h].float(), x[..., h:].float()
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(x.dtype)
 
 
 class LlamaBlock(nn.Module):
