@@ -31,11 +31,14 @@ try:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
     from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import set_rotate_method
     from torch.nn.attention import sdpa_kernel, SDPBackend
     from torch_models import rope_tables, rotate  # (bench/ is on the path: this script's folder)
 except ImportError as e:
     fail(f"this PyTorch lacks context parallelism or FSDP2 ({e})")
+try:  # (a private module, which has moved between releases: without it, PyTorch's default rotation)
+    from torch.distributed.tensor.experimental._attention import set_rotate_method
+except ImportError:
+    set_rotate_method = None
 if "RANK" not in os.environ:
     fail("run under torchrun (a GPU a rank): torchrun --standalone --nproc-per-node=N bench/torch_cp.py")
 world = int(os.environ["WORLD_SIZE"])
@@ -83,7 +86,8 @@ try:
 except Exception as e:
     fail(f"cannot start the process group: {e}")
 mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("cp",))
-set_rotate_method(a.rotate)
+if set_rotate_method:
+    set_rotate_method(a.rotate)
 torch.manual_seed(1337)
 m = GPT().to(dev)
 n_params = sum(q.numel() for q in m.parameters())
@@ -139,7 +143,7 @@ try:
 except torch.cuda.OutOfMemoryError as e:
     fail(f"out of GPU memory at seq {a.seq} over {world} GPUs: {str(e).splitlines()[0]}")
 if dist.get_rank() == 0:
-    print(json.dumps(dict(impl="pytorch-cp", rotate=a.rotate, layers=a.layers, dim=a.dim, heads=a.heads,
+    print(json.dumps(dict(impl="pytorch-cp", rotate=a.rotate if set_rotate_method else "default", layers=a.layers, dim=a.dim, heads=a.heads,
                           seq=a.seq, world=world, params_M=round(n_params / 1e6, 1), ms_per_step=round(ms, 2),
                           tokens_per_s=round(a.seq / (ms / 1e3)), peak_mem_bytes=torch.cuda.max_memory_allocated(),
                           warmup_s=round(warm_s, 1), loss=float(loss))))
