@@ -4,7 +4,7 @@
 # KILN_PART is a list of what runs (issue 17's runs):
 #   tests    test_cuda_ops' attention-block cases (the f32 and the tensor-core kernels against the CPU) and
 #            wgmma cases (dQ by REDs and by TMA), then attn_bench: the block kernels on a 64k ring step, and
-#            wgmma against wgmma-tma at 64k
+#            wgmma (dQ by TMA) against wgmma-red at 64k
 #   correct  DDP, ZeRO-1/2/3, Ulysses and ring against one GPU at the same global batch (deterministic
 #            kernels), and a checkpoint written on N GPUs resumed on 1
 #   scale    weak scaling (the same micro-batch per GPU) at KILN_SCALE_SHAPES (124m 350m 1.3b): kiln on 1 GPU
@@ -89,7 +89,7 @@ if has tests; then # the attention kernels written without a GPU, against the CP
       tee -a "$OUT/table.md"
     grep ' FAIL' "$OUT/test_$f.log" | head -5
   done
-  # and their speed at the 1.3B shape's heads: a ring step of a 64k sequence, and the whole 64k (wgmma, wgmma-tma)
+  # and their speed at the 1.3B shape's heads: a ring step of a 64k sequence, and the whole 64k (wgmma, wgmma-red)
   timeout "$(cap 120)" "$BUILD/attn_bench" block 65536 16 128 2>&1 | grep '^block' | tee -a "$OUT/table.md"
   timeout "$(cap 120)" "$BUILD/attn_bench" 1 65536 16 128 2>&1 | grep -E ' wgmma' | cut -c1-150 | tee -a "$OUT/table.md"
 fi

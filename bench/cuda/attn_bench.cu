@@ -10,8 +10,8 @@
 // and the backward's speedup over det. Where the Hopper kernels apply (a build with KILN_CUDA_ARCHS
 // containing 90a, an sm_90 device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward and
 // backward, both wgmma + TMA), follows; its `fwd/new` and `bwd/new` columns are its speedups over the FA2
-// forward and single-pass backward of `new`, `f+b` the two together; then wgmma-tma, the same with the
-// backward's dQ added by TMA's reduce-add (KILN_WGMMA_DQ=tma). The last line counts CHECK-FAILs (exit 1 if
+// forward and single-pass backward of `new`, `f+b` the two together (its backward adds dQ by TMA's reduce-add,
+// the default); then wgmma-red, the same with dQ added by vector REDs (KILN_WGMMA_DQ=red). The last line counts CHECK-FAILs (exit 1 if
 // any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
@@ -127,8 +127,8 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
              pos == KILN_POS_ROPE    ? "rope"
              : pos == KILN_POS_ALIBI ? "alibi"
                                      : "none");
-    // (wgmma-tma: the wgmma backward with dQ added by TMA's reduce-add, KILN_WGMMA_DQ=tma)
-    const char *names[7] = {"ref", "det", "new", "new-v1", "new-v2", "wgmma", "wgmma-tma"};
+    // (wgmma-red: the wgmma backward with dQ added by vector REDs, KILN_WGMMA_DQ=red)
+    const char *names[7] = {"ref", "det", "new", "new-v1", "new-v2", "wgmma", "wgmma-red"};
     const char *attn[7] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma"};
     const char *var[7] = {"0", "0", "0", "1", "2", "0", "0"};
     int det[7] = {0, 1, 0, 0, 0, 0, 0};
@@ -140,7 +140,7 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
     for (int k = 0; k < n_paths; k++) {
         set_path(attn[k], var[k]);
         if (k == 6)
-            setenv("KILN_WGMMA_DQ", "tma", 1);
+            setenv("KILN_WGMMA_DQ", "red", 1);
         else
             unsetenv("KILN_WGMMA_DQ");
         c->deterministic = det[k];

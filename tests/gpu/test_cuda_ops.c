@@ -991,10 +991,10 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
                "and an sm_90 device): skipped\n");
         skip();
     }
-    // both ways of adding dQ (KILN_WGMMA_DQ): vector REDs (the default) and TMA's reduce-add
+    // both ways of adding dQ (KILN_WGMMA_DQ): TMA's reduce-add (the default) and vector REDs
     for (int tma = 0; tma < 2; tma++) {
         setenv("KILN_WGMMA_DQ", tma ? "tma" : "red", 1);
-        printf("dQ added by %s\n", tma ? "TMA's reduce-add (KILN_WGMMA_DQ=tma)" : "vector REDs (the default)");
+        printf("dQ added by %s\n", tma ? "TMA's reduce-add (the default)" : "vector REDs (KILN_WGMMA_DQ=red)");
         setenv("KILN_ATTN", "fa2", 1);
         printf("attention path: FA2 forward, wgmma backward\n");
         struct kiln_backend *g = &e->gpu;

@@ -247,7 +247,9 @@ template <int NU> static __global__ void __launch_bounds__(128) blk_dq_kernel(st
             }
         }
     }
-    // the inverse rotation pairs columns of different lanes: through the warp's own Qs rows
+    // the inverse rotation pairs columns of different lanes: through the warp's own Qs rows, which other
+    // threads loaded (with no key tile in between, nothing else orders their writes before these)
+    __syncthreads();
 #pragma unroll
     for (int r = 0; r < BLK_RPW; r++) {
         int il = warp * BLK_RPW + r, i = i0 + il;
@@ -330,6 +332,7 @@ template <int NU> static __global__ void __launch_bounds__(128) blk_dkdv_kernel(
             }
         }
     }
+    __syncthreads(); // Ks, rewritten below by each warp, was loaded by all threads (no query tile may follow)
 #pragma unroll
     for (int r = 0; r < BLK_RPW; r++) {
         int jl = warp * BLK_RPW + r, j = j0 + jl;
