@@ -16,7 +16,7 @@
 #   big      olmo-7b and llama-8b under ZeRO-3 at KILN_BIG_LENGTHS (4096 8192), --recompute=KILN_BIG_RECOMPUTE
 #            (auto: the least that fits; session 10 ran selective), KILN_BIG_BATCH sequences a GPU (1), KILN_BIG_MODELS;
 #            PyTorch FSDP2 beside llama-8b (KILN_BIG_TORCH= turns it off)
-#   long     the 1.3B shape under Ulysses, ring and hybrid at KILN_LONG_LENGTHS (128k up), PyTorch's context
+#   long     the 1.3B shape under KILN_LONG_MODES (ulysses ring hybrid) at KILN_LONG_LENGTHS (128k up), PyTorch's context
 #            parallelism beside it (bench/torch_cp.py)
 #   faults   a SIGKILLed rank resumed by kiln launch, a stalled rank named by kiln doctor, a checkpoint of N
 #            GPUs resumed on 2 and on 1
@@ -328,7 +328,7 @@ fi
 
 # ---- long context across the GPUs: the 1.3B shape, one sequence split NG ways ----
 if has long; then
-  for mode in ulysses ring hybrid; do
+  for mode in ${KILN_LONG_MODES:-ulysses ring hybrid}; do
     [ "$mode" = hybrid ] && [ "$NG" -lt 4 ] && continue # (2 Ulysses ranks x a ring of 2 needs 4 GPUs)
     extra=()
     [ "$mode" = hybrid ] && extra=(--sp-ulysses=2)
