@@ -127,7 +127,10 @@ with torch.device("meta" if meta else dev):
 n_params = sum(p.numel() for p in m.parameters())
 if a.fsdp:
     # like kiln's ZeRO-3: bf16 compute copy, fp32 gradient reduction and master; each block its own unit
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # (the Llama's blocks take the f32 RoPE tables as inputs: FSDP2 would cast them to bf16 in the forward but
+    # not in checkpoint's recompute, which then fails its metadata check; the activations are bf16 already)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                              cast_forward_inputs=a.arch != "llama")
     kw = dict(mp_policy=mp)
     if a.offload:
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
