@@ -90,6 +90,9 @@ if set_rotate_method:
     set_rotate_method(a.rotate)
 torch.manual_seed(1337)
 m = GPT().to(dev)
+with torch.no_grad():  # GPT-2's init, as kiln's (PyTorch's defaults gave a first loss near 180, not ln(vocab))
+    for name, q in m.named_parameters():
+        q.normal_(0.0, 0.02) if q.dim() > 1 else q.fill_(0.0 if name.endswith("bias") else 1.0)
 n_params = sum(q.numel() for q in m.parameters())
 # (not casting the blocks' inputs: FSDP2 would cast the f32 RoPE tables to bf16 in the forward but not in
 # checkpoint's recompute, which then fails its metadata check; the activations are bf16 already)
