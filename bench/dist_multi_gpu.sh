@@ -16,7 +16,7 @@
 #   big      olmo-7b and llama-8b under ZeRO-3 at KILN_BIG_LENGTHS (4096 8192), --recompute=KILN_BIG_RECOMPUTE
 #            (auto: the least that fits; session 10 ran selective), KILN_BIG_BATCH sequences a GPU (1), KILN_BIG_MODELS;
 #            PyTorch FSDP2 beside llama-8b (KILN_BIG_TORCH= turns it off)
-#   long     the 1.3B shape under KILN_LONG_MODES (ulysses ring hybrid) at KILN_LONG_LENGTHS (128k up), PyTorch's context
+#   long     the 1.3B shape under KILN_LONG_MODES (ulysses ring hybrid ring-wgmma hybrid-wgmma; -wgmma: the ring's blocks on the Hopper kernels) at KILN_LONG_LENGTHS (128k up), PyTorch's context
 #            parallelism beside it (bench/torch_cp.py)
 #   faults   a SIGKILLed rank resumed by kiln launch, a stalled rank named by kiln doctor, a checkpoint of N
 #            GPUs resumed on 2 and on 1
@@ -107,10 +107,15 @@ for z in 0 1 2 3; do
   echo "$NG GPUs zero $z: exit $? $(grep -m1 -i error "$OUT/nccl-z$z.log")"
 done
 # one sequence split over the GPUs (sp = NG, dp = 1): the same tokens per step as one GPU
-# (ringtc: the ring on the tensor-core block kernels, KILN_ATTN_BLOCK=tc; HS is 64 here)
-for mode in ulysses ring ringtc; do
-  KILN_ATTN_BLOCK=$([ $mode = ringtc ] && echo tc || echo ref) timeout "$(cap 180)" "$K" launch --nproc-per-node=$NG \
-    --max-restarts=0 -- "${a[@]}" --sp=$NG --sp-mode=${mode%tc} --out=/tmp/mn$mode >"$OUT/nccl-$mode.log" 2>&1
+# (ringtc: the ring on the tensor-core block kernels, KILN_ATTN_BLOCK=tc; ringwg: on the Hopper kernels,
+# KILN_ATTN_BLOCK=wgmma, whose backward is not deterministic (atomics), so that run is not either; HS is 64)
+for mode in ulysses ring ringtc ringwg; do
+  blk=ref det=()
+  [ $mode = ringtc ] && blk=tc
+  [ $mode = ringwg ] && blk=wgmma det=(--deterministic=0)
+  KILN_ATTN_BLOCK=$blk timeout "$(cap 180)" "$K" launch --nproc-per-node=$NG \
+    --max-restarts=0 -- "${a[@]}" "${det[@]}" --sp=$NG --sp-mode=${mode%[tw][cg]} --out=/tmp/mn$mode \
+    >"$OUT/nccl-$mode.log" 2>&1
   echo "$NG GPUs sp $mode: exit $? $(grep -m1 -i error "$OUT/nccl-$mode.log")"
 done
 # the same ring over MPI, both ranks on GPU 0 (operands staged through the host, no overlap): where this
@@ -133,7 +138,7 @@ def losses(d):
         return {}
 one = losses("/tmp/m1")
 curves = {"one": one}
-for z in ["0", "1", "2", "3", "ulysses", "ring", "ringtc", "mpiring"]:
+for z in ["0", "1", "2", "3", "ulysses", "ring", "ringtc", "ringwg", "mpiring"]:
     two = curves[z] = losses(f"/tmp/mn{z}")
     common = sorted(set(one) & set(two))
     rel = [abs(one[s] - two[s]) / one[s] for s in common]
@@ -328,10 +333,13 @@ fi
 
 # ---- long context across the GPUs: the 1.3B shape, one sequence split NG ways ----
 if has long; then
-  for mode in ${KILN_LONG_MODES:-ulysses ring hybrid}; do
-    [ "$mode" = hybrid ] && [ "$NG" -lt 4 ] && continue # (2 Ulysses ranks x a ring of 2 needs 4 GPUs)
+  for mode in ${KILN_LONG_MODES:-ulysses ring hybrid ring-wgmma hybrid-wgmma}; do
+    # (MODE-wgmma: the ring's blocks on the Hopper kernels, KILN_ATTN_BLOCK=wgmma)
+    spmode=${mode%-wgmma} blk=tc
+    [ "$spmode" != "$mode" ] && blk=wgmma
+    [ "$spmode" = hybrid ] && [ "$NG" -lt 4 ] && continue # (2 Ulysses ranks x a ring of 2 needs 4 GPUs)
     extra=()
-    [ "$mode" = hybrid ] && extra=(--sp-ulysses=2)
+    [ "$spmode" = hybrid ] && extra=(--sp-ulysses=2)
     for T in ${KILN_LONG_LENGTHS:-131072 524288 1048576 2097152}; do
       off=none rec=selective zero=0
       # from 1M on: layer inputs in host memory, and the weights and optimizer sharded over the SP ranks
@@ -341,8 +349,8 @@ if has long; then
       [ $((T / NG)) -gt 131072 ] && rec=block # selective keeps each layer's attention output: too much past 128k
       intime 90 "1.3B, $T tokens, sp $NG $mode" || break
       rm -rf /tmp/long
-      timeout "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset=gpt2-124m --layers=24 --dim=2048 \
-        --heads=16 --pos=rope --batch=1 --seq="$T" --block-size="$T" --sp="$NG" --sp-mode=$mode "${extra[@]}" \
+      KILN_ATTN_BLOCK=$blk timeout "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset=gpt2-124m \
+        --layers=24 --dim=2048 --heads=16 --pos=rope --batch=1 --seq="$T" --block-size="$T" --sp="$NG" --sp-mode=$spmode "${extra[@]}" \
         --recompute=$rec --offload=$off --zero=$zero --data=random --max-steps=3 --warmup=1 --device=cuda --eval-every=0 \
         --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/long >>"$OUT/long.log" 2>&1
       rc=$?

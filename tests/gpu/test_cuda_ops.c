@@ -2015,7 +2015,7 @@ static void block_attention_case(struct env *e, const struct blk_case *c) {
 // the pairs; where the layouts allow, the merge and the sums against whole-sequence attention too. RoPE at
 // shifted global positions, ALiBi with global heads (head0 of NH_total, NH_total not a power of two), GQA
 // groups of 1 to 4, HS from 32 to 256 (80: not a multiple of 32), odd strides and padded batches, B = 2.
-// Both kernel families: the tensor-core ones (HS 64 and 128) and the f32 ones.
+// Every kernel family: the f32 ones, the tensor-core ones (HS 64 and 128) and the Hopper ones.
 static void test_attention_block_matches_cpu(void **state) {
     struct env *e = *state;
     struct blk_case cases[] = {
@@ -2026,14 +2026,19 @@ static void test_attention_block_matches_cpu(void **state) {
         {2, 48, 3, 3, 32, KILN_POS_ALIBI, 0, 0, 0, 0, 4},
         {1, 50, 2, 1, 64, KILN_POS_ALIBI, 3, 6, 1, 100, 2},
         {2, 130, 8, 2, 128, KILN_POS_ROPE, 0, 0, 0, 0, 2},
+        {2, 200, 4, 2, 128, KILN_POS_NONE, 0, 0, 0, 0, 3},
+        {1, 150, 4, 4, 64, KILN_POS_ROPE, 0, 0, 0, 500, 3},
     };
     // the f32 kernels (KILN_ATTN_BLOCK=ref) at every case, then the tensor-core ones (the default,
-    // KILN_ATTN_BLOCK=tc) at the head sizes they take
-    for (int tc = 0; tc < 2; tc++) {
-        printf("attention block kernels: %s\n", tc ? "tensor cores (the default)" : "f32 (KILN_ATTN_BLOCK=ref)");
-        setenv("KILN_ATTN_BLOCK", tc ? "tc" : "ref", 1);
+    // KILN_ATTN_BLOCK=tc) and the Hopper ones (KILN_ATTN_BLOCK=wgmma: the blocks whose queries come at or
+    // after their keys, without ALiBi, on an sm_90 device; the tensor-core kernels take the rest) at the head
+    // sizes they take
+    const char *kernels[3] = {"ref", "tc", "wgmma"};
+    for (int k = 0; k < 3; k++) {
+        printf("attention block kernels: KILN_ATTN_BLOCK=%s\n", kernels[k]);
+        setenv("KILN_ATTN_BLOCK", kernels[k], 1);
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-            if (!tc || cases[i].HS == 64 || cases[i].HS == 128)
+            if (k == 0 || cases[i].HS == 64 || cases[i].HS == 128)
                 block_attention_case(e, &cases[i]);
         unsetenv("KILN_ATTN_BLOCK");
     }

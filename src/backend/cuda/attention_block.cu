@@ -396,13 +396,15 @@ template <int NU> static void blk_backward_launch(struct cuda_ctx *c, const stru
 }
 
 // Which kernels KILN_ATTN_BLOCK asks for, read on each call so that a test can compare them in one process:
-// tc (the default: tensor cores where HS is 64 or 128, these kernels otherwise) or ref (these kernels). The
-// tensor-core kernels passed test_cuda_ops on an H100 (2026-11-26: 114 checks) and ran the 4-GPU ring within
-// 5.9e-3 of one GPU over 12 steps; at a 64k ring step they are 4.3-4.5x faster than these.
-static int blk_want_tc(void) {
-    static const char *const names[] = {"tc", "ref"};
+// tc (the default: tensor cores where HS is 64 or 128, these kernels otherwise), ref (these kernels), or
+// wgmma (the Hopper kernels of attention_wgmma.cu for the blocks they take, the tensor-core kernels for the
+// rest; written in session 11 without a GPU). The tensor-core kernels passed test_cuda_ops on an H100 and
+// ran 210 / 162 TF/s forward / backward on a 64k ring step (session 11), 45-50x these.
+enum blk_kernels { BLK_TC, BLK_REF, BLK_WGMMA };
+static enum blk_kernels blk_want(void) {
+    static const char *const names[] = {"tc", "ref", "wgmma"};
     static int told;
-    return kiln_cuda_env_choice("KILN_ATTN_BLOCK", names, 2, &told) == 0;
+    return (enum blk_kernels)kiln_cuda_env_choice("KILN_ATTN_BLOCK", names, 3, &told);
 }
 
 extern "C" void kiln_cuda_attention_block_forward(void *ctx, const struct kiln_attn_block_args *a) {
@@ -413,7 +415,8 @@ extern "C" void kiln_cuda_attention_block_forward(void *ctx, const struct kiln_a
     p.out = (bf16 *)a->out;
     p.lse = a->lse;
     p.accumulate = a->accumulate;
-    if (blk_want_tc() && blk_tc_forward(c, p))
+    enum blk_kernels want = blk_want();
+    if (want != BLK_REF && blk_tc_forward(c, p, want == BLK_WGMMA))
         return;
     switch (blk_nu(a->HS)) {
     case 2:
@@ -444,7 +447,8 @@ extern "C" void kiln_cuda_attention_block_backward(void *ctx, const struct kiln_
     int rows = a->blk.B * a->blk.NH * a->blk.Tq;
     blk_dsum_kernel<<<KILN_CEIL_DIV(rows, 8), 256, 0, c->stream>>>(p, dsum);
     CUDA_CHECK_LAUNCH();
-    if (blk_want_tc() && blk_tc_backward(c, p))
+    enum blk_kernels want = blk_want();
+    if (want != BLK_REF && blk_tc_backward(c, p, want == BLK_WGMMA))
         return;
     switch (blk_nu(a->blk.HS)) {
     case 2:

@@ -73,7 +73,16 @@ static __device__ __forceinline__ float blk_slope2(const struct blk_params &p, i
 
 // The tensor-core kernels (attention_block_tc.cu), for HS 64 and 128: 1 when they ran, 0 when the head size
 // is not theirs. The backward needs p.dsum.
-int blk_tc_forward(struct cuda_ctx *c, const struct blk_params &p);
-int blk_tc_backward(struct cuda_ctx *c, const struct blk_params &p);
+// wgmma: try the Hopper kernels first (blk_wgmma_*), where they take the block.
+int blk_tc_forward(struct cuda_ctx *c, const struct blk_params &p, int wgmma);
+int blk_tc_backward(struct cuda_ctx *c, const struct blk_params &p, int wgmma);
+
+// The Hopper kernels (attention_wgmma.cu) on one block whose queries all come at or after its keys (q0 >=
+// k0), without ALiBi, HS 64 or 128, on an sm_90 device: 1 when they ran, 0 otherwise (nothing done). q and k:
+// the sources after RoPE (rows q_rs / k_rs, batches q_bs / k_bs apart). The backward needs p.dsum.
+int blk_wgmma_forward(struct cuda_ctx *c, const struct blk_params &p, const bf16 *q, size_t q_bs, int q_rs,
+                      const bf16 *k, size_t k_bs, int k_rs);
+int blk_wgmma_backward(struct cuda_ctx *c, const struct blk_params &p, const bf16 *q, size_t q_bs, int q_rs,
+                       const bf16 *k, size_t k_bs, int k_rs);
 
 #endif

@@ -624,18 +624,22 @@ static int tc_takes(int HS) {
     return HS == 64 || HS == 128;
 }
 
-int blk_tc_forward(struct cuda_ctx *c, const struct blk_params &p) {
+int blk_tc_forward(struct cuda_ctx *c, const struct blk_params &p, int wgmma) {
     if (!tc_takes(p.HS))
         return 0;
     struct tc_params tp = tc_prepare(c, p);
+    if (wgmma && blk_wgmma_forward(c, p, tp.q.p, tp.q.bs, tp.q.rs, tp.k.p, tp.k.bs, tp.k.rs))
+        return 1;
     p.HS == 64 ? tc_forward<64>(c, tp) : tc_forward<128>(c, tp);
     return 1;
 }
 
-int blk_tc_backward(struct cuda_ctx *c, const struct blk_params &p) {
+int blk_tc_backward(struct cuda_ctx *c, const struct blk_params &p, int wgmma) {
     if (!tc_takes(p.HS))
         return 0;
     struct tc_params tp = tc_prepare(c, p);
+    if (wgmma && blk_wgmma_backward(c, p, tp.q.p, tp.q.bs, tp.q.rs, tp.k.p, tp.k.bs, tp.k.rs))
+        return 1;
     p.HS == 64 ? tc_backward<64>(c, tp) : tc_backward<128>(c, tp);
     return 1;
 }

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/attention_block.cuh"
 #include "backend/cuda/attn_common.cuh"
 
 #if defined(KILN_HAVE_SM90A)
@@ -262,10 +263,15 @@ static __device__ __forceinline__ void st_shared_v2f(uint32_t addr, float x, flo
 struct wg_params {
     CUtensorMap tq, tk,
         tv;     // 4-D maps (d, head, t, b) over q, k, v rows; boxes (64, 1, BM or BN, 1), swizzled
-    bf16 *out;  // (B, T, NH HS)
-    float *lse; // (B, NH, T)
-    int T, NH, NKV, B;
+    bf16 *out;  // query i of batch b, head h at out + b out_bs + i out_rs + h HS
+    float *lse; // (b NH + h) lse_s + i
+    size_t out_bs, lse_s;
+    int out_rs;
+    // Tq queries, Tk keys; key j is visible to query i when j <= i + delta (the whole sequence: Tq = Tk = T,
+    // delta 0; a block of the ring: the global positions' difference q0 - k0 >= 0, attention_block.cu)
+    int Tq, Tk, delta, NH, NKV, B;
     int alibi;
+    int accumulate; // 0: out, lse written; 1: merged into what they hold (the block op's accumulate)
     float scale_log2;
 };
 
@@ -285,6 +291,11 @@ template <int HS, int BN> static constexpr size_t wg_smem_bytes(void) {
 }
 
 #if defined(WG_DEVICE_HELPERS)
+// Key tiles of BN that query tile q0's rows see: keys j < Tk with j <= i + delta for some row i < Tq of it.
+template <int BN> static __device__ __forceinline__ int wg_key_tiles(const struct wg_params &p, int q0) {
+    return KILN_CEIL_DIV(min(min(q0 + WG_BM, p.Tq) + p.delta, p.Tk), BN);
+}
+
 // Work item w (0 .. n_qt B NH - 1) -> query tile and (b, h): the longest tiles (causal: the most keys) first,
 // so that blocks striding over the items by gridDim.x finish together.
 static __device__ __forceinline__ void wg_item(int w, int n_qt, int NH, int B, int *qt, int *b, int *h) {
@@ -359,7 +370,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     // mbarriers, 8 bytes each
     uint32_t q_full = bars, q_empty = bars + 16, k_full = bars + 32, v_full = k_full + 8 * NS,
              k_empty = v_full + 8 * NS, v_empty = k_empty + 8 * NS;
-    int n_qt = KILN_CEIL_DIV(p.T, WG_BM), n_items = n_qt * p.B * p.NH;
+    int n_qt = KILN_CEIL_DIV(p.Tq, WG_BM), n_items = n_qt * p.B * p.NH;
     int wg = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
@@ -387,7 +398,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                 int qt, b, h;
                 wg_item(w, n_qt, p.NH, p.B, &qt, &b, &h);
                 int kvh = h / (p.NH / p.NKV), q0 = qt * WG_BM;
-                int n_kv = KILN_CEIL_DIV(min(q0 + WG_BM, p.T), BN), qb = ic & 1;
+                int n_kv = wg_key_tiles<BN>(p, q0), qb = ic & 1;
                 if (ic >= 2) // buffer qb last held item ic - 2
                     mbar_wait(q_empty + 8 * qb, ((ic >> 1) - 1) & 1);
                 mbar_expect_tx(q_full + 8 * qb, Q_BYTES);
@@ -423,11 +434,13 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         int qt, b, h;
         wg_item(w, n_qt, p.NH, p.B, &qt, &b, &h);
         int q0 = qt * WG_BM, qb = ic & 1;
-        int n_kv = KILN_CEIL_DIV(min(q0 + WG_BM, p.T), BN);
+        int n_kv = wg_key_tiles<BN>(p, q0);
         int qw0 = q0 + cw * 64;                                     // first query row of this warpgroup
         int qi[2] = {qw0 + warp * 16 + g, qw0 + warp * 16 + g + 8}; // the two rows this thread holds
-        // tiles with a key at or below this warpgroup's last row (the rest are all masked)
-        int n_mine = min(n_kv, (qw0 + 63) / BN + 1);
+        // the keys' index of the last key each row sees (the mask's bound; qi itself for the whole sequence)
+        int qv[2] = {qi[0] + p.delta, qi[1] + p.delta};
+        // tiles with a key visible to this warpgroup's last row (the rest are all masked)
+        int n_mine = min(n_kv, (qw0 + 63 + p.delta) / BN + 1);
         float slope2 = p.alibi ? alibi_slope(h, p.NH) * WG_LOG2E : 0.0f;
         uint32_t q_mine = q_s + qb * Q_BYTES + cw * 64 * 128; // this warpgroup's 64 rows of buffer qb
 
@@ -450,8 +463,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             wgmma_wait<0>();
             reg_fence<BN / 2>(s);
             mbar_arrive(k_empty + 8 * st);
-            attn_online_softmax<BN>(s, m, l, alpha, 0, qi, t4, p.alibi, slope2, p.scale_log2, p.T,
-                                    BN - 1 > qw0 || BN > p.T);
+            attn_online_softmax<BN>(s, m, l, alpha, 0, qv, t4, p.alibi, slope2, p.scale_log2, p.Tk,
+                                    BN - 1 > qw0 + p.delta || BN > p.Tk);
             wg_pack_p<BN>(pa, s);
         }
         for (int j = 1; j < n_mine; j++) {
@@ -471,8 +484,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             wgmma_wait<1>(); // S(j) done; P V may still run
             reg_fence<BN / 2>(s);
             mbar_arrive(k_empty + 8 * st);
-            attn_online_softmax<BN>(s, m, l, alpha, k0, qi, t4, p.alibi, slope2, p.scale_log2, p.T,
-                                    k0 + BN - 1 > qw0 || k0 + BN > p.T);
+            attn_online_softmax<BN>(s, m, l, alpha, k0, qv, t4, p.alibi, slope2, p.scale_log2, p.Tk,
+                                    k0 + BN - 1 > qw0 + p.delta || k0 + BN > p.Tk);
             wgmma_wait<0>();
             reg_fence<HS / 2>(o);
             reg_fence_u32<BN / 4>(&pa[0][0]); // P(j - 1)'s registers were the tensor cores' until the wait
@@ -513,19 +526,45 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
             inv[r] = 1.0f / l[r];
         }
-        bf16 *og = p.out + (size_t)b * p.T * p.NH * HS + h * HS;
+        bf16 *og = p.out + (size_t)b * p.out_bs + h * HS;
+        float *lg = p.lse + ((size_t)b * p.NH + h) * p.lse_s;
+        float lse_n[2], wo[2] = {0.0f, 0.0f}; // the rows' log-sum-exp, and the weights of what out held
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            lse_n[r] = (m[r] + __log2f(l[r])) * WG_LN2;
+        if (p.accumulate) { // merged by the log-sum-exps, as the block kernels do (every row saw a key)
+            float lo[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                lo[r] = qi[r] < p.Tq ? lg[qi[r]] : -INFINITY;
+            __syncwarp(); // the quad's four threads have read the old lse before thread t4 = 0 rewrites it
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                if (lo[r] != -INFINITY) { // (an old row that saw no key holds nothing to keep)
+                    float mm = fmaxf(lo[r], lse_n[r]), ln = mm + logf(expf(lo[r] - mm) + expf(lse_n[r] - mm));
+                    wo[r] = expf(lo[r] - ln);
+                    inv[r] *= expf(lse_n[r] - ln);
+                    lse_n[r] = ln;
+                }
+        }
 #pragma unroll
         for (int i = 0; i < HS / 2; i += 2) {
             int r = (i >> 1) & 1, d = (i >> 2) * 8 + t4 * 2;
-            if (qi[r] < p.T)
-                *(__nv_bfloat162 *)(og + (size_t)qi[r] * p.NH * HS + d) =
-                    __floats2bfloat162_rn(o[i] * inv[r], o[i + 1] * inv[r]);
+            if (qi[r] < p.Tq) {
+                __nv_bfloat162 *dst = (__nv_bfloat162 *)(og + (size_t)qi[r] * p.out_rs + d);
+                float x0 = o[i] * inv[r], x1 = o[i + 1] * inv[r];
+                if (wo[r] != 0.0f) {
+                    float2 old = __bfloat1622float2(*dst);
+                    x0 = fmaf(wo[r], old.x, x0);
+                    x1 = fmaf(wo[r], old.y, x1);
+                }
+                *dst = __floats2bfloat162_rn(x0, x1);
+            }
         }
         if (t4 == 0) {
-            float *lg = p.lse + ((size_t)b * p.NH + h) * p.T;
             for (int r = 0; r < 2; r++)
-                if (qi[r] < p.T)
-                    lg[qi[r]] = (m[r] + __log2f(l[r])) * WG_LN2;
+                if (qi[r] < p.Tq)
+                    lg[qi[r]] = lse_n[r];
         }
     }
 #endif
@@ -555,12 +594,16 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 struct wg_bwd_params {
     CUtensorMap tq, tdo, tk, tv;    // 4-D maps (d, head, t, b); boxes (64, 1, rows, 1): q, dO BM; k, v BN
     CUtensorMap tdq;                // DQ_TMA: dq_acc as f32 (d, head, t, b), boxes (32, 1, BM, 1), swizzled
-    const float *lse;               // (B, NH, T), natural log
-    const float *dsum;              // (B, NH, T): D = rowsum(dO * O)
-    float *dq_acc;                  // (B, T, NH, HS) f32, zeroed first: unscaled dQ in the rotated frame
-    bf16 *dqkv;                     // (B, T, rs): dK, dV slices written here
-    const float *cos_tab, *sin_tab; // RoPE: rotate dK back; NULL otherwise
-    int T, NH, NKV, rs;
+    const float *lse;               // (b NH + h) lse_s + i, natural log
+    const float *dsum;              // (B, NH, Tq): D = rowsum(dO * O)
+    float *dq_acc;                  // (B, Tq, NH, HS) f32, zeroed first: unscaled dQ in the rotated frame
+    bf16 *dk, *dv;                  // key j of batch b, kv head g at + b kv_bs + j kv_rs + g HS
+    const float *cos_tab, *sin_tab; // RoPE: rotate dK back (key j at row j of the tables); NULL otherwise
+    size_t lse_s, kv_bs;
+    int kv_rs;
+    int add; // 0: dK, dV written; 1: added to what they hold (read, added in f32, rounded once)
+    // Tq queries, Tk keys; key j is visible to query i when j <= i + delta (wg_params)
+    int Tq, Tk, delta, NH, NKV;
     int alibi;
     float scale, scale_log2;
 };
@@ -595,6 +638,27 @@ static __device__ __forceinline__ void wb_abt(float *c, uint32_t a_addr, uint32_
 static __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+
+// store_frag's adding twin, for the block op: rows t_lo / t_hi (< T) of base (stride apart) += mul x, each
+// element read, added in f32 and rounded once
+template <int HS>
+static __device__ __forceinline__ void wb_add_frag(bf16 *base, int stride, int t_lo, int t_hi, int T,
+                                                   float (*x)[4], float mul) {
+    int t4 = (threadIdx.x & 31) & 3;
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; dt++) {
+        int d = dt * 8 + t4 * 2;
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            int t = hi ? t_hi : t_lo;
+            if (t >= T)
+                continue;
+            __nv_bfloat162 *dst = (__nv_bfloat162 *)(base + (size_t)t * stride + d);
+            float2 old = __bfloat1622float2(*dst);
+            *dst = __floats2bfloat162_rn(fmaf(x[dt][2 * hi], mul, old.x), fmaf(x[dt][2 * hi + 1], mul, old.y));
+        }
+    }
+}
 #endif // WG_DEVICE_HELPERS
 
 template <int HS, bool DQ_TMA>
@@ -618,7 +682,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     int kt = blockIdx.x; // key tile 0 meets the most query tiles: it starts first
     int b = blockIdx.y / p.NKV, kvh = blockIdx.y % p.NKV, group = p.NH / p.NKV;
     int k0 = kt * WB_BN;
-    int qt0 = k0 / WB_BM, n_q = KILN_CEIL_DIV(p.T, WB_BM) - qt0, n_it = group * n_q;
+    // the first query tile with a row that sees key k0, and the tiles from it on
+    int qt0 = max(k0 - p.delta, 0) / WB_BM, n_q = max(KILN_CEIL_DIV(p.Tq, WB_BM) - qt0, 0), n_it = group * n_q;
     int wg = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
@@ -659,9 +724,9 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                 int s = it & 1, h = kvh * group + it / n_q, qi = (qt0 + it % n_q) * WB_BM + r;
                 if (it >= 2)
                     mbar_wait(empty + 8 * s, ((it >> 1) - 1) & 1);
-                size_t o = ((size_t)b * p.NH + h) * p.T + qi;
-                stat[s * 2 * WB_BM + r] = qi < p.T ? p.lse[o] * WG_LOG2E : 0.0f;
-                stat[s * 2 * WB_BM + WB_BM + r] = qi < p.T ? p.dsum[o] : 0.0f;
+                size_t bh = (size_t)b * p.NH + h;
+                stat[s * 2 * WB_BM + r] = qi < p.Tq ? p.lse[bh * p.lse_s + qi] * WG_LOG2E : 0.0f;
+                stat[s * 2 * WB_BM + WB_BM + r] = qi < p.Tq ? p.dsum[bh * p.Tq + qi] : 0.0f;
                 mbar_arrive(full + 8 * s);
             }
         }
@@ -714,7 +779,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             // 16 registers each would not fit beside dK, dV at HS = 128)
             const float *ls = stat + st * 2 * WB_BM + t4 * 2, *dd = ls + WB_BM;
             float slope2 = p.alibi ? alibi_slope(h, p.NH) * WG_LOG2E : 0.0f;
-            bool need_mask = q0 < wk0 + 63 || q0 + WB_BM > p.T || wk0 + 64 > p.T;
+            bool need_mask = q0 + p.delta < wk0 + 63 || q0 + WB_BM > p.Tq || wk0 + 64 > p.Tk;
 
             wgmma_wait<1>(); // S^T
             reg_fence<32>(s);
@@ -740,7 +805,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
                 for (int i = 0; i < 32; i++) {
                     int qi = q0 + (i >> 2) * 8 + (i & 1) + t4 * 2, kr = kj[(i >> 1) & 1];
-                    if (qi < kr || qi >= p.T || kr >= p.T)
+                    if (qi + p.delta < kr || qi >= p.Tq || kr >= p.Tk)
                         s[i] = 0.0f; // P^T
                 }
             }
@@ -836,13 +901,13 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         }
                         __syncwarp(); // (before the next pass's wgmma.fence, which is warp-aligned)
                     } else {
-                        float *dqg = p.dq_acc + ((size_t)b * p.T * p.NH + h) * HS;
+                        float *dqg = p.dq_acc + ((size_t)b * p.Tq * p.NH + h) * HS;
                         size_t qstride = (size_t)p.NH * HS;
 #pragma unroll
                         for (int i = 0; i < 32; i += 2) {
                             int qi = q0 + warp * 16 + g + 8 * ((i >> 1) & 1),
                                 d = cb * 64 + (i >> 2) * 8 + t4 * 2;
-                            if (qi < p.T)
+                            if (qi < p.Tq)
                                 wg_red2(dqg + (size_t)qi * qstride + d, dq[i], dq[i + 1]);
                         }
                     }
@@ -865,10 +930,15 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     float(*dk4)[4] = reinterpret_cast<float(*)[4]>(dk);
     float(*dv4)[4] = reinterpret_cast<float(*)[4]>(dv);
     if (p.cos_tab)
-        rope_back_frag<HS>(dk4, kj[0], kj[1], p.T, p.cos_tab, p.sin_tab);
-    bf16 *dbase = p.dqkv + (size_t)b * p.T * p.rs;
-    store_frag<HS>(dbase + (p.NH + kvh) * HS, p.rs, kj[0], kj[1], p.T, dk4, p.scale, p.scale);
-    store_frag<HS>(dbase + (p.NH + p.NKV + kvh) * HS, p.rs, kj[0], kj[1], p.T, dv4, 1.0f, 1.0f);
+        rope_back_frag<HS>(dk4, kj[0], kj[1], p.Tk, p.cos_tab, p.sin_tab);
+    size_t off = (size_t)b * p.kv_bs + kvh * HS;
+    if (p.add) {
+        wb_add_frag<HS>(p.dk + off, p.kv_rs, kj[0], kj[1], p.Tk, dk4, p.scale);
+        wb_add_frag<HS>(p.dv + off, p.kv_rs, kj[0], kj[1], p.Tk, dv4, 1.0f);
+    } else {
+        store_frag<HS>(p.dk + off, p.kv_rs, kj[0], kj[1], p.Tk, dk4, p.scale, p.scale);
+        store_frag<HS>(p.dv + off, p.kv_rs, kj[0], kj[1], p.Tk, dv4, 1.0f, 1.0f);
+    }
 #endif
 }
 
@@ -893,10 +963,11 @@ static PFN_cuTensorMapEncodeTiled_v12000 wg_encoder(void) {
     return fn;
 }
 
-// Tensor map over one of q, k, v: element (d, head, t, b) at base + ((b T + t) rs + head HS + d) elements;
+// Tensor map over one of q, k, v: element (d, head, t, b) at base + b bs + t rs + head HS + d elements;
 // boxes of 64 d (128 bytes: the widest a 128-byte swizzle allows) x 1 head x `rows` positions x 1 batch.
 // Positions t >= T of a box read as zeros (the map's bound), so no tile needs a mask for loading.
-static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, int B, int rs, int rows) {
+static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, int B, int rs, size_t bs,
+                  int rows) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = wg_encoder();
     if (!enc) { // once, like the encode failure below: every forward call comes through here
         static int warned_driver;
@@ -906,8 +977,7 @@ static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, 
         return 1;
     }
     cuuint64_t dims[4] = {(cuuint64_t)HS, (cuuint64_t)heads, (cuuint64_t)T, (cuuint64_t)B};
-    cuuint64_t strides[3] = {(cuuint64_t)HS * 2, (cuuint64_t)rs * 2,
-                             (cuuint64_t)T * rs * 2}; // bytes, dims 1..3
+    cuuint64_t strides[3] = {(cuuint64_t)HS * 2, (cuuint64_t)rs * 2, (cuuint64_t)bs * 2}; // bytes, dims 1..3
     cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
     CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides, box, estr,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -926,7 +996,7 @@ static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, 
 template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct wg_params &p, int B) {
     size_t smem = wg_smem_bytes<HS, BN>();
     set_smem(wg_fwd_kernel<HS, BN>, smem);
-    int items = KILN_CEIL_DIV(p.T, WG_BM) * B * p.NH;
+    int items = KILN_CEIL_DIV(p.Tq, WG_BM) * B * p.NH;
     wg_fwd_kernel<HS, BN><<<min(items, c->prop.multiProcessorCount), WG_THREADS, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
 }
@@ -935,7 +1005,7 @@ template <int HS, bool DQ_TMA>
 static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_params &p, int B) {
     size_t smem = wb_smem_bytes<HS, DQ_TMA>();
     set_smem(wg_bwd_kernel<HS, DQ_TMA>, smem);
-    dim3 grid(KILN_CEIL_DIV(p.T, WB_BN), B * p.NKV);
+    dim3 grid(KILN_CEIL_DIV(p.Tk, WB_BN), B * p.NKV);
     wg_bwd_kernel<HS, DQ_TMA><<<grid, WG_THREADS, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
 }
@@ -997,13 +1067,17 @@ extern "C" int kiln_cuda_wgmma_attention_forward(struct cuda_ctx *c, const struc
     struct wg_params p;
     memset(&p, 0, sizeof(p));
     const int BN = 128;
-    if (wg_map(&p.tq, q, HS, a->NH, a->T, a->B, q_rs, WG_BM) ||
-        wg_map(&p.tk, k, HS, a->NKV, a->T, a->B, k_rs, BN) ||
-        wg_map(&p.tv, v, HS, a->NKV, a->T, a->B, rs, BN))
+    size_t T = (size_t)a->T;
+    if (wg_map(&p.tq, q, HS, a->NH, a->T, a->B, q_rs, T * q_rs, WG_BM) ||
+        wg_map(&p.tk, k, HS, a->NKV, a->T, a->B, k_rs, T * k_rs, BN) ||
+        wg_map(&p.tv, v, HS, a->NKV, a->T, a->B, rs, T * rs, BN))
         return 0;
     p.out = (bf16 *)a->out;
     p.lse = a->lse;
-    p.T = a->T;
+    p.out_rs = a->NH * HS;
+    p.out_bs = T * p.out_rs;
+    p.lse_s = T;
+    p.Tq = p.Tk = a->T;
     p.NH = a->NH;
     p.NKV = a->NKV;
     p.B = a->B;
@@ -1043,21 +1117,25 @@ extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const stru
         k_rs = a->NKV * HS;
         p.cos_tab = kiln_cuda_rope_table(c, a->T, HS, a->rope_theta, &p.sin_tab);
     }
-    if (wg_map(&p.tq, q, HS, a->NH, a->T, a->B, q_rs, WB_BM) ||
-        wg_map(&p.tdo, (const bf16 *)a->dout, HS, a->NH, a->T, a->B, a->NH * HS, WB_BM) ||
-        wg_map(&p.tk, k, HS, a->NKV, a->T, a->B, k_rs, WB_BN) ||
-        wg_map(&p.tv, v, HS, a->NKV, a->T, a->B, rs, WB_BN))
+    size_t T = (size_t)a->T;
+    if (wg_map(&p.tq, q, HS, a->NH, a->T, a->B, q_rs, T * q_rs, WB_BM) ||
+        wg_map(&p.tdo, (const bf16 *)a->dout, HS, a->NH, a->T, a->B, a->NH * HS, T * a->NH * HS, WB_BM) ||
+        wg_map(&p.tk, k, HS, a->NKV, a->T, a->B, k_rs, T * k_rs, WB_BN) ||
+        wg_map(&p.tv, v, HS, a->NKV, a->T, a->B, rs, T * rs, WB_BN))
         return 0;
     p.lse = a->lse;
     p.dsum = kiln_cuda_fa_dsum(c, a->dout, a->out, a->B, a->T, a->NH, HS);
     size_t nq = (size_t)a->B * a->T * a->NH * HS * sizeof(float);
     p.dq_acc = (float *)kiln_cuda_scratch(c, SCR_ATTN_DQ, nq);
     CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, nq, c->stream));
-    p.dqkv = (bf16 *)a->dqkv;
-    p.T = a->T;
+    p.dk = (bf16 *)a->dqkv + a->NH * HS;
+    p.dv = (bf16 *)a->dqkv + (a->NH + a->NKV) * HS;
+    p.kv_rs = drs;
+    p.kv_bs = T * drs;
+    p.lse_s = T;
+    p.Tq = p.Tk = a->T;
     p.NH = a->NH;
     p.NKV = a->NKV;
-    p.rs = drs;
     p.alibi = a->pos == KILN_POS_ALIBI;
     p.scale = 1.0f / sqrtf((float)HS);
     p.scale_log2 = p.scale * WG_LOG2E;
@@ -1078,6 +1156,151 @@ extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const stru
     return 1;
 #else
     (void)a;
+    return 0;
+#endif
+}
+
+// ---- the block op's blocks (ring and hybrid sequence parallelism; attention_block.cu) ----------------------
+// One block of queries [q0, q0 + Tq) against keys [k0, k0 + Tk) (global positions) on the kernels above, for
+// KILN_ATTN_BLOCK=wgmma: key j is visible to query i when k0 + j <= q0 + i, so delta = q0 - k0. With
+// q0 >= k0, as in every block the zigzag ring gives them (its diagonal blocks, q0 = k0, and blocks with every
+// key before every query), each query sees key 0 and the kernels' loops hold; other blocks, ALiBi (its slopes
+// need the global head, which these kernels do not take) and unaligned tensors return 0 and the tensor-core
+// block kernels run. q and k are the call's sources after RoPE (attention_block_tc.cu rotates them into
+// scratch at their global positions; rows q_rs / k_rs and batches q_bs / k_bs apart). The forward merges
+// into out and lse as the block kernels do; the backward adds to dq, dk and dv (each element read, added in
+// f32 and rounded once), and needs p.dsum.
+
+#if defined(KILN_HAVE_SM90A)
+static int wgb_al16(const void *x, size_t bs, int rs) {
+    return ((uintptr_t)x & 15) == 0 && bs % 8 == 0 && rs % 8 == 0;
+}
+
+// the kernels' part of a block: what both directions require
+static int wgb_takes(struct cuda_ctx *c, const struct blk_params &p, const bf16 *q, size_t q_bs, int q_rs,
+                     const bf16 *k, size_t k_bs, int k_rs) {
+    return kiln_cuda_wgmma_attention_available(c) && (p.HS == 64 || p.HS == 128) && !p.alibi && p.q0 >= p.k0 &&
+           p.Tk > 0 && wgb_al16(q, q_bs, q_rs) && wgb_al16(k, k_bs, k_rs) && wgb_al16(p.v, p.kv_bs, p.kv_rs) &&
+           ((uintptr_t)p.out & 3) == 0 && p.out_bs % 2 == 0 && p.out_rs % 2 == 0;
+}
+
+// dq += scale R(q0 + i)^-1 acc: the block's f32 dQ accumulator (B, Tq, NH, HS; unscaled, rotated frame) into
+// the op's dq rows; one thread a column pair (d, d + HS/2) of a row, grid-stride
+template <int HS>
+static __global__ void wgb_dq_add_kernel(bf16 *dq, size_t q_bs, int q_rs, const float *acc, int B, int Tq,
+                                         int NH, float scale, const float *ct, const float *st, int q0) {
+    constexpr int half = HS / 2;
+    size_t n = (size_t)B * Tq * NH * half;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        int d = (int)(e % half);
+        size_t r = e / half; // (b Tq + i) NH + h
+        int h = (int)(r % NH), i = (int)((r / NH) % Tq), b = (int)(r / NH / Tq);
+        float x = acc[r * HS + d], y = acc[r * HS + d + half];
+        if (ct) {
+            float cs = ct[(size_t)(q0 + i) * half + d], sn = st[(size_t)(q0 + i) * half + d], xa = x;
+            x = xa * cs + y * sn;
+            y = y * cs - xa * sn;
+        }
+        bf16 *row = dq + b * q_bs + (size_t)i * q_rs + h * HS;
+        row[d] = f2bf(fmaf(x, scale, bf2f(row[d])));
+        row[d + half] = f2bf(fmaf(y, scale, bf2f(row[d + half])));
+    }
+}
+#endif
+
+int blk_wgmma_forward(struct cuda_ctx *c, const struct blk_params &p, const bf16 *q, size_t q_bs, int q_rs,
+                      const bf16 *k, size_t k_bs, int k_rs) {
+#if defined(KILN_HAVE_SM90A)
+    if (!wgb_takes(c, p, q, q_bs, q_rs, k, k_bs, k_rs))
+        return 0;
+    int HS = p.HS;
+    const int BN = 128;
+    struct wg_params w;
+    memset(&w, 0, sizeof(w));
+    if (wg_map(&w.tq, q, HS, p.NH, p.Tq, p.B, q_rs, q_bs, WG_BM) ||
+        wg_map(&w.tk, k, HS, p.NKV, p.Tk, p.B, k_rs, k_bs, BN) ||
+        wg_map(&w.tv, p.v, HS, p.NKV, p.Tk, p.B, p.kv_rs, p.kv_bs, BN))
+        return 0;
+    w.out = p.out;
+    w.lse = p.lse;
+    w.out_bs = p.out_bs;
+    w.out_rs = p.out_rs;
+    w.lse_s = p.lse_s;
+    w.Tq = p.Tq;
+    w.Tk = p.Tk;
+    w.delta = p.q0 - p.k0;
+    w.NH = p.NH;
+    w.NKV = p.NKV;
+    w.B = p.B;
+    w.accumulate = p.accumulate;
+    w.scale_log2 = p.scale_log2;
+    if (HS == 64)
+        wg_launch<64, BN>(c, w, p.B);
+    else
+        wg_launch<128, BN>(c, w, p.B);
+    return 1;
+#else
+    (void)c, (void)p, (void)q, (void)q_bs, (void)q_rs, (void)k, (void)k_bs, (void)k_rs;
+    return 0;
+#endif
+}
+
+int blk_wgmma_backward(struct cuda_ctx *c, const struct blk_params &p, const bf16 *q, size_t q_bs, int q_rs,
+                       const bf16 *k, size_t k_bs, int k_rs) {
+#if defined(KILN_HAVE_SM90A)
+    // deterministic mode keeps the tensor-core kernels (no atomics); dK, dV are added as bf16 pairs
+    if (c->deterministic || !wgb_takes(c, p, q, q_bs, q_rs, k, k_bs, k_rs) ||
+        !wgb_al16(p.dout, p.out_bs, p.out_rs) || ((uintptr_t)p.dk & 3) || ((uintptr_t)p.dv & 3) ||
+        p.kv_rs % 2 || p.kv_bs % 2)
+        return 0;
+    int HS = p.HS;
+    struct wg_bwd_params w;
+    memset(&w, 0, sizeof(w));
+    if (wg_map(&w.tq, q, HS, p.NH, p.Tq, p.B, q_rs, q_bs, WB_BM) ||
+        wg_map(&w.tdo, p.dout, HS, p.NH, p.Tq, p.B, p.out_rs, p.out_bs, WB_BM) ||
+        wg_map(&w.tk, k, HS, p.NKV, p.Tk, p.B, k_rs, k_bs, WB_BN) ||
+        wg_map(&w.tv, p.v, HS, p.NKV, p.Tk, p.B, p.kv_rs, p.kv_bs, WB_BN))
+        return 0;
+    w.lse = p.lse;
+    w.lse_s = p.lse_s;
+    w.dsum = p.dsum;
+    size_t nq = (size_t)p.B * p.Tq * p.NH * HS * sizeof(float);
+    w.dq_acc = (float *)kiln_cuda_scratch(c, SCR_ATTN_DQ, nq);
+    CUDA_CHECK(cudaMemsetAsync(w.dq_acc, 0, nq, c->stream));
+    w.dk = p.dk;
+    w.dv = p.dv;
+    w.kv_rs = p.kv_rs;
+    w.kv_bs = p.kv_bs;
+    w.add = 1;
+    if (p.cos_tab) { // the keys' rows of the global tables
+        w.cos_tab = p.cos_tab + (size_t)p.k0 * (HS / 2);
+        w.sin_tab = p.sin_tab + (size_t)p.k0 * (HS / 2);
+    }
+    w.Tq = p.Tq;
+    w.Tk = p.Tk;
+    w.delta = p.q0 - p.k0;
+    w.NH = p.NH;
+    w.NKV = p.NKV;
+    w.scale = p.scale;
+    w.scale_log2 = p.scale_log2;
+    int tma = wb_dq_tma() && !wb_dq_map(&w.tdq, w.dq_acc, HS, p.NH, p.Tq, p.B);
+    if (HS == 64)
+        tma ? wb_launch<64, true>(c, w, p.B) : wb_launch<64, false>(c, w, p.B);
+    else
+        tma ? wb_launch<128, true>(c, w, p.B) : wb_launch<128, false>(c, w, p.B);
+    size_t n = (size_t)p.B * p.Tq * p.NH * (HS / 2);
+    size_t want = KILN_CEIL_DIV(n, (size_t)256);
+    unsigned blocks = (unsigned)(want < 8192 ? want : 8192); // grid-stride beyond
+    if (HS == 64)
+        wgb_dq_add_kernel<64><<<blocks, 256, 0, c->stream>>>(p.dq, p.q_bs, p.q_rs, w.dq_acc, p.B, p.Tq, p.NH,
+                                                             p.scale, p.cos_tab, p.sin_tab, p.q0);
+    else
+        wgb_dq_add_kernel<128><<<blocks, 256, 0, c->stream>>>(p.dq, p.q_bs, p.q_rs, w.dq_acc, p.B, p.Tq, p.NH,
+                                                              p.scale, p.cos_tab, p.sin_tab, p.q0);
+    CUDA_CHECK_LAUNCH();
+    return 1;
+#else
+    (void)c, (void)p, (void)q, (void)q_bs, (void)q_rs, (void)k, (void)k_bs, (void)k_rs;
     return 0;
 #endif
 }
