@@ -335,7 +335,7 @@ fi
 if has long; then
   for mode in ${KILN_LONG_MODES:-ulysses ring hybrid ring-wgmma hybrid-wgmma}; do
     # (MODE-wgmma: the ring's blocks on the Hopper kernels, KILN_ATTN_BLOCK=wgmma)
-    spmode=${mode%-wgmma} blk=tc
+    spmode=${mode%-wgmma} blk=${KILN_ATTN_BLOCK:-tc}
     [ "$spmode" != "$mode" ] && blk=wgmma
     [ "$spmode" = hybrid ] && [ "$NG" -lt 4 ] && continue # (2 Ulysses ranks x a ring of 2 needs 4 GPUs)
     extra=()

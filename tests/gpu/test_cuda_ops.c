@@ -2028,6 +2028,7 @@ static void test_attention_block_matches_cpu(void **state) {
         {2, 130, 8, 2, 128, KILN_POS_ROPE, 0, 0, 0, 0, 2},
         {2, 200, 4, 2, 128, KILN_POS_NONE, 0, 0, 0, 0, 3},
         {1, 150, 4, 4, 64, KILN_POS_ROPE, 0, 0, 0, 500, 3},
+        {1, 768, 4, 2, 128, KILN_POS_ROPE, 0, 0, 0, 0, 2}, // blocks of several query and key tiles
     };
     // the f32 kernels (KILN_ATTN_BLOCK=ref) at every case, then the tensor-core ones (the default,
     // KILN_ATTN_BLOCK=tc) and the Hopper ones (KILN_ATTN_BLOCK=wgmma: the blocks whose queries come at or

@@ -986,7 +986,8 @@ static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, 
         static int warned;
         if (!warned)
             fprintf(stderr,
-                    "kiln: Hopper attention: cuTensorMapEncodeTiled failed (CUresult %d), using FA2\n",
+                    "kiln: Hopper attention: cuTensorMapEncodeTiled failed (CUresult %d), using FA2 (the ring's "
+                    "blocks: the tensor-core block kernels)\n",
                     (int)r);
         warned = 1;
     }
@@ -1186,16 +1187,17 @@ static int wgb_takes(struct cuda_ctx *c, const struct blk_params &p, const bf16 
 
 // dq += scale R(q0 + i)^-1 acc: the block's f32 dQ accumulator (B, Tq, NH, HS; unscaled, rotated frame) into
 // the op's dq rows; one thread a column pair (d, d + HS/2) of a row, grid-stride
+// (rows B Tq NH < 2^32: the row's (b, i, h) by 32-bit divisions, not the 64-bit ones the GPU runs in software)
 template <int HS>
 static __global__ void wgb_dq_add_kernel(bf16 *dq, size_t q_bs, int q_rs, const float *acc, int B, int Tq,
                                          int NH, float scale, const float *ct, const float *st, int q0) {
     constexpr int half = HS / 2;
     size_t n = (size_t)B * Tq * NH * half;
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        int d = (int)(e % half);
-        size_t r = e / half; // (b Tq + i) NH + h
-        int h = (int)(r % NH), i = (int)((r / NH) % Tq), b = (int)(r / NH / Tq);
-        float x = acc[r * HS + d], y = acc[r * HS + d + half];
+        int d = (int)(e & (half - 1));
+        unsigned r = (unsigned)(e / half), bi = r / (unsigned)NH; // r = (b Tq + i) NH + h
+        int h = (int)(r - bi * (unsigned)NH), i = (int)(bi % (unsigned)Tq), b = (int)(bi / (unsigned)Tq);
+        float x = acc[(size_t)r * HS + d], y = acc[(size_t)r * HS + d + half];
         if (ct) {
             float cs = ct[(size_t)(q0 + i) * half + d], sn = st[(size_t)(q0 + i) * half + d], xa = x;
             x = xa * cs + y * sn;
