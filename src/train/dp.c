@@ -38,7 +38,7 @@ struct gap {
 
 // ZeRO-3: one bucket's compute weights, gathered, and whether they are the current ones (until AdamW)
 struct unit {
-    void *p;
+    void *p;      // NULL when the model reads the shard in place (world size 1)
     int bucket;   // whose weights it holds, -1: none
     int valid;    // gathered (or being gathered) since the last update
     void *issued; // the compute stream's point where its gather was issued (NULL on the CPU)
@@ -96,6 +96,9 @@ struct kiln_dp {
     int ahead; // layers gathered ahead of the computing one: the next and --prefetch more
     int keep;  // keep_gathered
     int whole; // accumulate_whole: ZeRO-3's gradients live whole in the model's buffer (as DDP's), not staged
+    // ZeRO-3 at world size 1: a bucket's shard is the whole bucket, laid out as its gathered copy would be,
+    // so the model reads the shard in place; the units only name the bucket, and hold no memory
+    int in_place;
     struct unit *top_w, *bottom_w; // the top and bottom buckets' gathered weights
     struct unit *slots;            // (K) the layers' between, slot l % K for layer l
     const size_t *layer_begin;     // the model's (L + 1), for windows into a gathered bucket
@@ -245,6 +248,7 @@ static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const st
     dp->ahead = 1 + (o->prefetch > 0 ? o->prefetch : 1);
     dp->keep = o->zero == 3 && o->keep_gathered;
     dp->whole = o->zero == 3 && o->accumulate_whole;
+    dp->in_place = o->zero == 3 && world == 1;
     // the layers between the top and bottom buckets (nb - 2 of them) each keep a slot, or share a ring
     dp->K = dp->keep ? (dp->nb > 3 ? dp->nb - 2 : 1) : 1 + dp->ahead;
     dp->n_ranges = kiln_dp_ranges_for(dp->bounds, dp->nb, world, rank, &dp->ranges);
@@ -300,7 +304,7 @@ void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp
         out->staging = (top + bottom + STAGING_SLOTS * mid) * gb;
         out->grad_shard = n * gb + (accum > 1 ? n * sizeof(float) : 0);
     }
-    if (dp.zero == 3) // the gathered top and bottom buckets, and the ring of layers
+    if (dp.zero == 3 && !dp.in_place) // the gathered top and bottom buckets, and the ring of layers
         out->gathered = (top + bottom + (size_t)dp.K * mid) * ab;
     if (dp.offload) { // master and moments in f32, and the pipeline's staging (two chunks each way)
         size_t chunk = n < dp.chunk ? n : dp.chunk;
@@ -541,10 +545,15 @@ static int bucket_chunks(const struct kiln_dp *dp, int i) {
 
 // Issues the gather of bucket i's compute weights into u (nothing when u holds them already). It is ordered
 // after everything the compute stream was given so far: the update of the shard, and the last reads of what
-// the slot held before.
+// the slot held before. Read in place, there is nothing to gather: u names the bucket for unit_use.
 static void unit_gather(struct kiln_dp *dp, struct unit *u, int i) {
     if (u->bucket == i && u->valid)
         return;
+    if (dp->in_place) {
+        u->bucket = i;
+        u->valid = 1;
+        return;
+    }
     if (dp->pipe) // the offloaded step has taken this bucket's shard up
         offload_wait(dp, bucket_chunks(dp, i));
     kiln_comm_wait_stream(dp->comm, u->work); // a gather never waited for (a slot is only reused once read)
@@ -564,16 +573,24 @@ static void unit_gather(struct kiln_dp *dp, struct unit *u, int i) {
     u->valid = 1;
 }
 
-// Points the model's weight windows of every segment in bucket i at u, once the gather is done (the compute
-// stream waits, not the host).
+// Points the model's weight windows of every segment in u's bucket at u, once the gather is done (the compute
+// stream waits, not the host). Read in place, they point at the bucket's shard, once the offloaded step has
+// taken it up (the host waits, as DDP's hooks do); without offload AdamW wrote it on the compute stream,
+// before the kernels that read it.
 static void unit_use(struct kiln_dp *dp, struct unit *u) {
     kiln_comm_wait_stream(dp->comm, u->work);
     u->work = NULL;
     const struct bucket *b = &dp->b[u->bucket];
     size_t ab = kiln_dtype_bytes(dp->be->act_dtype);
+    char *at = u->p;
+    if (dp->in_place) {
+        if (dp->pipe)
+            offload_wait(dp, bucket_chunks(dp, u->bucket));
+        at = (char *)dp->buf.weights + b->state_offset * ab;
+    }
     for (int s = 0; s < dp->n_seg; s++)
         if (dp->seg_begin[s] >= b->lo && dp->seg_begin[s] < b->hi)
-            kiln_gpt_set_weight_window(dp->g, s, (char *)u->p + (dp->seg_begin[s] - b->lo) * ab);
+            kiln_gpt_set_weight_window(dp->g, s, at + (dp->seg_begin[s] - b->lo) * ab);
 }
 
 // Layer l's unit: the bottom or top bucket's, or its slot in the ring.
@@ -1058,9 +1075,11 @@ static void attach_offload(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {
 }
 
 static void unit_alloc(struct kiln_dp *dp, struct unit *u, size_t elems) {
-    *u = (struct unit){.p = alloc_or_die(dp, elems * kiln_dtype_bytes(dp->be->act_dtype), "gathered weights"),
-                       .bucket = -1,
-                       .issued = dp->be->ops->event_create ? dp->be->ops->event_create(dp->be->ctx) : NULL};
+    *u = (struct unit){.bucket = -1};
+    if (dp->in_place)
+        return;
+    u->p = alloc_or_die(dp, elems * kiln_dtype_bytes(dp->be->act_dtype), "gathered weights");
+    u->issued = dp->be->ops->event_create ? dp->be->ops->event_create(dp->be->ctx) : NULL;
 }
 
 static void attach_zero3(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {

@@ -17,8 +17,9 @@
 // compute copy, compact like the moments. Its buckets are layers (the last one with the final norm and head,
 // the first with the embeddings; --bucket-mb does not apply), and each is all-gathered just before the model
 // reads it: from the model's forward_begin and layer_begin hooks, --prefetch layers ahead on the comm stream,
-// into a ring of 2 + prefetch slots (the top and bottom buckets stay gathered for the whole step). Gradients
-// go as under ZeRO-2. The whole master weights exist only in host memory, gathered for a checkpoint.
+// into a ring of 2 + prefetch slots (the top and bottom buckets stay gathered for the whole step); at world
+// size 1 the shard is the whole bucket, and the model reads it in place. Gradients go as under ZeRO-2. The
+// whole master weights exist only in host memory, gathered for a checkpoint.
 // Gradients are summed, not averaged: the loss of every rank is scaled by 1 / (tokens of the whole step).
 //
 // The global gradient norm is the same sum at every --zero level: each rank sums the squares of its own
@@ -81,7 +82,8 @@ void kiln_dp_model_opts(const struct kiln_dp *dp, struct kiln_gpt_opts *o);
 struct kiln_dp_mem {
     size_t staging;    // backend: ZeRO-2/3's gradient staging buffers
     size_t grad_shard; // backend: the reduced gradients of the rank's slices (with accumulation, their addend)
-    size_t gathered;   // backend: ZeRO-3's gathered weights (the top and bottom buckets, the ring of layers)
+    size_t gathered;   // backend: ZeRO-3's gathered weights (the top and bottom buckets, the ring of layers;
+                       // none at world size 1, where the shard is read in place)
     size_t host;       // --offload: host memory (master weights, moments, gradients, updated compute weights)
 };
 void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world, int rank,

@@ -4,7 +4,8 @@
 # ALiBi and QK-norm; --prefetch and --recompute do not change a bit; --offload=optimizer gives bitwise the weights
 # of the same run without it at every --zero level, and with a slow host that the next forward must wait for;
 # --zero3-accumulate=whole and --zero3-reshard-after-forward=0 keep the trajectory, communicate less and cost
-# the memory kiln info plans; checkpoints resume across every pair of --zero levels, with
+# the memory kiln info plans; in one process ZeRO-3 reads each shard in place (bitwise ZeRO-2's weights and
+# peak memory with the same buckets, no gathers); checkpoints resume across every pair of --zero levels, with
 # and without offload, on another world size; per-rank memory falls as the ranks grow and stays within 10% of
 # kiln info's plan; bad combinations fail with one line.
 source "$(dirname "$0")/lib.sh" zero3_mpi "$@"
@@ -165,8 +166,33 @@ for v in "rs0:--zero3-reshard-after-forward=0:deep" "whole:--zero3-accumulate=wh
   unset -n shape
 done
 
-# ---- memory: the measured peak against kiln info's per-rank plan, and 1/N ----
+# ---- one rank: each bucket's shard is the whole bucket, and the model reads it in place ----
+# At world size 1 ZeRO-3 is ZeRO-2 with ZeRO-3's buckets (a layer each, --bucket-mb=0.001): bitwise the same
+# weights, and the same peak memory, since no bucket is gathered into a copy of its own. A slow offloaded host
+# makes the forward's waits matter: a read of the shard before its chunk is up would change the bits.
 peak() { tail -1 "$1/metrics.jsonl" | grep -o '"peak_mem_bytes":[0-9]*' | cut -d: -f2; }
+"$KILN" train "${args[@]}" --max-steps=4 --zero=2 --bucket-mb=0.001 --out="$T/one2" 2>"$T/err" ||
+  bad "ZeRO-2 in one process: $(tail -3 "$T/err")"
+"$KILN" train "${args[@]}" --max-steps=4 --zero=3 --out="$T/one3" 2>"$T/err" ||
+  bad "ZeRO-3 in one process: $(tail -3 "$T/err")"
+same_weights "$T/one2" "$T/one3" && ok || bad "ZeRO-3 in one process: not the weights of ZeRO-2 with its buckets"
+[ -n "$(peak "$T/one3")" ] && [ "$(peak "$T/one3")" = "$(peak "$T/one2")" ] && ok ||
+  bad "ZeRO-3 in one process peaked at $(peak "$T/one3") bytes, ZeRO-2 with its buckets at $(peak "$T/one2")"
+slow "$KILN" train "${args[@]}" --max-steps=4 --zero=3 --offload=optimizer --prefetch=2 --recompute=block \
+  --out="$T/one3s" 2>"$T/err" || bad "ZeRO-3 in one process, slow host: $(tail -3 "$T/err")"
+same_weights "$T/one2" "$T/one3s" && ok || bad "ZeRO-3 in one process with a slow host changed the weights"
+# nothing is gathered, so at 8 layers keeping the gathered layers saves no collective (at 3 ranks it does)
+"$KILN" train "${deep[@]}" --zero=3 --out="$T/one_rs1" 2>"$T/err" || bad "8 layers, ZeRO-3: $(tail -3 "$T/err")"
+"$KILN" train "${deep[@]}" --zero=3 --zero3-reshard-after-forward=0 --out="$T/one_rs0" 2>"$T/err" ||
+  bad "8 layers, ZeRO-3, zero3-reshard-after-forward 0: $(tail -3 "$T/err")"
+a=$(ops "$T/one_rs1") b=$(ops "$T/one_rs0")
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "ZeRO-3 in one process gathers: collectives $a resharded, $b kept"
+# and kiln info plans what it holds (the CPU counts its allocations exactly)
+plan=$("$KILN" info "${args[@]}" --zero=3 --world=1 | grep -o 'per rank: [0-9]* bytes' | head -1 | grep -o '[0-9]*')
+[ -n "$plan" ] && [ "$plan" = "$(peak "$T/one3")" ] && ok ||
+  bad "ZeRO-3 in one process: measured peak $(peak "$T/one3") bytes, planned ${plan:-?}"
+
+# ---- memory: the measured peak against kiln info's per-rank plan, and 1/N ----
 planned() { "$KILN" info "${mem[@]}" --total-batch=$((16 * $1)) --zero=3 --world="$1" | grep -o 'per rank: [0-9]* bytes' | head -1 | grep -o '[0-9]*'; }
 state() { "$KILN" info "${mem[@]}" --total-batch=$((16 * $1)) --zero=3 --world="$1" | grep -o 'sharded state: [0-9]* bytes' | head -1 | grep -o '[0-9]*'; }
 mem=(--layers=12 --heads=2 --dim=96 --seq=16 --batch=1 --max-steps=2 --eval-every=0 --threads=1 --quiet)

@@ -157,6 +157,41 @@ static void test_zero3_plans_match_the_4_h100_peaks(void **state) {
     }
 }
 
+// The 1.3B shape's per-rank plan at 4k tokens, B=1, on `world` ranks, with one more option (zero, buckets)
+static void plan_1p3b(char *zero, char *bucket_mb, int world, struct kiln_rank_plan *rp) {
+    struct kiln_config c;
+    struct kiln_error e;
+    char *argv[] = {"--preset=gpt2-124m", "--layers=24", "--dim=2048", "--heads=16",
+                    "--pos=rope",         "--batch=1",   "--seq=4096", "--block-size=4096",
+                    "--device=cuda",      zero,          bucket_mb,    NULL};
+    if (kiln_config_parse(&c, 11, argv, &e))
+        fail_msg("config: %s", e.msg);
+    c.model.vocab_size = 50257;
+    c.world = world;
+    struct kiln_sp_layout sp;
+    if (kiln_config_validate(&c, &e) || kiln_sp_plan(&c, world, 0, world, &sp, &e))
+        fail_msg("%s: %s", zero, e.msg);
+    struct kiln_param_table pt;
+    kiln_params_build(&pt, &c.model);
+    kiln_rank_plan(&c, &pt, world, &sp, KILN_RECOMPUTE_SELECTIVE, KILN_BF16, kiln_config_grad_dtype(&c, 1), 0,
+                   rp);
+    kiln_params_free(&pt);
+}
+
+// At one rank ZeRO-3's shard of a bucket is the whole bucket, which the model reads in place: the plan holds
+// no gathered copies, and is ZeRO-2's with ZeRO-3's buckets (a layer each). At two ranks the gathered layers
+// are there.
+static void test_zero3_at_one_rank_plans_no_gathered_weights(void **state) {
+    (void)state;
+    struct kiln_rank_plan z3, z2, z3w2;
+    plan_1p3b("--zero=3", "--bucket-mb=25", 1, &z3);
+    plan_1p3b("--zero=2", "--bucket-mb=0.001", 1, &z2);
+    plan_1p3b("--zero=3", "--bucket-mb=25", 2, &z3w2);
+    assert_int_equal(z3.dp.gathered, 0);
+    assert_int_equal(z3.total, z2.total);
+    assert_true(z3w2.dp.gathered > 0);
+}
+
 // The margin: nothing under 1 GiB free, a budget that grows with the free memory, and KILN_MEM_BUDGET_MB in
 // its place (a bad value is ignored, with a line on stderr).
 static void test_budget_margin_and_override(void **state) {
@@ -179,6 +214,7 @@ int main(void) {
         cmocka_unit_test(test_auto_takes_what_fit_the_h100),
         cmocka_unit_test(test_long_context_plans_match_the_h100_peaks),
         cmocka_unit_test(test_zero3_plans_match_the_4_h100_peaks),
+        cmocka_unit_test(test_zero3_at_one_rank_plans_no_gathered_weights),
         cmocka_unit_test(test_budget_margin_and_override),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
