@@ -14,7 +14,8 @@
 #   weak     the older weak-scaling rows (DDP/ZeRO-1/2, fp32 and bf16 gradients, 124m and 350m)
 #   zero3    ZeRO-3 weak scaling against ZeRO-3 on 1 GPU, PyTorch FSDP2 beside it
 #   big      olmo-7b and llama-8b under ZeRO-3 at KILN_BIG_LENGTHS (4096 8192), --recompute=KILN_BIG_RECOMPUTE
-#            (auto: the least that fits; session 10 ran selective), KILN_BIG_BATCH sequences a GPU (1), KILN_BIG_MODELS;
+#            (auto: the least that fits; session 10 ran selective), KILN_BIG_BATCH sequences a GPU (1), KILN_BIG_MODELS,
+#            KILN_BIG_FLAGS (more kiln flags, e.g. --reduce-dtype=bf16);
 #            PyTorch FSDP2 beside llama-8b (KILN_BIG_TORCH= turns it off)
 #   long     the 1.3B shape under KILN_LONG_MODES (ulysses ring hybrid ring-wgmma hybrid-wgmma; -wgmma: the ring's blocks on the Hopper kernels) at KILN_LONG_LENGTHS (128k up), PyTorch's context
 #            parallelism beside it (bench/torch_cp.py)
@@ -308,14 +309,15 @@ if has big; then
       rm -rf /tmp/big
       touch "$OUT/big.log"
       n0=$(wc -l <"$OUT/big.log")
+      # shellcheck disable=SC2086 # (KILN_BIG_FLAGS: words)
       timeout "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset="$m" --seq="$T" --block-size="$T" --batch="${KILN_BIG_BATCH:-1}" \
         --zero=3 --recompute="${KILN_BIG_RECOMPUTE:-auto}" --data=random --max-steps=8 --warmup=2 --device="${KILN_BENCH_DEVICE:-cuda}" --eval-every=0 \
-        --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/big >>"$OUT/big.log" 2>&1
+        --checkpoint=0 --save-model=0 --quiet --log-every=1 ${KILN_BIG_FLAGS:-} --out=/tmp/big >>"$OUT/big.log" 2>&1
       rc=$?
       read -r ms tok gib mfu < <(kstats /tmp/big/metrics.jsonl)
       [ $rc -ne 0 ] && grep -v '^\s' "$OUT/big.log" | tail -1
       took=$(tail -n +$((n0 + 1)) "$OUT/big.log" | grep -o 'recompute=auto: [a-z]*' | tail -1) # what auto chose
-      echo "| $m ZeRO-3, T=$T, B=${KILN_BIG_BATCH:-1}, $NG GPUs, recompute ${KILN_BIG_RECOMPUTE:-auto} ${took:+($took)} | exit $rc: $(python3 -c "print(round($tok / $NG))" 2>/dev/null) tok/s per GPU, MFU $mfu%, $gib GiB, $ms ms/step |" |
+      echo "| $m ZeRO-3, T=$T, B=${KILN_BIG_BATCH:-1}, $NG GPUs, recompute ${KILN_BIG_RECOMPUTE:-auto} ${took:+($took)}${KILN_BIG_FLAGS:+ $KILN_BIG_FLAGS} | exit $rc: $(python3 -c "print(round($tok / $NG))" 2>/dev/null) tok/s per GPU, MFU $mfu%, $gib GiB, $ms ms/step |" |
         tee -a "$OUT/table.md"
       # PyTorch FSDP2 beside llama-8b (torchtitan's comparison): the same shape and batch, compiled per block,
       # whole-block activation checkpointing (PyTorch has no selective recompute of kiln's kind)
