@@ -1185,6 +1185,18 @@ static int wgb_takes(struct cuda_ctx *c, const struct blk_params &p, const bf16 
            ((uintptr_t)p.out & 3) == 0 && p.out_bs % 2 == 0 && p.out_rs % 2 == 0;
 }
 
+// what both kernels' parameters take from the block: its shape, causal offset, lse and scale
+template <typename W> static void wgb_shape(W &w, const struct blk_params &p) {
+    w.lse = p.lse;
+    w.lse_s = p.lse_s;
+    w.Tq = p.Tq;
+    w.Tk = p.Tk;
+    w.delta = p.q0 - p.k0;
+    w.NH = p.NH;
+    w.NKV = p.NKV;
+    w.scale_log2 = p.scale_log2;
+}
+
 // dq += scale R(q0 + i)^-1 acc: the block's f32 dQ accumulator (B, Tq, NH, HS; unscaled, rotated frame) into
 // the op's dq rows; one thread a column pair (d, d + HS/2) of a row, grid-stride
 // (rows B Tq NH < 2^32: the row's (b, i, h) by 32-bit divisions, not the 64-bit ones the GPU runs in software)
@@ -1223,19 +1235,12 @@ int blk_wgmma_forward(struct cuda_ctx *c, const struct blk_params &p, const bf16
         wg_map(&w.tk, k, HS, p.NKV, p.Tk, p.B, k_rs, k_bs, BN) ||
         wg_map(&w.tv, p.v, HS, p.NKV, p.Tk, p.B, p.kv_rs, p.kv_bs, BN))
         return 0;
+    wgb_shape(w, p);
     w.out = p.out;
-    w.lse = p.lse;
     w.out_bs = p.out_bs;
     w.out_rs = p.out_rs;
-    w.lse_s = p.lse_s;
-    w.Tq = p.Tq;
-    w.Tk = p.Tk;
-    w.delta = p.q0 - p.k0;
-    w.NH = p.NH;
-    w.NKV = p.NKV;
     w.B = p.B;
     w.accumulate = p.accumulate;
-    w.scale_log2 = p.scale_log2;
     if (HS == 64)
         wg_launch<64, BN>(c, w, p.B);
     else
@@ -1263,8 +1268,7 @@ int blk_wgmma_backward(struct cuda_ctx *c, const struct blk_params &p, const bf1
         wg_map(&w.tk, k, HS, p.NKV, p.Tk, p.B, k_rs, k_bs, WB_BN) ||
         wg_map(&w.tv, p.v, HS, p.NKV, p.Tk, p.B, p.kv_rs, p.kv_bs, WB_BN))
         return 0;
-    w.lse = p.lse;
-    w.lse_s = p.lse_s;
+    wgb_shape(w, p);
     w.dsum = p.dsum;
     size_t nq = (size_t)p.B * p.Tq * p.NH * HS * sizeof(float);
     w.dq_acc = (float *)kiln_cuda_scratch(c, SCR_ATTN_DQ, nq);
@@ -1278,13 +1282,7 @@ int blk_wgmma_backward(struct cuda_ctx *c, const struct blk_params &p, const bf1
         w.cos_tab = p.cos_tab + (size_t)p.k0 * (HS / 2);
         w.sin_tab = p.sin_tab + (size_t)p.k0 * (HS / 2);
     }
-    w.Tq = p.Tq;
-    w.Tk = p.Tk;
-    w.delta = p.q0 - p.k0;
-    w.NH = p.NH;
-    w.NKV = p.NKV;
     w.scale = p.scale;
-    w.scale_log2 = p.scale_log2;
     int tma = wb_dq_tma() && !wb_dq_map(&w.tdq, w.dq_acc, HS, p.NH, p.Tq, p.B);
     if (HS == 64)
         tma ? wb_launch<64, true>(c, w, p.B) : wb_launch<64, false>(c, w, p.B);
