@@ -11,7 +11,8 @@
 // containing 90a, an sm_90 device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward and
 // backward, both wgmma + TMA), follows; its `fwd/new` and `bwd/new` columns are its speedups over the FA2
 // forward and single-pass backward of `new`, `f+b` the two together (its backward adds dQ by TMA's reduce-add,
-// the default); then wgmma-red, the same with dQ added by vector REDs (KILN_WGMMA_DQ=red). The last line counts CHECK-FAILs (exit 1 if
+// the default); then wgmma-red, the same with dQ added by vector REDs (KILN_WGMMA_DQ=red), and wgmma-pp, the
+// default with the forward's consumers in turns (KILN_WGMMA_FWD=pingpong). The last line counts CHECK-FAILs (exit 1 if
 // any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
@@ -127,12 +128,13 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
              pos == KILN_POS_ROPE    ? "rope"
              : pos == KILN_POS_ALIBI ? "alibi"
                                      : "none");
-    // (wgmma-red: the wgmma backward with dQ added by vector REDs, KILN_WGMMA_DQ=red)
-    const char *names[7] = {"ref", "det", "new", "new-v1", "new-v2", "wgmma", "wgmma-red"};
-    const char *attn[7] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma"};
-    const char *var[7] = {"0", "0", "0", "1", "2", "0", "0"};
-    int det[7] = {0, 1, 0, 0, 0, 0, 0};
-    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 7 : 5;
+    // (wgmma-red: the wgmma backward with dQ added by vector REDs, KILN_WGMMA_DQ=red; wgmma-pp: the wgmma
+    // forward with the consumers' wgmmas in turns, KILN_WGMMA_FWD=pingpong)
+    const char *names[8] = {"ref", "det", "new", "new-v1", "new-v2", "wgmma", "wgmma-red", "wgmma-pp"};
+    const char *attn[8] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma", "wgmma"};
+    const char *var[8] = {"0", "0", "0", "1", "2", "0", "0", "0"};
+    int det[8] = {0, 1, 0, 0, 0, 0, 0, 0};
+    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 8 : 5;
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);
     std::vector<float> r_out(n_out), r_lse(n_lse), r_d(n_qkv), x_out(n_out), x_lse(n_lse), x_d(n_qkv);
     std::vector<float> nan_fill(n_qkv, NAN);
@@ -143,6 +145,10 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
             setenv("KILN_WGMMA_DQ", "red", 1);
         else
             unsetenv("KILN_WGMMA_DQ");
+        if (k == 7)
+            setenv("KILN_WGMMA_FWD", "pingpong", 1);
+        else
+            unsetenv("KILN_WGMMA_FWD");
         c->deterministic = det[k];
         ops->upload_f32(be->ctx, dqkv, KILN_BF16, nan_fill.data(), n_qkv); // every element must be written
         ops->attention_forward(be->ctx, &fa);
@@ -189,6 +195,7 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
     }
     set_path(NULL, "0");
     unsetenv("KILN_WGMMA_DQ");
+    unsetenv("KILN_WGMMA_FWD");
     c->deterministic = 0;
     ops->free(be->ctx, qkv);
     ops->free(be->ctx, dqkv);

@@ -956,19 +956,24 @@ static void test_attention_wgmma_matches_cpu(void **state) {
         skip(); // reported as skipped, not passed
     }
     setenv("KILN_ATTN", "wgmma", 1);
-    printf("attention path: wgmma\n");
-    attention_case(e, 1, 17, 4, 1, 64, KILN_POS_ALIBI);
-    attention_case(e, 1, 17, 2, 2, 128, KILN_POS_ROPE);
-    attention_case(e, 2, 129, 6, 2, 64, KILN_POS_ROPE);
-    attention_case(e, 2, 129, 4, 4, 128, KILN_POS_ALIBI);
-    attention_case(e, 1, 1024, 4, 2, 64, KILN_POS_NONE);
-    attention_case(e, 1, 1024, 4, 1, 128, KILN_POS_ROPE);
-    attention_case(e, 1, 1024, 6, 3, 64, KILN_POS_ALIBI);
-    attention_case(e, 1, 1024, 2, 2, 128, KILN_POS_ALIBI);
-    attention_case(e, 1, 300, 8, 2, 128, KILN_POS_NONE);
-    strided_attention_case(e, &e->gpu, 2, 129, 4, 1, 64, KILN_POS_ROPE, 384 + 1024, 384 + 1024);
-    strided_attention_case(e, &e->gpu, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
-    strided_attention_case(e, &e->gpu, 2, 65, 4, 2, 64, KILN_POS_NONE, 512 + 7, 512 + 3); // FA2 fallback
+    // the forward both ways (KILN_WGMMA_FWD): each consumer on its own (the default), and in turns
+    for (int pp = 0; pp < 2; pp++) {
+        setenv("KILN_WGMMA_FWD", pp ? "pingpong" : "overlap", 1);
+        printf("attention path: wgmma, forward %s\n", pp ? "ping-pong (KILN_WGMMA_FWD=pingpong)" : "overlap");
+        attention_case(e, 1, 17, 4, 1, 64, KILN_POS_ALIBI);
+        attention_case(e, 1, 17, 2, 2, 128, KILN_POS_ROPE);
+        attention_case(e, 2, 129, 6, 2, 64, KILN_POS_ROPE);
+        attention_case(e, 2, 129, 4, 4, 128, KILN_POS_ALIBI);
+        attention_case(e, 1, 1024, 4, 2, 64, KILN_POS_NONE);
+        attention_case(e, 1, 1024, 4, 1, 128, KILN_POS_ROPE);
+        attention_case(e, 1, 1024, 6, 3, 64, KILN_POS_ALIBI);
+        attention_case(e, 1, 1024, 2, 2, 128, KILN_POS_ALIBI);
+        attention_case(e, 1, 300, 8, 2, 128, KILN_POS_NONE);
+        strided_attention_case(e, &e->gpu, 2, 129, 4, 1, 64, KILN_POS_ROPE, 384 + 1024, 384 + 1024);
+        strided_attention_case(e, &e->gpu, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
+        strided_attention_case(e, &e->gpu, 2, 65, 4, 2, 64, KILN_POS_NONE, 512 + 7, 512 + 3); // FA2 fallback
+    }
+    unsetenv("KILN_WGMMA_FWD");
     unsetenv("KILN_ATTN");
     end_test(e);
 }

@@ -254,6 +254,22 @@ static __device__ __forceinline__ void consumer_bar_sync(int cw) {
     else
         asm volatile("bar.sync 3, 128;\n" ::: "memory");
 }
+// The forward's ping-pong (FlashAttention-3's warp scheduling, KILN_WGMMA_FWD=pingpong): consumer cw waits
+// for its turn at barrier 4 + cw (its own 128 threads sync there, the other consumer's 128 arrive) before it
+// issues a step's wgmmas, and gives the turn to the other (arrives at its barrier) once they are issued; so
+// the tensor cores take the two consumers' matrix products in turn while the other runs its softmax.
+static __device__ __forceinline__ void pp_turn_wait(int cw) {
+    if (cw == 0)
+        asm volatile("bar.sync 4, 256;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 5, 256;\n" ::: "memory");
+}
+static __device__ __forceinline__ void pp_turn_give(int cw) {
+    if (cw == 0)
+        asm volatile("bar.arrive 5, 256;\n" ::: "memory");
+    else
+        asm volatile("bar.arrive 4, 256;\n" ::: "memory");
+}
 static __device__ __forceinline__ void st_shared_v2f(uint32_t addr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
@@ -355,7 +371,10 @@ template <int BN> static __device__ __forceinline__ void wg_pack_p(uint32_t (*pa
 // overlap the last one's tail and epilogue. Within a consumer warpgroup, FA3's intra-warpgroup overlap: the S
 // = Q K^T wgmma of tile j is issued together with the P V wgmma of tile j - 1, and the softmax of tile j runs
 // while P V is still on the tensor cores.
-template <int HS, int BN>
+// PP: the two consumers' wgmmas in turns (pp_turn_wait); both then run every key tile of an item (no n_mine
+// shortcut), so that their turns pair up: n_kv + 1 turns each an item, and consumer 0's extra wait at the end
+// takes consumer 1's first give (which opens the kernel).
+template <int HS, int BN, bool PP>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_fwd_kernel(const __grid_constant__ struct wg_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -430,6 +449,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     int cw = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
     int kc = 0, ic = 0;
+    if (PP && cw == 1)
+        pp_turn_give(1); // consumer 0 goes first
     for (int w = blockIdx.x; w < n_items; w += gridDim.x, ic++) {
         int qt, b, h;
         wg_item(w, n_qt, p.NH, p.B, &qt, &b, &h);
@@ -439,8 +460,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         int qi[2] = {qw0 + warp * 16 + g, qw0 + warp * 16 + g + 8}; // the two rows this thread holds
         // the keys' index of the last key each row sees (the mask's bound; qi itself for the whole sequence)
         int qv[2] = {qi[0] + p.delta, qi[1] + p.delta};
-        // tiles with a key visible to this warpgroup's last row (the rest are all masked)
-        int n_mine = min(n_kv, (qw0 + 63 + p.delta) / BN + 1);
+        // tiles with a key visible to this warpgroup's last row (the rest are all masked; PP runs them all)
+        int n_mine = PP ? n_kv : min(n_kv, (qw0 + 63 + p.delta) / BN + 1);
         float slope2 = p.alibi ? alibi_slope(h, p.NH) * WG_LOG2E : 0.0f;
         uint32_t q_mine = q_s + qb * Q_BYTES + cw * 64 * 128; // this warpgroup's 64 rows of buffer qb
 
@@ -456,10 +477,14 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             int st = kc % NS;
             uint32_t par = (kc / NS) & 1;
             mbar_wait(k_full + 8 * st, par);
+            if (PP)
+                pp_turn_wait(cw);
             reg_fence<BN / 2>(s);
             wgmma_fence();
             wg_qk<HS, BN>(s, q_mine, k_s + st * KV_BYTES);
             wgmma_commit();
+            if (PP)
+                pp_turn_give(cw);
             wgmma_wait<0>();
             reg_fence<BN / 2>(s);
             mbar_arrive(k_empty + 8 * st);
@@ -471,16 +496,23 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             int st = (kc + j) % NS, sp = (kc + j - 1) % NS, k0 = j * BN;
             uint32_t par = ((kc + j) / NS) & 1, parp = ((kc + j - 1) / NS) & 1;
             mbar_wait(k_full + 8 * st, par);
+            if (PP) { // (V too before the turn: a turn is not held while a load lands)
+                mbar_wait(v_full + 8 * sp, parp);
+                pp_turn_wait(cw);
+            }
             reg_fence<BN / 2>(s);
             reg_fence<HS / 2>(o);
             reg_fence_u32<BN / 4>(&pa[0][0]); // the packs may not sink below the wgmma.fence
             wgmma_fence();
             wg_qk<HS, BN>(s, q_mine, k_s + st * KV_BYTES); // S(j)
             wgmma_commit();
-            mbar_wait(v_full + 8 * sp, parp);
+            if (!PP)
+                mbar_wait(v_full + 8 * sp, parp);
             wgmma_fence(); // orders nothing new, but ptxas would insert it (C7519) if it were left out
             wg_pv<HS, BN>(o, pa, v_s + sp * KV_BYTES); // O += P(j - 1) V(j - 1)
             wgmma_commit();
+            if (PP)
+                pp_turn_give(cw);
             wgmma_wait<1>(); // S(j) done; P V may still run
             reg_fence<BN / 2>(s);
             mbar_arrive(k_empty + 8 * st);
@@ -498,11 +530,15 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         { // the last tile's P V
             int sp = (kc + n_mine - 1) % NS;
             mbar_wait(v_full + 8 * sp, ((kc + n_mine - 1) / NS) & 1);
+            if (PP)
+                pp_turn_wait(cw);
             reg_fence<HS / 2>(o);
             reg_fence_u32<BN / 4>(&pa[0][0]);
             wgmma_fence();
             wg_pv<HS, BN>(o, pa, v_s + sp * KV_BYTES);
             wgmma_commit();
+            if (PP)
+                pp_turn_give(cw);
             wgmma_wait<0>();
             reg_fence<HS / 2>(o);
             reg_fence_u32<BN / 4>(&pa[0][0]);
@@ -567,6 +603,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                     lg[qi[r]] = lse_n[r];
         }
     }
+    if (PP && cw == 0)
+        pp_turn_wait(0); // consumer 1's last give: every arrival at barriers 4 and 5 is taken
 #endif
 }
 
@@ -994,12 +1032,29 @@ static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, 
     return r != CUDA_SUCCESS;
 }
 
-template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct wg_params &p, int B) {
+template <int HS, int BN, bool PP> static void wg_launch_pp(struct cuda_ctx *c, const struct wg_params &p, int B) {
     size_t smem = wg_smem_bytes<HS, BN>();
-    set_smem(wg_fwd_kernel<HS, BN>, smem);
+    set_smem(wg_fwd_kernel<HS, BN, PP>, smem);
     int items = KILN_CEIL_DIV(p.Tq, WG_BM) * B * p.NH;
-    wg_fwd_kernel<HS, BN><<<min(items, c->prop.multiProcessorCount), WG_THREADS, smem, c->stream>>>(p);
+    wg_fwd_kernel<HS, BN, PP><<<min(items, c->prop.multiProcessorCount), WG_THREADS, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
+}
+
+// KILN_WGMMA_FWD (read on every call, so that a test or attn_bench can compare both in one process): overlap
+// (the default: each consumer overlaps its softmax with its own P V, no order between the consumers) or
+// pingpong (also the consumers' wgmmas in turns, FlashAttention-3's warp scheduling; written in session 11
+// without a GPU).
+static int wg_fwd_pingpong(void) {
+    static const char *const names[] = {"overlap", "pingpong"};
+    static int told;
+    return kiln_cuda_env_choice("KILN_WGMMA_FWD", names, 2, &told) == 1;
+}
+
+template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct wg_params &p, int B) {
+    if (wg_fwd_pingpong())
+        wg_launch_pp<HS, BN, true>(c, p, B);
+    else
+        wg_launch_pp<HS, BN, false>(c, p, B);
 }
 
 template <int HS, bool DQ_TMA>
