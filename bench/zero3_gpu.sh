@@ -79,10 +79,11 @@ if [ "$PART" = fsdp ] || [ "$PART" = all ] || [ "$PART" = trace ]; then
       --zero3-accumulate=whole
     bench "1.3b-offload" 8192 10 "${s13[@]}" --offload=optimizer
   fi
-  # does the prefetch overlap? a CUDA-event trace of each gather against the compute stream (KILN_TRACE_COMM)
+  # does the prefetch overlap? a CUDA-event trace of each gather against the compute stream (KILN_TRACE_COMM;
+  # at world size 1 ZeRO-3 reads its shard in place unless KILN_ZERO3_GATHER=1 makes it gather)
   for pf in 1 2; do
     rm -rf /tmp/z3_trace
-    KILN_TRACE_COMM=/tmp/z3_trace.csv timeout 200 "$BUILD/kiln" train "${s13[@]}" --comm=nccl --zero=3 \
+    KILN_ZERO3_GATHER=1 KILN_TRACE_COMM=/tmp/z3_trace.csv timeout 200 "$BUILD/kiln" train "${s13[@]}" --comm=nccl --zero=3 \
       --prefetch=$pf --data=random --max-steps=8 --device=cuda --eval-every=0 --checkpoint=0 --save-model=0 \
       --quiet --out=/tmp/z3_trace >/dev/null 2>&1
     echo "prefetch $pf:" | tee -a "$OUT/table.md"

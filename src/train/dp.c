@@ -248,7 +248,7 @@ static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const st
     dp->ahead = 1 + (o->prefetch > 0 ? o->prefetch : 1);
     dp->keep = o->zero == 3 && o->keep_gathered;
     dp->whole = o->zero == 3 && o->accumulate_whole;
-    dp->in_place = o->zero == 3 && world == 1;
+    dp->in_place = o->zero == 3 && world == 1 && !o->gather_at_one;
     // the layers between the top and bottom buckets (nb - 2 of them) each keep a slot, or share a ring
     dp->K = dp->keep ? (dp->nb > 3 ? dp->nb - 2 : 1) : 1 + dp->ahead;
     dp->n_ranges = kiln_dp_ranges_for(dp->bounds, dp->nb, world, rank, &dp->ranges);

@@ -45,6 +45,8 @@ struct kiln_dp_opts {
     int offload_delay_us; // tests: the host's AdamW sleeps this long before each chunk
     int poison_staging;   // tests: ZeRO-2/3's staging buffers are filled with NaN before each use, so that
                           // any element the backward does not assign (and that is not padding) shows
+    int gather_at_one;    // measurements: ZeRO-3 gathers at world size 1 too, instead of reading in place
+                          // (to trace the prefetch's overlap on one GPU)
 };
 
 // One contiguous range of the flat parameter buffer that this rank owns, and where its AdamW moments sit.

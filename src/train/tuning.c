@@ -18,7 +18,9 @@ void kiln_gpt_tuning_from_env(struct kiln_gpt_opts *o) {
 void kiln_dp_tuning_from_env(struct kiln_dp_opts *o) {
     const char *chunk = getenv("KILN_OFFLOAD_CHUNK");
     const char *delay = getenv("KILN_OFFLOAD_DELAY_US"), *poison = getenv("KILN_POISON_STAGING");
+    const char *gather = getenv("KILN_ZERO3_GATHER");
     o->offload_chunk = chunk ? strtoull(chunk, NULL, 10) : 0;
     o->offload_delay_us = delay ? atoi(delay) : 0;
     o->poison_staging = poison && strcmp(poison, "1") == 0;
+    o->gather_at_one = gather && strcmp(gather, "1") == 0;
 }

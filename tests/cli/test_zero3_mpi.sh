@@ -187,6 +187,12 @@ same_weights "$T/one2" "$T/one3s" && ok || bad "ZeRO-3 in one process with a slo
   bad "8 layers, ZeRO-3, zero3-reshard-after-forward 0: $(tail -3 "$T/err")"
 a=$(ops "$T/one_rs1") b=$(ops "$T/one_rs0")
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "ZeRO-3 in one process gathers: collectives $a resharded, $b kept"
+# KILN_ZERO3_GATHER=1 (for a trace of the prefetch on one GPU) gathers anyway: more collectives, same weights
+KILN_ZERO3_GATHER=1 "$KILN" train "${deep[@]}" --zero=3 --out="$T/one_g" 2>"$T/err" ||
+  bad "8 layers, ZeRO-3, KILN_ZERO3_GATHER=1: $(tail -3 "$T/err")"
+c=$(ops "$T/one_g")
+[ -n "$c" ] && [ -n "$a" ] && [ "${c##* }" -gt "${a##* }" ] && same_weights "$T/one_rs1" "$T/one_g" && ok ||
+  bad "KILN_ZERO3_GATHER=1 in one process: collectives ${c:-?} against ${a:-?} in place, or other weights"
 # and kiln info plans what it holds (the CPU counts its allocations exactly)
 plan=$("$KILN" info "${args[@]}" --zero=3 --world=1 | grep -o 'per rank: [0-9]* bytes' | head -1 | grep -o '[0-9]*')
 [ -n "$plan" ] && [ "$plan" = "$(peak "$T/one3")" ] && ok ||
