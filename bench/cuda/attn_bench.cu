@@ -10,10 +10,10 @@
 // and the backward's speedup over det. Where the Hopper kernels apply (a build with KILN_CUDA_ARCHS
 // containing 90a, an sm_90 device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward and
 // backward, both wgmma + TMA), follows; its `fwd/new` and `bwd/new` columns are its speedups over the FA2
-// forward and single-pass backward of `new`, `f+b` the two together (its backward adds dQ by TMA's reduce-add,
-// the default); then wgmma-red, the same with dQ added by vector REDs (KILN_WGMMA_DQ=red), and wgmma-pp, the
-// default with the forward's consumers in turns (KILN_WGMMA_FWD=pingpong). The last line counts CHECK-FAILs (exit 1 if
-// any).
+// forward and single-pass backward of `new`, `f+b` the two together (its backward adds dQ by TMA's
+// reduce-add, the default); then wgmma-red, the same with dQ added by vector REDs (KILN_WGMMA_DQ=red), and
+// wgmma-pp, the default with the forward's consumers in turns (KILN_WGMMA_FWD=pingpong). The last line counts
+// CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
 //          attn_bench wgmma           (correctness shapes, then wgmma vs FA2 at T 1024/2048, HS 64/128)

@@ -372,8 +372,9 @@ template <int BN> static __device__ __forceinline__ void wg_pack_p(uint32_t (*pa
 // = Q K^T wgmma of tile j is issued together with the P V wgmma of tile j - 1, and the softmax of tile j runs
 // while P V is still on the tensor cores.
 // PP: the two consumers' wgmmas in turns (pp_turn_wait); both then run every key tile of an item (no n_mine
-// shortcut), so that their turns pair up: n_kv + 1 turns each an item, and consumer 0's extra wait at the end
-// takes consumer 1's first give (which opens the kernel).
+// shortcut: it skips a tile only in blocks whose offset delta puts a key tile wholly after consumer 0's rows,
+// never in the whole sequence or the zigzag ring's blocks), so that their turns pair up: n_kv + 1 turns each
+// an item, and consumer 0's extra wait at the end takes consumer 1's first give (which opens the kernel).
 template <int HS, int BN, bool PP>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_fwd_kernel(const __grid_constant__ struct wg_params p) {
@@ -496,18 +497,15 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             int st = (kc + j) % NS, sp = (kc + j - 1) % NS, k0 = j * BN;
             uint32_t par = ((kc + j) / NS) & 1, parp = ((kc + j - 1) / NS) & 1;
             mbar_wait(k_full + 8 * st, par);
-            if (PP) { // (V too before the turn: a turn is not held while a load lands)
-                mbar_wait(v_full + 8 * sp, parp);
+            if (PP)
                 pp_turn_wait(cw);
-            }
             reg_fence<BN / 2>(s);
             reg_fence<HS / 2>(o);
             reg_fence_u32<BN / 4>(&pa[0][0]); // the packs may not sink below the wgmma.fence
             wgmma_fence();
             wg_qk<HS, BN>(s, q_mine, k_s + st * KV_BYTES); // S(j)
             wgmma_commit();
-            if (!PP)
-                mbar_wait(v_full + 8 * sp, parp);
+            mbar_wait(v_full + 8 * sp, parp);
             wgmma_fence(); // orders nothing new, but ptxas would insert it (C7519) if it were left out
             wg_pv<HS, BN>(o, pa, v_s + sp * KV_BYTES); // O += P(j - 1) V(j - 1)
             wgmma_commit();
@@ -603,8 +601,10 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                     lg[qi[r]] = lse_n[r];
         }
     }
-    if (PP && cw == 0)
+    if (PP && cw == 0) {
+        __syncwarp();    // (the epilogue's branches reconverged before the aligned barrier)
         pp_turn_wait(0); // consumer 1's last give: every arrival at barriers 4 and 5 is taken
+    }
 #endif
 }
 
@@ -693,7 +693,8 @@ static __device__ __forceinline__ void wb_add_frag(bf16 *base, int stride, int t
                 continue;
             __nv_bfloat162 *dst = (__nv_bfloat162 *)(base + (size_t)t * stride + d);
             float2 old = __bfloat1622float2(*dst);
-            *dst = __floats2bfloat162_rn(fmaf(x[dt][2 * hi], mul, old.x), fmaf(x[dt][2 * hi + 1], mul, old.y));
+            *dst =
+                __floats2bfloat162_rn(fmaf(x[dt][2 * hi], mul, old.x), fmaf(x[dt][2 * hi + 1], mul, old.y));
         }
     }
 }
@@ -721,7 +722,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     int b = blockIdx.y / p.NKV, kvh = blockIdx.y % p.NKV, group = p.NH / p.NKV;
     int k0 = kt * WB_BN;
     // the first query tile with a row that sees key k0, and the tiles from it on
-    int qt0 = max(k0 - p.delta, 0) / WB_BM, n_q = max(KILN_CEIL_DIV(p.Tq, WB_BM) - qt0, 0), n_it = group * n_q;
+    int qt0 = max(k0 - p.delta, 0) / WB_BM, n_q = max(KILN_CEIL_DIV(p.Tq, WB_BM) - qt0, 0),
+        n_it = group * n_q;
     int wg = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
@@ -1023,16 +1025,18 @@ static int wg_map(CUtensorMap *map, const bf16 *base, int HS, int heads, int T, 
     if (r != CUDA_SUCCESS) { // the opt-in path would fall back silently: say so once, so a run is not misread
         static int warned;
         if (!warned)
-            fprintf(stderr,
-                    "kiln: Hopper attention: cuTensorMapEncodeTiled failed (CUresult %d), using FA2 (the ring's "
-                    "blocks: the tensor-core block kernels)\n",
-                    (int)r);
+            fprintf(
+                stderr,
+                "kiln: Hopper attention: cuTensorMapEncodeTiled failed (CUresult %d), using FA2 (the ring's "
+                "blocks: the tensor-core block kernels)\n",
+                (int)r);
         warned = 1;
     }
     return r != CUDA_SUCCESS;
 }
 
-template <int HS, int BN, bool PP> static void wg_launch_pp(struct cuda_ctx *c, const struct wg_params &p, int B) {
+template <int HS, int BN, bool PP>
+static void wg_launch_pp(struct cuda_ctx *c, const struct wg_params &p, int B) {
     size_t smem = wg_smem_bytes<HS, BN>();
     set_smem(wg_fwd_kernel<HS, BN, PP>, smem);
     int items = KILN_CEIL_DIV(p.Tq, WG_BM) * B * p.NH;
@@ -1216,16 +1220,16 @@ extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const stru
 #endif
 }
 
-// ---- the block op's blocks (ring and hybrid sequence parallelism; attention_block.cu) ----------------------
-// One block of queries [q0, q0 + Tq) against keys [k0, k0 + Tk) (global positions) on the kernels above, for
-// KILN_ATTN_BLOCK=wgmma: key j is visible to query i when k0 + j <= q0 + i, so delta = q0 - k0. With
-// q0 >= k0, as in every block the zigzag ring gives them (its diagonal blocks, q0 = k0, and blocks with every
-// key before every query), each query sees key 0 and the kernels' loops hold; other blocks, ALiBi (its slopes
-// need the global head, which these kernels do not take) and unaligned tensors return 0 and the tensor-core
-// block kernels run. q and k are the call's sources after RoPE (attention_block_tc.cu rotates them into
-// scratch at their global positions; rows q_rs / k_rs and batches q_bs / k_bs apart). The forward merges
-// into out and lse as the block kernels do; the backward adds to dq, dk and dv (each element read, added in
-// f32 and rounded once), and needs p.dsum.
+// ---- the ring's blocks (the block op of ring and hybrid sequence parallelism) ----------------------------
+// One block of queries [q0, q0 + Tq) against keys [k0, k0 + Tk) (global positions) on the kernels above,
+// for KILN_ATTN_BLOCK=wgmma: key j is visible to query i when k0 + j <= q0 + i, so delta = q0 - k0. With
+// q0 >= k0, as in every block the zigzag ring gives them (its diagonal blocks, q0 = k0, and blocks with
+// every key before every query), each query sees key 0 and the kernels' loops hold; other blocks, ALiBi
+// (its slopes need the global head, which these kernels do not take) and unaligned tensors return 0 and the
+// tensor-core block kernels run. q and k are the call's sources after RoPE (attention_block_tc.cu rotates
+// them into scratch at their global positions; rows q_rs / k_rs and batches q_bs / k_bs apart). The forward
+// merges into out and lse as the block kernels do; the backward adds to dq, dk and dv (each element read,
+// added in f32 and rounded once), and needs p.dsum.
 
 #if defined(KILN_HAVE_SM90A)
 static int wgb_al16(const void *x, size_t bs, int rs) {
@@ -1235,9 +1239,10 @@ static int wgb_al16(const void *x, size_t bs, int rs) {
 // the kernels' part of a block: what both directions require
 static int wgb_takes(struct cuda_ctx *c, const struct blk_params &p, const bf16 *q, size_t q_bs, int q_rs,
                      const bf16 *k, size_t k_bs, int k_rs) {
-    return kiln_cuda_wgmma_attention_available(c) && (p.HS == 64 || p.HS == 128) && !p.alibi && p.q0 >= p.k0 &&
-           p.Tk > 0 && wgb_al16(q, q_bs, q_rs) && wgb_al16(k, k_bs, k_rs) && wgb_al16(p.v, p.kv_bs, p.kv_rs) &&
-           ((uintptr_t)p.out & 3) == 0 && p.out_bs % 2 == 0 && p.out_rs % 2 == 0;
+    return kiln_cuda_wgmma_attention_available(c) && (p.HS == 64 || p.HS == 128) && !p.alibi &&
+           p.q0 >= p.k0 && p.Tk > 0 && wgb_al16(q, q_bs, q_rs) && wgb_al16(k, k_bs, k_rs) &&
+           wgb_al16(p.v, p.kv_bs, p.kv_rs) && ((uintptr_t)p.out & 3) == 0 && p.out_bs % 2 == 0 &&
+           p.out_rs % 2 == 0;
 }
 
 // what both kernels' parameters take from the block: its shape, causal offset, lse and scale
@@ -1254,13 +1259,15 @@ template <typename W> static void wgb_shape(W &w, const struct blk_params &p) {
 
 // dq += scale R(q0 + i)^-1 acc: the block's f32 dQ accumulator (B, Tq, NH, HS; unscaled, rotated frame) into
 // the op's dq rows; one thread a column pair (d, d + HS/2) of a row, grid-stride
-// (rows B Tq NH < 2^32: the row's (b, i, h) by 32-bit divisions, not the 64-bit ones the GPU runs in software)
+// (rows B Tq NH < 2^32: the row's (b, i, h) by 32-bit divisions, not the 64-bit ones the GPU runs in
+// software)
 template <int HS>
 static __global__ void wgb_dq_add_kernel(bf16 *dq, size_t q_bs, int q_rs, const float *acc, int B, int Tq,
                                          int NH, float scale, const float *ct, const float *st, int q0) {
     constexpr int half = HS / 2;
     size_t n = (size_t)B * Tq * NH * half;
-    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
         int d = (int)(e & (half - 1));
         unsigned r = (unsigned)(e / half), bi = r / (unsigned)NH; // r = (b Tq + i) NH + h
         int h = (int)(r - bi * (unsigned)NH), i = (int)(bi % (unsigned)Tq), b = (int)(bi / (unsigned)Tq);
