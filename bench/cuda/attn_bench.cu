@@ -12,8 +12,9 @@
 // backward, both wgmma + TMA), follows; its `fwd/new` and `bwd/new` columns are its speedups over the FA2
 // forward and single-pass backward of `new`, `f+b` the two together (its backward adds dQ by TMA's
 // reduce-add, the default); then wgmma-red, the same with dQ added by vector REDs (KILN_WGMMA_DQ=red), and
-// wgmma-pp, the default with the forward's consumers in turns (KILN_WGMMA_FWD=pingpong). The last line counts
-// CHECK-FAILs (exit 1 if any).
+// wgmma-pp, the default with the forward's consumers in turns (KILN_WGMMA_FWD=pingpong), and wgmma-split,
+// with the backward's dQ split by columns between its consumers (KILN_WGMMA_DQ=tma-split). The last line
+// counts CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
 //          attn_bench wgmma           (correctness shapes, then wgmma vs FA2 at T 1024/2048, HS 64/128)
@@ -130,19 +131,21 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
                                      : "none");
     // (wgmma-red: the wgmma backward with dQ added by vector REDs, KILN_WGMMA_DQ=red; wgmma-pp: the wgmma
     // forward with the consumers' wgmmas in turns, KILN_WGMMA_FWD=pingpong)
-    const char *names[8] = {"ref", "det", "new", "new-v1", "new-v2", "wgmma", "wgmma-red", "wgmma-pp"};
-    const char *attn[8] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma", "wgmma"};
-    const char *var[8] = {"0", "0", "0", "1", "2", "0", "0", "0"};
-    int det[8] = {0, 1, 0, 0, 0, 0, 0, 0};
-    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 8 : 5;
+    // (wgmma-split: the backward's dQ split by columns between its consumers, KILN_WGMMA_DQ=tma-split)
+    const char *names[9] = {"ref",   "det",       "new",      "new-v1",     "new-v2",
+                            "wgmma", "wgmma-red", "wgmma-pp", "wgmma-split"};
+    const char *attn[9] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma", "wgmma", "wgmma"};
+    const char *var[9] = {"0", "0", "0", "1", "2", "0", "0", "0", "0"};
+    int det[9] = {0, 1, 0, 0, 0, 0, 0, 0, 0};
+    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 9 : 5;
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);
     std::vector<float> r_out(n_out), r_lse(n_lse), r_d(n_qkv), x_out(n_out), x_lse(n_lse), x_d(n_qkv);
     std::vector<float> nan_fill(n_qkv, NAN);
     float ref_f = 0, ref_b = 0, det_b = 0, new_f = 0, new_b = 0;
     for (int k = 0; k < n_paths; k++) {
         set_path(attn[k], var[k]);
-        if (k == 6)
-            setenv("KILN_WGMMA_DQ", "red", 1);
+        if (k == 6 || k == 8)
+            setenv("KILN_WGMMA_DQ", k == 6 ? "red" : "tma-split", 1);
         else
             unsetenv("KILN_WGMMA_DQ");
         if (k == 7)

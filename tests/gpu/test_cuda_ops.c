@@ -987,7 +987,8 @@ static void test_attention_wgmma_matches_cpu(void **state) {
 // with NH not a power of two, none. dqkv poisoned first (every element must be written), a second run must
 // agree within 1e-2 (dQ by atomics), and dq, dk, dv are checked separately. Then strided rows (dqkv's stride
 // differs from qkv's; an odd one falls back to FA2), and deterministic mode, which must decline the path
-// (FA2's two kernels, bitwise repeatable). All but the last twice: dQ added by REDs and by TMA.
+// (FA2's two kernels, bitwise repeatable). All but the last four times: dQ added by REDs and by TMA, and
+// split between the consumers both ways (KILN_WGMMA_DQ).
 static void test_attention_wgmma_backward_matches_cpu(void **state) {
     struct env *e = *state;
     if (!kiln_cuda_wgmma_attention_available(e->gpu.ctx)) {
@@ -997,9 +998,11 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
         skip();
     }
     // both ways of adding dQ (KILN_WGMMA_DQ): TMA's reduce-add (the default) and vector REDs
-    for (int tma = 0; tma < 2; tma++) {
-        setenv("KILN_WGMMA_DQ", tma ? "tma" : "red", 1);
-        printf("dQ added by %s\n", tma ? "TMA's reduce-add (the default)" : "vector REDs (KILN_WGMMA_DQ=red)");
+    // (and split: each tile's dQ by both consumers, a 64-column pass each, at HS 128)
+    const char *dq_modes[4] = {"red", "tma", "tma-split", "red-split"};
+    for (int mode = 0; mode < 4; mode++) {
+        setenv("KILN_WGMMA_DQ", dq_modes[mode], 1);
+        printf("dQ added by KILN_WGMMA_DQ=%s%s\n", dq_modes[mode], mode == 1 ? " (the default)" : "");
         setenv("KILN_ATTN", "fa2", 1);
         printf("attention path: FA2 forward, wgmma backward\n");
         struct kiln_backend *g = &e->gpu;

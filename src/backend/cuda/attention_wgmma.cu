@@ -700,7 +700,9 @@ static __device__ __forceinline__ void wb_add_frag(bf16 *base, int stride, int t
 }
 #endif // WG_DEVICE_HELPERS
 
-template <int HS, bool DQ_TMA>
+// SPLIT (HS 128 only; KILN_WGMMA_DQ=tma-split|red-split): each tile's dQ split by columns between the two
+// consumers, one 64-column pass each, instead of all of it by one consumer every other tile.
+template <int HS, bool DQ_TMA, bool SPLIT>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_bwd_kernel(const __grid_constant__ struct wg_bwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -886,9 +888,11 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             wgmma_commit();
 
             consumers_bar_sync(); // every warp's dS^T rows, of both consumers, are in their buffers
-            if ((it & 1) == cw) {
+            constexpr bool SPL = SPLIT && CB == 2;
+            if (SPL || (it & 1) == cw) {
+                int cb0 = SPL ? cw : 0; // this consumer's passes: [cb0, cb0 + 1) split, all CB otherwise
 #pragma unroll
-                for (int cb = 0; cb < CB; cb++) {
+                for (int cb = cb0; cb < (SPL ? cb0 + 1 : CB); cb++) {
                     float dq[32];
 #pragma unroll
                     for (int i = 0; i < 32; i++)
@@ -907,7 +911,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                     wgmma_commit();
                     wgmma_wait<0>(); // this pass's dQ, and (first pass) dV, dK: stage st is no longer read
                     reg_fence<32>(dq);
-                    if (cb == 0) {
+                    if (cb == cb0) {
                         reg_fence<HS / 2>(dv);
                         reg_fence<HS / 2>(dk);
                         reg_fence_u32<WB_BM / 4>(&pa[0][0]);
@@ -1061,12 +1065,12 @@ template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct
         wg_launch_pp<HS, BN, false>(c, p, B);
 }
 
-template <int HS, bool DQ_TMA>
+template <int HS, bool DQ_TMA, bool SPLIT>
 static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_params &p, int B) {
     size_t smem = wb_smem_bytes<HS, DQ_TMA>();
-    set_smem(wg_bwd_kernel<HS, DQ_TMA>, smem);
+    set_smem(wg_bwd_kernel<HS, DQ_TMA, SPLIT>, smem);
     dim3 grid(KILN_CEIL_DIV(p.Tk, WB_BN), B * p.NKV);
-    wg_bwd_kernel<HS, DQ_TMA><<<grid, WG_THREADS, smem, c->stream>>>(p);
+    wg_bwd_kernel<HS, DQ_TMA, SPLIT><<<grid, WG_THREADS, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1085,14 +1089,28 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
     return r != CUDA_SUCCESS;
 }
 
-// KILN_WGMMA_DQ (read on every call, so that a test or attn_bench can compare both in one process): tma (the
+// KILN_WGMMA_DQ (read on every call, so that a test or attn_bench can compare them in one process): tma (the
 // default: the pass staged in shared memory and added by the TMA unit, as FlashAttention-3 does; on an H100
-// the backward ran 445/438 TFLOP/s against the REDs' 419/409 at 32k/64k, HS 128, session 11) or red (each
-// consumer thread adds its dQ with vector REDs).
-static int wb_dq_tma(void) {
-    static const char *const names[] = {"tma", "red"};
+// the backward ran 445/438 TFLOP/s against the REDs' 419/409 at 32k/64k, HS 128, session 11), red (each
+// consumer thread adds its dQ with vector REDs), or tma-split / red-split (at HS 128 the two consumers take a
+// 64-column pass of every tile's dQ each, SPLIT; written in session 11 without a GPU). *tma, *split: the
+// choice.
+static void wb_dq_mode(int *tma, int *split) {
+    static const char *const names[] = {"tma", "red", "tma-split", "red-split"};
     static int told;
-    return kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 2, &told) == 0;
+    int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 4, &told);
+    *tma = m == 0 || m == 2;
+    *split = m >= 2;
+}
+
+// The backward's kernel for HS, the dQ path and SPLIT (which HS 64, one pass a tile, does not take).
+static void wb_run(struct cuda_ctx *c, const struct wg_bwd_params &p, int B, int HS, int tma, int split) {
+    if (HS == 64)
+        tma ? wb_launch<64, true, false>(c, p, B) : wb_launch<64, false, false>(c, p, B);
+    else if (split)
+        tma ? wb_launch<128, true, true>(c, p, B) : wb_launch<128, false, true>(c, p, B);
+    else
+        tma ? wb_launch<128, true, false>(c, p, B) : wb_launch<128, false, false>(c, p, B);
 }
 
 #endif // KILN_HAVE_SM90A
@@ -1199,7 +1217,8 @@ extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const stru
     p.alibi = a->pos == KILN_POS_ALIBI;
     p.scale = 1.0f / sqrtf((float)HS);
     p.scale_log2 = p.scale * WG_LOG2E;
-    int tma = wb_dq_tma();
+    int tma, split;
+    wb_dq_mode(&tma, &split);
     if (tma && wb_dq_map(&p.tdq, p.dq_acc, HS, a->NH, a->T, a->B)) { // said once, so a run is not misread
         static int told;
         if (!told++)
@@ -1207,10 +1226,7 @@ extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const stru
                     "kiln: KILN_WGMMA_DQ=tma: the f32 tensor map of dQ failed to encode; REDs add dQ\n");
         tma = 0;
     }
-    if (HS == 64)
-        tma ? wb_launch<64, true>(c, p, a->B) : wb_launch<64, false>(c, p, a->B);
-    else
-        tma ? wb_launch<128, true>(c, p, a->B) : wb_launch<128, false>(c, p, a->B);
+    wb_run(c, p, a->B, HS, tma, split);
     kiln_cuda_fa_dq_convert(c, (bf16 *)a->dqkv, p.dq_acc, a->B, a->T, a->NH, HS, drs, p.scale, p.cos_tab,
                             p.sin_tab);
     return 1;
@@ -1345,11 +1361,10 @@ int blk_wgmma_backward(struct cuda_ctx *c, const struct blk_params &p, const bf1
         w.sin_tab = p.sin_tab + (size_t)p.k0 * (HS / 2);
     }
     w.scale = p.scale;
-    int tma = wb_dq_tma() && !wb_dq_map(&w.tdq, w.dq_acc, HS, p.NH, p.Tq, p.B);
-    if (HS == 64)
-        tma ? wb_launch<64, true>(c, w, p.B) : wb_launch<64, false>(c, w, p.B);
-    else
-        tma ? wb_launch<128, true>(c, w, p.B) : wb_launch<128, false>(c, w, p.B);
+    int tma, split;
+    wb_dq_mode(&tma, &split);
+    tma = tma && !wb_dq_map(&w.tdq, w.dq_acc, HS, p.NH, p.Tq, p.B);
+    wb_run(c, w, p.B, HS, tma, split);
     size_t n = (size_t)p.B * p.Tq * p.NH * (HS / 2);
     size_t want = KILN_CEIL_DIV(n, (size_t)256);
     unsigned blocks = (unsigned)(want < 8192 ? want : 8192); // grid-stride beyond
