@@ -2045,17 +2045,21 @@ static void test_attention_block_matches_cpu(void **state) {
     // KILN_ATTN_BLOCK=tc) and the Hopper ones (KILN_ATTN_BLOCK=wgmma: the blocks whose queries come at or
     // after their keys, without ALiBi, on an sm_90 device; the tensor-core kernels take the rest) at the head
     // sizes they take
-    // (the last pass: the Hopper forward's consumers in turns, KILN_WGMMA_FWD=pingpong)
+    // (the last pass: the Hopper forward's consumers in turns, KILN_WGMMA_FWD=pingpong, and the backward's dQ
+    // split between its consumers, KILN_WGMMA_DQ=tma-split)
     const char *kernels[4] = {"ref", "tc", "wgmma", "wgmma"};
     for (int k = 0; k < 4; k++) {
-        printf("attention block kernels: KILN_ATTN_BLOCK=%s%s\n", kernels[k], k == 3 ? ", KILN_WGMMA_FWD=pingpong" : "");
+        printf("attention block kernels: KILN_ATTN_BLOCK=%s%s\n", kernels[k],
+               k == 3 ? ", KILN_WGMMA_FWD=pingpong, KILN_WGMMA_DQ=tma-split" : "");
         setenv("KILN_ATTN_BLOCK", kernels[k], 1);
         setenv("KILN_WGMMA_FWD", k == 3 ? "pingpong" : "overlap", 1);
+        setenv("KILN_WGMMA_DQ", k == 3 ? "tma-split" : "tma", 1);
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
             if (k == 0 || cases[i].HS == 64 || cases[i].HS == 128)
                 block_attention_case(e, &cases[i]);
         unsetenv("KILN_ATTN_BLOCK");
         unsetenv("KILN_WGMMA_FWD");
+        unsetenv("KILN_WGMMA_DQ");
     }
     end_test(e);
 }

@@ -622,10 +622,11 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 //       P^T = exp2(S^T scale_log2 + slope (j - i) - lse_i log2 e), masked to 0; dS^T = P^T (dP^T - D_i)
 //       dV_c += P^T dO, dK_c += dS^T Q        (RS: P^T, dS^T rounded to bf16 in registers; dO, Q MN-major)
 //       dS^T (bf16) -> shared memory [key][query], 128-byte swizzled; barrier of both consumers
-//       dQ (64 queries x HS) += dS K           (by consumer it % 2 alone, over all 128 keys from both dS^T
-//                                               buffers; SS, both MN-major; 64 d-columns a pass), added with
-//                                               vector RED to the f32 dq_acc that fa_dq_convert_kernel
-//                                               finishes: one set of atomics per query row and 128 keys.
+//       dQ (64 queries x HS) += dS K           (by consumer it % 2 alone, or with SPLIT a 64-column pass by
+//                                               each; over all 128 keys from both dS^T buffers; SS, both
+//                                               MN-major; 64 d-columns a pass), added by TMA's reduce-add
+//                                               (or vector REDs) to the f32 dq_acc that fa_dq_convert_kernel
+//                                               finishes: one set of adds per query row and 128 keys.
 // Rounding as fa_bwd_fused_kernel: lse in the log2 domain as lse * log2(e) (f32), P and dS unrounded for dS =
 // P (dP - D), rounded to bf16 where they enter an MMA (dV, dK, dQ), dK scaled by 1/sqrt(HS) at the store,
 // dq_acc unscaled (the convert kernel scales and rotates back), dK rotated back in registers (RoPE).
@@ -792,10 +793,10 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 
     // Both consumers compute every tile (consumer 1's first tile of each head lies wholly above the diagonal
     // and keys past T are masked: P = dS = 0 there) and meet at one barrier per tile, after which consumer it
-    // % 2 adds the tile's dQ over all 128 keys from both dS^T buffers: one set of dQ atomics per 128 keys,
-    // half the L2 traffic of one per warpgroup (the L2 bounded this kernel: 88% busy). dS^T buffers
-    // alternate per tile; the barrier of tile it + 1 keeps either consumer from rewriting buffer it % 2
-    // before the dQ of tile it (issued by the other) has completed.
+    // % 2 adds the tile's dQ over all 128 keys from both dS^T buffers (SPLIT: each consumer a 64-column pass
+    // of it): one set of dQ adds per 128 keys, half the L2 traffic of one per warpgroup (the L2 bounded this
+    // kernel: 88% busy with REDs). dS^T buffers alternate per tile; the barrier of tile it + 1 keeps either
+    // consumer from rewriting buffer it % 2 before the dQ of tile it (issued by the other) has completed.
     for (int it = 0; it < n_it; it++) {
         int st = it & 1, h = kvh * group + it / n_q, q0 = (qt0 + it % n_q) * WB_BM;
         uint32_t par = (it >> 1) & 1;
@@ -1223,7 +1224,8 @@ extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const stru
         static int told;
         if (!told++)
             fprintf(stderr,
-                    "kiln: KILN_WGMMA_DQ=tma: the f32 tensor map of dQ failed to encode; REDs add dQ\n");
+                    "kiln: the wgmma backward's dQ by TMA: the f32 tensor map of dQ failed to encode; REDs "
+                    "add dQ\n");
         tma = 0;
     }
     wb_run(c, p, a->B, HS, tma, split);
