@@ -108,6 +108,54 @@ static enum kiln_recompute print_auto(const struct kiln_config *cfg, const struc
     return first ? KILN_RECOMPUTE_SELECTIVE : KILN_RECOMPUTE_ACT;
 }
 
+// --strategies: the per-rank GPU plan of each data-parallel strategy (DDP, ZeRO-1/2/3, ZeRO-3 with the optimizer
+// in host memory) under each recompute mode, for this model, batch and --world: the two numbers users pick a
+// strategy by are time and memory, and this is the memory, before a GPU is spent. Marked where it fits GPU 0's
+// budget (or KILN_MEM_BUDGET_MB's), as --recompute=auto judges it; the last column is the offloaded
+// optimizer's host memory. With --offload=activations only selective and block apply (a dash elsewhere).
+static void print_strategies(const struct kiln_config *cfg, const struct kiln_param_table *pt, int world,
+                             const struct kiln_sp_layout *sp, enum kiln_dtype grad) {
+    static const struct {
+        const char *name;
+        int zero, offload;
+    } rows[] = {{"DDP (--zero=0)", 0, 0},      {"ZeRO-1", 1, 0}, {"ZeRO-2", 2, 0}, {"ZeRO-3", 3, 0},
+                {"ZeRO-3 + optimizer offload", 3, 1}};
+    size_t budget = kiln_recompute_budget(kiln_backend_gpu_free(0));
+    int act_off = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0;
+    printf("\nstrategies (cuda, GiB a rank on the GPU at %d rank%s, B=%d, T=%d", world, world > 1 ? "s" : "",
+           cfg->batch_size, cfg->seq_len);
+    if (budget)
+        printf("; * fits %s's %.3f GiB", getenv("KILN_MEM_BUDGET_MB") ? "KILN_MEM_BUDGET_MB" : "GPU 0",
+               budget / GIB);
+    printf("):\n  %-28s", "strategy");
+    for (int k = 0; k < 5; k++)
+        printf(" %10s", kiln_recompute_name(kiln_recompute_by_memory[k]));
+    printf(" %14s\n", "optimizer host");
+    for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
+        struct kiln_config c = *cfg;
+        c.zero = rows[r].zero;
+        c.offload = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) | (rows[r].offload ? KILN_OFFLOAD_OPTIMIZER : 0);
+        if (c.zero != 3) { // ZeRO-3's own options mean nothing to the other levels
+            c.zero3_reshard = 1;
+            c.zero3_accumulate = KILN_ACCUMULATE_SHARDED;
+        }
+        printf("  %-28s", rows[r].name);
+        size_t host = 0;
+        for (int k = 0; k < 5; k++) {
+            enum kiln_recompute rc = kiln_recompute_by_memory[k];
+            if (act_off && rc != KILN_RECOMPUTE_SELECTIVE && rc != KILN_RECOMPUTE_BLOCK) {
+                printf(" %10s", "-");
+                continue;
+            }
+            struct kiln_rank_plan rp;
+            kiln_rank_plan(&c, pt, world, sp, rc, KILN_BF16, grad, 0, &rp);
+            printf(" %9.2f%s", rp.total / GIB, budget && rp.total <= budget ? "*" : " ");
+            host = rp.dp.host; // the offloaded optimizer's (the same under every recompute mode)
+        }
+        printf(" %14.2f\n", host / GIB);
+    }
+}
+
 // --world=N (kiln info only: a training job's size comes from its launcher): removed from argv, 1 when absent
 static int take_world(int *argc, char **argv, int *world, struct kiln_error *err) {
     *world = 1;
@@ -137,7 +185,15 @@ int cmd_info(int argc, char **argv) {
         }
     struct kiln_config cfg;
     struct kiln_error err = {0};
-    int world;
+    int world, strategies = 0;
+    for (int i = 0, k = 0; i < argc; i++) { // --strategies (kiln info only), removed from argv
+        if (!strcmp(argv[i], "--strategies"))
+            strategies = 1;
+        else
+            argv[k++] = argv[i];
+        if (i == argc - 1)
+            argc = k;
+    }
     if (take_world(&argc, argv, &world, &err) || kiln_config_parse(&cfg, argc, argv, &err))
         return kiln_error_print(&err);
     cfg.world = world;
@@ -210,6 +266,8 @@ int cmd_info(int argc, char **argv) {
         on_gpu = rp.total;
     }
     print_fit(on_gpu);
+    if (strategies)
+        print_strategies(&cfg, &pt, world, &sp, grad);
     kiln_params_free(&pt);
     printf("\n");
     kiln_backends_describe(stdout);
