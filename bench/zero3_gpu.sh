@@ -4,7 +4,8 @@
 # level and with offload), then at the 1.3B shape: plain single-GPU training, NCCL at world size 1 with ZeRO-0
 # and ZeRO-3 (prefetch 1 and 2), and the offloaded optimizer; and the largest models on one GPU with offload
 # (KILN_BIG="olmo-7b llama-8b" to ask for them), and the hang watchdog on NCCL. KILN_PART=tests|fsdp|offload|
-# hang|trace|all picks what runs. Logs in $OUT
+# hang|trace|all picks what runs; z3one is fsdp's first rows alone (plain against ZeRO-3 over NCCL at world
+# size 1, alternated, twice: issue 14's "at most 3% slower"). Logs in $OUT
 # (few files: the device returns at most 8), each table row printed as soon as it is measured, the table last.
 set -u
 cd "$(dirname "$0")/.."
@@ -64,6 +65,12 @@ bench() { # name tokens-per-step steps args...
   echo "| $name | $ms | $(python3 -c "print(round($tokens/($ms/1e3)))") | $loss | $gib | $rss | $host |" | tee -a "$OUT/table.md"
 }
 s13=(--preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --seq=1024 --batch=8)
+if [ "$PART" = z3one ]; then
+  for rep in 1 2; do # alternated, twice: the machine's drift shows as the spread
+    bench "1.3b-plain-r$rep" 8192 25 "${s13[@]}"
+    bench "1.3b-nccl-z3-r$rep" 8192 25 "${s13[@]}" --comm=nccl --zero=3
+  done
+fi
 if [ "$PART" = fsdp ] || [ "$PART" = all ] || [ "$PART" = trace ]; then
   if [ "$PART" != trace ]; then
     for rep in 1 2; do # alternated, twice: the machine's drift shows as the spread
