@@ -78,8 +78,9 @@ int cmd_help(int argc, char **argv) {
             "  prints the resolved config, the parameter count, FLOPs and memory of a model, and the "
             "backends\n"
             "  and GPUs of this machine. It accepts every kiln train option (kiln help train); these change\n"
-            "  what it computes, --world=N (default 1) plans one rank of an N-rank job, and --strategies\n"
-            "  adds each data-parallel strategy's per-rank GPU memory under each recompute mode:\n\n");
+            "  what it computes, --world=N (default 1) plans one rank of an N-rank job, --strategies adds\n"
+            "  each data-parallel strategy's per-rank GPU memory under each recompute mode, and\n"
+            "  --lengths=T1,T2,... each sequence length's under each recompute mode and activation offload:\n\n");
         kiln_config_print_help_only(stdout, INFO_OPTS);
         return 0;
     }

@@ -156,6 +156,79 @@ static void print_strategies(const struct kiln_config *cfg, const struct kiln_pa
     }
 }
 
+// --lengths=T1,T2,...: the per-rank GPU plan at each sequence length (block size = T, as long-context runs set
+// it) under each recompute mode, and with activation offload (selective and block; the host memory each takes
+// in the last two columns), for this model, batch, --world and --sp: which mode a length needs on this GPU (*
+// where it fits the budget, as --recompute=auto judges). A length the layout cannot split (--sp) says why.
+static void print_lengths(const struct kiln_config *cfg, const int *lengths, int n, int world,
+                          enum kiln_dtype grad) {
+    size_t budget = kiln_recompute_budget(kiln_backend_gpu_free(0));
+    printf("\nlengths (cuda, GiB a rank on the GPU at %d rank%s, B=%d", world, world > 1 ? "s" : "",
+           cfg->batch_size);
+    if (budget)
+        printf("; * fits %s's %.3f GiB", getenv("KILN_MEM_BUDGET_MB") ? "KILN_MEM_BUDGET_MB" : "GPU 0",
+               budget / GIB);
+    printf("):\n  %10s", "tokens");
+    for (int k = 0; k < 5; k++)
+        printf(" %10s", kiln_recompute_name(kiln_recompute_by_memory[k]));
+    printf(" %14s %14s   host GiB: selective+off, block+off\n", "selective+off", "block+off");
+    for (int i = 0; i < n; i++) {
+        struct kiln_config c = *cfg;
+        c.seq_len = c.model.block_size = lengths[i];
+        struct kiln_sp_layout sp;
+        struct kiln_error err = {0};
+        printf("  %10d", lengths[i]);
+        if (kiln_sp_plan(&c, world, 0, world, &sp, &err)) {
+            printf("  (%s)\n", err.msg);
+            continue;
+        }
+        struct kiln_param_table pt;
+        kiln_params_build(&pt, &c.model);
+        size_t host[2] = {0, 0};
+        for (int k = 0; k < 7; k++) {
+            int off = k >= 5;
+            enum kiln_recompute rc =
+                off ? (k == 5 ? KILN_RECOMPUTE_SELECTIVE : KILN_RECOMPUTE_BLOCK) : kiln_recompute_by_memory[k];
+            c.offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) | (off ? KILN_OFFLOAD_ACTIVATIONS : 0);
+            struct kiln_rank_plan rp;
+            kiln_rank_plan(&c, &pt, world, &sp, rc, KILN_BF16, grad, 0, &rp);
+            printf(off ? " %13.2f%s" : " %9.2f%s", rp.total / GIB, budget && rp.total <= budget ? "*" : " ");
+            if (off)
+                host[k - 5] = rp.model.host_bytes + rp.dp.host;
+        }
+        printf("   %9.2f %9.2f\n", host[0] / GIB, host[1] / GIB);
+        kiln_params_free(&pt);
+    }
+}
+
+// --lengths=LIST: removed from argv into lengths[] (at most max, each 1 .. 2^26); *n 0 when absent
+static int take_lengths(int *argc, char **argv, int *lengths, int max, int *n, struct kiln_error *err) {
+    *n = 0;
+    int k = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (strncmp(argv[i], "--lengths=", 10)) {
+            argv[k++] = argv[i];
+            continue;
+        }
+        const char *p = argv[i] + 10;
+        *n = 0;
+        do {
+            char *end;
+            long t = strtol(p, &end, 10);
+            if (end == p || (*end && *end != ',') || (*end == ',' && !end[1]) || t < 1 || t > 1 << 26 ||
+                *n == max)
+                return kiln_errorf(err, KILN_ERR_USAGE,
+                                   "bad value '%s' for lengths (--lengths): a comma-separated list of at most "
+                                   "%d token counts, each 1 to %d",
+                                   argv[i] + 10, max, 1 << 26);
+            lengths[(*n)++] = (int)t;
+            p = *end ? end + 1 : end;
+        } while (*p);
+    }
+    *argc = k;
+    return 0;
+}
+
 // --world=N (kiln info only: a training job's size comes from its launcher): removed from argv, 1 when absent
 static int take_world(int *argc, char **argv, int *world, struct kiln_error *err) {
     *world = 1;
@@ -194,7 +267,9 @@ int cmd_info(int argc, char **argv) {
         if (i == argc - 1)
             argc = k;
     }
-    if (take_world(&argc, argv, &world, &err) || kiln_config_parse(&cfg, argc, argv, &err))
+    int lengths[32], n_lengths;
+    if (take_world(&argc, argv, &world, &err) || take_lengths(&argc, argv, lengths, 32, &n_lengths, &err) ||
+        kiln_config_parse(&cfg, argc, argv, &err))
         return kiln_error_print(&err);
     cfg.world = world;
     // the vocabulary size comes from the tokenizer
@@ -268,6 +343,8 @@ int cmd_info(int argc, char **argv) {
     print_fit(on_gpu);
     if (strategies)
         print_strategies(&cfg, &pt, world, &sp, grad);
+    if (n_lengths)
+        print_lengths(&cfg, lengths, n_lengths, world, grad);
     kiln_params_free(&pt);
     printf("\n");
     kiln_backends_describe(stdout);

@@ -2,7 +2,8 @@
 # kiln info --strategies: each data-parallel strategy's per-rank GPU memory under each recompute mode. The
 # table must agree with the per-rank plan kiln info prints for the same flags (which test_plan holds to
 # measured runs), shrink as ZeRO shards more and as recompute keeps less, mark exactly the cells within the
-# budget, and leave out what --offload=activations rules out.
+# budget, and leave out what --offload=activations rules out. Then kiln info --lengths, the same for
+# sequence lengths (recompute modes and activation offload).
 source "$(dirname "$0")/lib.sh" info_strategies "$@"
 m=(--preset=llama-1b --seq=2048 --block-size=2048 --batch=2)
 KILN_MEM_BUDGET_MB=20000 "$KILN" info "${m[@]}" --world=4 --strategies >"$T/s4" 2>"$T/err" || bad "info --strategies: $(cat "$T/err")"
@@ -44,4 +45,49 @@ grep -A7 '^strategies' "$T/sa" | grep '^  ZeRO-3  ' | grep -q -- ' - .* - .* - '
 # only kiln info takes it
 "$KILN" train --strategies --max-steps=1 >"$T/o" 2>"$T/e" && bad "kiln train took --strategies" ||
   { grep -q "unknown option 'strategies'" "$T/e" && ok || bad "kiln train --strategies: $(cat "$T/e")"; }
+
+# --lengths: each length's plan under each recompute mode and with activation offload, as kiln info plans
+# that length alone (--seq=T --block-size=T), growing with T, marked within the budget
+l=(--preset=gpt2-124m --layers=4 --dim=256 --heads=4 --pos=rope --batch=1)
+KILN_MEM_BUDGET_MB=900 "$KILN" info "${l[@]}" --lengths=2048,8192,32768 >"$T/l" 2>"$T/err" || bad "info --lengths: $(cat "$T/err")"
+for t in 2048 32768; do
+  for rc in none block; do
+    "$KILN" info "${l[@]}" --seq=$t --block-size=$t --recompute=$rc | grep -o 'total on the GPU *[0-9.]*' |
+      grep -o '[0-9.]*$' >"$T/one_${t}_$rc"
+  done
+  "$KILN" info "${l[@]}" --seq=$t --block-size=$t --recompute=block --offload=activations |
+    grep -o 'total on the GPU *[0-9.]*' | grep -o '[0-9.]*$' >"$T/one_${t}_blockoff"
+done
+python3 - "$T" <<'PY' >"$T/py" 2>&1 && ok || bad "the lengths table: $(cat "$T/py")"
+import re, sys
+d = sys.argv[1]
+text = open(d + "/l").read().split("\nlengths (cuda", 1)[1]
+budget = float(re.search(r"KILN_MEM_BUDGET_MB's ([0-9.]+) GiB", text).group(1))
+rows = {}
+for l in text.splitlines()[2:5]:
+    f = l.split()
+    rows[int(f[0])] = [(float(v.rstrip("*")), v.endswith("*")) for v in f[1:8]] + [float(f[8]), float(f[9])]
+assert sorted(rows) == [2048, 8192, 32768], rows
+for t in (2048, 32768):  # none, block and block+offload (columns 0, 4, 6) as the single-length plans
+    for col, name in ((0, "none"), (4, "block"), (6, "blockoff")):
+        one = float(open(f"{d}/one_{t}_{name}").read())
+        assert abs(one - rows[t][col][0]) < 0.006, (t, name, one, rows[t][col])
+for col in range(7):
+    v = [rows[t][col][0] for t in (2048, 8192, 32768)]
+    assert v[0] < v[1] < v[2], f"column {col} should grow with T: {v}"
+    for t in rows:
+        assert rows[t][col][1] == (rows[t][col][0] <= budget + 0.005), (t, col, rows[t][col], budget)
+assert all(rows[t][4][0] <= rows[t][0][0] for t in rows), "block above none"
+assert rows[32768][7] > rows[2048][7] >= 0 and rows[32768][8] > 0, "offload's host memory"
+PY
+# a length the layout cannot split names why, and the others still print; bad lists are one line, exit 2
+"$KILN" info "${l[@]}" --world=4 --sp=4 --sp-mode=ring --lengths=1001,1024 >"$T/lr" 2>&1
+grep -q "^ *1001  (seq 1001 over sp 4" "$T/lr" && grep -qE "^ *1024 +[0-9]" "$T/lr" && ok ||
+  bad "--lengths with a length the ring cannot split: $(grep -A3 '^lengths' "$T/lr")"
+for v in "" "abc" "5," "0" "1,,2" "99999999999"; do
+  "$KILN" info --preset=gpt2-124m --lengths="$v" >"$T/o" 2>"$T/e"
+  rc=$?
+  [ $rc -eq 2 ] && [ "$(wc -l <"$T/e")" -eq 1 ] && grep -q "for lengths (--lengths)" "$T/e" && ok ||
+    bad "--lengths='$v': exit $rc, $(cat "$T/e")"
+done
 finish
