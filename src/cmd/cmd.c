@@ -80,7 +80,8 @@ int cmd_help(int argc, char **argv) {
             "  and GPUs of this machine. It accepts every kiln train option (kiln help train); these change\n"
             "  what it computes, --world=N (default 1) plans one rank of an N-rank job, --strategies adds\n"
             "  each data-parallel strategy's per-rank GPU memory under each recompute mode, and\n"
-            "  --lengths=T1,T2,... each sequence length's under each recompute mode and activation offload:\n\n");
+            "  --lengths=T1,T2,... each sequence length's under each recompute mode and activation "
+            "offload:\n\n");
         kiln_config_print_help_only(stdout, INFO_OPTS);
         return 0;
     }

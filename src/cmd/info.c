@@ -108,33 +108,49 @@ static enum kiln_recompute print_auto(const struct kiln_config *cfg, const struc
     return first ? KILN_RECOMPUTE_SELECTIVE : KILN_RECOMPUTE_ACT;
 }
 
-// --strategies: the per-rank GPU plan of each data-parallel strategy (DDP, ZeRO-1/2/3, ZeRO-3 with the optimizer
-// in host memory) under each recompute mode, for this model, batch and --world: the two numbers users pick a
-// strategy by are time and memory, and this is the memory, before a GPU is spent. Marked where it fits GPU 0's
-// budget (or KILN_MEM_BUDGET_MB's), as --recompute=auto judges it; the last column is the offloaded
-// optimizer's host memory. With --offload=activations only selective and block apply (a dash elsewhere).
+// The first line of --strategies' and --lengths' tables; returns the budget their cells are marked against
+// (GPU 0's free memory less auto's margin, or KILN_MEM_BUDGET_MB; 0: none, no marks).
+static size_t print_table_head(const char *title, const struct kiln_config *cfg, int world,
+                               const char *what) {
+    size_t budget = kiln_recompute_budget(kiln_backend_gpu_free(0));
+    printf("\n%s (cuda, GiB a rank on the GPU at %d rank%s, B=%d%s", title, world, world > 1 ? "s" : "",
+           cfg->batch_size, what);
+    if (budget)
+        printf("; * fits %s's %.3f GiB", getenv("KILN_MEM_BUDGET_MB") ? "KILN_MEM_BUDGET_MB" : "GPU 0",
+               budget / GIB);
+    printf("):\n");
+    return budget;
+}
+
+// --strategies: the per-rank GPU plan of each data-parallel strategy (DDP, ZeRO-1/2/3, ZeRO-3 with the
+// optimizer in host memory) under each recompute mode, for this model, batch and --world: the two numbers
+// users pick a strategy by are time and memory, and this is the memory, before a GPU is spent. Marked where
+// it fits GPU 0's budget (or KILN_MEM_BUDGET_MB's), as --recompute=auto judges it; the last column is the
+// offloaded optimizer's host memory. With --offload=activations only selective and block apply (a dash
+// elsewhere).
 static void print_strategies(const struct kiln_config *cfg, const struct kiln_param_table *pt, int world,
                              const struct kiln_sp_layout *sp, enum kiln_dtype grad) {
     static const struct {
         const char *name;
         int zero, offload;
-    } rows[] = {{"DDP (--zero=0)", 0, 0},      {"ZeRO-1", 1, 0}, {"ZeRO-2", 2, 0}, {"ZeRO-3", 3, 0},
+    } rows[] = {{"DDP (--zero=0)", 0, 0},
+                {"ZeRO-1", 1, 0},
+                {"ZeRO-2", 2, 0},
+                {"ZeRO-3", 3, 0},
                 {"ZeRO-3 + optimizer offload", 3, 1}};
-    size_t budget = kiln_recompute_budget(kiln_backend_gpu_free(0));
     int act_off = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0;
-    printf("\nstrategies (cuda, GiB a rank on the GPU at %d rank%s, B=%d, T=%d", world, world > 1 ? "s" : "",
-           cfg->batch_size, cfg->seq_len);
-    if (budget)
-        printf("; * fits %s's %.3f GiB", getenv("KILN_MEM_BUDGET_MB") ? "KILN_MEM_BUDGET_MB" : "GPU 0",
-               budget / GIB);
-    printf("):\n  %-28s", "strategy");
+    char what[64];
+    snprintf(what, sizeof(what), ", T=%d", cfg->seq_len);
+    size_t budget = print_table_head("strategies", cfg, world, what);
+    printf("  %-28s", "strategy");
     for (int k = 0; k < 5; k++)
         printf(" %10s", kiln_recompute_name(kiln_recompute_by_memory[k]));
     printf(" %14s\n", "optimizer host");
     for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
         struct kiln_config c = *cfg;
         c.zero = rows[r].zero;
-        c.offload = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) | (rows[r].offload ? KILN_OFFLOAD_OPTIMIZER : 0);
+        c.offload =
+            (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) | (rows[r].offload ? KILN_OFFLOAD_OPTIMIZER : 0);
         if (c.zero != 3) { // ZeRO-3's own options mean nothing to the other levels
             c.zero3_reshard = 1;
             c.zero3_accumulate = KILN_ACCUMULATE_SHARDED;
@@ -156,19 +172,15 @@ static void print_strategies(const struct kiln_config *cfg, const struct kiln_pa
     }
 }
 
-// --lengths=T1,T2,...: the per-rank GPU plan at each sequence length (block size = T, as long-context runs set
-// it) under each recompute mode, and with activation offload (selective and block; the host memory each takes
-// in the last two columns), for this model, batch, --world and --sp: which mode a length needs on this GPU (*
-// where it fits the budget, as --recompute=auto judges). A length the layout cannot split (--sp) says why.
+// --lengths=T1,T2,...: the per-rank GPU plan at each sequence length (block size = T, as long-context runs
+// set it) under each recompute mode, and with activation offload (selective and block; the host memory each
+// takes in the last two columns), for this model, batch, --world and --sp: which mode a length needs on this
+// GPU (* where it fits the budget, as --recompute=auto judges). A length the layout cannot split (--sp) says
+// why.
 static void print_lengths(const struct kiln_config *cfg, const int *lengths, int n, int world,
                           enum kiln_dtype grad) {
-    size_t budget = kiln_recompute_budget(kiln_backend_gpu_free(0));
-    printf("\nlengths (cuda, GiB a rank on the GPU at %d rank%s, B=%d", world, world > 1 ? "s" : "",
-           cfg->batch_size);
-    if (budget)
-        printf("; * fits %s's %.3f GiB", getenv("KILN_MEM_BUDGET_MB") ? "KILN_MEM_BUDGET_MB" : "GPU 0",
-               budget / GIB);
-    printf("):\n  %10s", "tokens");
+    size_t budget = print_table_head("lengths", cfg, world, "");
+    printf("  %10s", "tokens");
     for (int k = 0; k < 5; k++)
         printf(" %10s", kiln_recompute_name(kiln_recompute_by_memory[k]));
     printf(" %14s %14s   host GiB: selective+off, block+off\n", "selective+off", "block+off");
@@ -187,8 +199,8 @@ static void print_lengths(const struct kiln_config *cfg, const int *lengths, int
         size_t host[2] = {0, 0};
         for (int k = 0; k < 7; k++) {
             int off = k >= 5;
-            enum kiln_recompute rc =
-                off ? (k == 5 ? KILN_RECOMPUTE_SELECTIVE : KILN_RECOMPUTE_BLOCK) : kiln_recompute_by_memory[k];
+            enum kiln_recompute rc = off ? (k == 5 ? KILN_RECOMPUTE_SELECTIVE : KILN_RECOMPUTE_BLOCK)
+                                         : kiln_recompute_by_memory[k];
             c.offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) | (off ? KILN_OFFLOAD_ACTIVATIONS : 0);
             struct kiln_rank_plan rp;
             kiln_rank_plan(&c, &pt, world, &sp, rc, KILN_BF16, grad, 0, &rp);
@@ -217,10 +229,11 @@ static int take_lengths(int *argc, char **argv, int *lengths, int max, int *n, s
             long t = strtol(p, &end, 10);
             if (end == p || (*end && *end != ',') || (*end == ',' && !end[1]) || t < 1 || t > 1 << 26 ||
                 *n == max)
-                return kiln_errorf(err, KILN_ERR_USAGE,
-                                   "bad value '%s' for lengths (--lengths): a comma-separated list of at most "
-                                   "%d token counts, each 1 to %d",
-                                   argv[i] + 10, max, 1 << 26);
+                return kiln_errorf(
+                    err, KILN_ERR_USAGE,
+                    "bad value '%s' for lengths (--lengths): a comma-separated list of at most "
+                    "%d token counts, each 1 to %d",
+                    argv[i] + 10, max, 1 << 26);
             lengths[(*n)++] = (int)t;
             p = *end ? end + 1 : end;
         } while (*p);
