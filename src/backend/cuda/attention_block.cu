@@ -399,7 +399,7 @@ template <int NU> static void blk_backward_launch(struct cuda_ctx *c, const stru
 // tc (the default: tensor cores where HS is 64 or 128, these kernels otherwise), ref (these kernels), or
 // wgmma (the Hopper kernels of attention_wgmma.cu for the blocks they take, the tensor-core kernels for the
 // rest; written in session 11 without a GPU). The tensor-core kernels passed test_cuda_ops on an H100 and
-// ran 210 / 162 TF/s forward / backward on a 64k ring step (session 11), 45-50x these.
+// ran 210 / 162 TF/s forward / backward on a 64k ring step (session 11), 37-68x these.
 enum blk_kernels { BLK_TC, BLK_REF, BLK_WGMMA };
 static enum blk_kernels blk_want(void) {
     static const char *const names[] = {"tc", "ref", "wgmma"};
