@@ -230,8 +230,8 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
     # reduction the compute stream waited for (KILN_TRACE_COMM). Session 10 (4 H100s): 8 and 2 channels lost
     # 4 and 39 points at 1.3B, the efficiency CTA policy changed nothing; next, NCCL's Simple protocol (no
     # flag-polling LL/LL128 kernels), GEMMs planned for 16 SMs fewer (cuBLASLt's SM count target), bigger
-    # buckets and bf16 gradients.
-    for e in ${KILN_SCALE_NCCL_ENV-NCCL_PROTO=Simple KILN_GEMM_SM_MARGIN=16 --bucket-mb=100 --reduce-dtype=bf16}; do
+    # buckets, bf16 gradients, and the comm stream at the greatest priority.
+    for e in ${KILN_SCALE_NCCL_ENV-NCCL_PROTO=Simple KILN_GEMM_SM_MARGIN=16 --bucket-mb=100 --reduce-dtype=bf16 KILN_NCCL_STREAM_PRIORITY=high}; do
       intime 60 "$shape kiln zero 0, $e" || break
       ms1e=$ms1 envs=(env) flags=()
       if [[ $e == --* ]]; then

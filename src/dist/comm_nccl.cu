@@ -302,6 +302,11 @@ static void nccl_wait_stream(void *impl, struct kiln_comm_work *w) {
     free(w);
 }
 
+// KILN_NCCL_STREAM_PRIORITY=high: the comm stream at the device's greatest priority, so that NCCL's kernels
+// take SMs as soon as any free up rather than after the compute's queued blocks (the compute stream, like
+// every stream by default, has the least); default (unset): the default priority. Read at open (nccl_open).
+static int stream_priority_high;
+
 static struct nccl_state *state_new(ncclComm_t comm, const struct nccl_state *like, struct kiln_backend *be,
                                     int device) {
     struct nccl_state *s = (struct nccl_state *)kiln_xcalloc(1, sizeof(*s));
@@ -311,7 +316,13 @@ static struct nccl_state *state_new(ncclComm_t comm, const struct nccl_state *li
     s->device = like ? like->device : device;
     s->be = be;
     s->compute = (cudaStream_t)be->ops->native_stream(be->ctx);
-    CUDA_OK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    if (stream_priority_high) {
+        int least, greatest;
+        CUDA_OK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+        CUDA_OK(cudaStreamCreateWithPriority(&s->stream, cudaStreamNonBlocking, greatest));
+    } else {
+        CUDA_OK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    }
     CUDA_OK(cudaEventCreateWithFlags(&s->issued, cudaEventDisableTiming));
     dev_stage(s, 4096);
     CUDA_OK(cudaMemset(s->dev_stage, 0, 4096));
@@ -385,6 +396,11 @@ extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_e
                                "KILN_NCCL_MAX_CTAS=%s (environment): a whole number 1 to 64", max_ctas);
         cfg.maxCTAs = (int)n;
     }
+    const char *prio = getenv("KILN_NCCL_STREAM_PRIORITY");
+    if (prio && *prio && strcmp(prio, "default") && strcmp(prio, "high"))
+        return kiln_errorf(err, KILN_ERR_USAGE, "KILN_NCCL_STREAM_PRIORITY=%s (environment): default or high",
+                           prio);
+    stream_priority_high = prio && !strcmp(prio, "high");
     int device = 0;
     CUDA_OK(cudaGetDevice(&device));
     ncclUniqueId id;
