@@ -72,6 +72,12 @@ KILN_NCCL_CTA_POLICY=efficiency KILN_NCCL_MAX_CTAS=4 "$KILN" train "${a[@]}" --c
 close "$T/one" "$T/nccl1e" && ok || bad "NCCL's efficiency CTA policy left the no-comm trajectory"
 KILN_NCCL_CTA_POLICY=fast expect_error 2 "KILN_NCCL_CTA_POLICY=fast (environment): one of default, efficiency, zero" -- \
   train "${a[@]}" --comm=nccl --out="$T/nccl1bad"
+# the comm stream at the greatest priority (KILN_NCCL_STREAM_PRIORITY=high): the same numbers; a bad value
+KILN_NCCL_STREAM_PRIORITY=high "$KILN" train "${a[@]}" --comm=nccl --out="$T/nccl1p" 2>"$T/err" ||
+  bad "NCCL with the comm stream at high priority: $(tail -3 "$T/err")"
+close "$T/one" "$T/nccl1p" && ok || bad "NCCL's high-priority stream left the no-comm trajectory"
+KILN_NCCL_STREAM_PRIORITY=urgent expect_error 2 "KILN_NCCL_STREAM_PRIORITY=urgent (environment): default or high" -- \
+  train "${a[@]}" --comm=nccl --out="$T/nccl1badp"
 # ZeRO-2's staging buffers over NCCL (reduce-scatter onto the shard, summed over micro-steps on the GPU)
 "$KILN" train "${a[@]}" --comm=nccl --zero=2 --out="$T/nccl1z2" 2>"$T/err" || bad "NCCL ZeRO-2: $(tail -3 "$T/err")"
 close "$T/one" "$T/nccl1z2" && ok || bad "NCCL ZeRO-2 at world size 1 left the no-comm trajectory"
