@@ -115,9 +115,10 @@ static const struct opt OPTS[] = {
      "activations (each layer's input kept for --recompute=block, back before its backward), or all"},
     {"sp", OPT_INT, OFF(sp), 1, 65536, NULL,
      "sequence parallelism: ranks that split each sequence (world = sp x data-parallel ranks)"},
-    {"sp-mode", OPT_ENUM, OFF(sp_mode), 0, 0, "ulysses ring hybrid",
+    {"sp-mode", OPT_ENUM, OFF(sp_mode), 0, 0, "ulysses ring hybrid auto",
      "how attention crosses the sequence: all-to-all to heads (ulysses), key/value blocks around a ring "
-     "(ring), or Ulysses inside groups of --sp-ulysses ranks and a ring across them (hybrid)"},
+     "(ring), Ulysses inside groups of --sp-ulysses ranks and a ring across them (hybrid), or auto: Ulysses "
+     "over the largest group of a node's ranks that the heads divide, a ring across the groups"},
     {"sp-ulysses", OPT_INT, OFF(sp_ulysses), 0, 65536, NULL,
      "hybrid: ranks per Ulysses group (0: the ranks per node)"},
     {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 1e5, NULL,

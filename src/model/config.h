@@ -30,7 +30,7 @@ enum kiln_grad_dtype { KILN_GRAD_AUTO = 0, KILN_GRAD_FP32, KILN_GRAD_BF16 };
 // what lives in host memory (bits): the optimizer's state, the layer inputs kept for the recompute, or both
 enum kiln_zero3_accumulate { KILN_ACCUMULATE_SHARDED = 0, KILN_ACCUMULATE_WHOLE };
 enum kiln_offload { KILN_OFFLOAD_NONE = 0, KILN_OFFLOAD_OPTIMIZER = 1, KILN_OFFLOAD_ACTIVATIONS = 2, KILN_OFFLOAD_ALL = 3 };
-enum kiln_sp_mode { KILN_SP_ULYSSES = 0, KILN_SP_RING, KILN_SP_HYBRID };
+enum kiln_sp_mode { KILN_SP_ULYSSES = 0, KILN_SP_RING, KILN_SP_HYBRID, KILN_SP_AUTO };
 
 struct kiln_model_config {
     int n_layer;        // L

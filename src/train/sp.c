@@ -15,25 +15,39 @@ int kiln_sp_plan(const struct kiln_config *cfg, int world, int rank, int local_w
     const struct kiln_model_config *m = &cfg->model;
     struct kiln_sp_layout lo = {.sp = cfg->sp > 0 ? cfg->sp : 1};
     int T = cfg->seq_len;
-    static const char *const modes[] = {"ulysses", "ring", "hybrid"};
+    static const char *const modes[] = {"ulysses", "ring", "hybrid", "auto"};
     const char *mode = modes[cfg->sp_mode];
+    enum kiln_sp_mode sm = cfg->sp_mode;
+    if (sm == KILN_SP_AUTO && lo.sp > 1 && !cfg->sp_ulysses) {
+        // the largest Ulysses group that divides sp and the heads (and KV heads) and fits a node's ranks
+        // (its all-to-alls stay on the node's links); a ring across the groups, or none when one group is sp
+        int u = 1;
+        for (int d = 1; d <= lo.sp; d++)
+            if (lo.sp % d == 0 && m->n_head % d == 0 && kiln_model_kv_heads(m) % d == 0 &&
+                (d <= local_world || d == 1))
+                u = d;
+        sm = u == lo.sp ? KILN_SP_ULYSSES : u == 1 ? KILN_SP_RING : KILN_SP_HYBRID;
+        lo.ulysses = u;
+    }
     if (world % lo.sp)
         return kiln_errorf(
             err, KILN_ERR_USAGE,
             "sp %d with %d rank%s (--sp): the world must be sp x data-parallel ranks; use an --sp "
             "that divides %d",
             lo.sp, world, world == 1 ? "" : "s", world);
-    if (cfg->sp_ulysses && cfg->sp_mode != KILN_SP_HYBRID)
+    if (cfg->sp_ulysses && sm != KILN_SP_HYBRID)
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "sp-ulysses %d with sp-mode %s (--sp-ulysses): the Ulysses group size is for "
                            "--sp-mode=hybrid; leave it out",
                            cfg->sp_ulysses, mode);
     if (lo.sp == 1) { // no sequence parallelism, whatever the mode
         lo.ulysses = 1;
-    } else if (cfg->sp_mode == KILN_SP_ULYSSES) {
+    } else if (sm == KILN_SP_ULYSSES) {
         lo.ulysses = lo.sp;
-    } else if (cfg->sp_mode == KILN_SP_RING) {
+    } else if (sm == KILN_SP_RING) {
         lo.ulysses = 1;
+    } else if (cfg->sp_mode == KILN_SP_AUTO) {
+        // (lo.ulysses as auto chose it above)
     } else {
         lo.ulysses = cfg->sp_ulysses ? cfg->sp_ulysses : local_world;
         if (lo.ulysses < 1 || lo.sp % lo.ulysses || lo.ulysses == lo.sp)

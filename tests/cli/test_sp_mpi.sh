@@ -68,6 +68,20 @@ check ring4_rope 4 --pos=rope -- --sp=4 --sp-mode=ring
 check uly4_alibi 4 --pos=alibi -- --sp=4 --sp-mode=ulysses
 check hyb4_learned 4 --pos=learned -- --sp=4 --sp-mode=hybrid --sp-ulysses=2
 check hyb4_gqa 4 --pos=rope --kv-heads=2 --mlp=swiglu --norm=rmsnorm -- --sp=4 --sp-mode=hybrid --sp-ulysses=2
+# --sp-mode=auto: 2 KV heads over 4 ranks of one node take Ulysses groups of 2 and a ring of 2, the layout
+# above, so the same numbers bit for bit; the banner says what it chose
+"${MPI[@]}" -np 4 "$KILN" train "${args[@]}" --quiet=0 --pos=rope --kv-heads=2 --mlp=swiglu --norm=rmsnorm --sp=4 \
+  --sp-mode=auto --out="$T/auto4" >"$T/auto4.log" 2>&1 || bad "--sp-mode=auto at 4 ranks: $(tail -3 "$T/auto4.log")"
+l1=$(grep -o '"loss":[^,]*' "$T/hyb4_gqa/metrics.jsonl")
+[ -n "$l1" ] && [ "$l1" = "$(grep -o '"loss":[^,]*' "$T/auto4/metrics.jsonl")" ] &&
+  grep -q "sp 4 (2 Ulysses x 2 ring" "$T/auto4.log" && ok ||
+  bad "--sp-mode=auto at 4 ranks, 2 KV heads: not hybrid 2 x 2's run: $(grep -m1 'sp 4' "$T/auto4.log")"
+# and as kiln info plans it: heads that divide sp give Ulysses alone, heads that divide none of it a ring
+for hv in "8 4 Ulysses x 1 ring" "7 1 Ulysses x 4 ring"; do
+  read -r h want <<<"$hv"
+  "$KILN" info --preset=gpt2-124m --layers=2 --heads="$h" --dim=$((h * 8)) --seq=64 --block-size=64 --world=4 --sp=4 \
+    --sp-mode=auto 2>&1 | grep -q "sp 4 ($want" && ok || bad "--sp-mode=auto with $h heads at sp 4: not '$want'"
+done
 # Ulysses alone hands the whole sequence of its heads to the backend's own attention op (GQA: 2 heads, 1 KV head)
 check uly2_gqa 2 --pos=rope --kv-heads=2 -- --sp=2 --sp-mode=ulysses
 check ring4_gqa 4 --pos=alibi --kv-heads=1 -- --sp=4 --sp-mode=ring
@@ -139,6 +153,7 @@ expect_error 4 "^error: 4 heads and 2 KV heads over 4 Ulysses ranks" --kv-heads=
 expect_error 2 "^error: seq 30 over sp 2 \(--seq, --sp-mode=ring\): the ring's zigzag cuts the sequence into 2 x ring chunks.*use a --seq that divides by 4" \
   --seq=30 --sp=2 --sp-mode=ring
 expect_error 2 "^error: sp-ulysses 2 with sp-mode ring \(--sp-ulysses\)" --sp=2 --sp-mode=ring --sp-ulysses=2
+expect_error 2 "^error: sp-ulysses 2 with sp-mode auto \(--sp-ulysses\)" --sp=2 --sp-mode=auto --sp-ulysses=2
 expect_error 4 "^error: sp-mode hybrid with sp 4 and 4 Ulysses ranks" --sp=4 --sp-mode=hybrid --sp-ulysses=4
 "$KILN" train "${args[@]}" --sp=2 --out="$T/bad1" 2>"$T/err"
 rc=$?
