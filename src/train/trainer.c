@@ -577,6 +577,27 @@ static int start_watchdog(struct run *r, struct kiln_error *err) {
 // (kiln_recompute_budget) as it is once the communicators are open (NCCL's buffers are not in the plan). The
 // CPU states no limit: act, the default, there. Every rank takes the most recompute any rank chose, so that
 // all run the same collectives (sequence parallelism's attention is one).
+// Nothing fit the budget (the run goes on with block, which may not fit either): where keeping the layer
+// inputs in host memory would, say so, with the mode auto would then take.
+static void auto_offload_hint(const struct run *r, const struct kiln_config *cfg, const struct kiln_param_table *pt,
+                              size_t budget) {
+    struct kiln_config c = *cfg;
+    c.offload |= KILN_OFFLOAD_ACTIVATIONS;
+    size_t planned = 0;
+    enum kiln_recompute rc = kiln_recompute_auto(&c, pt, r->env.world, &r->sp_lo, r->be.act_dtype,
+                                                 r->be.grad_dtype, r->be.weights_alias_master, budget, &planned);
+    if (planned <= budget)
+        fprintf(stderr,
+                "kiln: --recompute=auto: no mode fits the device's budget; with --offload=activations %s "
+                "plans %.2f GiB (the layer inputs in pinned host memory)\n",
+                kiln_recompute_name(rc), planned / 1073741824.0);
+    else
+        fprintf(stderr,
+                "kiln: --recompute=auto: no mode fits the device's budget, nor with --offload=activations "
+                "(%s: %.2f GiB); a smaller --batch or --seq, or --sp over more ranks\n",
+                kiln_recompute_name(rc), planned / 1073741824.0);
+}
+
 static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
                                    const struct kiln_param_table *pt) {
     size_t free_now = r->be.ops->mem_free(r->be.ctx);
@@ -603,6 +624,8 @@ static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
         else
             fprintf(stderr, "kiln: --recompute=auto: %s (the %s states no memory limit)\n",
                     kiln_recompute_name(rc), r->be.name);
+        if (budget && planned > budget && !(cfg->offload & KILN_OFFLOAD_ACTIVATIONS))
+            auto_offload_hint(r, cfg, pt, budget);
     }
 }
 

@@ -75,6 +75,15 @@ KILN_MEM_BUDGET_MB=100 "$KILN" train "${m[@]}" --recompute=auto --out="$T/auto" 
 "$KILN" train "${m[@]}" --recompute=auto --out="$T/auto" 2>"$T/err" &&
   grep -q "^kiln: --recompute=auto: act (the cpu states no memory limit)" "$T/err" && ok ||
   bad "auto on the CPU without a budget: $(cat "$T/err")"
+# when nothing fits, auto says whether keeping the layer inputs in host memory would, and with what mode
+L=(--preset=gpt2-124m --layers=12 --dim=64 --heads=2 --pos=rope --batch=1 --seq=4096 --block-size=4096 --tokenizer=char
+  --data=random --max-steps=1 --device=cpu --eval-every=0 --checkpoint=0 --save-model=0 --quiet --threads=1)
+KILN_MEM_BUDGET_MB=40 "$KILN" train "${L[@]}" --recompute=auto --out="$T/hint" 2>"$T/err" &&
+  grep -q "^kiln: --recompute=auto: no mode fits the device's budget; with --offload=activations selective plans" \
+    "$T/err" && ok || bad "auto's offload hint: $(cat "$T/err")"
+KILN_MEM_BUDGET_MB=20 "$KILN" train "${L[@]}" --recompute=auto --out="$T/hint0" 2>"$T/err"
+grep -q "^kiln: --recompute=auto: no mode fits the device's budget, nor with --offload=activations (block:" "$T/err" &&
+  ok || bad "auto when offload would not fit either: $(cat "$T/err")"
 # kiln info says whether a rank's GPU plan fits the budget auto uses (KILN_MEM_BUDGET_MB standing in for a GPU),
 # and what takes less memory when it does not; without a GPU or a budget it says nothing
 gpu=$("$KILN" info "${m[@]}" | awk '/^  total on the GPU/ {print $5}')
