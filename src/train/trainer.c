@@ -579,13 +579,14 @@ static int start_watchdog(struct run *r, struct kiln_error *err) {
 // all run the same collectives (sequence parallelism's attention is one).
 // Nothing fit the budget (the run goes on with block, which may not fit either): where keeping the layer
 // inputs in host memory would, say so, with the mode auto would then take.
-static void auto_offload_hint(const struct run *r, const struct kiln_config *cfg, const struct kiln_param_table *pt,
-                              size_t budget) {
+static void auto_offload_hint(const struct run *r, const struct kiln_config *cfg,
+                              const struct kiln_param_table *pt, size_t budget) {
     struct kiln_config c = *cfg;
     c.offload |= KILN_OFFLOAD_ACTIVATIONS;
     size_t planned = 0;
-    enum kiln_recompute rc = kiln_recompute_auto(&c, pt, r->env.world, &r->sp_lo, r->be.act_dtype,
-                                                 r->be.grad_dtype, r->be.weights_alias_master, budget, &planned);
+    enum kiln_recompute rc =
+        kiln_recompute_auto(&c, pt, r->env.world, &r->sp_lo, r->be.act_dtype, r->be.grad_dtype,
+                            r->be.weights_alias_master, budget, &planned);
     if (planned <= budget)
         fprintf(stderr,
                 "kiln: --recompute=auto: no mode fits the device's budget; with --offload=activations %s "
