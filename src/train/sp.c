@@ -18,16 +18,15 @@ int kiln_sp_plan(const struct kiln_config *cfg, int world, int rank, int local_w
     static const char *const modes[] = {"ulysses", "ring", "hybrid", "auto"};
     const char *mode = modes[cfg->sp_mode];
     enum kiln_sp_mode sm = cfg->sp_mode;
+    int group = cfg->sp_ulysses ? cfg->sp_ulysses : local_world; // hybrid's Ulysses ranks
     if (sm == KILN_SP_AUTO && lo.sp > 1 && !cfg->sp_ulysses) {
         // the largest Ulysses group that divides sp and the heads (and KV heads) and fits a node's ranks
         // (its all-to-alls stay on the node's links); a ring across the groups, or none when one group is sp
-        int u = 1;
-        for (int d = 1; d <= lo.sp; d++)
-            if (lo.sp % d == 0 && m->n_head % d == 0 && kiln_model_kv_heads(m) % d == 0 &&
-                (d <= local_world || d == 1))
-                u = d;
-        sm = u == lo.sp ? KILN_SP_ULYSSES : u == 1 ? KILN_SP_RING : KILN_SP_HYBRID;
-        lo.ulysses = u;
+        group = 1;
+        for (int d = 2; d <= lo.sp && d <= local_world; d++)
+            if (lo.sp % d == 0 && m->n_head % d == 0 && kiln_model_kv_heads(m) % d == 0)
+                group = d;
+        sm = group == lo.sp ? KILN_SP_ULYSSES : group == 1 ? KILN_SP_RING : KILN_SP_HYBRID;
     }
     if (world % lo.sp)
         return kiln_errorf(
@@ -46,10 +45,8 @@ int kiln_sp_plan(const struct kiln_config *cfg, int world, int rank, int local_w
         lo.ulysses = lo.sp;
     } else if (sm == KILN_SP_RING) {
         lo.ulysses = 1;
-    } else if (cfg->sp_mode == KILN_SP_AUTO) {
-        // (lo.ulysses as auto chose it above)
     } else {
-        lo.ulysses = cfg->sp_ulysses ? cfg->sp_ulysses : local_world;
+        lo.ulysses = group;
         if (lo.ulysses < 1 || lo.sp % lo.ulysses || lo.ulysses == lo.sp)
             return kiln_errorf(
                 err, KILN_ERR_USAGE,
