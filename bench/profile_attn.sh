@@ -20,7 +20,8 @@ mkdir -p "$OUT"
 csv="$OUT/prof_attn_$T.csv"
 timeout 500 ncu --clock-control none -k "regex:$KERNELS" -c "$N" --section SpeedOfLight \
   --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
-  --section SchedulerStats --section Occupancy --csv --page raw "$BUILD/attn_bench" 1 "$T" 16 128 \
+  --section SchedulerStats --section Occupancy \
+  --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active --csv --page raw "$BUILD/attn_bench" 1 "$T" 16 128 \
   >"$csv" 2>"$OUT/prof_attn_$T.err" ||
   { echo "profile at T=$T failed: $(tail -3 "$OUT/prof_attn_$T.err")"; exit 1; }
 python3 bench/profile_attn_summary.py "$csv"

@@ -11,8 +11,10 @@ import sys
 
 
 def rows_of(path):
+    # the profiled program's own output comes first, and ncu's notes start with "=="; the CSV begins at "ID"
     lines = [l for l in open(path, errors="replace") if not l.startswith("==")]
-    rows = list(csv.reader(lines))
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), len(lines))
+    rows = list(csv.reader(lines[start:]))
     if len(rows) < 3:
         sys.exit(f"{path}: no profiled kernel (is the kernel regex right?)")
     return rows[0], rows[1], rows[2:]
@@ -55,7 +57,8 @@ def main():
         print(f"== {re.sub(r'[(].*', '', kname)}")  # the name and template arguments, not the parameters
         for prefix, label in HEADLINE:
             for h, i in col.items():
-                if h.startswith(prefix):
+                # one figure a metric: the average's (not the max, min or sum over units, nor the _elapsed twin)
+                if h.startswith(prefix) and not re.search(r"\.(max|min|sum)\.|_elapsed$", h[len(prefix):]):
                     v = number(r[i])
                     if v is not None:
                         print(f"  {label:28s} {v:12.3f} {units[i]:>8s}   ({h})")

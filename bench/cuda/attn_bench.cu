@@ -10,10 +10,10 @@
 // and the backward's speedup over det. Where the Hopper kernels apply (a build with KILN_CUDA_ARCHS
 // containing 90a, an sm_90 device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward and
 // backward, both wgmma + TMA), follows; its `fwd/new` and `bwd/new` columns are its speedups over the FA2
-// forward and single-pass backward of `new`, `f+b` the two together (its backward adds dQ by TMA's
-// reduce-add, the default); then wgmma-red, the same with dQ added by vector REDs (KILN_WGMMA_DQ=red), and
-// wgmma-pp, the default with the forward's consumers in turns (KILN_WGMMA_FWD=pingpong), and wgmma-split,
-// with the backward's dQ split by columns between its consumers (KILN_WGMMA_DQ=tma-split). The last line
+// forward and single-pass backward of `new`, `f+b` the two together (the defaults: the forward's consumers
+// in turns, the backward's dQ split by columns between its consumers and added by TMA's reduce-add); then
+// wgmma-red, dQ added by vector REDs (KILN_WGMMA_DQ=red), wgmma-ov, the forward's consumers each on its own
+// (KILN_WGMMA_FWD=overlap), and wgmma-tma, one consumer a tile's dQ (KILN_WGMMA_DQ=tma). The last line
 // counts CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
@@ -129,11 +129,11 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
              pos == KILN_POS_ROPE    ? "rope"
              : pos == KILN_POS_ALIBI ? "alibi"
                                      : "none");
-    // (wgmma-red: the wgmma backward with dQ added by vector REDs, KILN_WGMMA_DQ=red; wgmma-pp: the wgmma
-    // forward with the consumers' wgmmas in turns, KILN_WGMMA_FWD=pingpong)
-    // (wgmma-split: the backward's dQ split by columns between its consumers, KILN_WGMMA_DQ=tma-split)
-    const char *names[9] = {"ref",   "det",       "new",      "new-v1",     "new-v2",
-                            "wgmma", "wgmma-red", "wgmma-pp", "wgmma-split"};
+    // (wgmma: the defaults, the forward's consumers in turns and the backward's dQ split between them;
+    // wgmma-red: dQ added by vector REDs, KILN_WGMMA_DQ=red; wgmma-ov: the forward's consumers each on its own,
+    // KILN_WGMMA_FWD=overlap; wgmma-tma: one consumer a tile's whole dQ, KILN_WGMMA_DQ=tma)
+    const char *names[9] = {"ref",   "det",       "new",      "new-v1",   "new-v2",
+                            "wgmma", "wgmma-red", "wgmma-ov", "wgmma-tma"};
     const char *attn[9] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma", "wgmma", "wgmma"};
     const char *var[9] = {"0", "0", "0", "1", "2", "0", "0", "0", "0"};
     int det[9] = {0, 1, 0, 0, 0, 0, 0, 0, 0};
@@ -145,11 +145,11 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
     for (int k = 0; k < n_paths; k++) {
         set_path(attn[k], var[k]);
         if (k == 6 || k == 8)
-            setenv("KILN_WGMMA_DQ", k == 6 ? "red" : "tma-split", 1);
+            setenv("KILN_WGMMA_DQ", k == 6 ? "red" : "tma", 1);
         else
             unsetenv("KILN_WGMMA_DQ");
         if (k == 7)
-            setenv("KILN_WGMMA_FWD", "pingpong", 1);
+            setenv("KILN_WGMMA_FWD", "overlap", 1);
         else
             unsetenv("KILN_WGMMA_FWD");
         c->deterministic = det[k];

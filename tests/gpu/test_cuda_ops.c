@@ -956,10 +956,10 @@ static void test_attention_wgmma_matches_cpu(void **state) {
         skip(); // reported as skipped, not passed
     }
     setenv("KILN_ATTN", "wgmma", 1);
-    // the forward both ways (KILN_WGMMA_FWD): each consumer on its own (the default), and in turns
+    // the forward both ways (KILN_WGMMA_FWD): each consumer on its own, and in turns (the default)
     for (int pp = 0; pp < 2; pp++) {
         setenv("KILN_WGMMA_FWD", pp ? "pingpong" : "overlap", 1);
-        printf("attention path: wgmma, forward %s\n", pp ? "ping-pong (KILN_WGMMA_FWD=pingpong)" : "overlap");
+        printf("attention path: wgmma, forward %s\n", pp ? "ping-pong (KILN_WGMMA_FWD=pingpong, the default)" : "overlap");
         attention_case(e, 1, 17, 4, 1, 64, KILN_POS_ALIBI);
         attention_case(e, 1, 17, 2, 2, 128, KILN_POS_ROPE);
         attention_case(e, 2, 129, 6, 2, 64, KILN_POS_ROPE);
@@ -997,12 +997,12 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
                "and an sm_90 device): skipped\n");
         skip();
     }
-    // both ways of adding dQ (KILN_WGMMA_DQ): TMA's reduce-add (the default) and vector REDs
-    // (and split: each tile's dQ by both consumers, a 64-column pass each, at HS 128)
+    // both ways of adding dQ (KILN_WGMMA_DQ): TMA's reduce-add and vector REDs, each by one consumer a tile
+    // or split (each tile's dQ by both consumers, a 64-column pass each, at HS 128; tma-split is the default)
     const char *dq_modes[4] = {"red", "tma", "tma-split", "red-split"};
     for (int mode = 0; mode < 4; mode++) {
         setenv("KILN_WGMMA_DQ", dq_modes[mode], 1);
-        printf("dQ added by KILN_WGMMA_DQ=%s%s\n", dq_modes[mode], mode == 1 ? " (the default)" : "");
+        printf("dQ added by KILN_WGMMA_DQ=%s%s\n", dq_modes[mode], mode == 2 ? " (the default)" : "");
         setenv("KILN_ATTN", "fa2", 1);
         printf("attention path: FA2 forward, wgmma backward\n");
         struct kiln_backend *g = &e->gpu;
@@ -1865,6 +1865,10 @@ static void shuffle(int *x, int n, uint64_t *rng) {
 static void block_attention_case(struct env *e, const struct blk_case *c) {
     struct blk_bufs u = {.c = c};
     int B = c->B, T = c->T, NH = c->NH, NKV = c->NKV, HS = c->HS, nqb = c->nqb, nkb = c->nqb + 1, S = T / nqb;
+    if (T % nqb) { // the query blocks must tile the sequence, or the rows past nqb S are never computed
+        fail_msg("block case T=%d: not a multiple of its %d query blocks", T, nqb);
+        return;
+    }
     size_t C = (size_t)NH * HS;
     u.W = (size_t)(NH + 2 * NKV) * HS + c->pad;
     u.rows = (size_t)T + (c->pad ? 1 : 0);
@@ -2034,7 +2038,7 @@ static void test_attention_block_matches_cpu(void **state) {
         {2, 48, 3, 3, 32, KILN_POS_ALIBI, 0, 0, 0, 0, 4},
         {1, 50, 2, 1, 64, KILN_POS_ALIBI, 3, 6, 1, 100, 2},
         {2, 130, 8, 2, 128, KILN_POS_ROPE, 0, 0, 0, 0, 2},
-        {2, 200, 4, 2, 128, KILN_POS_NONE, 0, 0, 0, 0, 3},
+        {2, 200, 4, 2, 128, KILN_POS_NONE, 0, 0, 0, 0, 4},
         {1, 150, 4, 4, 64, KILN_POS_ROPE, 0, 0, 0, 500, 3},
         {1, 768, 4, 2, 128, KILN_POS_ROPE, 0, 0, 0, 0, 2}, // blocks of several query and key tiles
         // the first block (queries [130, 260) against keys [0, 260)): the wgmma forward's consumer 0 has a
@@ -2045,8 +2049,8 @@ static void test_attention_block_matches_cpu(void **state) {
     // KILN_ATTN_BLOCK=tc) and the Hopper ones (KILN_ATTN_BLOCK=wgmma: the blocks whose queries come at or
     // after their keys, without ALiBi, on an sm_90 device; the tensor-core kernels take the rest) at the head
     // sizes they take
-    // (the last pass: the Hopper forward's consumers in turns, KILN_WGMMA_FWD=pingpong, and the backward's dQ
-    // split between its consumers, KILN_WGMMA_DQ=tma-split)
+    // (the third pass: the Hopper forward's consumers each on its own, KILN_WGMMA_FWD=overlap, and one consumer
+    // a tile's dQ, KILN_WGMMA_DQ=tma; the last: the defaults, in turns and split)
     const char *kernels[4] = {"ref", "tc", "wgmma", "wgmma"};
     for (int k = 0; k < 4; k++) {
         printf("attention block kernels: KILN_ATTN_BLOCK=%s%s\n", kernels[k],

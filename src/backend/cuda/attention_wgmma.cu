@@ -17,8 +17,10 @@
 // done with the stage). Warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240), run the wgmma: operands
 // from shared memory through 128-byte-swizzled descriptors, or (P, dS) straight from the accumulator
 // registers of the previous wgmma, whose layout is the register-A layout of the next (as with mma.sync).
-// Not done yet (see the doc): ping-pong scheduling between the consumer warpgroups and a TMA store of O. The
-// backward adds dQ through shared memory with TMA's bulk reduce-add (KILN_WGMMA_DQ=red: vector REDs instead).
+// The forward's consumers take the tensor cores in turns (ping-pong, KILN_WGMMA_FWD=overlap: not); the
+// backward's consumers split each tile's dQ by columns and add it through shared memory with TMA's bulk
+// reduce-add (KILN_WGMMA_DQ=tma|red|red-split: one consumer a tile, or vector REDs). Not done yet (see the
+// doc): a TMA store of O.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,7 +256,7 @@ static __device__ __forceinline__ void consumer_bar_sync(int cw) {
     else
         asm volatile("bar.sync 3, 128;\n" ::: "memory");
 }
-// The forward's ping-pong (FlashAttention-3's warp scheduling, KILN_WGMMA_FWD=pingpong): consumer cw waits
+// The forward's ping-pong (FlashAttention-3's warp scheduling, the default; KILN_WGMMA_FWD=overlap: not): consumer cw waits
 // for its turn at barrier 4 + cw (its own 128 threads sync there, the other consumer's 128 arrive) before it
 // issues a step's wgmmas, and gives the turn to the other (arrives at its barrier) once they are issued; so
 // the tensor cores take the two consumers' matrix products in turn while the other runs its softmax.
@@ -701,7 +703,7 @@ static __device__ __forceinline__ void wb_add_frag(bf16 *base, int stride, int t
 }
 #endif // WG_DEVICE_HELPERS
 
-// SPLIT (HS 128 only; KILN_WGMMA_DQ=tma-split|red-split): each tile's dQ split by columns between the two
+// SPLIT (HS 128 only; the default, KILN_WGMMA_DQ=tma-split, or red-split): each tile's dQ split by columns between the two
 // consumers, one 64-column pass each, instead of all of it by one consumer every other tile.
 template <int HS, bool DQ_TMA, bool SPLIT>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
@@ -1049,14 +1051,15 @@ static void wg_launch_pp(struct cuda_ctx *c, const struct wg_params &p, int B) {
     CUDA_CHECK_LAUNCH();
 }
 
-// KILN_WGMMA_FWD (read on every call, so that a test or attn_bench can compare both in one process): overlap
-// (the default: each consumer overlaps its softmax with its own P V, no order between the consumers) or
-// pingpong (also the consumers' wgmmas in turns, FlashAttention-3's warp scheduling; written in session 11
-// without a GPU).
+// KILN_WGMMA_FWD (read on every call, so that a test or attn_bench can compare both in one process):
+// pingpong (the default: the consumers' wgmmas in turns, FlashAttention-3's warp scheduling, so that one
+// consumer's softmax runs under the other's matrix products; on an H100 587/596 TFLOP/s against overlap's
+// 540/542 at 32k/64k, HS 128, session 12) or overlap (each consumer overlaps its softmax with its own P V, no
+// order between the consumers).
 static int wg_fwd_pingpong(void) {
-    static const char *const names[] = {"overlap", "pingpong"};
+    static const char *const names[] = {"pingpong", "overlap"};
     static int told;
-    return kiln_cuda_env_choice("KILN_WGMMA_FWD", names, 2, &told) == 1;
+    return kiln_cuda_env_choice("KILN_WGMMA_FWD", names, 2, &told) == 0;
 }
 
 template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct wg_params &p, int B) {
@@ -1090,18 +1093,18 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
     return r != CUDA_SUCCESS;
 }
 
-// KILN_WGMMA_DQ (read on every call, so that a test or attn_bench can compare them in one process): tma (the
-// default: the pass staged in shared memory and added by the TMA unit, as FlashAttention-3 does; on an H100
-// the backward ran 445/438 TFLOP/s against the REDs' 419/409 at 32k/64k, HS 128, session 11), red (each
-// consumer thread adds its dQ with vector REDs), or tma-split / red-split (at HS 128 the two consumers take a
-// 64-column pass of every tile's dQ each, SPLIT; written in session 11 without a GPU). *tma, *split: the
-// choice.
+// KILN_WGMMA_DQ (read on every call, so that a test or attn_bench can compare them in one process):
+// tma-split (the default: at HS 128 the two consumers take a 64-column pass of every tile's dQ each, SPLIT,
+// staged in shared memory and added by the TMA unit as FlashAttention-3 does; HS 64 takes tma), tma (one
+// consumer a tile's whole dQ), red or red-split (each consumer thread adds its dQ with vector REDs). On an
+// H100, backward TFLOP/s at 32k/64k, HS 128 (session 12): tma-split 465/453, tma 439/429, red 416/403.
+// *tma, *split: the choice.
 static void wb_dq_mode(int *tma, int *split) {
-    static const char *const names[] = {"tma", "red", "tma-split", "red-split"};
+    static const char *const names[] = {"tma-split", "tma", "red", "red-split"};
     static int told;
     int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 4, &told);
-    *tma = m == 0 || m == 2;
-    *split = m >= 2;
+    *tma = m <= 1;
+    *split = m == 0 || m == 3;
 }
 
 // The backward's kernel for HS, the dQ path and SPLIT (which HS 64, one pass a tile, does not take).
