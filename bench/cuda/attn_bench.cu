@@ -130,8 +130,8 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
              : pos == KILN_POS_ALIBI ? "alibi"
                                      : "none");
     // (wgmma: the defaults, the forward's consumers in turns and the backward's dQ split between them;
-    // wgmma-red: dQ added by vector REDs, KILN_WGMMA_DQ=red; wgmma-ov: the forward's consumers each on its own,
-    // KILN_WGMMA_FWD=overlap; wgmma-tma: one consumer a tile's whole dQ, KILN_WGMMA_DQ=tma)
+    // wgmma-red: dQ added by vector REDs, KILN_WGMMA_DQ=red; wgmma-ov: the forward's consumers each on its
+    // own, KILN_WGMMA_FWD=overlap; wgmma-tma: one consumer a tile's whole dQ, KILN_WGMMA_DQ=tma)
     const char *names[9] = {"ref",   "det",       "new",      "new-v1",   "new-v2",
                             "wgmma", "wgmma-red", "wgmma-ov", "wgmma-tma"};
     const char *attn[9] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma", "wgmma", "wgmma"};

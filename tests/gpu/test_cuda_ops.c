@@ -383,12 +383,14 @@ static void test_embedding_with_split_positions_matches_cpu(void **state) {
 // dinp. Elements outside the slice must be left untouched on both backends.
 static void test_strided_norms_match_cpu(void **state) {
     struct env *e = *state;
-    int shapes[][4] = {{37, 128, 384, 0}, {37, 128, 384, 128}, {5, 72, 216, 72}, {64, 64, 192, 128}}; // N C ld off
+    int shapes[][4] = {
+        {37, 128, 384, 0}, {37, 128, 384, 128}, {5, 72, 216, 72}, {64, 64, 192, 128}}; // N C ld off
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
         for (int rms = 0; rms <= 1; rms++) {
             int N = shapes[s][0], C = shapes[s][1], ld = shapes[s][2], off = shapes[s][3];
             char sh[128];
-            snprintf(sh, sizeof(sh), "N=%d C=%d stride=%d off=%d %s", N, C, ld, off, rms ? "rms" : "layernorm");
+            snprintf(sh, sizeof(sh), "N=%d C=%d stride=%d off=%d %s", N, C, ld, off,
+                     rms ? "rms" : "layernorm");
             size_t nl = (size_t)N * ld;
             struct pair inp = pair_new(e, nl, ACT), out = pair_new(e, nl, ACT), w = pair_new(e, C, ACT);
             struct pair mean = pair_new(e, N, F32), rstd = pair_new(e, N, F32);
@@ -396,12 +398,26 @@ static void test_strided_norms_match_cpu(void **state) {
             pair_randn(&out, 1.0f); // the untouched columns keep these values on both sides
             pair_randn(&w, 1.0f);
             size_t eb = 2; // bf16 on the GPU
-            struct kiln_norm_args a_c = {.out = (float *)out.c + off, .mean = rms ? NULL : mean.c, .rstd = rstd.c,
-                                         .inp = (float *)inp.c + off, .weight = w.c, .N = N, .C = C, .rms = rms,
-                                         .eps = 1e-5f, .stride = ld};
-            struct kiln_norm_args a_g = {.out = (char *)out.g + off * eb, .mean = rms ? NULL : mean.g,
-                                         .rstd = rstd.g, .inp = (char *)inp.g + off * eb, .weight = w.g, .N = N,
-                                         .C = C, .rms = rms, .eps = 1e-5f, .stride = ld};
+            struct kiln_norm_args a_c = {.out = (float *)out.c + off,
+                                         .mean = rms ? NULL : mean.c,
+                                         .rstd = rstd.c,
+                                         .inp = (float *)inp.c + off,
+                                         .weight = w.c,
+                                         .N = N,
+                                         .C = C,
+                                         .rms = rms,
+                                         .eps = 1e-5f,
+                                         .stride = ld};
+            struct kiln_norm_args a_g = {.out = (char *)out.g + off * eb,
+                                         .mean = rms ? NULL : mean.g,
+                                         .rstd = rstd.g,
+                                         .inp = (char *)inp.g + off * eb,
+                                         .weight = w.g,
+                                         .N = N,
+                                         .C = C,
+                                         .rms = rms,
+                                         .eps = 1e-5f,
+                                         .stride = ld};
             RUN(e, norm_forward, &a);
             check(e, "norm_forward", sh, "out", &out, TOL_BF16);
             check(e, "norm_forward", sh, "rstd", &rstd, TOL_STAT);
@@ -409,14 +425,30 @@ static void test_strided_norms_match_cpu(void **state) {
             pair_randn(&dout, 1.0f);
             pair_randn(&dinp, 1.0f); // assigned inside the slice, untouched outside
             pair_fill(&dw, 0.0f);
-            struct kiln_norm_back_args b_c = {.dinp = (float *)dinp.c + off, .dweight = dw.c,
-                                              .dout = (float *)dout.c + off, .inp = (float *)inp.c + off,
-                                              .weight = w.c, .mean = rms ? NULL : mean.c, .rstd = rstd.c, .N = N,
-                                              .C = C, .rms = rms, .stride = ld, .dinp_assign = 1};
-            struct kiln_norm_back_args b_g = {.dinp = (char *)dinp.g + off * eb, .dweight = dw.g,
-                                              .dout = (char *)dout.g + off * eb, .inp = (char *)inp.g + off * eb,
-                                              .weight = w.g, .mean = rms ? NULL : mean.g, .rstd = rstd.g, .N = N,
-                                              .C = C, .rms = rms, .stride = ld, .dinp_assign = 1};
+            struct kiln_norm_back_args b_c = {.dinp = (float *)dinp.c + off,
+                                              .dweight = dw.c,
+                                              .dout = (float *)dout.c + off,
+                                              .inp = (float *)inp.c + off,
+                                              .weight = w.c,
+                                              .mean = rms ? NULL : mean.c,
+                                              .rstd = rstd.c,
+                                              .N = N,
+                                              .C = C,
+                                              .rms = rms,
+                                              .stride = ld,
+                                              .dinp_assign = 1};
+            struct kiln_norm_back_args b_g = {.dinp = (char *)dinp.g + off * eb,
+                                              .dweight = dw.g,
+                                              .dout = (char *)dout.g + off * eb,
+                                              .inp = (char *)inp.g + off * eb,
+                                              .weight = w.g,
+                                              .mean = rms ? NULL : mean.g,
+                                              .rstd = rstd.g,
+                                              .N = N,
+                                              .C = C,
+                                              .rms = rms,
+                                              .stride = ld,
+                                              .dinp_assign = 1};
             RUN(e, norm_backward, &b);
             check(e, "norm_backward", sh, "dinp", &dinp, TOL_BF16);
             check(e, "norm_backward", sh, "dweight", &dw, TOL_F32G);
@@ -429,7 +461,7 @@ static void test_strided_norms_match_cpu(void **state) {
 
 static void test_norms_match_cpu(void **state) {
     struct env *e = *state;
-    int shapes[][2] = {{1, 72},     {7, 768},     {100, 72},  {257, 100},
+    int shapes[][2] = {{1, 72},    {7, 768},     {100, 72},  {257, 100},
                        {64, 1600}, {4099, 1024}, {513, 512}, {301, 4096}}; // N, C
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
         for (int rms = 0; rms <= 1; rms++)
@@ -490,7 +522,8 @@ static void test_norms_match_cpu(void **state) {
                         rref[r] = (float)(1.0 / sqrt(v / C + 1e-5));
                     }
                     // the mean's error in units of the row's standard deviation (the mean itself may be ~0):
-                    // 1e-5 is ~100 f32 roundings, far below the bf16 rounding of x (4e-3) a wrong x would show
+                    // 1e-5 is ~100 f32 roundings, far below the bf16 rounding of x (4e-3) a wrong x would
+                    // show
                     double em = 0;
                     for (int r = 0; r < N && !rms; r++) {
                         double d = fabs((double)mg[r] - mref[r]) * rref[r];
@@ -498,8 +531,9 @@ static void test_norms_match_cpu(void **state) {
                     }
                     double er = test_rel_err(rg, rref, N);
                     int ok = em <= 1e-5 && er <= TOL_STAT;
-                    printf("%-16s %-44s %-8s mean err/std %.2e (tol 1e-05), rstd rel_err %.2e (tol %.0e)  %s\n",
-                           "norm_forward", sh, "stats/x", em, er, TOL_STAT, ok ? "PASS" : "FAIL");
+                    printf(
+                        "%-16s %-44s %-8s mean err/std %.2e (tol 1e-05), rstd rel_err %.2e (tol %.0e)  %s\n",
+                        "norm_forward", sh, "stats/x", em, er, TOL_STAT, ok ? "PASS" : "FAIL");
                     if (!ok)
                         e->failures++;
                     free(x);
@@ -511,21 +545,43 @@ static void test_norms_match_cpu(void **state) {
 
                 struct pair dinp = pair_new(e, nc, ACT), dw = pair_new(e, C, GRAD), db = pair_new(e, C, GRAD);
                 struct pair rb0 = pair_new(e, C, GRAD), rb1 = pair_new(e, C, GRAD); // residual-stream biases
-                pair_randn(&dinp, 1.0f); // += outputs
-                int gassign = fused;      // dweight, dbias assigned or added to
+                pair_randn(&dinp, 1.0f);                                            // += outputs
+                int gassign = fused; // dweight, dbias assigned or added to
                 grads_prefill(gassign, &dw, &db);
                 grads_prefill(gassign, &rb0, &rb1);
                 pair_randn(&out, 1.0f); // dout
                 struct pair *x = fused ? &res_out : &inp;
                 // both residual-bias outputs with LayerNorm, the first alone with RMSNorm
-                struct kiln_norm_back_args b_c = {
-                    dinp.c, dw.c,    rms ? NULL : db.c, out.c, x->c,   w.c, rms ? NULL : mean.c,
-                    rstd.c, N,       C,                 rms,   0,      0,   gassign,
-                    {rb0.c, rms ? NULL : rb1.c}};
-                struct kiln_norm_back_args b_g = {
-                    dinp.g, dw.g,    rms ? NULL : db.g, out.g, x->g,   w.g, rms ? NULL : mean.g,
-                    rstd.g, N,       C,                 rms,   0,      0,   gassign,
-                    {rb0.g, rms ? NULL : rb1.g}};
+                struct kiln_norm_back_args b_c = {dinp.c,
+                                                  dw.c,
+                                                  rms ? NULL : db.c,
+                                                  out.c,
+                                                  x->c,
+                                                  w.c,
+                                                  rms ? NULL : mean.c,
+                                                  rstd.c,
+                                                  N,
+                                                  C,
+                                                  rms,
+                                                  0,
+                                                  0,
+                                                  gassign,
+                                                  {rb0.c, rms ? NULL : rb1.c}};
+                struct kiln_norm_back_args b_g = {dinp.g,
+                                                  dw.g,
+                                                  rms ? NULL : db.g,
+                                                  out.g,
+                                                  x->g,
+                                                  w.g,
+                                                  rms ? NULL : mean.g,
+                                                  rstd.g,
+                                                  N,
+                                                  C,
+                                                  rms,
+                                                  0,
+                                                  0,
+                                                  gassign,
+                                                  {rb0.g, rms ? NULL : rb1.g}};
                 RUN(e, norm_backward, &b);
                 check(e, "norm_backward", sh, "dinp", &dinp, TOL_BF16);
                 check(e, "norm_backward", sh, "dweight", &dw, TOL_F32G);
@@ -534,7 +590,7 @@ static void test_norms_match_cpu(void **state) {
                 check(e, "norm_backward", sh, "dres_bias0", &rb0, TOL_F32G);
                 if (!rms)
                     check(e, "norm_backward", sh, "dres_bias1", &rb1, TOL_F32G);
-                struct pair *all[] = {&inp, &res,  &res_out, &out, &w,   &bias, &mean,
+                struct pair *all[] = {&inp,  &res,  &res_out, &out, &w,   &bias, &mean,
                                       &rstd, &dinp, &dw,      &db,  &rb0, &rb1};
                 for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
                     pair_free(all[i]);
@@ -607,12 +663,34 @@ static void test_matmul_matches_cpu(void **state) {
             grads_prefill(gassign, &dw, &db);
             pair_randn(&gpre, 1.5f);
             pair_randn(&out, 1.0f); // dout
-            struct kiln_matmul_back_args b_c = {
-                dinp.c, dw.c, has_bias ? db.c : NULL, out.c, inp.c, w.c, dgelu ? gpre.c : NULL, N, IC,
-                OC,     dacc,   gassign, 0, 0};
-            struct kiln_matmul_back_args b_g = {
-                dinp.g, dw.g, has_bias ? db.g : NULL, out.g, inp.g, w.g, dgelu ? gpre.g : NULL, N, IC,
-                OC,     dacc,   gassign, 0, 0};
+            struct kiln_matmul_back_args b_c = {dinp.c,
+                                                dw.c,
+                                                has_bias ? db.c : NULL,
+                                                out.c,
+                                                inp.c,
+                                                w.c,
+                                                dgelu ? gpre.c : NULL,
+                                                N,
+                                                IC,
+                                                OC,
+                                                dacc,
+                                                gassign,
+                                                0,
+                                                0};
+            struct kiln_matmul_back_args b_g = {dinp.g,
+                                                dw.g,
+                                                has_bias ? db.g : NULL,
+                                                out.g,
+                                                inp.g,
+                                                w.g,
+                                                dgelu ? gpre.g : NULL,
+                                                N,
+                                                IC,
+                                                OC,
+                                                dacc,
+                                                gassign,
+                                                0,
+                                                0};
             RUN(e, matmul_backward, &b);
             char sh2[160];
             snprintf(sh2, sizeof(sh2), "N=%d IC=%d OC=%d dinp%s%s dW%s", N, IC, OC, dacc ? "+=" : "=",
@@ -770,9 +848,9 @@ static void test_attention_matches_cpu(void **state) {
 }
 
 // Each attention path against the CPU: the reference kernels (KILN_ATTN=ref), both tile variants of the FA2
-// kernels (KILN_ATTN=fa2, KILN_FA_VARIANT) and the default selection (on an sm_90a build and device: the Hopper
-// kernels), at the tile edges of each: T one past a 128-query block, T short of the
-// 16/32/64-query tiles of dK/dV, exact 64-tiles, GQA, RoPE, ALiBi.
+// kernels (KILN_ATTN=fa2, KILN_FA_VARIANT) and the default selection (on an sm_90a build and device: the
+// Hopper kernels), at the tile edges of each: T one past a 128-query block, T short of the 16/32/64-query
+// tiles of dK/dV, exact 64-tiles, GQA, RoPE, ALiBi.
 static void test_attention_paths_match_cpu(void **state) {
     struct env *e = *state;
     const char *attn[4] = {"ref", "fa2", "fa2", NULL}, *variant[4] = {"0", "0", "1", "0"};
@@ -919,8 +997,8 @@ static void strided_attention_case(struct env *e, struct kiln_backend *g, int B,
 }
 
 // Row strides as the parallel block uses them (QKV + FCO, multiples of 8: the tiled kernels) and odd ones
-// (the warp-per-row kernels take over), on the default kernels in both backward modes, on KILN_ATTN=fa2 and on
-// KILN_ATTN=ref.
+// (the warp-per-row kernels take over), on the default kernels in both backward modes, on KILN_ATTN=fa2 and
+// on KILN_ATTN=ref.
 static void test_strided_attention_matches_cpu(void **state) {
     struct env *e = *state;
     const char *attn[3] = {NULL, "fa2", "ref"};
@@ -951,15 +1029,17 @@ static void test_strided_attention_matches_cpu(void **state) {
 static void test_attention_wgmma_matches_cpu(void **state) {
     struct env *e = *state;
     if (!kiln_cuda_wgmma_attention_available(e->gpu.ctx)) {
-        printf("attention wgmma: not applicable here (needs a build with KILN_CUDA_ARCHS containing 90a and an "
-               "sm_90 device): skipped\n");
+        printf(
+            "attention wgmma: not applicable here (needs a build with KILN_CUDA_ARCHS containing 90a and an "
+            "sm_90 device): skipped\n");
         skip(); // reported as skipped, not passed
     }
     setenv("KILN_ATTN", "wgmma", 1);
     // the forward both ways (KILN_WGMMA_FWD): each consumer on its own, and in turns (the default)
     for (int pp = 0; pp < 2; pp++) {
         setenv("KILN_WGMMA_FWD", pp ? "pingpong" : "overlap", 1);
-        printf("attention path: wgmma, forward %s\n", pp ? "ping-pong (KILN_WGMMA_FWD=pingpong, the default)" : "overlap");
+        printf("attention path: wgmma, forward %s\n",
+               pp ? "ping-pong (KILN_WGMMA_FWD=pingpong, the default)" : "overlap");
         attention_case(e, 1, 17, 4, 1, 64, KILN_POS_ALIBI);
         attention_case(e, 1, 17, 2, 2, 128, KILN_POS_ROPE);
         attention_case(e, 2, 129, 6, 2, 64, KILN_POS_ROPE);
@@ -1207,8 +1287,9 @@ static void test_swiglu_and_add_match_cpu(void **state) {
 
 static void test_cross_entropy_matches_cpu(void **state) {
     struct env *e = *state;
-    // rows up to 64k logits run the one-pass (registers) kernel; 70016 and the unaligned 1001 the two-pass ones
-    int shapes[][3] = {{1, 1000, 1024}, {7, 1000, 1024},  {100, 1000, 1024}, {8, 50257, 50304},
+    // rows up to 64k logits run the one-pass (registers) kernel; 70016 and the unaligned 1001 the two-pass
+    // ones
+    int shapes[][3] = {{1, 1000, 1024}, {7, 1000, 1024},   {100, 1000, 1024}, {8, 50257, 50304},
                        {5, 100, 104},   {3, 70000, 70016}, {4, 1000, 1001}};
     for (int s = 0; s < (int)(sizeof(shapes) / sizeof(shapes[0])); s++)
         for (int mode = 0; mode < 3; mode++) { // 0: loss only, 1: with gradient, 2: gradient + z_loss
@@ -1266,8 +1347,8 @@ static void test_adamw_and_sum_squares_match_cpu(void **state) {
         pair_poison(&weights);
         for (int step = 1; step <= 3; step++) {
             pair_randn(&grads, 0.01f);
-            struct kiln_adamw_args a_c = {params.c, weights.c, grads.c, m.c,  v.c,  spans, 5,  3e-4f,
-                                          0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  sr, 1234, 0, 0};
+            struct kiln_adamw_args a_c = {params.c, weights.c, grads.c, m.c,  v.c,  spans, 5,    3e-4f, 0.9f,
+                                          0.95f,    1e-8f,     0.1f,    0.5f, step, sr,    1234, 0,     0};
             struct kiln_adamw_args a_g = a_c;
             a_g.params = params.g;
             a_g.weights = weights.g;
@@ -1500,8 +1581,8 @@ static void test_bf16_gradients_in_adamw_and_sum_squares_match_cpu(void **state)
     pair_poison(&weights);
     for (int step = 1; step <= 3; step++) {
         pair_randn(&grads, 0.01f);
-        struct kiln_adamw_args a_c = {params.c, weights.c, grads.c, m.c,  v.c,  spans, 5, 3e-4f,
-                                      0.9f,     0.95f,     1e-8f,   0.1f, 0.5f, step,  0, 1234, 0, 0};
+        struct kiln_adamw_args a_c = {params.c, weights.c, grads.c, m.c,  v.c,  spans, 5,    3e-4f, 0.9f,
+                                      0.95f,    1e-8f,     0.1f,    0.5f, step, 0,     1234, 0,     0};
         struct kiln_adamw_args a_g = a_c;
         a_g.params = params.g;
         a_g.weights = weights.g;
@@ -1520,18 +1601,32 @@ static void test_bf16_gradients_in_adamw_and_sum_squares_match_cpu(void **state)
     // (two slices of a flat buffer whose other elements this rank does not hold)
     struct kiln_param_span shard[] = {{1000, 5000, 1, 0}, {50000, 3000, 0, 5000}, {70000, 2000, 1, 8000}};
     size_t S = 10000;
-    struct pair sp = pair_new_on(e, g, S, F32), sw = pair_new_on(e, g, S, ACT), sg2 = pair_new_on(e, g, S, GRAD),
-                sm = pair_new_on(e, g, S, F32), sv = pair_new_on(e, g, S, F32);
+    struct pair sp = pair_new_on(e, g, S, F32), sw = pair_new_on(e, g, S, ACT),
+                sg2 = pair_new_on(e, g, S, GRAD), sm = pair_new_on(e, g, S, F32),
+                sv = pair_new_on(e, g, S, F32);
     pair_randn(&sp, 1.0f);
     pair_fill(&sm, 0.0f);
     pair_fill(&sv, 0.0f);
     pair_poison(&sw);
     for (int step = 1; step <= 2; step++) {
         pair_randn(&sg2, 0.01f);
-        struct kiln_adamw_args a = {.params = sp.c, .weights = sw.c, .grads = sg2.c, .m = sm.c, .v = sv.c,
-                                    .spans = shard, .n_spans = 3, .lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f,
-                                    .eps = 1e-8f, .weight_decay = 0.1f, .grad_scale = 0.5f, .step = step,
-                                    .seed = 1234, .grads_compact = 1, .params_compact = 1};
+        struct kiln_adamw_args a = {.params = sp.c,
+                                    .weights = sw.c,
+                                    .grads = sg2.c,
+                                    .m = sm.c,
+                                    .v = sv.c,
+                                    .spans = shard,
+                                    .n_spans = 3,
+                                    .lr = 3e-4f,
+                                    .beta1 = 0.9f,
+                                    .beta2 = 0.95f,
+                                    .eps = 1e-8f,
+                                    .weight_decay = 0.1f,
+                                    .grad_scale = 0.5f,
+                                    .step = step,
+                                    .seed = 1234,
+                                    .grads_compact = 1,
+                                    .params_compact = 1};
         struct kiln_adamw_args a_c = a, a_g = a;
         a_c.weights = NULL; // the CPU's compute weights are its params
         a_g.params = sp.g;
@@ -1631,9 +1726,8 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
     for (int run = 0; run < 2; run++) {
         for (int i = 0; i < 4; i++)
             g->ops->zero(g->ctx, ptrs[i], nb[i]);
-        struct kiln_norm_back_args b = {dinp.g, ndw.g, ndb.g, nout.g, inp.g, nw.g, mean.g,
-                                        rstd.g, N,     C,     0,      0,     0,    0,
-                                        {nrb.g, NULL}};
+        struct kiln_norm_back_args b = {dinp.g, ndw.g, ndb.g, nout.g, inp.g, nw.g, mean.g,       rstd.g,
+                                        N,      C,     0,     0,      0,     0,    {nrb.g, NULL}};
         g->ops->norm_backward(g->ctx, &b);
         for (int i = 0; i < 4; i++) {
             if (run == 0) {
@@ -1693,8 +1787,8 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
     free(snap);
     free(hti);
     free(ht);
-    struct pair *all[] = {&inp,  &w,   &dout, &dw,  &db,   &dinp, &dw0,  &mean, &rstd, &nw,
-                          &nout, &ndw, &ndb,  &nrb, &qkv, &aout, &lse,  &dqkv, &tok,  &dwte};
+    struct pair *all[] = {&inp,  &w,   &dout, &dw,  &db,  &dinp, &dw0, &mean, &rstd, &nw,
+                          &nout, &ndw, &ndb,  &nrb, &qkv, &aout, &lse, &dqkv, &tok,  &dwte};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         pair_free(all[i]);
     end_test(e);
@@ -2049,8 +2143,8 @@ static void test_attention_block_matches_cpu(void **state) {
     // KILN_ATTN_BLOCK=tc) and the Hopper ones (KILN_ATTN_BLOCK=wgmma: the blocks whose queries come at or
     // after their keys, without ALiBi, on an sm_90 device; the tensor-core kernels take the rest) at the head
     // sizes they take
-    // (the third pass: the Hopper forward's consumers each on its own, KILN_WGMMA_FWD=overlap, and one consumer
-    // a tile's dQ, KILN_WGMMA_DQ=tma; the last: the defaults, in turns and split)
+    // (the third pass: the Hopper forward's consumers each on its own, KILN_WGMMA_FWD=overlap, and one
+    // consumer a tile's dQ, KILN_WGMMA_DQ=tma; the last: the defaults, in turns and split)
     const char *kernels[4] = {"ref", "tc", "wgmma", "wgmma"};
     for (int k = 0; k < 4; k++) {
         printf("attention block kernels: KILN_ATTN_BLOCK=%s%s\n", kernels[k],

@@ -256,10 +256,11 @@ static __device__ __forceinline__ void consumer_bar_sync(int cw) {
     else
         asm volatile("bar.sync 3, 128;\n" ::: "memory");
 }
-// The forward's ping-pong (FlashAttention-3's warp scheduling, the default; KILN_WGMMA_FWD=overlap: not): consumer cw waits
-// for its turn at barrier 4 + cw (its own 128 threads sync there, the other consumer's 128 arrive) before it
-// issues a step's wgmmas, and gives the turn to the other (arrives at its barrier) once they are issued; so
-// the tensor cores take the two consumers' matrix products in turn while the other runs its softmax.
+// The forward's ping-pong (FlashAttention-3's warp scheduling, the default; KILN_WGMMA_FWD=overlap: not):
+// consumer cw waits for its turn at barrier 4 + cw (its own 128 threads sync there, the other consumer's 128
+// arrive) before it issues a step's wgmmas, and gives the turn to the other (arrives at its barrier) once
+// they are issued; so the tensor cores take the two consumers' matrix products in turn while the other runs
+// its softmax.
 static __device__ __forceinline__ void pp_turn_wait(int cw) {
     if (cw == 0)
         asm volatile("bar.sync 4, 256;\n" ::: "memory");
@@ -703,8 +704,8 @@ static __device__ __forceinline__ void wb_add_frag(bf16 *base, int stride, int t
 }
 #endif // WG_DEVICE_HELPERS
 
-// SPLIT (HS 128 only; the default, KILN_WGMMA_DQ=tma-split, or red-split): each tile's dQ split by columns between the two
-// consumers, one 64-column pass each, instead of all of it by one consumer every other tile.
+// SPLIT (HS 128 only; the default, KILN_WGMMA_DQ=tma-split, or red-split): each tile's dQ split by columns
+// between the two consumers, one 64-column pass each, instead of all of it by one consumer every other tile.
 template <int HS, bool DQ_TMA, bool SPLIT>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_bwd_kernel(const __grid_constant__ struct wg_bwd_params p) {
