@@ -23,6 +23,7 @@
 #   faults   a SIGKILLed rank resumed by kiln launch, a stalled rank named by kiln doctor, a checkpoint of N
 #            GPUs resumed on 2 and on 1
 #   all      correct and weak (what the first sessions ran)
+# KILN_BUILD_TARGETS: build only these (e.g. kiln), not every target.
 # KILN_DRY=1: no GPU and no training; every kiln run is checked by `kiln info` (bench/kiln_dry.sh, test_bench_dry).
 # KILN_DEADLINE (seconds from the start, default 560): a run that would start later is skipped and says so,
 # so one device call always ends with its table.
@@ -49,7 +50,8 @@ else
   NG=${KILN_NG:-$(nvidia-smi -L | wc -l)}
   echo "GPUs: $NG; $(nvidia-smi topo -m 2>/dev/null | head -3 | tail -2 | tr -s ' ' | cut -c1-60)"
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 &&
-    cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+    cmake --build "$BUILD" -j "$(nproc)" ${KILN_BUILD_TARGETS:+-t $KILN_BUILD_TARGETS} >>"$OUT/build.log" 2>&1 ||
+    { tail -40 "$OUT/build.log"; exit 1; }
   echo "build: ok in $(($(date +%s) - t0)) s"
   K="$BUILD/kiln"
 fi
