@@ -18,7 +18,8 @@
 #            (auto: the least that fits; session 10 ran selective), KILN_BIG_BATCH sequences a GPU (1), KILN_BIG_MODELS,
 #            KILN_BIG_FLAGS (more kiln flags, e.g. --reduce-dtype=bf16);
 #            PyTorch FSDP2 beside llama-8b (KILN_BIG_TORCH= turns it off)
-#   long     the 1.3B shape under KILN_LONG_MODES (ulysses ring hybrid ring-wgmma hybrid-wgmma; -wgmma: the ring's blocks on the Hopper kernels) at KILN_LONG_LENGTHS (128k up), PyTorch's context
+#   long     the 1.3B shape under KILN_LONG_MODES (ulysses ring hybrid; ring-tc, hybrid-tc: the ring's blocks on
+#            the tensor-core kernels, not the Hopper ones) at KILN_LONG_LENGTHS (128k up), PyTorch's context
 #            parallelism beside it (bench/torch_cp.py)
 #   faults   a SIGKILLed rank resumed by kiln launch, a stalled rank named by kiln doctor, a checkpoint of N
 #            GPUs resumed on 2 and on 1
@@ -342,10 +343,11 @@ fi
 
 # ---- long context across the GPUs: the 1.3B shape, one sequence split NG ways ----
 if has long; then
-  for mode in ${KILN_LONG_MODES:-ulysses ring hybrid ring-wgmma hybrid-wgmma}; do
-    # (MODE-wgmma: the ring's blocks on the Hopper kernels, KILN_ATTN_BLOCK=wgmma)
-    spmode=${mode%-wgmma} blk=${KILN_ATTN_BLOCK:-tc}
-    [ "$spmode" != "$mode" ] && blk=wgmma
+  for mode in ${KILN_LONG_MODES:-ulysses ring hybrid}; do
+    # (MODE-tc / MODE-wgmma: the ring's blocks on the tensor-core kernels or the Hopper ones, KILN_ATTN_BLOCK;
+    # the default is wgmma's)
+    spmode=${mode%-*} blk=${KILN_ATTN_BLOCK:-wgmma}
+    [ "$spmode" != "$mode" ] && blk=${mode##*-}
     [ "$spmode" = hybrid ] && [ "$NG" -lt 4 ] && continue # (2 Ulysses ranks x a ring of 2 needs 4 GPUs)
     extra=()
     [ "$spmode" = hybrid ] && extra=(--sp-ulysses=2)

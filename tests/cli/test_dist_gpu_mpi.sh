@@ -50,10 +50,11 @@ for rc in block selective; do
     bad "offloaded activations changed the losses on the GPU ($rc)"
 done
 # sequence parallelism with 2 ranks on the GPU: Ulysses' all-to-alls and the ring's send_recv staged through
-# the host, the CUDA attention-block op (GQA and RoPE in the ring, HS 64), against one rank; the ring a second
-# time on the tensor-core block kernels (KILN_ATTN_BLOCK=tc)
+# the host, the CUDA attention-block op (GQA and RoPE in the ring, HS 64), against one rank; the ring again on
+# the tensor-core block kernels (KILN_ATTN_BLOCK=tc) and on the Hopper ones (wgmma, the default; on a GPU
+# before Hopper the tensor-core ones again)
 for sp in "ref --sp-mode=ulysses" "ref --sp-mode=ring --pos=rope --heads=2 --kv-heads=1" \
-  "tc --sp-mode=ring --pos=rope --heads=2 --kv-heads=1"; do
+  "tc --sp-mode=ring --pos=rope --heads=2 --kv-heads=1" "wgmma --sp-mode=ring --pos=rope --heads=2 --kv-heads=1"; do
   blk=${sp%% *} sp=${sp#* }
   # shellcheck disable=SC2086
   "$KILN" train "${a[@]}" $sp --sp=1 --out="$T/sp_one" 2>"$T/err" || bad "one rank ($sp): $(tail -3 "$T/err")"

@@ -2139,10 +2139,10 @@ static void test_attention_block_matches_cpu(void **state) {
         // key tile wholly after its rows, which it skips, or under ping-pong runs masked
         {1, 260, 4, 2, 128, KILN_POS_ROPE, 0, 0, 0, 0, 2},
     };
-    // the f32 kernels (KILN_ATTN_BLOCK=ref) at every case, then the tensor-core ones (the default,
-    // KILN_ATTN_BLOCK=tc) and the Hopper ones (KILN_ATTN_BLOCK=wgmma: the blocks whose queries come at or
-    // after their keys, without ALiBi, on an sm_90 device; the tensor-core kernels take the rest) at the head
-    // sizes they take
+    // the f32 kernels (KILN_ATTN_BLOCK=ref) at every case, then the tensor-core ones (KILN_ATTN_BLOCK=tc)
+    // and the Hopper ones (the default, KILN_ATTN_BLOCK=wgmma: the blocks whose queries come at or after
+    // their keys, without ALiBi, on an sm_90 device; the tensor-core kernels take the rest) at the head sizes
+    // they take
     // (the third pass: the Hopper forward's consumers each on its own, KILN_WGMMA_FWD=overlap, and one
     // consumer a tile's dQ, KILN_WGMMA_DQ=tma; the last: the defaults, in turns and split)
     const char *kernels[4] = {"ref", "tc", "wgmma", "wgmma"};
