@@ -64,7 +64,8 @@ static void test_auto_takes_what_fit_the_h100(void **state) {
 }
 
 // The 1.3B shape's plans (the model's and the attention workspace) against the peaks H100s measured
-// (sessions 9-10, docs/long_context.md): one GPU, and 4 under Ulysses.
+// (sessions 9-10, docs/long_context.md): one GPU, and 4 under Ulysses; and an H200's (session 12: none at 64k,
+// mlp at 128k, which only its 139 GiB hold).
 static void test_long_context_plans_match_the_h100_peaks(void **state) {
     (void)state;
     struct {
@@ -75,7 +76,8 @@ static void test_long_context_plans_match_the_h100_peaks(void **state) {
                 {8192, 1, "selective", "none", 22.2},   {32768, 1, "none", "none", 69.3},
                 {65536, 1, "selective", "none", 38.5},  {65536, 1, "mlp", "none", 73.0},
                 {131072, 1, "selective", "none", 55.4}, {262144, 1, "selective", "activations", 46.2},
-                {131072, 4, "selective", "none", 33.3}, {524288, 4, "selective", "none", 65.0}};
+                {131072, 4, "selective", "none", 33.3}, {524288, 4, "selective", "none", 65.0},
+                {65536, 1, "none", "none", 119.0},      {131072, 1, "mlp", "none", 124.4}};
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
         struct kiln_config c;
         struct kiln_error e;
