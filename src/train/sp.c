@@ -118,6 +118,7 @@ struct kiln_sp {
     int S;                                 // the slot's tokens: T_local x ulysses
     int wl, oh, kvw;                       // row widths: head-sharded qkv, head-sharded out, a k|v block
     void *qkv_h, *out_h, *dout_h, *dqkv_h; // the slot, head-sharded, (B, S, width)
+    int own_qkv; // qkv_h and dqkv_h are copies (Ulysses, or a parallel block's strided rows); else the model's
     void *send, *recv;                     // all-to-all staging
     void *kv[2], *dkv[2];                  // ring: k|v blocks in hand and in flight, and their gradients
     void *ev;                              // a compute-stream event (NULL on the CPU)
@@ -200,9 +201,16 @@ static void peer_out(struct kiln_sp *s, int j, void *rows, void *packed, int to_
         copy_rows(s, r, NHHS, packed, s->oh, s->oh, n);
 }
 
-// The model's (B, T_local) qkv rows (stride qs) to qkv_h: the slot's tokens for this rank's heads.
+// The model's (B, T_local) qkv rows (stride qs) to qkv_h: the slot's tokens for this rank's heads. With one
+// Ulysses rank and rows as wide as the slot's, the model's buffer is the slot (no copy: at 2M tokens on 4
+// GPUs the two copies took 12 GiB a GPU).
 static void qkv_to_heads(struct kiln_sp *s, const void *qkv, int qs) {
     size_t n = (size_t)s->B * s->lo.T_local, blk = n * s->wl;
+    if (s->lo.ulysses == 1 && !s->own_qkv) {
+        KILN_ASSERT(qs == s->wl); // (buffer_elems gives copies to the one block kind whose rows are wider)
+        s->qkv_h = (void *)qkv;
+        return;
+    }
     if (s->lo.ulysses == 1) {
         copy_rows(s, s->qkv_h, s->wl, qkv, qs, s->wl, n);
         return;
@@ -216,6 +224,8 @@ static void qkv_to_heads(struct kiln_sp *s, const void *qkv, int qs) {
 // The inverse for gradients: dqkv_h back to the model's rows (stride ds), overwriting their qkv columns.
 static void dqkv_from_heads(struct kiln_sp *s, void *dqkv, int ds) {
     size_t n = (size_t)s->B * s->lo.T_local, blk = n * s->wl;
+    if (s->lo.ulysses == 1 && !s->own_qkv)
+        return; // dqkv_h was the model's dqkv
     if (s->lo.ulysses == 1) {
         copy_rows(s, dqkv, ds, s->dqkv_h, s->wl, s->wl, n);
         return;
@@ -386,6 +396,10 @@ static void sp_backward(void *user, int l, const struct kiln_attn_back_args *a) 
     if (u == 1) {
         s->out_h = (void *)a->out;
         s->dout_h = (void *)a->dout;
+        if (!s->own_qkv) { // the gradients go straight into the model's rows (overwritten: zeroed below)
+            KILN_ASSERT(ds == s->wl);
+            s->dqkv_h = a->dqkv;
+        }
     } else {
         out_to_heads(s, a->out, s->out_h);
         out_to_heads(s, a->dout, s->dout_h);
@@ -442,16 +456,23 @@ static void sp_backward(void *user, int l, const struct kiln_attn_back_args *a) 
 }
 
 // The buffers kiln_sp_create allocates, in elements of the act dtype: the slot's head-sharded qkv and its
-// gradient; with Ulysses the all-to-all staging and the head-sharded output and its gradient; with a ring two
-// k|v blocks and two of their gradients.
+// gradient (with Ulysses, or where the model's rows are wider than the slot's: the parallel block's fused
+// projection; else the model's own buffers serve); with Ulysses the all-to-all staging and the head-sharded
+// output and its gradient; with a ring two k|v blocks and two of their gradients.
 #define SP_BUFS 10
+// Whether qkv_h and dqkv_h are buffers of their own: with Ulysses (a layout of its own), or where the model's
+// qkv rows are wider than the slot's (the parallel block's fused projection)
+static int sp_copies_qkv(const struct kiln_sp_layout *lo, const struct kiln_model_config *m) {
+    return lo->ulysses > 1 || m->parallel_block;
+}
 static void buffer_elems(const struct kiln_sp_layout *lo, const struct kiln_model_config *m, int B,
                          size_t e[SP_BUFS]) {
     size_t HS = (size_t)(m->n_embd / m->n_head), nh = (size_t)m->n_head / lo->ulysses,
            nkv = (size_t)kiln_model_kv_heads(m) / lo->ulysses, slot = (size_t)B * lo->T_local * lo->ulysses;
     size_t wl = (nh + 2 * nkv) * HS, uly = lo->ulysses > 1, ring = lo->ring > 1;
-    size_t sizes[SP_BUFS] = {slot * wl,
-                             slot * wl,
+    size_t copies = sp_copies_qkv(lo, m);
+    size_t sizes[SP_BUFS] = {copies * slot * wl,
+                             copies * slot * wl,
                              uly * slot * wl,
                              uly * slot * wl,
                              uly * slot * nh * HS,
@@ -477,7 +498,8 @@ size_t kiln_sp_buffer_bytes(const struct kiln_sp_layout *lo, const struct kiln_m
 void kiln_sp_free(struct kiln_sp *s) {
     if (!s)
         return;
-    void *bufs[] = {s->qkv_h, s->dqkv_h, s->send, s->recv, s->kv[0], s->kv[1], s->dkv[0], s->dkv[1]};
+    void *bufs[] = {s->own_qkv ? s->qkv_h : NULL, s->own_qkv ? s->dqkv_h : NULL, s->send, s->recv, s->kv[0],
+                    s->kv[1], s->dkv[0], s->dkv[1]};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i])
             s->ops->free(s->ctx, bufs[i]);
@@ -520,6 +542,7 @@ int kiln_sp_create(struct kiln_sp **out, const struct kiln_sp_layout *lo, struct
         return err->code;
     }
     size_t elems[SP_BUFS], fail = 0;
+    s->own_qkv = sp_copies_qkv(lo, m);
     buffer_elems(lo, m, B, elems);
     void **bufs[SP_BUFS] = {&s->qkv_h,  &s->dqkv_h, &s->send,  &s->recv,   &s->out_h,
                             &s->dout_h, &s->kv[0],  &s->kv[1], &s->dkv[0], &s->dkv[1]};
