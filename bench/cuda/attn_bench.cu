@@ -13,8 +13,9 @@
 // forward and single-pass backward of `new`, `f+b` the two together (the defaults: the forward's consumers
 // in turns, the backward's dQ split by columns between its consumers and added by TMA's reduce-add); then
 // wgmma-red, dQ added by vector REDs (KILN_WGMMA_DQ=red), wgmma-ov, the forward's consumers each on its own
-// (KILN_WGMMA_FWD=overlap), and wgmma-tma, one consumer a tile's dQ (KILN_WGMMA_DQ=tma). The last line
-// counts CHECK-FAILs (exit 1 if any).
+// (KILN_WGMMA_FWD=overlap), wgmma-tma, one consumer a tile's dQ (KILN_WGMMA_DQ=tma), and wgmma-own, each
+// consumer the dQ of its own keys, no barrier between the consumers (KILN_WGMMA_DQ=tma-own; HS 64 runs tma).
+// The last line counts CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
 //          attn_bench wgmma           (correctness shapes, then wgmma vs FA2 at T 1024/2048, HS 64/128)
@@ -131,21 +132,24 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
                                      : "none");
     // (wgmma: the defaults, the forward's consumers in turns and the backward's dQ split between them;
     // wgmma-red: dQ added by vector REDs, KILN_WGMMA_DQ=red; wgmma-ov: the forward's consumers each on its
-    // own, KILN_WGMMA_FWD=overlap; wgmma-tma: one consumer a tile's whole dQ, KILN_WGMMA_DQ=tma)
-    const char *names[9] = {"ref",   "det",       "new",      "new-v1",   "new-v2",
-                            "wgmma", "wgmma-red", "wgmma-ov", "wgmma-tma"};
-    const char *attn[9] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma", "wgmma", "wgmma"};
-    const char *var[9] = {"0", "0", "0", "1", "2", "0", "0", "0", "0"};
-    int det[9] = {0, 1, 0, 0, 0, 0, 0, 0, 0};
-    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 9 : 5;
+    // own, KILN_WGMMA_FWD=overlap; wgmma-tma: one consumer a tile's whole dQ, KILN_WGMMA_DQ=tma; wgmma-own:
+    // each consumer the dQ of its own keys, KILN_WGMMA_DQ=tma-own)
+    const char *names[10] = {"ref",   "det",       "new",      "new-v1",    "new-v2",
+                             "wgmma", "wgmma-red", "wgmma-ov", "wgmma-tma", "wgmma-own"};
+    const char *attn[10] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma", "wgmma", "wgmma", "wgmma"};
+    const char *var[10] = {"0", "0", "0", "1", "2", "0", "0", "0", "0", "0"};
+    // KILN_WGMMA_DQ of each path (NULL: unset, the default)
+    const char *dqm[10] = {NULL, NULL, NULL, NULL, NULL, NULL, "red", NULL, "tma", "tma-own"};
+    int det[10] = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 10 : 5;
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);
     std::vector<float> r_out(n_out), r_lse(n_lse), r_d(n_qkv), x_out(n_out), x_lse(n_lse), x_d(n_qkv);
     std::vector<float> nan_fill(n_qkv, NAN);
     float ref_f = 0, ref_b = 0, det_b = 0, new_f = 0, new_b = 0;
     for (int k = 0; k < n_paths; k++) {
         set_path(attn[k], var[k]);
-        if (k == 6 || k == 8)
-            setenv("KILN_WGMMA_DQ", k == 6 ? "red" : "tma", 1);
+        if (dqm[k])
+            setenv("KILN_WGMMA_DQ", dqm[k], 1);
         else
             unsetenv("KILN_WGMMA_DQ");
         if (k == 7)

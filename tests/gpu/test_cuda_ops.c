@@ -1067,8 +1067,8 @@ static void test_attention_wgmma_matches_cpu(void **state) {
 // with NH not a power of two, none. dqkv poisoned first (every element must be written), a second run must
 // agree within 1e-2 (dQ by atomics), and dq, dk, dv are checked separately. Then strided rows (dqkv's stride
 // differs from qkv's; an odd one falls back to FA2), and deterministic mode, which must decline the path
-// (FA2's two kernels, bitwise repeatable). All but the last four times: dQ added by REDs and by TMA, and
-// split between the consumers both ways (KILN_WGMMA_DQ).
+// (FA2's two kernels, bitwise repeatable). All but the last five times: dQ added by REDs and by TMA, split
+// between the consumers both ways, and by each consumer for its own keys (KILN_WGMMA_DQ).
 static void test_attention_wgmma_backward_matches_cpu(void **state) {
     struct env *e = *state;
     if (!kiln_cuda_wgmma_attention_available(e->gpu.ctx)) {
@@ -1078,9 +1078,11 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
         skip();
     }
     // both ways of adding dQ (KILN_WGMMA_DQ): TMA's reduce-add and vector REDs, each by one consumer a tile
-    // or split (each tile's dQ by both consumers, a 64-column pass each, at HS 128; tma-split is the default)
-    const char *dq_modes[4] = {"red", "tma", "tma-split", "red-split"};
-    for (int mode = 0; mode < 4; mode++) {
+    // or split (each tile's dQ by both consumers, a 64-column pass each, at HS 128; tma-split is the
+    // default), and tma-own (at HS 128 each consumer the dQ of its own 64 keys, no barrier between the
+    // consumers; HS 64 runs tma)
+    const char *dq_modes[5] = {"red", "tma", "tma-split", "red-split", "tma-own"};
+    for (int mode = 0; mode < 5; mode++) {
         setenv("KILN_WGMMA_DQ", dq_modes[mode], 1);
         printf("dQ added by KILN_WGMMA_DQ=%s%s\n", dq_modes[mode], mode == 2 ? " (the default)" : "");
         setenv("KILN_ATTN", "fa2", 1);
@@ -2144,14 +2146,19 @@ static void test_attention_block_matches_cpu(void **state) {
     // their keys, without ALiBi, on an sm_90 device; the tensor-core kernels take the rest) at the head sizes
     // they take
     // (the third pass: the Hopper forward's consumers each on its own, KILN_WGMMA_FWD=overlap, and one
-    // consumer a tile's dQ, KILN_WGMMA_DQ=tma; the last: the defaults, in turns and split)
-    const char *kernels[4] = {"ref", "tc", "wgmma", "wgmma"};
-    for (int k = 0; k < 4; k++) {
-        printf("attention block kernels: KILN_ATTN_BLOCK=%s%s\n", kernels[k],
-               k == 3 ? ", KILN_WGMMA_FWD=pingpong, KILN_WGMMA_DQ=tma-split" : "");
+    // consumer a tile's dQ, KILN_WGMMA_DQ=tma; the fourth: the defaults, in turns and split; the last: each
+    // backward consumer the dQ of its own keys, KILN_WGMMA_DQ=tma-own)
+    const char *kernels[5] = {"ref", "tc", "wgmma", "wgmma", "wgmma"};
+    const char *fwd[5] = {"overlap", "overlap", "overlap", "pingpong", "pingpong"};
+    const char *dq[5] = {"tma", "tma", "tma", "tma-split", "tma-own"};
+    for (int k = 0; k < 5; k++) {
+        printf("attention block kernels: KILN_ATTN_BLOCK=%s", kernels[k]);
+        if (k >= 3)
+            printf(", KILN_WGMMA_FWD=%s, KILN_WGMMA_DQ=%s", fwd[k], dq[k]);
+        printf("\n");
         setenv("KILN_ATTN_BLOCK", kernels[k], 1);
-        setenv("KILN_WGMMA_FWD", k == 3 ? "pingpong" : "overlap", 1);
-        setenv("KILN_WGMMA_DQ", k == 3 ? "tma-split" : "tma", 1);
+        setenv("KILN_WGMMA_FWD", fwd[k], 1);
+        setenv("KILN_WGMMA_DQ", dq[k], 1);
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
             if (k == 0 || cases[i].HS == 64 || cases[i].HS == 128)
                 block_attention_case(e, &cases[i]);

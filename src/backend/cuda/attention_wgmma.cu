@@ -19,8 +19,8 @@
 // registers of the previous wgmma, whose layout is the register-A layout of the next (as with mma.sync).
 // The forward's consumers take the tensor cores in turns (ping-pong, KILN_WGMMA_FWD=overlap: not); the
 // backward's consumers split each tile's dQ by columns and add it through shared memory with TMA's bulk
-// reduce-add (KILN_WGMMA_DQ=tma|red|red-split: one consumer a tile, or vector REDs). Not done yet (see the
-// doc): a TMA store of O.
+// reduce-add (KILN_WGMMA_DQ=tma|red|red-split: one consumer a tile, or vector REDs; tma-own: each consumer
+// the dQ of its own keys, no barrier between them). Not done yet (see the doc): a TMA store of O.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +155,30 @@ static __device__ __forceinline__ void wgmma_ss_n128(float *d, uint64_t da, uint
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
                    "+f"(d[63])
                  : "l"(da), "l"(db), "r"(acc));
+}
+
+// wgmma_ss_n128 with the transposes of wgmma_ss_n64 (TA, TB: imm-trans-a, -b): OWN's dQ = dS K over one
+// consumer's 64 keys, all 128 d-columns in one product (dS^T and K both MN-major)
+template <int TA, int TB>
+static __device__ __forceinline__ void wgmma_ss_n128_t(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }
 
 // D (64 x 64, f32) (+)= A (64 x 16, smem desc) . B (16 x 64, smem desc); acc = 0: D is overwritten. TA, TB:
@@ -657,9 +681,13 @@ struct wg_bwd_params {
 // [2 buffers][64 keys][64 queries] | lse log2(e), D [2 stages][2][BM] f32 | 5 mbarriers; plus up to 1023
 // bytes to align the start to 1024.
 // DQ_TMA adds [2 consumers][2 boxes][BM][32] f32 after dS^T: a 64-column pass of a consumer's dQ, staged for
-// TMA's reduce-add.
-template <int HS, bool DQ_TMA> static constexpr size_t wb_smem_bytes(void) {
-    return (size_t)(2 * WB_BN + 4 * WB_BM) * HS * 2 + 4 * 64 * WB_BM * 2 + (DQ_TMA ? 2 * WB_BM * 64 * 4 : 0) +
+// TMA's reduce-add; OWN (HS 128) [2 consumers][4 boxes][BM][32]: a consumer's whole 64 x 128 dQ.
+template <bool DQ_TMA, bool OWN> static constexpr __host__ __device__ uint32_t wb_dq_stage_bytes(void) {
+    return DQ_TMA ? 2 * WB_BM * (OWN ? 128 : 64) * 4 : 0;
+}
+// HS 128: 198,720 bytes (tma, tma-split), 231,488 (OWN: 960 under the H100's 232,448 a block), 165,952 (red)
+template <int HS, bool DQ_TMA, bool OWN = false> static constexpr size_t wb_smem_bytes(void) {
+    return (size_t)(2 * WB_BN + 4 * WB_BM) * HS * 2 + 4 * 64 * WB_BM * 2 + wb_dq_stage_bytes<DQ_TMA, OWN>() +
            4 * WB_BM * 4 + 8 * 8 + 1024;
 }
 
@@ -706,10 +734,15 @@ static __device__ __forceinline__ void wb_add_frag(bf16 *base, int stride, int t
 
 // SPLIT (HS 128 only; the default, KILN_WGMMA_DQ=tma-split, or red-split): each tile's dQ split by columns
 // between the two consumers, one 64-column pass each, instead of all of it by one consumer every other tile.
-template <int HS, bool DQ_TMA, bool SPLIT>
+// OWN (HS 128 with DQ_TMA only, KILN_WGMMA_DQ=tma-own; SPLIT is then ignored): each consumer adds the dQ of
+// its own 64 keys, all 128 columns (dS_c K_c, from its own dS^T buffer), and the consumers never wait for
+// each other: no barrier of both per tile (they drift apart by up to the 2-stage ring). Twice the dQ
+// reduce-adds of SPLIT (one set per 64 keys, not per 128).
+template <int HS, bool DQ_TMA, bool SPLIT, bool OWN>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_bwd_kernel(const __grid_constant__ struct wg_bwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(!OWN || (HS == 128 && DQ_TMA), "OWN: HS 128 with TMA's reduce-add only");
     constexpr int CB = HS / 64;
     constexpr uint32_t KV_BYTES = WB_BN * HS * 2; // K (or V): all the block's keys
     constexpr uint32_t QT_BYTES = WB_BM * HS * 2; // one Q (or dO) stage
@@ -718,7 +751,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     uint32_t base = ((uint32_t)__cvta_generic_to_shared(wg_smem) + 1023) & ~1023u;
     uint32_t k_s = base, v_s = k_s + KV_BYTES, q_s = v_s + KV_BYTES, do_s = q_s + 2 * QT_BYTES;
     uint32_t ds_s = do_s + 2 * QT_BYTES, dq_s = ds_s + 4 * DS_BYTES;
-    uint32_t stat_s = dq_s + (DQ_TMA ? 2 * WB_BM * 64 * 4 : 0), bars = stat_s + 4 * WB_BM * 4;
+    uint32_t stat_s = dq_s + wb_dq_stage_bytes<DQ_TMA, OWN>(), bars = stat_s + 4 * WB_BM * 4;
     // mbarriers, 8 bytes each: K and V full, stage full [2] (Q, dO, lse, D), stage empty [2]
     uint32_t kv_full = bars, full = bars + 8, empty = bars + 24;
     // lse log2(e) and D of stage s's query rows: stat[s][0][row], stat[s][1][row] (plain loads and stores)
@@ -800,6 +833,9 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     // of it): one set of dQ adds per 128 keys, half the L2 traffic of one per warpgroup (the L2 bounded this
     // kernel: 88% busy with REDs). dS^T buffers alternate per tile; the barrier of tile it + 1 keeps either
     // consumer from rewriting buffer it % 2 before the dQ of tile it (issued by the other) has completed.
+    // OWN: no barrier of both; each consumer's dQ reads only its own dS^T buffer and has completed (its
+    // wgmma_wait) before that consumer writes the next tile's, so the alternation is kept only for
+    // simplicity, and the consumers meet only through the ring's mbarriers (both release each stage).
     for (int it = 0; it < n_it; it++) {
         int st = it & 1, h = kvh * group + it / n_q, q0 = (qt0 + it % n_q) * WB_BM;
         uint32_t par = (it >> 1) & 1;
@@ -891,6 +927,58 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             wg_pv<HS, WB_BM>(dk, da, qb);  // dK_c += dS^T Q
             wgmma_commit();
 
+            if constexpr (OWN) {
+                // dQ of this consumer's keys (64 queries x 128 d) = dS_c (its dS^T buffer) K_c, issued once
+                // dV and dK are done (their P^T, dS^T fragments die: dq's 64 registers fit beside dK, dV)
+                wgmma_wait<0>(); // dV, dK: stage st is no longer read (the dQ product reads dS^T and K only)
+                reg_fence<HS / 2>(dv);
+                reg_fence<HS / 2>(dk);
+                reg_fence_u32<WB_BM / 4>(&pa[0][0]);
+                reg_fence_u32<WB_BM / 4>(&da[0][0]);
+                mbar_arrive(empty + 8 * st);
+                // this consumer's four boxes ([BM][32] f32 each, 128-byte swizzle), free once TMA has read
+                // the last tile's: one barrier of its 128 threads says that and that its dS^T rows are in dsb
+                uint32_t dqb = dq_s + cw * WB_BM * HS * 4;
+                if (tid == 0)
+                    bulk_wait_read_all();
+                __syncwarp(); // (warp 0 whole again before the aligned barrier)
+                consumer_bar_sync(cw);
+                float dq[HS / 2];
+#pragma unroll
+                for (int i = 0; i < HS / 2; i++)
+                    dq[i] = 0.0f;
+                reg_fence<HS / 2>(dq);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) { // 16 keys a step: this consumer's dS^T and K rows 16 kk ..
+                    uint64_t dsd = wg_desc(dsb + kk * 2048, DS_BYTES, 1024);
+                    uint64_t kd = wg_desc(k_mine + kk * 2048, WB_BN * 128, 1024); // K's next 64 d: LBO
+                    wgmma_ss_n128_t<1, 1>(dq, dsd, kd, kk > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<0>(); // (before the next tile rewrites dS^T: one buffer a consumer would do)
+                reg_fence<HS / 2>(dq);
+                // register 4 i + e: row 16 warp + g + 8 (e / 2), column 8 i + 2 t4 + (e % 2); column col in
+                // box col / 32, chunk (col % 32) / 4 of row r at ((chunk ^ (r % 8)) << 4), r % 8 = g
+#pragma unroll
+                for (int i = 0; i < HS / 2; i += 2) {
+                    int r = warp * 16 + g + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + t4 * 2;
+                    int chunk = (col & 31) >> 2;
+                    st_shared_v2f(dqb + (col >> 5) * (WB_BM * 128) + r * 128 + ((chunk ^ g) << 4) +
+                                      (col & 3) * 4,
+                                  dq[i], dq[i + 1]);
+                }
+                fence_proxy_async_smem();
+                consumer_bar_sync(cw);
+                if (tid == 0) {
+#pragma unroll
+                    for (int bx = 0; bx < HS / 32; bx++)
+                        tma_reduce_add_4d(&p.tdq, dqb + bx * (WB_BM * 128), bx * 32, h, q0, b);
+                    bulk_commit();
+                }
+                __syncwarp(); // (before the next tile's aligned mbarrier wait and wgmma.fence)
+                continue;     // (the rest of the tile is the other modes' dQ)
+            }
             consumers_bar_sync(); // every warp's dS^T rows, of both consumers, are in their buffers
             constexpr bool SPL = SPLIT && CB == 2;
             if (SPL || (it & 1) == cw) {
@@ -1070,12 +1158,12 @@ template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct
         wg_launch_pp<HS, BN, false>(c, p, B);
 }
 
-template <int HS, bool DQ_TMA, bool SPLIT>
+template <int HS, bool DQ_TMA, bool SPLIT, bool OWN = false>
 static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_params &p, int B) {
-    size_t smem = wb_smem_bytes<HS, DQ_TMA>();
-    set_smem(wg_bwd_kernel<HS, DQ_TMA, SPLIT>, smem);
+    size_t smem = wb_smem_bytes<HS, DQ_TMA, OWN>();
+    set_smem(wg_bwd_kernel<HS, DQ_TMA, SPLIT, OWN>, smem);
     dim3 grid(KILN_CEIL_DIV(p.Tk, WB_BN), B * p.NKV);
-    wg_bwd_kernel<HS, DQ_TMA, SPLIT><<<grid, WG_THREADS, smem, c->stream>>>(p);
+    wg_bwd_kernel<HS, DQ_TMA, SPLIT, OWN><<<grid, WG_THREADS, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1099,19 +1187,26 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
 // staged in shared memory and added by the TMA unit as FlashAttention-3 does; HS 64 takes tma), tma (one
 // consumer a tile's whole dQ), red or red-split (each consumer thread adds its dQ with vector REDs). On an
 // H100, backward TFLOP/s at 32k/64k, HS 128 (session 12): tma-split 465/453, tma 439/429, red 416/403.
-// *tma, *split: the choice.
-static void wb_dq_mode(int *tma, int *split) {
-    static const char *const names[] = {"tma-split", "tma", "red", "red-split"};
+// tma-own (session 12, not yet run on a GPU): at HS 128 each consumer adds the dQ of its own 64 keys by TMA,
+// and the consumers do not meet at a barrier every tile (OWN; HS 64 takes tma).
+// *tma, *split, *own: the choice.
+static void wb_dq_mode(int *tma, int *split, int *own) {
+    static const char *const names[] = {"tma-split", "tma", "red", "red-split", "tma-own"};
     static int told;
-    int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 4, &told);
-    *tma = m <= 1;
+    int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 5, &told);
+    *tma = m <= 1 || m == 4;
     *split = m == 0 || m == 3;
+    *own = m == 4;
 }
 
-// The backward's kernel for HS, the dQ path and SPLIT (which HS 64, one pass a tile, does not take).
-static void wb_run(struct cuda_ctx *c, const struct wg_bwd_params &p, int B, int HS, int tma, int split) {
+// The backward's kernel for HS, the dQ path, SPLIT and OWN (which HS 64, one pass a tile, does not take; OWN
+// only with TMA's reduce-add: REDs, where the map failed to encode, run without it).
+static void wb_run(struct cuda_ctx *c, const struct wg_bwd_params &p, int B, int HS, int tma, int split,
+                   int own) {
     if (HS == 64)
         tma ? wb_launch<64, true, false>(c, p, B) : wb_launch<64, false, false>(c, p, B);
+    else if (tma && own)
+        wb_launch<128, true, false, true>(c, p, B);
     else if (split)
         tma ? wb_launch<128, true, true>(c, p, B) : wb_launch<128, false, true>(c, p, B);
     else
@@ -1222,8 +1317,8 @@ extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const stru
     p.alibi = a->pos == KILN_POS_ALIBI;
     p.scale = 1.0f / sqrtf((float)HS);
     p.scale_log2 = p.scale * WG_LOG2E;
-    int tma, split;
-    wb_dq_mode(&tma, &split);
+    int tma, split, own;
+    wb_dq_mode(&tma, &split, &own);
     if (tma && wb_dq_map(&p.tdq, p.dq_acc, HS, a->NH, a->T, a->B)) { // said once, so a run is not misread
         static int told;
         if (!told++)
@@ -1232,7 +1327,7 @@ extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const stru
                     "add dQ\n");
         tma = 0;
     }
-    wb_run(c, p, a->B, HS, tma, split);
+    wb_run(c, p, a->B, HS, tma, split, own);
     kiln_cuda_fa_dq_convert(c, (bf16 *)a->dqkv, p.dq_acc, a->B, a->T, a->NH, HS, drs, p.scale, p.cos_tab,
                             p.sin_tab);
     return 1;
@@ -1367,10 +1462,10 @@ int blk_wgmma_backward(struct cuda_ctx *c, const struct blk_params &p, const bf1
         w.sin_tab = p.sin_tab + (size_t)p.k0 * (HS / 2);
     }
     w.scale = p.scale;
-    int tma, split;
-    wb_dq_mode(&tma, &split);
+    int tma, split, own;
+    wb_dq_mode(&tma, &split, &own);
     tma = tma && !wb_dq_map(&w.tdq, w.dq_acc, HS, p.NH, p.Tq, p.B);
-    wb_run(c, w, p.B, HS, tma, split);
+    wb_run(c, w, p.B, HS, tma, split, own);
     size_t n = (size_t)p.B * p.Tq * p.NH * (HS / 2);
     size_t want = KILN_CEIL_DIV(n, (size_t)256);
     unsigned blocks = (unsigned)(want < 8192 ? want : 8192); // grid-stride beyond
