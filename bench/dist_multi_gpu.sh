@@ -354,8 +354,8 @@ if has long; then
     for T in ${KILN_LONG_LENGTHS:-131072 524288 1048576 2097152}; do
       off=none rec=selective zero=0
       # from 1M on: layer inputs in host memory, and the weights and optimizer sharded over the SP ranks
-      # (ZeRO-3: 2M tokens on 4 GPUs plan 67.5 GiB a GPU that way under the ring, which reads the model's qkv
-      # in place since session 12, and 79.5 under Ulysses, whose head-sharded copies take 12 GiB more)
+      # (ZeRO-3: 2M tokens on 4 GPUs plan 67.5 GiB a GPU that way, under the ring and under Ulysses, neither of
+      # which copies q, k, v into head-sharded buffers of its own since session 12: 79.5 before)
       [ "$T" -ge 1048576 ] && off=activations zero=3
       [ $((T / NG)) -gt 131072 ] && rec=block # selective keeps each layer's attention output: too much past 128k
       intime 90 "1.3B, $T tokens, sp $NG $mode" || break

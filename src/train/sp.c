@@ -104,6 +104,8 @@ void kiln_sp_slice(const struct kiln_sp_layout *lo, const int32_t *full, int B, 
 
 // ---- the attention -----------------------------------------------------------------------------------
 
+enum sp_qkv { SP_QKV_OWN, SP_QKV_MODEL, SP_QKV_STAGING };
+
 struct kiln_sp {
     struct kiln_sp_layout lo;
     struct kiln_comm *uly, *ring; // NULL where that dimension is 1
@@ -118,7 +120,7 @@ struct kiln_sp {
     int S;                                 // the slot's tokens: T_local x ulysses
     int wl, oh, kvw;                       // row widths: head-sharded qkv, head-sharded out, a k|v block
     void *qkv_h, *out_h, *dout_h, *dqkv_h; // the slot, head-sharded, (B, S, width)
-    int own_qkv; // qkv_h and dqkv_h are copies (Ulysses, or a parallel block's strided rows); else the model's
+    enum sp_qkv qkv_mode;                  // where qkv_h and dqkv_h live (sp_qkv_mode)
     void *send, *recv;                     // all-to-all staging
     void *kv[2], *dkv[2];                  // ring: k|v blocks in hand and in flight, and their gradients
     void *ev;                              // a compute-stream event (NULL on the CPU)
@@ -201,13 +203,13 @@ static void peer_out(struct kiln_sp *s, int j, void *rows, void *packed, int to_
         copy_rows(s, r, NHHS, packed, s->oh, s->oh, n);
 }
 
-// The model's (B, T_local) qkv rows (stride qs) to qkv_h: the slot's tokens for this rank's heads. With one
-// Ulysses rank and rows as wide as the slot's, the model's buffer is the slot (no copy: at 2M tokens on 4
-// GPUs the two copies took 12 GiB a GPU).
+// The model's (B, T_local) qkv rows (stride qs) to qkv_h: the slot's tokens for this rank's heads. Where
+// sp_qkv_mode allows, without a copy: the model's rows are the slot (SP_QKV_MODEL), or the all-to-all's
+// receive buffer is (SP_QKV_STAGING; the two copies took 12 GiB a GPU at 2M tokens on 4 GPUs).
 static void qkv_to_heads(struct kiln_sp *s, const void *qkv, int qs) {
     size_t n = (size_t)s->B * s->lo.T_local, blk = n * s->wl;
-    if (s->lo.ulysses == 1 && !s->own_qkv) {
-        KILN_ASSERT(qs == s->wl); // (buffer_elems gives copies to the one block kind whose rows are wider)
+    if (s->qkv_mode == SP_QKV_MODEL) {
+        KILN_ASSERT(qs == s->wl); // (sp_qkv_mode gives copies to the one block kind whose rows are wider)
         s->qkv_h = (void *)qkv;
         return;
     }
@@ -218,19 +220,21 @@ static void qkv_to_heads(struct kiln_sp *s, const void *qkv, int qs) {
     for (int j = 0; j < s->lo.ulysses; j++)
         peer_heads(s, j, (void *)qkv, qs, at(s, s->send, j * blk), 1);
     all_to_all(s, blk);
-    blocks_slot(s, s->recv, s->qkv_h, s->wl, 1);
+    if (s->qkv_mode == SP_QKV_OWN)
+        blocks_slot(s, s->recv, s->qkv_h, s->wl, 1);
 }
 
 // The inverse for gradients: dqkv_h back to the model's rows (stride ds), overwriting their qkv columns.
 static void dqkv_from_heads(struct kiln_sp *s, void *dqkv, int ds) {
     size_t n = (size_t)s->B * s->lo.T_local, blk = n * s->wl;
-    if (s->lo.ulysses == 1 && !s->own_qkv)
+    if (s->qkv_mode == SP_QKV_MODEL)
         return; // dqkv_h was the model's dqkv
     if (s->lo.ulysses == 1) {
         copy_rows(s, dqkv, ds, s->dqkv_h, s->wl, s->wl, n);
         return;
     }
-    blocks_slot(s, s->send, s->dqkv_h, s->wl, 0);
+    if (s->qkv_mode == SP_QKV_OWN) // (SP_QKV_STAGING: dqkv_h is the send buffer)
+        blocks_slot(s, s->send, s->dqkv_h, s->wl, 0);
     all_to_all(s, blk);
     for (int j = 0; j < s->lo.ulysses; j++)
         peer_heads(s, j, dqkv, ds, at(s, s->recv, j * blk), 0);
@@ -392,18 +396,18 @@ static void sp_backward(void *user, int l, const struct kiln_attn_back_args *a) 
     int r = s->lo.ring, me = s->lo.ring_rank, u = s->lo.ulysses;
     int qs = a->qkv_stride ? a->qkv_stride : (s->NH + 2 * s->NKV) * s->HS;
     int ds = a->dqkv_stride ? a->dqkv_stride : (s->NH + 2 * s->NKV) * s->HS;
-    qkv_to_heads(s, a->qkv, qs);
     if (u == 1) {
         s->out_h = (void *)a->out;
         s->dout_h = (void *)a->dout;
-        if (!s->own_qkv) { // the gradients go straight into the model's rows (overwritten: zeroed below)
+        if (s->qkv_mode == SP_QKV_MODEL) { // the gradients go straight into the model's rows (overwritten)
             KILN_ASSERT(ds == s->wl);
             s->dqkv_h = a->dqkv;
         }
-    } else {
+    } else { // (before q, k, v: their all-to-all leaves them in the receive buffer under SP_QKV_STAGING)
         out_to_heads(s, a->out, s->out_h);
         out_to_heads(s, a->dout, s->dout_h);
     }
+    qkv_to_heads(s, a->qkv, qs);
     float *lse = (float *)a->lse;
     if (whole_sequence(s)) { // (overwrites dqkv_h's columns)
         struct kiln_attn_back_args at = {.dqkv = s->dqkv_h,
@@ -460,17 +464,22 @@ static void sp_backward(void *user, int l, const struct kiln_attn_back_args *a) 
 // projection; else the model's own buffers serve); with Ulysses the all-to-all staging and the head-sharded
 // output and its gradient; with a ring two k|v blocks and two of their gradients.
 #define SP_BUFS 10
-// Whether qkv_h and dqkv_h are buffers of their own: with Ulysses (a layout of its own), or where the model's
-// qkv rows are wider than the slot's (the parallel block's fused projection)
-static int sp_copies_qkv(const struct kiln_sp_layout *lo, const struct kiln_model_config *m) {
-    return lo->ulysses > 1 || m->parallel_block;
+// Where qkv_h and dqkv_h live. Without Ulysses the slot is the model's own rows, unless those are wider than
+// the slot's (the parallel block's fused projection): SP_QKV_MODEL, else copies (SP_QKV_OWN). With Ulysses
+// and one sequence a rank, the all-to-all's blocks are the slot's runs in order, so its receive buffer holds
+// qkv_h as it arrives and its send buffer can hold dqkv_h as it leaves (SP_QKV_STAGING); with more sequences
+// the runs interleave, and they are copies.
+static enum sp_qkv sp_qkv_mode(const struct kiln_sp_layout *lo, const struct kiln_model_config *m, int B) {
+    if (lo->ulysses == 1)
+        return m->parallel_block ? SP_QKV_OWN : SP_QKV_MODEL;
+    return B == 1 ? SP_QKV_STAGING : SP_QKV_OWN;
 }
 static void buffer_elems(const struct kiln_sp_layout *lo, const struct kiln_model_config *m, int B,
                          size_t e[SP_BUFS]) {
     size_t HS = (size_t)(m->n_embd / m->n_head), nh = (size_t)m->n_head / lo->ulysses,
            nkv = (size_t)kiln_model_kv_heads(m) / lo->ulysses, slot = (size_t)B * lo->T_local * lo->ulysses;
     size_t wl = (nh + 2 * nkv) * HS, uly = lo->ulysses > 1, ring = lo->ring > 1;
-    size_t copies = sp_copies_qkv(lo, m);
+    size_t copies = sp_qkv_mode(lo, m, B) == SP_QKV_OWN;
     size_t sizes[SP_BUFS] = {copies * slot * wl,
                              copies * slot * wl,
                              uly * slot * wl,
@@ -498,8 +507,15 @@ size_t kiln_sp_buffer_bytes(const struct kiln_sp_layout *lo, const struct kiln_m
 void kiln_sp_free(struct kiln_sp *s) {
     if (!s)
         return;
-    void *bufs[] = {s->own_qkv ? s->qkv_h : NULL, s->own_qkv ? s->dqkv_h : NULL, s->send, s->recv, s->kv[0],
-                    s->kv[1], s->dkv[0], s->dkv[1]};
+    int own = s->qkv_mode == SP_QKV_OWN;
+    void *bufs[] = {own ? s->qkv_h : NULL,
+                    own ? s->dqkv_h : NULL,
+                    s->send,
+                    s->recv,
+                    s->kv[0],
+                    s->kv[1],
+                    s->dkv[0],
+                    s->dkv[1]};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i])
             s->ops->free(s->ctx, bufs[i]);
@@ -542,7 +558,7 @@ int kiln_sp_create(struct kiln_sp **out, const struct kiln_sp_layout *lo, struct
         return err->code;
     }
     size_t elems[SP_BUFS], fail = 0;
-    s->own_qkv = sp_copies_qkv(lo, m);
+    s->qkv_mode = sp_qkv_mode(lo, m, B);
     buffer_elems(lo, m, B, elems);
     void **bufs[SP_BUFS] = {&s->qkv_h,  &s->dqkv_h, &s->send,  &s->recv,   &s->out_h,
                             &s->dout_h, &s->kv[0],  &s->kv[1], &s->dkv[0], &s->dkv[1]};
@@ -559,6 +575,10 @@ int kiln_sp_create(struct kiln_sp **out, const struct kiln_sp_layout *lo, struct
                            "out of memory (--sp=%d): %.1f MiB more for sequence parallelism's buffers; lower "
                            "--batch or --seq",
                            lo->sp, fail / 1048576.0);
+    }
+    if (s->qkv_mode == SP_QKV_STAGING) {
+        s->qkv_h = s->recv;
+        s->dqkv_h = s->send;
     }
     if (s->ops->event_create)
         s->ev = s->ops->event_create(s->ctx);

@@ -86,6 +86,10 @@ done
 check uly2_gqa 2 --pos=rope --kv-heads=2 -- --sp=2 --sp-mode=ulysses
 check ring4_gqa 4 --pos=alibi --kv-heads=1 -- --sp=4 --sp-mode=ring
 check uly2_parallel 2 --pos=rope --block=parallel -- --sp=2 --sp-mode=ulysses
+# one sequence a rank: Ulysses keeps q, k, v in the all-to-all's receive buffer and their gradients in its
+# send buffer, not in copies (alone and in the hybrid)
+check uly4_b1 4 --pos=rope --batch=1 -- --sp=4 --sp-mode=ulysses
+check hyb4_b1 4 --pos=alibi --batch=1 --kv-heads=2 -- --sp=4 --sp-mode=hybrid --sp-ulysses=2
 check ring4_parallel 4 --pos=learned --block=parallel --recompute=block -- --sp=4 --sp-mode=ring
 # sp x dp: DDP and ZeRO-3 across the sequence-parallel groups, with gradient accumulation (2 micro-steps)
 check sp2dp2 4 --pos=rope --total-batch=256 -- --sp=2 --sp-mode=ring

@@ -65,7 +65,10 @@ static void test_auto_takes_what_fit_the_h100(void **state) {
 
 // The 1.3B shape's plans (the model's and the attention workspace) against the peaks H100s measured
 // (sessions 9-10, docs/long_context.md): one GPU, and 4 under Ulysses; and an H200's (session 12: none at 64k,
-// mlp at 128k, which only its 139 GiB hold).
+// mlp at 128k, which only its 139 GiB hold). The Ulysses runs held q, k, v and their gradients in two
+// head-sharded copies, which one sequence a rank no longer allocates (session 12: they live in the
+// all-to-all's buffers): their peaks are compared less those copies' bytes (2 x T x (NH + 2 NKV) / sp x HS,
+// bf16), which the code no longer takes.
 static void test_long_context_plans_match_the_h100_peaks(void **state) {
     (void)state;
     struct {
@@ -112,10 +115,13 @@ static void test_long_context_plans_match_the_h100_peaks(void **state) {
         struct kiln_rank_plan rp;
         kiln_rank_plan(&c, &pt, runs[i].sp, &lo, c.recompute, KILN_BF16, kiln_config_grad_dtype(&c, 1), 0,
                        &rp);
-        double plan = rp.total / GIB, over = runs[i].peak_gib - plan;
+        double peak = runs[i].peak_gib;
+        if (runs[i].sp > 1) // (the copies the measured runs held: see above)
+            peak -= 2.0 * runs[i].T * (16 + 2 * 16) / runs[i].sp * 128 * 2 / GIB;
+        double plan = rp.total / GIB, over = peak - plan;
         if (over < -0.05 || over > MAX_OVERSHOOT_GIB)
-            fail_msg("T=%d sp %d %s offload %s: plan %.2f GiB, measured %.1f", runs[i].T, runs[i].sp,
-                     runs[i].recompute, runs[i].offload, plan, runs[i].peak_gib);
+            fail_msg("T=%d sp %d %s offload %s: plan %.2f GiB, measured %.2f", runs[i].T, runs[i].sp,
+                     runs[i].recompute, runs[i].offload, plan, peak);
         kiln_params_free(&pt);
     }
 }
