@@ -460,9 +460,8 @@ static void sp_backward(void *user, int l, const struct kiln_attn_back_args *a) 
 }
 
 // The buffers kiln_sp_create allocates, in elements of the act dtype: the slot's head-sharded qkv and its
-// gradient (with Ulysses, or where the model's rows are wider than the slot's: the parallel block's fused
-// projection; else the model's own buffers serve); with Ulysses the all-to-all staging and the head-sharded
-// output and its gradient; with a ring two k|v blocks and two of their gradients.
+// gradient (where sp_qkv_mode says copies); with Ulysses the all-to-all staging and the head-sharded output
+// and its gradient; with a ring two k|v blocks and two of their gradients.
 #define SP_BUFS 10
 // Where qkv_h and dqkv_h live. Without Ulysses the slot is the model's own rows, unless those are wider than
 // the slot's (the parallel block's fused projection): SP_QKV_MODEL, else copies (SP_QKV_OWN). With Ulysses
