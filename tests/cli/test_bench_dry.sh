@@ -45,4 +45,32 @@ for ranks in 4 2; do
   n=$(wc -l <"$T/checked")
   [ "$n" -ge 20 ] && ok || bad "strategies.sh --ranks=$ranks: only $n kiln runs were checked"
 done
+# bench/attn_variants.sh's verdict on attn_bench lines (session 12's H100 times, the variants renamed as
+# attn_bench now prints them): a variant wins only where it is more than 1% faster at every shape and passed
+# its checks; the winner's setting is what the next command sources
+row() { # SHAPE NAME FWD_MS BWD_MS [CHECK]
+  printf '%-40s %-9s fwd %7.3f ms  500.0 TF/s  bwd %7.3f ms  400.0 TF/s  f+b  450.0 TF/s  x4.00  vs ref: out 1e-3 %s\n' \
+    "$1" "$2" "$3" "$4" "${5:-ok}"
+}
+s32="B=1 T=32768 NH=16 NKV=16 HS=128 none" s64="B=1 T=65536 NH=16 NKV=16 HS=128 none"
+attn_log() { # OWN_BWD_AT_64K OWN_CHECK: the two shapes' lines
+  row "$s32" wgmma 7.492 23.624; row "$s32" wgmma-red 7.50 26.42; row "$s32" wgmma-ov 8.148 23.62
+  row "$s32" wgmma-tma 7.49 25.02; row "$s32" wgmma-own 7.49 21.50 "$2"
+  row "$s64" wgmma 29.51 97.15; row "$s64" wgmma-red 29.5 109.0; row "$s64" wgmma-ov 32.45 97.2
+  row "$s64" wgmma-tma 29.5 102.4; row "$s64" wgmma-own 29.5 "$1" "$2"
+}
+attn_log 96.5 ok >"$T/attn.log"
+OUT="$T/av" bash bench/attn_variants.sh --verdict "$T/attn.log" >"$T/av.txt" 2>&1 && ok || bad "verdict: $(cat "$T/av.txt")"
+grep -q "wgmma-own  bwd: x1.007 to x1.099" "$T/av.txt" && ! grep -q "wins" "$T/av.txt" && [ ! -s "$T/av/attn_choice.env" ] &&
+  ok || bad "a variant 0.7% faster at one shape won, or the times were misread: $(cat "$T/av.txt")"
+attn_log 90.0 ok >"$T/attn.log"
+OUT="$T/av" bash bench/attn_variants.sh --verdict "$T/attn.log" >"$T/av.txt" 2>&1
+grep -q "wgmma-own  bwd: .* -> wins" "$T/av.txt" && [ "$(cat "$T/av/attn_choice.env")" = "export KILN_WGMMA_DQ=tma-own" ] &&
+  ok || bad "the faster variant did not win: $(cat "$T/av.txt"; cat "$T/av/attn_choice.env")"
+attn_log 90.0 CHECK-FAIL >"$T/attn.log"
+OUT="$T/av" bash bench/attn_variants.sh --verdict "$T/attn.log" >"$T/av.txt" 2>&1
+! grep -q "wins" "$T/av.txt" && [ ! -s "$T/av/attn_choice.env" ] && ok ||
+  bad "a variant that failed its checks won: $(cat "$T/av.txt")"
+bash bench/attn_variants.sh "1 32768" >"$T/av.txt" 2>&1
+[ $? -eq 2 ] && grep -q "shape '1 32768' is not" "$T/av.txt" && ok || bad "a bad shape: $(cat "$T/av.txt")"
 finish
