@@ -90,6 +90,7 @@ check uly2_parallel 2 --pos=rope --block=parallel -- --sp=2 --sp-mode=ulysses
 # send buffer, not in copies (alone and in the hybrid)
 check uly4_b1 4 --pos=rope --batch=1 -- --sp=4 --sp-mode=ulysses
 check hyb4_b1 4 --pos=alibi --batch=1 --kv-heads=2 -- --sp=4 --sp-mode=hybrid --sp-ulysses=2
+check sp2dp2_b1 4 --pos=rope --batch=1 --total-batch=128 -- --sp=2 --sp-mode=ulysses --zero=3
 check ring4_parallel 4 --pos=learned --block=parallel --recompute=block -- --sp=4 --sp-mode=ring
 # sp x dp: DDP and ZeRO-3 across the sequence-parallel groups, with gradient accumulation (2 micro-steps)
 check sp2dp2 4 --pos=rope --total-batch=256 -- --sp=2 --sp-mode=ring
