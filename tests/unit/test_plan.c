@@ -64,8 +64,8 @@ static void test_auto_takes_what_fit_the_h100(void **state) {
 }
 
 // The 1.3B shape's plans (the model's and the attention workspace) against the peaks H100s measured
-// (sessions 9-10, docs/long_context.md): one GPU, and 4 under Ulysses; and an H200's (session 12: none at 64k,
-// mlp at 128k, which only its 139 GiB hold). The Ulysses runs held q, k, v and their gradients in two
+// (sessions 9-10, docs/long_context.md): one GPU, and 4 under Ulysses; and an H200's (session 12: none at
+// 64k, mlp at 128k, which only its 139 GiB hold). The Ulysses runs held q, k, v and their gradients in two
 // head-sharded copies, which one sequence a rank no longer allocates (session 12: they live in the
 // all-to-all's buffers): their peaks are compared less those copies' bytes (2 x T x (NH + 2 NKV) / sp x HS,
 // bf16), which the code no longer takes.

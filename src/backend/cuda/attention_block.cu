@@ -396,8 +396,8 @@ template <int NU> static void blk_backward_launch(struct cuda_ctx *c, const stru
 }
 
 // Which kernels KILN_ATTN_BLOCK asks for, read on each call so that a test can compare them in one process:
-// wgmma (the default: the Hopper kernels of attention_wgmma.cu for the blocks they take on an sm_90 device, the
-// tensor-core kernels for the rest and elsewhere), tc (tensor cores where HS is 64 or 128, these kernels
+// wgmma (the default: the Hopper kernels of attention_wgmma.cu for the blocks they take on an sm_90 device,
+// the tensor-core kernels for the rest and elsewhere), tc (tensor cores where HS is 64 or 128, these kernels
 // otherwise) or ref (these kernels). On 4 H100s (session 12) the ring at 128k ran 32,202 tok/s on the wgmma
 // blocks against 13,320 on the tensor-core ones, and matched one GPU as closely as the others.
 enum blk_kernels { BLK_WGMMA, BLK_TC, BLK_REF };

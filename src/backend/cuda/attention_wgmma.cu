@@ -713,6 +713,32 @@ static __device__ __forceinline__ void wb_add_frag(bf16 *base, int stride, int t
         }
     }
 }
+
+// A consumer's dQ accumulators (N f32 a thread, 64 rows x 2N columns: register 4 i + e at row 16 warp + g +
+// 8 (e / 2), column 8 i + 2 t4 + (e % 2)) into its TMA boxes at dqb ([BM][32] f32 each, 128-byte swizzle:
+// chunk c of row r at c ^ (r % 8), r % 8 = g); once the consumer's 128 threads have stored, one thread has
+// TMA add box j to dq_acc at column d0 + 32 j of head h, rows q0.. of batch b (rows past T are dropped by the
+// map's bound). The boxes must be free (bulk_wait_read_all of the last adds, then a barrier) beforehand.
+template <int N>
+static __device__ __forceinline__ void wb_dq_stage_add(const CUtensorMap *map, uint32_t dqb, const float *dq,
+                                                       int warp, int g, int t4, int tid, int cw, int d0,
+                                                       int h, int q0, int b) {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+        int r = warp * 16 + g + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + t4 * 2;
+        int chunk = (col & 31) >> 2;
+        st_shared_v2f(dqb + (col >> 5) * (WB_BM * 128) + r * 128 + ((chunk ^ g) << 4) + (col & 3) * 4, dq[i],
+                      dq[i + 1]);
+    }
+    fence_proxy_async_smem();
+    consumer_bar_sync(cw);
+    if (tid == 0) {
+#pragma unroll
+        for (int bx = 0; bx < N / 16; bx++)
+            tma_reduce_add_4d(map, dqb + bx * (WB_BM * 128), d0 + bx * 32, h, q0, b);
+        bulk_commit();
+    }
+}
 #endif // WG_DEVICE_HELPERS
 
 // SPLIT (HS 128 only; the default, KILN_WGMMA_DQ=tma-split, or red-split): each tile's dQ split by columns
@@ -941,24 +967,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                 wgmma_commit();
                 wgmma_wait<0>(); // (before the next tile rewrites dS^T: one buffer a consumer would do)
                 reg_fence<HS / 2>(dq);
-                // register 4 i + e: row 16 warp + g + 8 (e / 2), column 8 i + 2 t4 + (e % 2); column col in
-                // box col / 32, chunk (col % 32) / 4 of row r at ((chunk ^ (r % 8)) << 4), r % 8 = g
-#pragma unroll
-                for (int i = 0; i < HS / 2; i += 2) {
-                    int r = warp * 16 + g + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + t4 * 2;
-                    int chunk = (col & 31) >> 2;
-                    st_shared_v2f(dqb + (col >> 5) * (WB_BM * 128) + r * 128 + ((chunk ^ g) << 4) +
-                                      (col & 3) * 4,
-                                  dq[i], dq[i + 1]);
-                }
-                fence_proxy_async_smem();
-                consumer_bar_sync(cw);
-                if (tid == 0) {
-#pragma unroll
-                    for (int bx = 0; bx < HS / 32; bx++)
-                        tma_reduce_add_4d(&p.tdq, dqb + bx * (WB_BM * 128), bx * 32, h, q0, b);
-                    bulk_commit();
-                }
+                wb_dq_stage_add<HS / 2>(&p.tdq, dqb, dq, warp, g, t4, tid, cw, 0, h, q0, b); // all HS columns
                 __syncwarp(); // (before the next tile's aligned mbarrier wait and wgmma.fence)
                 continue;     // (the rest of the tile is the other modes' dQ)
             }
@@ -994,15 +1003,15 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         mbar_arrive(empty + 8 * st);
                     }
                     if constexpr (DQ_TMA) {
-                        // the pass's 64 x 64 into this consumer's two boxes ([BM][32] f32 each, 128-byte
-                        // swizzle: chunk c of row r at c ^ (r % 8), r % 8 = g), once TMA has read the last
-                        // pass's; then one thread has TMA add them to dq_acc (rows past T are dropped by
-                        // the map's bound)
+                        // the pass's 64 x 64 into this consumer's two boxes (as wb_dq_stage_add), once TMA
+                        // has read the last pass's, and added to dq_acc by TMA
                         uint32_t dqb = dq_s + cw * WB_BM * 64 * 4;
                         if (tid == 0)
                             bulk_wait_read_all();
                         __syncwarp(); // (warp 0 whole again before the aligned barrier)
                         consumer_bar_sync(cw);
+                        // (written out, not wb_dq_stage_add<32>, which compiles this default kernel to other
+                        // registers: it stays the machine code an H100 verified until a GPU runs it again)
 #pragma unroll
                         for (int i = 0; i < 32; i += 2) {
                             int r = warp * 16 + g + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + t4 * 2;
