@@ -44,9 +44,9 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg,
            rp.dpo.offload ? ", optimizer offloaded" : "");
     if (sp->sp > 1)
         printf("  sequence parallelism: sp %d (%d Ulysses x %d ring) x dp %d, %d of %d tokens a rank, "
-               "buffers %.3f "
-               "GiB\n",
-               sp->sp, sp->ulysses, sp->ring, sp->dp, sp->T_local, sp->T, rp.sp_bytes / GIB);
+               "buffers %.3f GiB (q, k, v: %s)\n",
+               sp->sp, sp->ulysses, sp->ring, sp->dp, sp->T_local, sp->T, rp.sp_bytes / GIB,
+               kiln_sp_qkv_place(sp, &cfg->model, cfg->batch_size));
     printf("  sharded state: %zu bytes (%.3f GiB: master %.3f, compute copy %.3f, gradients %.3f, moments "
            "%.3f)\n",
            state, state / GIB, p->params_bytes / GIB, p->weights_bytes / GIB,

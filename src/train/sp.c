@@ -473,6 +473,12 @@ static enum sp_qkv sp_qkv_mode(const struct kiln_sp_layout *lo, const struct kil
         return m->parallel_block ? SP_QKV_OWN : SP_QKV_MODEL;
     return B == 1 ? SP_QKV_STAGING : SP_QKV_OWN;
 }
+const char *kiln_sp_qkv_place(const struct kiln_sp_layout *lo, const struct kiln_model_config *m, int B) {
+    static const char *const where[] = {"copies of their own", "the model's rows",
+                                        "the all-to-all's buffers"};
+    return where[sp_qkv_mode(lo, m, B)];
+}
+
 static void buffer_elems(const struct kiln_sp_layout *lo, const struct kiln_model_config *m, int B,
                          size_t e[SP_BUFS]) {
     size_t HS = (size_t)(m->n_embd / m->n_head), nh = (size_t)m->n_head / lo->ulysses,

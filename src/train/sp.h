@@ -4,9 +4,9 @@
 // Layout. world = sp x dp; the sp ranks of one group are consecutive (rank = dp_index * sp + sp_rank). An SP
 // group is u Ulysses ranks times r ring ranks (sp_rank = ring_index * u + ulysses_index): ulysses mode is
 // r = 1, ring mode u = 1, hybrid both (Ulysses inside a node, the ring across nodes). With a ring, the
-// sequence is cut into 2r chunks and ring slot i holds chunks i and 2r-1-i (zigzag: causal work is the same on
-// every slot); without one, the slot is the whole sequence. The u ranks of a slot split its tokens, in order,
-// into runs of T / (r u): so a rank's tokens are at most two runs of positions.
+// sequence is cut into 2r chunks and ring slot i holds chunks i and 2r-1-i (zigzag: causal work is the same
+// on every slot); without one, the slot is the whole sequence. The u ranks of a slot split its tokens, in
+// order, into runs of T / (r u): so a rank's tokens are at most two runs of positions.
 //
 // Attention. Ulysses: an all-to-all turns the slot's sequence-sharded q, k, v into head-sharded ones
 // (NH / u heads, all of the slot's tokens), and another turns the output back. Ring: the slots' k/v blocks
@@ -29,11 +29,11 @@ struct kiln_backend;
 struct kiln_gpt;
 
 struct kiln_sp_layout {
-    int sp, ulysses, ring;   // sp = ulysses * ring
+    int sp, ulysses, ring; // sp = ulysses * ring
     int sp_rank, uly_rank, ring_rank;
-    int dp, dp_rank;         // world / sp data-parallel groups, and this rank's
-    int T, T_local;          // the sequence, and this rank's share (T / sp)
-    int chunk;               // ring: T / (2 ring) positions per chunk; T without a ring
+    int dp, dp_rank; // world / sp data-parallel groups, and this rank's
+    int T, T_local;  // the sequence, and this rank's share (T / sp)
+    int chunk;       // ring: T / (2 ring) positions per chunk; T without a ring
     // this rank's tokens: columns [0, split) at positions pos0.., the rest at pos1..
     int pos0, split, pos1;
 };
@@ -42,11 +42,16 @@ struct kiln_sp_layout {
 // per node, hybrid's default Ulysses size), checking what it needs: sp divides the world, the heads (and KV
 // heads) divide among the Ulysses ranks, T divides among the ranks (in 2 x ring chunks under zigzag). A usage
 // error names the option otherwise.
-int kiln_sp_plan(const struct kiln_config *cfg, int world, int rank, int local_world, struct kiln_sp_layout *out,
-                 struct kiln_error *err);
+int kiln_sp_plan(const struct kiln_config *cfg, int world, int rank, int local_world,
+                 struct kiln_sp_layout *out, struct kiln_error *err);
 
 // This rank's columns of a (B, T) batch: (B, T_local), the layout's runs of positions.
 void kiln_sp_slice(const struct kiln_sp_layout *lo, const int32_t *full, int B, int32_t *local);
+
+// Where sequence parallelism keeps the slot's q, k, v and their gradient for B sequences (for kiln info):
+// "the model's rows" (a ring alone), "the all-to-all's buffers" (Ulysses, one sequence a rank) or "copies of
+// their own"
+const char *kiln_sp_qkv_place(const struct kiln_sp_layout *lo, const struct kiln_model_config *m, int B);
 
 // The bytes of backend memory kiln_sp_create allocates for B sequences (0 without sequence parallelism)
 size_t kiln_sp_buffer_bytes(const struct kiln_sp_layout *lo, const struct kiln_model_config *m, int B,

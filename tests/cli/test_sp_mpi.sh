@@ -135,6 +135,12 @@ for sp in "2 ring" "4 ulysses" "4 ring"; do
     bad "sp $sp: measured peak ${m:-?} bytes is not within 10% of kiln info's plan ${p:-?}"
   fi
 done
+# where q, k, v live, as kiln info says (and as the peaks above count them)
+for w in "ring 1:the model's rows" "ulysses 1:the all-to-all's buffers" "ulysses 2:copies of their own"; do
+  mode=${w%% *} rest=${w#* } b=${rest%%:*} want=${rest#*:}
+  "$KILN" info "${mem[@]}" --batch="$b" --world=4 --sp=4 --sp-mode="$mode" | grep -q "(q, k, v: $want)" && ok ||
+    bad "kiln info --sp-mode=$mode --batch=$b does not say q, k, v live in $want"
+done
 [ "$(peak "$T/mem4ring")" -lt "$(peak "$T/mem2ring")" ] && ok ||
   bad "a ring of 4 holds no less than a ring of 2: $(peak "$T/mem4ring") vs $(peak "$T/mem2ring") bytes"
 
