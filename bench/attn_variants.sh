@@ -8,6 +8,7 @@
 # (bench/long_context.sh then times them beside PyTorch). Logs in $OUT.
 #   bash bench/attn_variants.sh ["B T NH HS"]...     (default: "1 32768 16 128" "1 65536 16 128")
 #   bash bench/attn_variants.sh --verdict LOG        (the verdict alone, from attn_bench's output in LOG)
+# KILN_SANITIZE="racecheck synccheck" also runs the wgmma tests under compute-sanitizer.
 # attn_bench's lines and what each variant sets (bench/cuda/attn_bench.cu): wgmma-ov KILN_WGMMA_FWD=overlap,
 # wgmma-red KILN_WGMMA_DQ=red, wgmma-tma KILN_WGMMA_DQ=tma, wgmma-own KILN_WGMMA_DQ=tma-own.
 set -u
@@ -79,6 +80,14 @@ for f in wgmma attention_block; do
   echo "test_cuda_ops *$f*: exit $? (124: timed out), $(grep -c PASS "$OUT/test_$f.log") PASS," \
     "$(grep -c FAIL "$OUT/test_$f.log") FAIL lines"
   grep -E "FAIL" "$OUT/test_$f.log" | head -6
+done
+# KILN_SANITIZE="racecheck synccheck": the wgmma tests again under compute-sanitizer (shared-memory hazards and
+# barrier misuse a wrong answer may not show), each tool under its own timeout
+for tool in ${KILN_SANITIZE:-}; do
+  KILN_TEST_SKIP= KILN_SOURCE_DIR=$PWD KILN_TEST_FILTER="*wgmma*" timeout "${KILN_SANITIZE_TIMEOUT:-240}" \
+    compute-sanitizer --tool "$tool" "$BUILD/test_cuda_ops" >"$OUT/sanitize_$tool.log" 2>&1
+  echo "compute-sanitizer --tool $tool, *wgmma*: exit $? (124: timed out);" \
+    "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)"
 done
 : >"$OUT/attn.log"
 for s in "${SHAPES[@]}"; do
