@@ -840,7 +840,9 @@ static void test_attention_matches_cpu(void **state) {
     attention_case(e, 1, 257, 6, 2, 64, KILN_POS_ROPE);
     attention_case(e, 2, 257, 3, 3, 128, KILN_POS_NONE);
     attention_case(e, 1, 128, 12, 12, 64, KILN_POS_ALIBI); // exact tiles, NH not a power of two
-    attention_case(e, 1, 100, 4, 2, 32, KILN_POS_ROPE);    // simple path
+    attention_case(e, 1, 100, 4, 2, 32, KILN_POS_ROPE);    // FA2 kernels at HS 32 (shakespeare-char's)
+    attention_case(e, 2, 128, 4, 4, 32, KILN_POS_LEARNED); // the same, exact tiles
+    attention_case(e, 1, 100, 4, 2, 16, KILN_POS_ROPE);    // simple path
     attention_case(e, 2, 65, 6, 3, 80, KILN_POS_ALIBI);    // simple path, non-power-of-two ALiBi
     attention_case(e, 1, 300, 8, 8, 128, KILN_POS_ROPE);
     attention_case(e, 1, 1100, 4, 2, 64, KILN_POS_ALIBI); // many key tiles: the double-buffered pipeline
@@ -866,6 +868,8 @@ static void test_attention_paths_match_cpu(void **state) {
         attention_case(e, 1, 500, 4, 2, 128, KILN_POS_ROPE);
         attention_case(e, 2, 192, 3, 1, 64, KILN_POS_NONE);
         attention_case(e, 1, 17, 2, 1, 64, KILN_POS_ALIBI);
+        attention_case(e, 2, 129, 4, 2, 32, KILN_POS_ROPE);
+        attention_case(e, 1, 300, 3, 3, 32, KILN_POS_ALIBI);
     }
     unsetenv("KILN_ATTN");
     unsetenv("KILN_FA_VARIANT");
@@ -876,14 +880,14 @@ static void test_attention_paths_match_cpu(void **state) {
 // (cuda_ctx.deterministic == 0: single pass, dQ by atomics into f32) and deterministic (two kernels, dQ
 // recomputed). T below one tile (17),
 // one past the 128-key/64-query tiles (129), not a multiple of any tile (500); GQA groups of 1, 3 and 4;
-// RoPE, ALiBi, none; HS 64 and 128.
+// RoPE, ALiBi, none; HS 32, 64 and 128; the single pass's third variant (KILN_FA_VARIANT=2) too.
 static void test_attention_backward_modes_match_cpu(void **state) {
     struct env *e = *state;
     struct kiln_backend *g[2] = {&e->gpu, &e->gpu_det};
-    const char *variant[2] = {"0", "1"};
+    const char *variant[3] = {"0", "1", "2"};
     setenv("KILN_ATTN", "fa2", 1);
     for (int m = 0; m < 2; m++)
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < (m ? 2 : 3); v++) {
             setenv("KILN_FA_VARIANT", variant[v], 1);
             printf("attention backward: %s mode, variant %s\n", m ? "deterministic" : "default", variant[v]);
             attention_case_on(e, g[m], 1, 17, 4, 1, 64, KILN_POS_ALIBI);
@@ -894,6 +898,9 @@ static void test_attention_backward_modes_match_cpu(void **state) {
             attention_case_on(e, g[m], 1, 500, 6, 2, 128, KILN_POS_ROPE);
             attention_case_on(e, g[m], 2, 500, 12, 3, 64, KILN_POS_ALIBI); // NH not a power of two
             attention_case_on(e, g[m], 1, 129, 4, 1, 128, KILN_POS_ALIBI);
+            attention_case_on(e, g[m], 1, 17, 4, 2, 32, KILN_POS_ROPE);
+            attention_case_on(e, g[m], 2, 129, 4, 4, 32, KILN_POS_NONE);
+            attention_case_on(e, g[m], 1, 500, 6, 2, 32, KILN_POS_ALIBI);
         }
     unsetenv("KILN_ATTN");
     unsetenv("KILN_FA_VARIANT");

@@ -1,5 +1,6 @@
-// Causal attention, second generation (issue 4): the default path for HS in {64, 128}; attention.cu keeps the
-// first kernels as the reference path (env KILN_ATTN=ref) and handles every other head size.
+// Causal attention, second generation (issue 4): the default path for HS in {32, 64, 128} (the Hopper kernels
+// take 64 and 128 where they apply); attention.cu keeps the first kernels as the reference path (env
+// KILN_ATTN=ref) and handles every other head size.
 //
 // Same math and conventions as attention.cu (scores s_ij = scale q_i.k_j + slope_h (j - i), log2 domain,
 // P rounded to bf16 before P.V, lse in natural log). What changed, and why (docs/perf_notes.md has numbers):
@@ -243,7 +244,7 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_fwd_kernel(struct fa_
         inv[r] = 1.0f / l[r];
     }
     store_frag<HS>(p.out + (size_t)b * p.T * p.NH * HS + h * HS, p.NH * HS, qi[0], qi[1], p.T, o, inv[0],
-                 inv[1]);
+                   inv[1]);
     if (t4 == 0) {
         float *lg = p.lse + ((size_t)b * p.NH + h) * p.T;
         if (qi[0] < p.T)
@@ -356,7 +357,8 @@ static __global__ void __launch_bounds__(128, MINB) fa_bwd_dkdv_kernel(struct fa
             mm_abt<HS, BM / 8, LD, KREG>(st, kf, Ks, warp * 16, Qb);
             mm_abt<HS, BM / 8, LD, KREG>(dpt, vf, Vs, warp * 16, dOb);
             bool need_mask = q0 < wk0 + 15 || q0 + BM > p.T || wk0 + 16 > p.T;
-            float kb[2]; // ALiBi slope2 (kr - qi) = kb[key] - slope2 (8 nt + e % 2): no int-to-float per score
+            float
+                kb[2]; // ALiBi slope2 (kr - qi) = kb[key] - slope2 (8 nt + e % 2): no int-to-float per score
             attn_alibi_bases(kb, slope2, kj, q0 + 2 * t4, -1);
 #pragma unroll
             for (int nt = 0; nt < BM / 8; nt++)
@@ -446,7 +448,8 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_dq_kernel(struct 
             mm_abt<HS, BN / 8, LD, QREG>(s, qf, Qs, warp * 16, Kb);
             mm_abt<HS, BN / 8, LD, QREG>(dp, df, dOs, warp * 16, Vb);
             bool need_mask = k0 + BN - 1 > wq0 || k0 + BN > p.T;
-            float rb[2]; // ALiBi slope2 (kj - qi) = rb[row] + slope2 (8 nt + e % 2): no int-to-float per score
+            float
+                rb[2]; // ALiBi slope2 (kj - qi) = rb[row] + slope2 (8 nt + e % 2): no int-to-float per score
             attn_alibi_bases(rb, slope2, qi, k0 + 2 * t4, 1);
 #pragma unroll
             for (int nt = 0; nt < BN / 8; nt++)
@@ -553,7 +556,8 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_bwd_fused_kernel(stru
             mm_abt<HS, BM / 8, LD, KREG>(st, kf, Ks, warp * 16, Qb);
             mm_abt<HS, BM / 8, LD, KREG>(dpt, vf, Vs, warp * 16, dOb);
             bool need_mask = q0 < wk0 + 15 || q0 + BM > p.T || wk0 + 16 > p.T;
-            float kb[2]; // ALiBi slope2 (kr - qi) = kb[key] - slope2 (8 nt + e % 2): no int-to-float per score
+            float
+                kb[2]; // ALiBi slope2 (kr - qi) = kb[key] - slope2 (8 nt + e % 2): no int-to-float per score
             attn_alibi_bases(kb, slope2, kj, q0 + 2 * t4, -1);
 #pragma unroll
             for (int nt = 0; nt < BM / 8; nt++)
@@ -673,7 +677,7 @@ static int fa_al16(const void *p) {
 
 // Rows are copied in 16-byte chunks (cp.async, uint4): row strides must be multiples of 8 elements.
 static int fa_applies(int HS, const void *p0, const void *p1, const void *p2, int rs) {
-    return (HS == 64 || HS == 128) && fa_al16(p0) && fa_al16(p1) && fa_al16(p2) && rs % 8 == 0;
+    return (HS == 32 || HS == 64 || HS == 128) && fa_al16(p0) && fa_al16(p1) && fa_al16(p2) && rs % 8 == 0;
 }
 
 static int fa_stride(int stride, int NH, int NKV, int HS) {
@@ -688,24 +692,26 @@ extern "C" const bf16 *kiln_cuda_fa_rope(struct cuda_ctx *c, const void *qkv, in
     bf16 *qr = (bf16 *)kiln_cuda_scratch(c, SCR_ATTN_ROT, (nq + nk) * sizeof(bf16));
     long n = (long)B * T * (NH + NKV) * (HS / 16);
     const bf16 *x = (const bf16 *)qkv;
-    fa_rope_kernel<<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(qr, qr + nq, x, qkv_rs, B * T, T, NH,
-                                                                           NKV, HS, ct, st);
+    fa_rope_kernel<<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(qr, qr + nq, x, qkv_rs, B * T, T,
+                                                                           NH, NKV, HS, ct, st);
     CUDA_CHECK_LAUNCH();
     return qr;
 }
 
-// D = rowsum(dO * O) for the backward: (B, NH, T) f32 in scratch slot SCR_ATTN_D; returns it. HS 64 / 128.
+// D = rowsum(dO * O) for the backward: (B, NH, T) f32 in scratch slot SCR_ATTN_D; returns it. HS 32, 64, 128.
 extern "C" const float *kiln_cuda_fa_dsum(struct cuda_ctx *c, const void *dout, const void *out, int B, int T,
                                           int NH, int HS) {
     float *dsum = (float *)kiln_cuda_scratch(c, SCR_ATTN_D, (size_t)B * NH * T * sizeof(float));
     int rows = B * T * NH;
     long thr = (long)rows * (HS / 8);
-    if (HS == 64)
-        fa_dsum_kernel<64><<<(unsigned)KILN_CEIL_DIV(thr, 256), 256, 0, c->stream>>>(
-            dsum, (const bf16 *)dout, (const bf16 *)out, rows, T, NH);
+    unsigned nb = (unsigned)KILN_CEIL_DIV(thr, 256);
+    const bf16 *d = (const bf16 *)dout, *o = (const bf16 *)out;
+    if (HS == 32)
+        fa_dsum_kernel<32><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
+    else if (HS == 64)
+        fa_dsum_kernel<64><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
     else
-        fa_dsum_kernel<128><<<(unsigned)KILN_CEIL_DIV(thr, 256), 256, 0, c->stream>>>(
-            dsum, (const bf16 *)dout, (const bf16 *)out, rows, T, NH);
+        fa_dsum_kernel<128><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
     CUDA_CHECK_LAUNCH();
     return dsum;
 }
@@ -715,12 +721,13 @@ extern "C" void kiln_cuda_fa_dq_convert(struct cuda_ctx *c, bf16 *dqkv, const fl
                                         int NH, int HS, int rs, float scale, const float *ct,
                                         const float *st) {
     long n = (long)B * T * NH * (HS / 8);
-    if (HS == 64)
-        fa_dq_convert_kernel<64>
-            <<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
+    unsigned nb = (unsigned)KILN_CEIL_DIV(n, 256);
+    if (HS == 32)
+        fa_dq_convert_kernel<32><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
+    else if (HS == 64)
+        fa_dq_convert_kernel<64><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
     else
-        fa_dq_convert_kernel<128>
-            <<<(unsigned)KILN_CEIL_DIV(n, 256), 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
+        fa_dq_convert_kernel<128><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -776,7 +783,14 @@ extern "C" int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_
     p.out = (bf16 *)a->out;
     p.lse = a->lse;
     int v = fa_variant();
-    if (a->HS == 64) {
+    if (a->HS == 32) {
+        // small models (shakespeare-char: 4 heads of 32): 64 queries per block, 4 blocks per SM (25 KiB of
+        // shared memory each); variant 1: 128 queries, 2 blocks
+        if (v == 0)
+            fa_fwd_launch<32, 4, true, 4>(c, p);
+        else
+            fa_fwd_launch<32, 8, true, 2>(c, p);
+    } else if (a->HS == 64) {
         // H100, 2026-11-21 (attn_bench): 64 queries per block and 3 blocks per SM beat 128 queries and 2
         // blocks by 15-18% at T = 1024..8192 (166 vs 140 TFLOP/s at B=32 T=1024 NH=12), so it is the default
         // here.
@@ -846,7 +860,14 @@ extern "C" int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn
         CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, nq, c->stream));
         // ptxas (sm_90): HS 64: 247 / 242 / 168 registers (v2: 8 B spill); HS 128: 255 (4 B spill) / 255 (28
         // B spill) / 244. Keys per block set the dQ atomics (one HS row per key block and query row).
-        if (a->HS == 64) {
+        if (a->HS == 32) {
+            if (v == 0)
+                fa_bwd_fused_launch<32, 4, 64, true, 3>(c, p); // 64 keys x 64 queries, 3 blocks per SM
+            else if (v == 1)
+                fa_bwd_fused_launch<32, 8, 64, true, 2>(c, p); // 128 keys
+            else
+                fa_bwd_fused_launch<32, 4, 32, true, 4>(c, p); // 64 x 32, 4 blocks per SM
+        } else if (a->HS == 64) {
             if (v == 0)
                 fa_bwd_fused_launch<64, 4, 64, true, 2>(c, p); // 64 keys x 64 queries, 2 blocks per SM
             else if (v == 1)
@@ -863,7 +884,12 @@ extern "C" int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn
         }
         return 1;
     }
-    if (a->HS == 64) {
+    if (a->HS == 32) {
+        if (v == 0)
+            fa_bwd_launch<32, 64, true, 2, 4, true, 64, 3>(c, p);
+        else
+            fa_bwd_launch<32, 32, true, 3, 4, true, 64, 3>(c, p);
+    } else if (a->HS == 64) {
         if (v == 0)
             fa_bwd_launch<64, 64, true, 1, 8, true, 64, 1>(c, p);
         else
