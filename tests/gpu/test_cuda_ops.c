@@ -843,7 +843,10 @@ static void test_attention_matches_cpu(void **state) {
     attention_case(e, 1, 100, 4, 2, 32, KILN_POS_ROPE);    // FA2 kernels at HS 32 (shakespeare-char's)
     attention_case(e, 2, 128, 4, 4, 32, KILN_POS_LEARNED); // the same, exact tiles
     attention_case(e, 1, 100, 4, 2, 16, KILN_POS_ROPE);    // simple path
-    attention_case(e, 2, 65, 6, 3, 80, KILN_POS_ALIBI);    // simple path, non-power-of-two ALiBi
+    attention_case(e, 2, 65, 6, 3, 80, KILN_POS_ALIBI);    // FA2 at HS 80, non-power-of-two ALiBi
+    attention_case(e, 1, 200, 4, 2, 48, KILN_POS_ROPE);    // FA2 at HS 48
+    attention_case(e, 2, 150, 4, 4, 96, KILN_POS_ROPE);    // FA2 at HS 96
+    attention_case(e, 1, 70, 2, 2, 40, KILN_POS_ALIBI);    // simple path (HS not a multiple of 16)
     attention_case(e, 1, 300, 8, 8, 128, KILN_POS_ROPE);
     attention_case(e, 1, 1100, 4, 2, 64, KILN_POS_ALIBI); // many key tiles: the double-buffered pipeline
     end_test(e);
@@ -870,6 +873,9 @@ static void test_attention_paths_match_cpu(void **state) {
         attention_case(e, 1, 17, 2, 1, 64, KILN_POS_ALIBI);
         attention_case(e, 2, 129, 4, 2, 32, KILN_POS_ROPE);
         attention_case(e, 1, 300, 3, 3, 32, KILN_POS_ALIBI);
+        attention_case(e, 2, 129, 4, 2, 48, KILN_POS_NONE);
+        attention_case(e, 1, 257, 6, 2, 80, KILN_POS_ROPE);
+        attention_case(e, 1, 300, 4, 1, 96, KILN_POS_ALIBI);
     }
     unsetenv("KILN_ATTN");
     unsetenv("KILN_FA_VARIANT");
@@ -880,7 +886,7 @@ static void test_attention_paths_match_cpu(void **state) {
 // (cuda_ctx.deterministic == 0: single pass, dQ by atomics into f32) and deterministic (two kernels, dQ
 // recomputed). T below one tile (17),
 // one past the 128-key/64-query tiles (129), not a multiple of any tile (500); GQA groups of 1, 3 and 4;
-// RoPE, ALiBi, none; HS 32, 64 and 128; the single pass's third variant (KILN_FA_VARIANT=2) too.
+// RoPE, ALiBi, none; HS 32, 48, 64, 80, 96 and 128; the single pass's third variant (KILN_FA_VARIANT=2) too.
 static void test_attention_backward_modes_match_cpu(void **state) {
     struct env *e = *state;
     struct kiln_backend *g[2] = {&e->gpu, &e->gpu_det};
@@ -901,6 +907,9 @@ static void test_attention_backward_modes_match_cpu(void **state) {
             attention_case_on(e, g[m], 1, 17, 4, 2, 32, KILN_POS_ROPE);
             attention_case_on(e, g[m], 2, 129, 4, 4, 32, KILN_POS_NONE);
             attention_case_on(e, g[m], 1, 500, 6, 2, 32, KILN_POS_ALIBI);
+            attention_case_on(e, g[m], 2, 129, 4, 2, 48, KILN_POS_ROPE);
+            attention_case_on(e, g[m], 1, 500, 4, 4, 80, KILN_POS_ALIBI);
+            attention_case_on(e, g[m], 1, 300, 6, 3, 96, KILN_POS_ROPE);
         }
     unsetenv("KILN_ATTN");
     unsetenv("KILN_FA_VARIANT");

@@ -1,6 +1,6 @@
-// Causal attention, second generation (issue 4): the default path for HS in {32, 64, 128} (the Hopper kernels
-// take 64 and 128 where they apply); attention.cu keeps the first kernels as the reference path (env
-// KILN_ATTN=ref) and handles every other head size.
+// Causal attention, second generation (issue 4): the default path for HS in {32, 48, 64, 80, 96, 128} (the
+// Hopper kernels take 64 and 128 where they apply); attention.cu keeps the first kernels as the reference
+// path (env KILN_ATTN=ref) and handles every other head size.
 //
 // Same math and conventions as attention.cu (scores s_ij = scale q_i.k_j + slope_h (j - i), log2 domain,
 // P rounded to bf16 before P.V, lse in natural log). What changed, and why (docs/perf_notes.md has numbers):
@@ -124,11 +124,12 @@ static __device__ __forceinline__ void mm_pv(float (*o)[4], const float (*p)[4],
 // Rows [row0, row0 + NR) of one head (g0 = row 0 of that head) into smem (row stride HS + 8), NTH threads.
 template <int HS, int NR, int NTH>
 static __device__ __forceinline__ void tile_async(bf16 *sm, const bf16 *g0, int rs, int row0, int T) {
-    constexpr int CH = HS / 8, LD = HS + 8;
-    static_assert((NR * CH) % NTH == 0, "tile chunks must divide among the threads");
+    constexpr int CH = HS / 8, LD = HS + 8, N = NR * CH;
 #pragma unroll
-    for (int i = 0; i < NR * CH / NTH; i++) {
+    for (int i = 0; i < (N + NTH - 1) / NTH; i++) {
         int idx = i * NTH + threadIdx.x, r = idx / CH, c = idx % CH, t = row0 + r;
+        if (N % NTH != 0 && idx >= N) // (HS 48, 80, 96: the chunks need not divide among the threads)
+            break;
         int ok = t < T;
         cp_async16(sm + r * LD + c * 8, g0 + (size_t)(ok ? t : 0) * rs + c * 8, ok);
     }
@@ -256,16 +257,21 @@ static __global__ void __launch_bounds__(NW * 32, MINB) fa_fwd_kernel(struct fa_
 
 // ---- backward -------------------------------------------------------------------------------------------
 
-// dsum[b, h, t] = sum_d dout * out; HS / 8 lanes per row, 16-byte loads.
+// Lanes of a row in fa_dsum_kernel: HS / 8 rounded up to a power of two (a shuffle reduction's width).
+static constexpr __host__ __device__ int fa_dsum_lanes(int HS) {
+    return HS / 8 <= 4 ? 4 : HS / 8 <= 8 ? 8 : HS / 8 <= 16 ? 16 : 32;
+}
+
+// dsum[b, h, t] = sum_d dout * out; fa_dsum_lanes(HS) lanes per row, HS / 8 of them loading 16 bytes each.
 template <int HS>
 static __global__ void fa_dsum_kernel(float *dsum, const bf16 *dout, const bf16 *out, int rows, int T,
                                       int NH) {
-    constexpr int CH = HS / 8;
+    constexpr int CH = fa_dsum_lanes(HS);
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     long row = i / CH;
     int c = (int)(i % CH);
     float s = 0.0f;
-    if (row < rows) {
+    if (row < rows && c < HS / 8) {
         bf16x8 d, o;
         d.u = *(const uint4 *)(dout + row * HS + c * 8);
         o.u = *(const uint4 *)(out + row * HS + c * 8);
@@ -677,7 +683,8 @@ static int fa_al16(const void *p) {
 
 // Rows are copied in 16-byte chunks (cp.async, uint4): row strides must be multiples of 8 elements.
 static int fa_applies(int HS, const void *p0, const void *p1, const void *p2, int rs) {
-    return (HS == 32 || HS == 64 || HS == 128) && fa_al16(p0) && fa_al16(p1) && fa_al16(p2) && rs % 8 == 0;
+    return (HS == 32 || HS == 48 || HS == 64 || HS == 80 || HS == 96 || HS == 128) && fa_al16(p0) &&
+           fa_al16(p1) && fa_al16(p2) && rs % 8 == 0;
 }
 
 static int fa_stride(int stride, int NH, int NKV, int HS) {
@@ -698,20 +705,34 @@ extern "C" const bf16 *kiln_cuda_fa_rope(struct cuda_ctx *c, const void *qkv, in
     return qr;
 }
 
-// D = rowsum(dO * O) for the backward: (B, NH, T) f32 in scratch slot SCR_ATTN_D; returns it. HS 32, 64, 128.
+// D = rowsum(dO * O) for the backward: (B, NH, T) f32 in scratch slot SCR_ATTN_D; returns it. fa_applies' HS.
 extern "C" const float *kiln_cuda_fa_dsum(struct cuda_ctx *c, const void *dout, const void *out, int B, int T,
                                           int NH, int HS) {
     float *dsum = (float *)kiln_cuda_scratch(c, SCR_ATTN_D, (size_t)B * NH * T * sizeof(float));
     int rows = B * T * NH;
-    long thr = (long)rows * (HS / 8);
+    long thr = (long)rows * fa_dsum_lanes(HS);
     unsigned nb = (unsigned)KILN_CEIL_DIV(thr, 256);
     const bf16 *d = (const bf16 *)dout, *o = (const bf16 *)out;
-    if (HS == 32)
+    switch (HS) {
+    case 32:
         fa_dsum_kernel<32><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
-    else if (HS == 64)
+        break;
+    case 48:
+        fa_dsum_kernel<48><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
+        break;
+    case 64:
         fa_dsum_kernel<64><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
-    else
+        break;
+    case 80:
+        fa_dsum_kernel<80><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
+        break;
+    case 96:
+        fa_dsum_kernel<96><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
+        break;
+    default:
+        KILN_ASSERT(HS == 128);
         fa_dsum_kernel<128><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
+    }
     CUDA_CHECK_LAUNCH();
     return dsum;
 }
@@ -722,12 +743,26 @@ extern "C" void kiln_cuda_fa_dq_convert(struct cuda_ctx *c, bf16 *dqkv, const fl
                                         const float *st) {
     long n = (long)B * T * NH * (HS / 8);
     unsigned nb = (unsigned)KILN_CEIL_DIV(n, 256);
-    if (HS == 32)
+    switch (HS) {
+    case 32:
         fa_dq_convert_kernel<32><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
-    else if (HS == 64)
+        break;
+    case 48:
+        fa_dq_convert_kernel<48><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
+        break;
+    case 64:
         fa_dq_convert_kernel<64><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
-    else
+        break;
+    case 80:
+        fa_dq_convert_kernel<80><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
+        break;
+    case 96:
+        fa_dq_convert_kernel<96><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
+        break;
+    default:
+        KILN_ASSERT(HS == 128);
         fa_dq_convert_kernel<128><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
@@ -790,6 +825,15 @@ extern "C" int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_
             fa_fwd_launch<32, 4, true, 4>(c, p);
         else
             fa_fwd_launch<32, 8, true, 2>(c, p);
+    } else if (a->HS == 48 || a->HS == 80 || a->HS == 96) {
+        // the head sizes between (one tile configuration each, not tuned: KILN_FA_VARIANT does not apply):
+        // 64 queries per block, Q's fragments in registers
+        if (a->HS == 48)
+            fa_fwd_launch<48, 4, true, 3>(c, p);
+        else if (a->HS == 80)
+            fa_fwd_launch<80, 4, true, 2>(c, p);
+        else
+            fa_fwd_launch<96, 4, true, 2>(c, p);
     } else if (a->HS == 64) {
         // H100, 2026-11-21 (attn_bench): 64 queries per block and 3 blocks per SM beat 128 queries and 2
         // blocks by 15-18% at T = 1024..8192 (166 vs 140 TFLOP/s at B=32 T=1024 NH=12), so it is the default
@@ -867,6 +911,12 @@ extern "C" int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn
                 fa_bwd_fused_launch<32, 8, 64, true, 2>(c, p); // 128 keys
             else
                 fa_bwd_fused_launch<32, 4, 32, true, 4>(c, p); // 64 x 32, 4 blocks per SM
+        } else if (a->HS == 48) {
+            fa_bwd_fused_launch<48, 4, 64, true, 2>(c, p); // as HS 64's
+        } else if (a->HS == 80) {
+            fa_bwd_fused_launch<80, 4, 64, false, 1>(c, p); // 64 x 64 (64 x 32 would split dQ's 80 columns)
+        } else if (a->HS == 96) {
+            fa_bwd_fused_launch<96, 4, 32, false, 2>(c, p); // as HS 128's
         } else if (a->HS == 64) {
             if (v == 0)
                 fa_bwd_fused_launch<64, 4, 64, true, 2>(c, p); // 64 keys x 64 queries, 2 blocks per SM
@@ -889,6 +939,12 @@ extern "C" int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn
             fa_bwd_launch<32, 64, true, 2, 4, true, 64, 3>(c, p);
         else
             fa_bwd_launch<32, 32, true, 3, 4, true, 64, 3>(c, p);
+    } else if (a->HS == 48) {
+        fa_bwd_launch<48, 32, true, 2, 4, true, 64, 2>(c, p);
+    } else if (a->HS == 80) {
+        fa_bwd_launch<80, 32, false, 1, 4, false, 32, 2>(c, p);
+    } else if (a->HS == 96) {
+        fa_bwd_launch<96, 32, false, 1, 4, false, 32, 2>(c, p);
     } else if (a->HS == 64) {
         if (v == 0)
             fa_bwd_launch<64, 64, true, 1, 8, true, 64, 1>(c, p);
