@@ -19,6 +19,8 @@
 #include <math.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "backend/cuda/attn_common.cuh"
 
 #define FA_LOG2E 1.4426950408889634f
@@ -687,6 +689,30 @@ static int fa_applies(int HS, const void *p0, const void *p1, const void *p2, in
            fa_al16(p1) && fa_al16(p2) && rs % 8 == 0;
 }
 
+// Calls f(std::integral_constant<int, HS>()) for each head size fa_applies takes.
+template <typename F> static void fa_hs_dispatch(int HS, F f) {
+    switch (HS) {
+    case 32:
+        f(std::integral_constant<int, 32>());
+        break;
+    case 48:
+        f(std::integral_constant<int, 48>());
+        break;
+    case 64:
+        f(std::integral_constant<int, 64>());
+        break;
+    case 80:
+        f(std::integral_constant<int, 80>());
+        break;
+    case 96:
+        f(std::integral_constant<int, 96>());
+        break;
+    default:
+        KILN_ASSERT(HS == 128);
+        f(std::integral_constant<int, 128>());
+    }
+}
+
 static int fa_stride(int stride, int NH, int NKV, int HS) {
     return stride ? stride : (NH + 2 * NKV) * HS;
 }
@@ -713,26 +739,9 @@ extern "C" const float *kiln_cuda_fa_dsum(struct cuda_ctx *c, const void *dout, 
     long thr = (long)rows * fa_dsum_lanes(HS);
     unsigned nb = (unsigned)KILN_CEIL_DIV(thr, 256);
     const bf16 *d = (const bf16 *)dout, *o = (const bf16 *)out;
-    switch (HS) {
-    case 32:
-        fa_dsum_kernel<32><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
-        break;
-    case 48:
-        fa_dsum_kernel<48><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
-        break;
-    case 64:
-        fa_dsum_kernel<64><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
-        break;
-    case 80:
-        fa_dsum_kernel<80><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
-        break;
-    case 96:
-        fa_dsum_kernel<96><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
-        break;
-    default:
-        KILN_ASSERT(HS == 128);
-        fa_dsum_kernel<128><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
-    }
+    fa_hs_dispatch(HS, [&](auto hs) {
+        fa_dsum_kernel<decltype(hs)::value><<<nb, 256, 0, c->stream>>>(dsum, d, o, rows, T, NH);
+    });
     CUDA_CHECK_LAUNCH();
     return dsum;
 }
@@ -743,26 +752,10 @@ extern "C" void kiln_cuda_fa_dq_convert(struct cuda_ctx *c, bf16 *dqkv, const fl
                                         const float *st) {
     long n = (long)B * T * NH * (HS / 8);
     unsigned nb = (unsigned)KILN_CEIL_DIV(n, 256);
-    switch (HS) {
-    case 32:
-        fa_dq_convert_kernel<32><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
-        break;
-    case 48:
-        fa_dq_convert_kernel<48><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
-        break;
-    case 64:
-        fa_dq_convert_kernel<64><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
-        break;
-    case 80:
-        fa_dq_convert_kernel<80><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
-        break;
-    case 96:
-        fa_dq_convert_kernel<96><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
-        break;
-    default:
-        KILN_ASSERT(HS == 128);
-        fa_dq_convert_kernel<128><<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
-    }
+    fa_hs_dispatch(HS, [&](auto hs) {
+        fa_dq_convert_kernel<decltype(hs)::value>
+            <<<nb, 256, 0, c->stream>>>(dqkv, acc, n, T, NH, rs, scale, ct, st);
+    });
     CUDA_CHECK_LAUNCH();
 }
 
