@@ -104,6 +104,11 @@ if [ "$PART" = offload ] || [ "$PART" = all ]; then
   [ "$PART" = offload ] && bench "1.3b-offload" 8192 10 "${s13[@]}" --offload=optimizer
   bench "1.3b-plain-accum64" 524288 3 "${s13[@]}" --total-batch=524288
   bench "1.3b-offload-accum64" 524288 3 "${s13[@]}" --offload=optimizer --total-batch=524288
+  # KILN_OFFLOAD_THREADS="14 12": the one-micro-step row again with fewer host threads for AdamW (--threads),
+  # so that the copy thread and the training thread have cores of their own (the copies' share of the link)
+  for n in ${KILN_OFFLOAD_THREADS:-}; do
+    bench "1.3b-offload-threads$n" 8192 10 "${s13[@]}" --offload=optimizer --threads="$n"
+  done
   for m in ${KILN_BIG:-}; do
     bench "$m-offload" 2048 5 --preset="$m" --seq=2048 --batch=1 --recompute=block --offload=optimizer
   done
