@@ -11,7 +11,8 @@
 #   scale    weak scaling (the same micro-batch per GPU) at KILN_SCALE_SHAPES (124m 350m 1.3b): kiln on 1 GPU
 #            and DDP, ZeRO-1/2/3 (KILN_SCALE_ZERO) on all of them, fp32 gradients everywhere; PyTorch (torch.compile) on 1 GPU,
 #            DDP and FSDP2 under torchrun beside them; then kiln's DDP with NCCL held to fewer channels
-#            or bf16 gradients (KILN_SCALE_NCCL_ENV) and a trace of its exposed communication (KILN_SCALE_TRACE=1)
+#            or bf16 gradients (KILN_SCALE_NCCL_ENV; at --zero=KILN_SCALE_ENV_ZERO, default 0) and a trace of its
+#            exposed communication (KILN_SCALE_TRACE=1)
 #   weak     the older weak-scaling rows (DDP/ZeRO-1/2, fp32 and bf16 gradients, 124m and 350m)
 #   zero3    ZeRO-3 weak scaling against ZeRO-3 on 1 GPU, PyTorch FSDP2 beside it
 #   big      olmo-7b and llama-8b under ZeRO-3 at KILN_BIG_LENGTHS (4096 8192), --recompute=KILN_BIG_RECOMPUTE
@@ -237,8 +238,10 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
     # 4 and 39 points at 1.3B, the efficiency CTA policy changed nothing; next, NCCL's Simple protocol (no
     # flag-polling LL/LL128 kernels), GEMMs planned for 16 SMs fewer (cuBLASLt's SM count target), bigger
     # buckets, bf16 gradients, and the comm stream at the greatest priority.
+    # (KILN_SCALE_ENV_ZERO: these rows at another --zero level than DDP's 0, e.g. 2 with --reduce-dtype=bf16)
+    ez=${KILN_SCALE_ENV_ZERO:-0}
     for e in ${KILN_SCALE_NCCL_ENV-NCCL_PROTO=Simple KILN_GEMM_SM_MARGIN=16 --bucket-mb=100 --reduce-dtype=bf16 KILN_NCCL_STREAM_PRIORITY=high}; do
-      intime 60 "$shape kiln zero 0, $e" || break
+      intime 60 "$shape kiln zero $ez, $e" || break
       ms1e=$ms1 envs=(env) flags=()
       if [[ $e == --* ]]; then
         flags=("$e")
@@ -249,9 +252,9 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
         envs=(env "$e")
       fi
       "${envs[@]}" timeout "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" "${flags[@]}" \
-        --zero=0 --out=/tmp/sc-$shape >>"$OUT/scale.log" 2>&1
+        --zero="$ez" --out=/tmp/sc-$shape >>"$OUT/scale.log" 2>&1
       read -r msn tokn gibn mfun < <(kstats /tmp/sc-$shape/metrics.jsonl)
-      echo "| $shape B=$B, kiln $NG GPUs zero 0, $e | $msn ms (1 GPU: $ms1e ms): efficiency $(python3 -c "print(f'{$ms1e / $msn * 100:.1f}%')" 2>/dev/null) |" |
+      echo "| $shape B=$B, kiln $NG GPUs zero $ez, $e | $msn ms (1 GPU: $ms1e ms): efficiency $(python3 -c "print(f'{$ms1e / $msn * 100:.1f}%')" 2>/dev/null) |" |
         tee -a "$OUT/table.md"
       rm -rf /tmp/sc-$shape
     done
