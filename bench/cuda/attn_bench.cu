@@ -13,8 +13,9 @@
 // forward and single-pass backward of `new`, `f+b` the two together (the defaults: the forward's consumers
 // in turns, the backward's dQ split by columns between its consumers and added by TMA's reduce-add); then
 // wgmma-red, dQ added by vector REDs (KILN_WGMMA_DQ=red), wgmma-ov, the forward's consumers each on its own
-// (KILN_WGMMA_FWD=overlap), wgmma-tma, one consumer a tile's dQ (KILN_WGMMA_DQ=tma), and wgmma-own, each
-// consumer the dQ of its own keys, no barrier between the consumers (KILN_WGMMA_DQ=tma-own; HS 64 runs tma).
+// (KILN_WGMMA_FWD=overlap), wgmma-tma, one consumer a tile's dQ (KILN_WGMMA_DQ=tma), and wgmma-early, the
+// default with each tile's dV and dK products issued as soon as their operands are ready
+// (KILN_WGMMA_DQ=tma-early).
 // The last line counts CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
@@ -132,14 +133,14 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
                                      : "none");
     // (wgmma: the defaults, the forward's consumers in turns and the backward's dQ split between them;
     // wgmma-red: dQ added by vector REDs, KILN_WGMMA_DQ=red; wgmma-ov: the forward's consumers each on its
-    // own, KILN_WGMMA_FWD=overlap; wgmma-tma: one consumer a tile's whole dQ, KILN_WGMMA_DQ=tma; wgmma-own:
-    // each consumer the dQ of its own keys, KILN_WGMMA_DQ=tma-own)
+    // own, KILN_WGMMA_FWD=overlap; wgmma-tma: one consumer a tile's whole dQ, KILN_WGMMA_DQ=tma;
+    // wgmma-early: dV and dK issued early, KILN_WGMMA_DQ=tma-early)
     const char *names[10] = {"ref",   "det",       "new",      "new-v1",    "new-v2",
-                             "wgmma", "wgmma-red", "wgmma-ov", "wgmma-tma", "wgmma-own"};
+                             "wgmma", "wgmma-red", "wgmma-ov", "wgmma-tma", "wgmma-early"};
     const char *attn[10] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma", "wgmma", "wgmma", "wgmma"};
     const char *var[10] = {"0", "0", "0", "1", "2", "0", "0", "0", "0", "0"};
     // KILN_WGMMA_DQ of each path (NULL: unset, the default)
-    const char *dqm[10] = {NULL, NULL, NULL, NULL, NULL, NULL, "red", NULL, "tma", "tma-own"};
+    const char *dqm[10] = {NULL, NULL, NULL, NULL, NULL, NULL, "red", NULL, "tma", "tma-early"};
     int det[10] = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
     int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 10 : 5;
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);

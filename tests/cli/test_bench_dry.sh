@@ -55,17 +55,17 @@ row() { # SHAPE NAME FWD_MS BWD_MS [CHECK]
 s32="B=1 T=32768 NH=16 NKV=16 HS=128 none" s64="B=1 T=65536 NH=16 NKV=16 HS=128 none"
 attn_log() { # OWN_BWD_AT_64K OWN_CHECK: the two shapes' lines
   row "$s32" wgmma 7.492 23.624; row "$s32" wgmma-red 7.50 26.42; row "$s32" wgmma-ov 8.148 23.62
-  row "$s32" wgmma-tma 7.49 25.02; row "$s32" wgmma-own 7.49 21.50 "$2"
+  row "$s32" wgmma-tma 7.49 25.02; row "$s32" wgmma-early 7.49 21.50 "$2"
   row "$s64" wgmma 29.51 97.15; row "$s64" wgmma-red 29.5 109.0; row "$s64" wgmma-ov 32.45 97.2
-  row "$s64" wgmma-tma 29.5 102.4; row "$s64" wgmma-own 29.5 "$1" "$2"
+  row "$s64" wgmma-tma 29.5 102.4; row "$s64" wgmma-early 29.5 "$1" "$2"
 }
 attn_log 96.5 ok >"$T/attn.log"
 OUT="$T/av" bash bench/attn_variants.sh --verdict "$T/attn.log" >"$T/av.txt" 2>&1 && ok || bad "verdict: $(cat "$T/av.txt")"
-grep -q "wgmma-own  bwd: x1.007 to x1.099" "$T/av.txt" && ! grep -q "wins" "$T/av.txt" && [ ! -s "$T/av/attn_choice.env" ] &&
+grep -q "wgmma-early bwd: x1.007 to x1.099" "$T/av.txt" && ! grep -q "wins" "$T/av.txt" && [ ! -s "$T/av/attn_choice.env" ] &&
   ok || bad "a variant 0.7% faster at one shape won, or the times were misread: $(cat "$T/av.txt")"
 attn_log 90.0 ok >"$T/attn.log"
 OUT="$T/av" bash bench/attn_variants.sh --verdict "$T/attn.log" >"$T/av.txt" 2>&1
-grep -q "wgmma-own  bwd: .* -> wins" "$T/av.txt" && [ "$(cat "$T/av/attn_choice.env")" = "export KILN_WGMMA_DQ=tma-own" ] &&
+grep -q "wgmma-early bwd: .* -> wins" "$T/av.txt" && [ "$(cat "$T/av/attn_choice.env")" = "export KILN_WGMMA_DQ=tma-early" ] &&
   ok || bad "the faster variant did not win: $(cat "$T/av.txt"; cat "$T/av/attn_choice.env")"
 attn_log 90.0 CHECK-FAIL >"$T/attn.log"
 OUT="$T/av" bash bench/attn_variants.sh --verdict "$T/attn.log" >"$T/av.txt" 2>&1

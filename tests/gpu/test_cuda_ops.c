@@ -1084,7 +1084,7 @@ static void test_attention_wgmma_matches_cpu(void **state) {
 // agree within 1e-2 (dQ by atomics), and dq, dk, dv are checked separately. Then strided rows (dqkv's stride
 // differs from qkv's; an odd one falls back to FA2), and deterministic mode, which must decline the path
 // (FA2's two kernels, bitwise repeatable). All but the last five times: dQ added by REDs and by TMA, split
-// between the consumers both ways, and by each consumer for its own keys (KILN_WGMMA_DQ).
+// between the consumers both ways, and split with dV and dK issued early (KILN_WGMMA_DQ).
 static void test_attention_wgmma_backward_matches_cpu(void **state) {
     struct env *e = *state;
     if (!kiln_cuda_wgmma_attention_available(e->gpu.ctx)) {
@@ -1095,9 +1095,9 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
     }
     // both ways of adding dQ (KILN_WGMMA_DQ): TMA's reduce-add and vector REDs, each by one consumer a tile
     // or split (each tile's dQ by both consumers, a 64-column pass each, at HS 128; tma-split is the
-    // default), and tma-own (at HS 128 each consumer the dQ of its own 64 keys, no barrier between the
-    // consumers; HS 64 runs tma)
-    const char *dq_modes[5] = {"red", "tma", "tma-split", "red-split", "tma-own"};
+    // default), and tma-early (tma-split with each tile's dV and dK products issued as soon as their
+    // operands are in registers; HS 64: tma with them)
+    const char *dq_modes[5] = {"red", "tma", "tma-split", "red-split", "tma-early"};
     for (int mode = 0; mode < 5; mode++) {
         setenv("KILN_WGMMA_DQ", dq_modes[mode], 1);
         printf("dQ added by KILN_WGMMA_DQ=%s%s\n", dq_modes[mode], mode == 2 ? " (the default)" : "");
@@ -2162,11 +2162,11 @@ static void test_attention_block_matches_cpu(void **state) {
     // their keys, without ALiBi, on an sm_90 device; the tensor-core kernels take the rest) at the head sizes
     // they take
     // (the third pass: the Hopper forward's consumers each on its own, KILN_WGMMA_FWD=overlap, and one
-    // consumer a tile's dQ, KILN_WGMMA_DQ=tma; the fourth: the defaults, in turns and split; the last: each
-    // backward consumer the dQ of its own keys, KILN_WGMMA_DQ=tma-own)
+    // consumer a tile's dQ, KILN_WGMMA_DQ=tma; the fourth: the defaults, in turns and split; the last: the
+    // backward's dV and dK issued early, KILN_WGMMA_DQ=tma-early)
     const char *kernels[5] = {"ref", "tc", "wgmma", "wgmma", "wgmma"};
     const char *fwd[5] = {"overlap", "overlap", "overlap", "pingpong", "pingpong"};
-    const char *dq[5] = {"tma", "tma", "tma", "tma-split", "tma-own"};
+    const char *dq[5] = {"tma", "tma", "tma", "tma-split", "tma-early"};
     for (int k = 0; k < 5; k++) {
         printf("attention block kernels: KILN_ATTN_BLOCK=%s", kernels[k]);
         if (k >= 3)
