@@ -719,9 +719,9 @@ static __device__ __forceinline__ void wb_add_frag(bf16 *base, int stride, int t
 // between the two consumers, one 64-column pass each, instead of all of it by one consumer every other tile.
 // EARLY (KILN_WGMMA_DQ=tma-early, opt-in until a GPU times it): the tensor cores kept busy through each
 // tile's elementwise work: dV += P^T dO is issued as soon as P^T is in registers, before the wait for dP^T,
-// so it runs while dS^T is computed; dK += dS^T Q is issued as soon as dS^T is, before dS^T's stores to
-// shared memory for dQ, so it runs beside them. The same products, summed in the same order (bitwise the
-// default's dK, dV; dQ's REDs or reduce-adds arrive in an order of their own either way).
+// so it runs while dS^T is computed and stored; dK += dS^T Q is issued on its own once dS^T is stored, so it
+// runs beside the barrier of both consumers and the dQ pass's issue. The same products, summed in the same
+// order (bitwise the default's dK, dV; dQ's REDs or reduce-adds arrive in an order of their own either way).
 // (Session 12's OWN, each consumer adding the dQ of its own keys without a barrier of both, ran 4.4% slower
 // than SPLIT on an H100 in session 13 and is gone.)
 template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false>
@@ -897,26 +897,23 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             for (int i = 0; i < 32; i++)
                 dp[i] = s[i] * (dp[i] - dd[(i >> 2) * 8 + (i & 1)]); // dS^T (unscaled)
             if constexpr (EARLY) {
-                // dS^T rounded to bf16 (as below), dK_c += dS^T Q issued, then the same values stored for dQ
-                // while it runs
+                // dS^T rounded to bf16 and stored for dQ (as below), then dK_c += dS^T Q issued: it runs
+                // beside the barrier and the dQ pass's issue. (Not the other way round: the PTX ISA leaves
+                // reading a wgmma's A registers before its wait undefined, so the stores come first.)
 #pragma unroll
                 for (int kk = 0; kk < WB_BM / 16; kk++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
+                    for (int e = 0; e < 4; e++) {
                         da[kk][e] = pack_bf16(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
+                        int r = warp * 16 + g + 8 * (e & 1), chunk = 2 * kk + (e >> 1);
+                        st_shared_u32(dsb + r * 128 + ((chunk ^ g) << 4) + t4 * 4, da[kk][e]);
+                    }
+                fence_proxy_async_smem(); // this thread's dS^T stores, before the barrier, for wgmma's reads
                 reg_fence<HS / 2>(dk);
                 reg_fence_u32<WB_BM / 4>(&da[0][0]);
                 wgmma_fence();
                 wg_pv<HS, WB_BM>(dk, da, qb); // dK_c += dS^T Q
                 wgmma_commit();
-#pragma unroll
-                for (int kk = 0; kk < WB_BM / 16; kk++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int r = warp * 16 + g + 8 * (e & 1), chunk = 2 * kk + (e >> 1);
-                        st_shared_u32(dsb + r * 128 + ((chunk ^ g) << 4) + t4 * 4, da[kk][e]);
-                    }
-                fence_proxy_async_smem(); // this thread's dS^T stores, before the barrier, for wgmma's reads
             } else {
                 // dS^T rounded to bf16: register A fragments of dK += dS^T Q, and the same values to shared
                 // memory as [key][query] (queries contiguous, 128-byte swizzle: chunk j of row r at j ^ (r %
