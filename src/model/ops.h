@@ -362,8 +362,10 @@ struct kiln_ops {
 
     // ---- copies from a thread beside the compute (the offloaded optimizer's pipeline) ----
     // bytes between host memory and backend memory, either way, on a stream of their own, not ordered after
-    // the compute stream's work; returns when the copy is done. The caller orders it against the compute.
-    void (*copy_side)(void *ctx, void *dst, const void *src, size_t bytes);
+    // the compute stream's work; returns when the copy is done, with the seconds the copy itself took (on a
+    // GPU by events around it on its stream, as bench/cuda/link_bench times the link; on the CPU the host's
+    // clock). The caller orders it against the compute.
+    double (*copy_side)(void *ctx, void *dst, const void *src, size_t bytes);
 };
 
 // ---- a backend: the ops table, its context, and what the model and trainer need to know about it ----

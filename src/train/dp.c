@@ -807,7 +807,7 @@ struct opipe {
     double t0;     // when the training thread started it
     double busy_s; // the step's wall time, from its start to its last chunk's weights up (so every wait for
                    // it lies within)
-    double copy_s; // the copier's time in its copies, and their bytes (the link's achieved bandwidth)
+    double copy_s; // the copies' own time (the backend's, as link_bench times the link) and their bytes
     size_t copy_bytes;
 };
 
@@ -838,18 +838,14 @@ static void *offload_copier(void *arg) {
         if (k < dp->n_chunks) {
             opipe_wait(p, &p->adam_done, k - 1);
             const struct ochunk *c = &dp->chunks[k];
-            double t0 = kiln_now_s();
-            ops->copy_side(dp->be->ctx, dp->h_gstage[k % 2], c->grads, c->n * gb);
-            p->copy_s += kiln_now_s() - t0;
+            p->copy_s += ops->copy_side(dp->be->ctx, dp->h_gstage[k % 2], c->grads, c->n * gb);
             p->copy_bytes += c->n * gb;
             opipe_bump(p, &p->grads_in);
         }
         if (k > 0) {
             opipe_wait(p, &p->adam_done, k);
             const struct ochunk *c = &dp->chunks[k - 1];
-            double t0 = kiln_now_s();
-            ops->copy_side(dp->be->ctx, c->weights, dp->h_wstage[(k - 1) % 2], c->n * ab);
-            p->copy_s += kiln_now_s() - t0;
+            p->copy_s += ops->copy_side(dp->be->ctx, c->weights, dp->h_wstage[(k - 1) % 2], c->n * ab);
             p->copy_bytes += c->n * ab;
             opipe_bump(p, &p->weights_out);
         }

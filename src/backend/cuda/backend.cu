@@ -283,11 +283,16 @@ static void cuda_copy_async(void *ctx, void *dst, const void *src, size_t bytes,
         CUDA_CHECK(cudaEventRecord((cudaEvent_t)done, c->copy_stream));
 }
 
-static void cuda_copy_side(void *ctx, void *dst, const void *src, size_t bytes) {
+static double cuda_copy_side(void *ctx, void *dst, const void *src, size_t bytes) {
     struct cuda_ctx *c = cuda_ctx_of(ctx);
     CUDA_CHECK(cudaSetDevice(c->device)); // called from a thread of its own
+    CUDA_CHECK(cudaEventRecord(c->side_start, c->side_stream));
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->side_stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->side_stream));
+    CUDA_CHECK(cudaEventRecord(c->side_stop, c->side_stream));
+    CUDA_CHECK(cudaEventSynchronize(c->side_stop));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, c->side_start, c->side_stop));
+    return ms / 1e3;
 }
 
 static void cuda_stream_wait(void *ctx, void *ev) {
@@ -356,6 +361,8 @@ static void cuda_close(struct kiln_backend *b) {
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
     cudaStreamDestroy(c->side_stream);
+    cudaEventDestroy(c->side_start);
+    cudaEventDestroy(c->side_stop);
     if (c->copy_stream) {
         cudaStreamSynchronize(c->copy_stream);
         cudaStreamDestroy(c->copy_stream);
@@ -462,6 +469,8 @@ extern "C" int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, stru
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->side_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreate(&c->side_start));
+    CUDA_CHECK(cudaEventCreate(&c->side_stop));
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
     // 32 MiB: what cuBLASLt asks for on Hopper for its best kernels (NVIDIA's recommendation for sm_90).
     c->workspace_bytes = (size_t)32 << 20;

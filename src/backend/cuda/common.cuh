@@ -97,7 +97,8 @@ struct cuda_ctx {
     // copy_async: a stream of its own beside the compute stream, and an event marking the compute stream's
     // end for it to wait on (made on first use)
     cudaStream_t copy_stream;
-    cudaStream_t side_stream; // copy_side's: the offloaded optimizer's copy thread
+    cudaStream_t side_stream;          // copy_side's: the offloaded optimizer's copy thread
+    cudaEvent_t side_start, side_stop; // and its copies' times (one thread uses them)
     cudaEvent_t copy_mark;
     // device memory held (kiln_cuda_malloc/free): bytes now, the most at once, and each live block's size
     size_t mem_now, mem_peak;
