@@ -381,6 +381,9 @@ struct kiln_backend {
     double peak_flops;              // dense peak for MFU, 0 when unknown
     size_t mem_total_bytes;         // device memory (0 on the CPU: not planned against)
     size_t mem_free_bytes;
+    // 1 where the backend's tiled attention kernels take this head size; 0 where it falls back to slower
+    // ones (the run still works). NULL: one path for every head size (the CPU).
+    int (*attention_fast)(int head_size);
     void (*close)(struct kiln_backend *b);
 };
 

@@ -764,6 +764,13 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         fprintf(stderr, "kiln: %s | %.2fM params | %s (%s) | B=%d T=%d accum=%d | grads %s | %d steps\n",
                 model, r->pt->n_params / 1e6, r->be.name, r->be.device_name, B, T, r->accum,
                 kiln_dtype_name(r->be.grad_dtype), cfg->max_steps);
+        int hs = kiln_model_head_size(&cfg->model);
+        if (r->be.attention_fast && !r->be.attention_fast(hs))
+            fprintf(
+                stderr,
+                "kiln: note: head size %d (--dim / --heads) takes %s's reference attention kernels, tens of "
+                "times slower than its tiled ones (head sizes 32, 48, 64, 80, 96, 128)\n",
+                hs, r->be.name);
         if (r->comm) {
             char where[256];
             kiln_dist_env_describe(&r->env, where, sizeof(where));

@@ -683,10 +683,15 @@ static int fa_al16(const void *p) {
     return ((uintptr_t)p & 15) == 0;
 }
 
+// The head sizes these kernels take (kiln_backend.attention_fast: the trainer says so when a model's is not
+// one of them).
+extern "C" int kiln_cuda_attention_fast(int HS) {
+    return HS == 32 || HS == 48 || HS == 64 || HS == 80 || HS == 96 || HS == 128;
+}
+
 // Rows are copied in 16-byte chunks (cp.async, uint4): row strides must be multiples of 8 elements.
 static int fa_applies(int HS, const void *p0, const void *p1, const void *p2, int rs) {
-    return (HS == 32 || HS == 48 || HS == 64 || HS == 80 || HS == 96 || HS == 128) && fa_al16(p0) &&
-           fa_al16(p1) && fa_al16(p2) && rs % 8 == 0;
+    return kiln_cuda_attention_fast(HS) && fa_al16(p0) && fa_al16(p1) && fa_al16(p2) && rs % 8 == 0;
 }
 
 // Calls f(std::integral_constant<int, HS>()) for each head size fa_applies takes.

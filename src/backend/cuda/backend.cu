@@ -493,6 +493,7 @@ extern "C" int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, stru
     CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
     out->mem_total_bytes = tot;
     out->mem_free_bytes = fr;
+    out->attention_fast = kiln_cuda_attention_fast;
     out->close = cuda_close;
     return 0;
 }

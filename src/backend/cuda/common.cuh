@@ -157,7 +157,9 @@ void kiln_cuda_attention_decode(void *ctx, const struct kiln_attn_decode_args *a
 void kiln_cuda_attention_block_forward(void *ctx, const struct kiln_attn_block_args *a);
 void kiln_cuda_attention_block_backward(void *ctx, const struct kiln_attn_block_back_args *a);
 // second-generation flash attention (attention_fa2.cu): returns 1 when it ran, 0 when the shape or alignment
-// is not one it handles (HS not 64/128, pointers not 16-byte aligned); attention.cu then runs its own kernels
+// is not one it handles (HS not one kiln_cuda_attention_fast takes, pointers not 16-byte aligned);
+// attention.cu then runs its own kernels
+int kiln_cuda_attention_fast(int HS);
 int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_args *a);
 int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn_back_args *a);
 // RoPE pre-rotation shared by the flash kernels (attention_fa2.cu): rotated q (B, T, NH, HS) followed by
