@@ -114,13 +114,16 @@ for z in ${KILN_CORRECT_ZERO-0 1 2 3}; do
 done
 # one sequence split over the GPUs (sp = NG, dp = 1): the same tokens per step as one GPU
 # (ringtc: the ring on the tensor-core block kernels, KILN_ATTN_BLOCK=tc; ringwg: on the Hopper kernels,
-# KILN_ATTN_BLOCK=wgmma, whose backward is not deterministic (atomics), so that run is not either; HS is 64)
-for mode in ${KILN_CORRECT_SP-ulysses ring ringtc ringwg}; do
-  blk=ref det=()
+# KILN_ATTN_BLOCK=wgmma, whose backward is not deterministic (atomics), so that run is not either; HS is 64;
+# ulysses1: Ulysses with one sequence a micro-step, whose q, k, v stay in the all-to-all's buffers, the same
+# global batch in four times the micro-steps)
+for mode in ${KILN_CORRECT_SP-ulysses ulysses1 ring ringtc ringwg}; do
+  blk=ref det=() spm=${mode%[tw][cg]}
   [ $mode = ringtc ] && blk=tc
   [ $mode = ringwg ] && blk=wgmma det=(--deterministic=0)
+  [ $mode = ulysses1 ] && spm=ulysses det=(--batch=1)
   KILN_ATTN_BLOCK=$blk timeout "$(cap 180)" "$K" launch --nproc-per-node=$NG \
-    --max-restarts=0 -- "${a[@]}" "${det[@]}" --sp=$NG --sp-mode=${mode%[tw][cg]} --out=/tmp/mn$mode \
+    --max-restarts=0 -- "${a[@]}" "${det[@]}" --sp=$NG --sp-mode=$spm --out=/tmp/mn$mode \
     >"$OUT/nccl-$mode.log" 2>&1
   echo "$NG GPUs sp $mode: exit $? $(grep -m1 -i error "$OUT/nccl-$mode.log")"
 done
@@ -144,7 +147,7 @@ def losses(d):
         return {}
 one = losses("/tmp/m1")
 curves = {"one": one}
-for z in ["0", "1", "2", "3", "ulysses", "ring", "ringtc", "ringwg", "mpiring"]:
+for z in ["0", "1", "2", "3", "ulysses", "ulysses1", "ring", "ringtc", "ringwg", "mpiring"]:
     two = curves[z] = losses(f"/tmp/mn{z}")
     if not two:
         continue  # (not run: KILN_CORRECT_*)
