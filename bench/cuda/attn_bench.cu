@@ -15,7 +15,7 @@
 // wgmma-red, dQ added by vector REDs (KILN_WGMMA_DQ=red), wgmma-ov, the forward's consumers each on its own
 // (KILN_WGMMA_FWD=overlap), wgmma-tma, one consumer a tile's dQ (KILN_WGMMA_DQ=tma), and wgmma-early, the
 // default with each tile's dV and dK products issued as soon as their operands are ready
-// (KILN_WGMMA_DQ=tma-early).
+// (KILN_WGMMA_DQ=tma-early), and wgmma-early2, that with two dQ staging areas a consumer (tma-early2).
 // The last line counts CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
@@ -134,15 +134,17 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
     // (wgmma: the defaults, the forward's consumers in turns and the backward's dQ split between them;
     // wgmma-red: dQ added by vector REDs, KILN_WGMMA_DQ=red; wgmma-ov: the forward's consumers each on its
     // own, KILN_WGMMA_FWD=overlap; wgmma-tma: one consumer a tile's whole dQ, KILN_WGMMA_DQ=tma;
-    // wgmma-early: dV and dK issued early, KILN_WGMMA_DQ=tma-early)
-    const char *names[10] = {"ref",   "det",       "new",      "new-v1",    "new-v2",
-                             "wgmma", "wgmma-red", "wgmma-ov", "wgmma-tma", "wgmma-early"};
-    const char *attn[10] = {"ref", "fa2", "fa2", "fa2", "fa2", "wgmma", "wgmma", "wgmma", "wgmma", "wgmma"};
-    const char *var[10] = {"0", "0", "0", "1", "2", "0", "0", "0", "0", "0"};
+    // wgmma-early: dV and dK issued early, KILN_WGMMA_DQ=tma-early; wgmma-early2: that and two dQ staging
+    // areas a consumer, tma-early2)
+    const char *names[11] = {"ref",       "det",      "new",       "new-v1",      "new-v2",      "wgmma",
+                             "wgmma-red", "wgmma-ov", "wgmma-tma", "wgmma-early", "wgmma-early2"};
+    const char *attn[11] = {"ref",   "fa2",   "fa2",   "fa2",   "fa2",  "wgmma",
+                            "wgmma", "wgmma", "wgmma", "wgmma", "wgmma"};
+    const char *var[11] = {"0", "0", "0", "1", "2", "0", "0", "0", "0", "0", "0"};
     // KILN_WGMMA_DQ of each path (NULL: unset, the default)
-    const char *dqm[10] = {NULL, NULL, NULL, NULL, NULL, NULL, "red", NULL, "tma", "tma-early"};
-    int det[10] = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
-    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 10 : 5;
+    const char *dqm[11] = {NULL, NULL, NULL, NULL, NULL, NULL, "red", NULL, "tma", "tma-early", "tma-early2"};
+    int det[11] = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 11 : 5;
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);
     std::vector<float> r_out(n_out), r_lse(n_lse), r_d(n_qkv), x_out(n_out), x_lse(n_lse), x_d(n_qkv);
     std::vector<float> nan_fill(n_qkv, NAN);

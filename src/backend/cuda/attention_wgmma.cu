@@ -663,13 +663,14 @@ struct wg_bwd_params {
 // [2 buffers][64 keys][64 queries] | lse log2(e), D [2 stages][2][BM] f32 | 5 mbarriers; plus up to 1023
 // bytes to align the start to 1024.
 // DQ_TMA adds [2 consumers][2 boxes][BM][32] f32 after dS^T: a 64-column pass of a consumer's dQ, staged for
-// TMA's reduce-add.
-template <bool DQ_TMA> static constexpr __host__ __device__ uint32_t wb_dq_stage_bytes(void) {
-    return DQ_TMA ? 2 * WB_BM * 64 * 4 : 0;
+// TMA's reduce-add; DB doubles it (two such areas a consumer, used in turns).
+template <bool DQ_TMA, bool DB = false>
+static constexpr __host__ __device__ uint32_t wb_dq_stage_bytes(void) {
+    return DQ_TMA ? 2 * WB_BM * 64 * 4 * (DB ? 2 : 1) : 0;
 }
-// HS 128: 198,720 bytes (tma, tma-split), 165,952 (red)
-template <int HS, bool DQ_TMA> static constexpr size_t wb_smem_bytes(void) {
-    return (size_t)(2 * WB_BN + 4 * WB_BM) * HS * 2 + 4 * 64 * WB_BM * 2 + wb_dq_stage_bytes<DQ_TMA>() +
+// HS 128: 198,720 bytes (tma, tma-split), 231,488 (DB: 960 under the H100's 232,448 a block), 165,952 (red)
+template <int HS, bool DQ_TMA, bool DB = false> static constexpr size_t wb_smem_bytes(void) {
+    return (size_t)(2 * WB_BN + 4 * WB_BM) * HS * 2 + 4 * 64 * WB_BM * 2 + wb_dq_stage_bytes<DQ_TMA, DB>() +
            4 * WB_BM * 4 + 8 * 8 + 1024;
 }
 
@@ -722,9 +723,13 @@ static __device__ __forceinline__ void wb_add_frag(bf16 *base, int stride, int t
 // so it runs while dS^T is computed and stored; dK += dS^T Q is issued on its own once dS^T is stored, so it
 // runs beside the barrier of both consumers and the dQ pass's issue. The same products, summed in the same
 // order (bitwise the default's dK, dV; dQ's REDs or reduce-adds arrive in an order of their own either way).
+// DB (KILN_WGMMA_DQ=tma-early2, with EARLY; opt-in until timed): two dQ staging areas a consumer, used in
+// turns, so that a pass needs one barrier of the consumer's threads instead of two: thread 0 waits for the
+// last pass's reduce-adds to have read the other area before the barrier that publishes this pass's stores,
+// so once past it every thread knows the next pass's area is free.
 // (Session 12's OWN, each consumer adding the dQ of its own keys without a barrier of both, ran 4.4% slower
 // than SPLIT on an H100 in session 13 and is gone.)
-template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false>
+template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_bwd_kernel(const __grid_constant__ struct wg_bwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -736,7 +741,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     uint32_t base = ((uint32_t)__cvta_generic_to_shared(wg_smem) + 1023) & ~1023u;
     uint32_t k_s = base, v_s = k_s + KV_BYTES, q_s = v_s + KV_BYTES, do_s = q_s + 2 * QT_BYTES;
     uint32_t ds_s = do_s + 2 * QT_BYTES, dq_s = ds_s + 4 * DS_BYTES;
-    uint32_t stat_s = dq_s + wb_dq_stage_bytes<DQ_TMA>(), bars = stat_s + 4 * WB_BM * 4;
+    uint32_t stat_s = dq_s + wb_dq_stage_bytes<DQ_TMA, DB>(), bars = stat_s + 4 * WB_BM * 4;
     // mbarriers, 8 bytes each: K and V full, stage full [2] (Q, dO, lse, D), stage empty [2]
     uint32_t kv_full = bars, full = bars + 8, empty = bars + 24;
     // lse log2(e) and D of stage s's query rows: stat[s][0][row], stat[s][1][row] (plain loads and stores)
@@ -818,6 +823,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     // of it): one set of dQ adds per 128 keys, half the L2 traffic of one per warpgroup (the L2 bounded this
     // kernel: 88% busy with REDs). dS^T buffers alternate per tile; the barrier of tile it + 1 keeps either
     // consumer from rewriting buffer it % 2 before the dQ of tile it (issued by the other) has completed.
+    int np = 0; // DB: this consumer's dQ passes so far (its staging area: np % 2)
     for (int it = 0; it < n_it; it++) {
         int st = it & 1, h = kvh * group + it / n_q, q0 = (qt0 + it % n_q) * WB_BM;
         uint32_t par = (it >> 1) & 1;
@@ -970,9 +976,33 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         reg_fence_u32<WB_BM / 4>(&da[0][0]);
                         mbar_arrive(empty + 8 * st);
                     }
-                    if constexpr (DQ_TMA) {
-                        // the pass's 64 x 64 into this consumer's two boxes (as wb_dq_stage_add), once TMA
-                        // has read the last pass's, and added to dq_acc by TMA
+                    if constexpr (DQ_TMA && DB) {
+                        // the pass's 64 x 64 into area np % 2 of this consumer (free: see DB above), one
+                        // barrier, and added to dq_acc by TMA
+                        uint32_t dqb = dq_s + (cw * 2 + (np & 1)) * (WB_BM * 64 * 4);
+#pragma unroll
+                        for (int i = 0; i < 32; i += 2) {
+                            int r = warp * 16 + g + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + t4 * 2;
+                            int chunk = (col & 31) >> 2;
+                            st_shared_v2f(dqb + (col >> 5) * (WB_BM * 128) + r * 128 + ((chunk ^ g) << 4) +
+                                              (col & 3) * 4,
+                                          dq[i], dq[i + 1]);
+                        }
+                        fence_proxy_async_smem();
+                        if (tid == 0)
+                            bulk_wait_read_all(); // the last pass's adds have read area (np + 1) % 2
+                        __syncwarp();             // (warp 0 whole again before the aligned barrier)
+                        consumer_bar_sync(cw);
+                        if (tid == 0) {
+                            tma_reduce_add_4d(&p.tdq, dqb, cb * 64, h, q0, b);
+                            tma_reduce_add_4d(&p.tdq, dqb + WB_BM * 128, cb * 64 + 32, h, q0, b);
+                            bulk_commit();
+                        }
+                        __syncwarp(); // (before the next pass's wgmma.fence, which is warp-aligned)
+                        np++;
+                    } else if constexpr (DQ_TMA) {
+                        // the pass's 64 x 64 into this consumer's two boxes, once TMA has read the last
+                        // pass's, and added to dq_acc by TMA
                         uint32_t dqb = dq_s + cw * WB_BM * 64 * 4;
                         if (tid == 0)
                             bulk_wait_read_all();
@@ -1118,12 +1148,12 @@ template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct
         wg_launch_pp<HS, BN, false>(c, p, B);
 }
 
-template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false>
+template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false>
 static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_params &p, int B) {
-    size_t smem = wb_smem_bytes<HS, DQ_TMA>();
-    set_smem(wg_bwd_kernel<HS, DQ_TMA, SPLIT, EARLY>, smem);
+    size_t smem = wb_smem_bytes<HS, DQ_TMA, DB>();
+    set_smem(wg_bwd_kernel<HS, DQ_TMA, SPLIT, EARLY, DB>, smem);
     dim3 grid(KILN_CEIL_DIV(p.Tk, WB_BN), B * p.NKV);
-    wg_bwd_kernel<HS, DQ_TMA, SPLIT, EARLY><<<grid, WG_THREADS, smem, c->stream>>>(p);
+    wg_bwd_kernel<HS, DQ_TMA, SPLIT, EARLY, DB><<<grid, WG_THREADS, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1148,27 +1178,31 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
 // consumer a tile's whole dQ), red or red-split (each consumer thread adds its dQ with vector REDs). On an
 // H100, backward TFLOP/s at 32k/64k, HS 128 (session 12): tma-split 465/453, tma 439/429, red 416/403.
 // tma-early (session 13, not yet run on a GPU): tma-split with each tile's dV and dK products issued as soon
-// as their operands are in registers (EARLY; HS 64 takes tma with it). (tma-own, each consumer the dQ of its
-// own keys, ran 4.4% slower than tma-split in session 13 and is gone.)
-// *tma, *split, *early: the choice.
+// as their operands are in registers (EARLY; HS 64 takes tma with it); tma-early2: that, and two dQ staging
+// areas a consumer, one barrier a pass instead of two (DB). (tma-own, each consumer the dQ of its own keys,
+// ran 4.4% slower than tma-split in session 13 and is gone.)
+// *tma, *split, *early: the choice (*early 2: EARLY and DB).
 static void wb_dq_mode(int *tma, int *split, int *early) {
-    static const char *const names[] = {"tma-split", "tma", "red", "red-split", "tma-early"};
+    static const char *const names[] = {"tma-split", "tma", "red", "red-split", "tma-early", "tma-early2"};
     static int told;
-    int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 5, &told);
-    *tma = m <= 1 || m == 4;
-    *split = m == 0 || m == 3 || m == 4;
-    *early = m == 4;
+    int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 6, &told);
+    *tma = m <= 1 || m >= 4;
+    *split = m == 0 || m == 3 || m >= 4;
+    *early = m == 4 ? 1 : m == 5 ? 2 : 0;
 }
 
-// The backward's kernel for HS, the dQ path, SPLIT (which HS 64, one pass a tile, does not take) and EARLY
-// (only with TMA's reduce-add: REDs, where the map failed to encode, run without it).
+// The backward's kernel for HS, the dQ path, SPLIT (which HS 64, one pass a tile, does not take), EARLY and
+// (early 2) DB, both only with TMA's reduce-add: REDs, where the map failed to encode, run without them.
 static void wb_run(struct cuda_ctx *c, const struct wg_bwd_params &p, int B, int HS, int tma, int split,
                    int early) {
-    if (HS == 64)
-        tma ? (early ? wb_launch<64, true, false, true>(c, p, B) : wb_launch<64, true, false>(c, p, B))
-            : wb_launch<64, false, false>(c, p, B);
+    if (HS == 64 && tma && early)
+        early == 2 ? wb_launch<64, true, false, true, true>(c, p, B)
+                   : wb_launch<64, true, false, true>(c, p, B);
+    else if (HS == 64)
+        tma ? wb_launch<64, true, false>(c, p, B) : wb_launch<64, false, false>(c, p, B);
     else if (tma && early)
-        wb_launch<128, true, true, true>(c, p, B);
+        early == 2 ? wb_launch<128, true, true, true, true>(c, p, B)
+                   : wb_launch<128, true, true, true>(c, p, B);
     else if (split)
         tma ? wb_launch<128, true, true>(c, p, B) : wb_launch<128, false, true>(c, p, B);
     else
