@@ -714,6 +714,18 @@ static __device__ __forceinline__ void wb_add_frag(bf16 *base, int stride, int t
     }
 }
 
+// A dQ pass's 64 x 64 f32 accumulators (register 4 i + e at row 16 warp + g + 8 (e / 2), column 8 i + 2 t4 +
+// (e % 2)) into a consumer's two TMA boxes at dqb ([BM][32] f32 each, 128-byte swizzle: chunk c of row r at
+// c ^ (r % 8), r % 8 = g)
+static __device__ __forceinline__ void wb_dq_store(uint32_t dqb, const float *dq, int warp, int g, int t4) {
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+        int r = warp * 16 + g + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + t4 * 2;
+        int chunk = (col & 31) >> 2;
+        st_shared_v2f(dqb + (col >> 5) * (WB_BM * 128) + r * 128 + ((chunk ^ g) << 4) + (col & 3) * 4, dq[i],
+                      dq[i + 1]);
+    }
+}
 #endif // WG_DEVICE_HELPERS
 
 // SPLIT (HS 128 only; the default, KILN_WGMMA_DQ=tma-split, or red-split): each tile's dQ split by columns
@@ -900,41 +912,31 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             }
             reg_fence<32>(dp);
 #pragma unroll
-            for (int i = 0; i < 32; i++)
+            for (int i = 0; i < 32; i++) {
                 dp[i] = s[i] * (dp[i] - dd[(i >> 2) * 8 + (i & 1)]); // dS^T (unscaled)
+            }
+            // dS^T rounded to bf16: register A fragments of dK += dS^T Q, and the same values to shared
+            // memory as [key][query] (queries contiguous, 128-byte swizzle: chunk j of row r at j ^ (r % 8),
+            // r % 8 = g), the MN-major A of dQ = dS K. Fragment e of k-step kk: row g + 8 (e & 1), chunk 2 kk
+            // + e / 2.
+#pragma unroll
+            for (int kk = 0; kk < WB_BM / 16; kk++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    da[kk][e] = pack_bf16(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
+                    int r = warp * 16 + g + 8 * (e & 1), chunk = 2 * kk + (e >> 1);
+                    st_shared_u32(dsb + r * 128 + ((chunk ^ g) << 4) + t4 * 4, da[kk][e]);
+                }
+            fence_proxy_async_smem(); // this thread's dS^T stores, before the barrier, for wgmma's reads
             if constexpr (EARLY) {
-                // dS^T rounded to bf16 and stored for dQ (as below), then dK_c += dS^T Q issued: it runs
-                // beside the barrier and the dQ pass's issue. (Not the other way round: the PTX ISA leaves
-                // reading a wgmma's A registers before its wait undefined, so the stores come first.)
-#pragma unroll
-                for (int kk = 0; kk < WB_BM / 16; kk++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        da[kk][e] = pack_bf16(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
-                        int r = warp * 16 + g + 8 * (e & 1), chunk = 2 * kk + (e >> 1);
-                        st_shared_u32(dsb + r * 128 + ((chunk ^ g) << 4) + t4 * 4, da[kk][e]);
-                    }
-                fence_proxy_async_smem(); // this thread's dS^T stores, before the barrier, for wgmma's reads
+                // dK_c += dS^T Q alone (dV runs already): beside the barrier and the dQ pass's issue. (After
+                // the stores: the PTX ISA leaves reading a wgmma's A registers before its wait undefined.)
                 reg_fence<HS / 2>(dk);
                 reg_fence_u32<WB_BM / 4>(&da[0][0]);
                 wgmma_fence();
                 wg_pv<HS, WB_BM>(dk, da, qb); // dK_c += dS^T Q
                 wgmma_commit();
             } else {
-                // dS^T rounded to bf16: register A fragments of dK += dS^T Q, and the same values to shared
-                // memory as [key][query] (queries contiguous, 128-byte swizzle: chunk j of row r at j ^ (r %
-                // 8), r % 8 = g), the MN-major A of dQ = dS K. Fragment e of k-step kk: row g + 8 (e & 1),
-                // chunk 2 kk + e / 2.
-#pragma unroll
-                for (int kk = 0; kk < WB_BM / 16; kk++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        da[kk][e] = pack_bf16(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
-                        int r = warp * 16 + g + 8 * (e & 1), chunk = 2 * kk + (e >> 1);
-                        st_shared_u32(dsb + r * 128 + ((chunk ^ g) << 4) + t4 * 4, da[kk][e]);
-                    }
-                fence_proxy_async_smem(); // this thread's dS^T stores, before the barrier, for wgmma's reads
-
                 reg_fence<HS / 2>(dv);
                 reg_fence<HS / 2>(dk);
                 reg_fence_u32<WB_BM / 4>(&pa[0][0]);
@@ -980,14 +982,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         // the pass's 64 x 64 into area np % 2 of this consumer (free: see DB above), one
                         // barrier, and added to dq_acc by TMA
                         uint32_t dqb = dq_s + (cw * 2 + (np & 1)) * (WB_BM * 64 * 4);
-#pragma unroll
-                        for (int i = 0; i < 32; i += 2) {
-                            int r = warp * 16 + g + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + t4 * 2;
-                            int chunk = (col & 31) >> 2;
-                            st_shared_v2f(dqb + (col >> 5) * (WB_BM * 128) + r * 128 + ((chunk ^ g) << 4) +
-                                              (col & 3) * 4,
-                                          dq[i], dq[i + 1]);
-                        }
+                        wb_dq_store(dqb, dq, warp, g, t4);
                         fence_proxy_async_smem();
                         if (tid == 0)
                             bulk_wait_read_all(); // the last pass's adds have read area (np + 1) % 2
@@ -1008,16 +1003,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                             bulk_wait_read_all();
                         __syncwarp(); // (warp 0 whole again before the aligned barrier)
                         consumer_bar_sync(cw);
-                        // (written out, not wb_dq_stage_add<32>, which compiles this default kernel to other
-                        // registers: it stays the machine code an H100 verified until a GPU runs it again)
-#pragma unroll
-                        for (int i = 0; i < 32; i += 2) {
-                            int r = warp * 16 + g + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + t4 * 2;
-                            int chunk = (col & 31) >> 2;
-                            st_shared_v2f(dqb + (col >> 5) * (WB_BM * 128) + r * 128 + ((chunk ^ g) << 4) +
-                                              (col & 3) * 4,
-                                          dq[i], dq[i + 1]);
-                        }
+                        wb_dq_store(dqb, dq, warp, g, t4);
                         fence_proxy_async_smem();
                         consumer_bar_sync(cw);
                         if (tid == 0) {
