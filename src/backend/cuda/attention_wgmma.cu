@@ -978,33 +978,26 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         reg_fence_u32<WB_BM / 4>(&da[0][0]);
                         mbar_arrive(empty + 8 * st);
                     }
-                    if constexpr (DQ_TMA && DB) {
-                        // the pass's 64 x 64 into area np % 2 of this consumer (free: see DB above), one
-                        // barrier, and added to dq_acc by TMA
-                        uint32_t dqb = dq_s + (cw * 2 + (np & 1)) * (WB_BM * 64 * 4);
-                        wb_dq_store(dqb, dq, warp, g, t4);
-                        fence_proxy_async_smem();
-                        if (tid == 0)
-                            bulk_wait_read_all(); // the last pass's adds have read area (np + 1) % 2
-                        __syncwarp();             // (warp 0 whole again before the aligned barrier)
-                        consumer_bar_sync(cw);
-                        if (tid == 0) {
-                            tma_reduce_add_4d(&p.tdq, dqb, cb * 64, h, q0, b);
-                            tma_reduce_add_4d(&p.tdq, dqb + WB_BM * 128, cb * 64 + 32, h, q0, b);
-                            bulk_commit();
+                    if constexpr (DQ_TMA) {
+                        // the pass's 64 x 64 into this consumer's two boxes (DB: area np % 2 of two), once
+                        // TMA has read what they held, and added to dq_acc by TMA. Without DB: a barrier
+                        // before the stores (the boxes are free) and one after; with DB one, after (see DB
+                        // above).
+                        uint32_t dqb = dq_s + (DB ? cw * 2 + (np & 1) : cw) * (WB_BM * 64 * 4);
+                        if constexpr (!DB) {
+                            if (tid == 0)
+                                bulk_wait_read_all();
+                            __syncwarp(); // (warp 0 whole again before the aligned barrier)
+                            consumer_bar_sync(cw);
                         }
-                        __syncwarp(); // (before the next pass's wgmma.fence, which is warp-aligned)
-                        np++;
-                    } else if constexpr (DQ_TMA) {
-                        // the pass's 64 x 64 into this consumer's two boxes, once TMA has read the last
-                        // pass's, and added to dq_acc by TMA
-                        uint32_t dqb = dq_s + cw * WB_BM * 64 * 4;
-                        if (tid == 0)
-                            bulk_wait_read_all();
-                        __syncwarp(); // (warp 0 whole again before the aligned barrier)
-                        consumer_bar_sync(cw);
                         wb_dq_store(dqb, dq, warp, g, t4);
                         fence_proxy_async_smem();
+                        if constexpr (DB) {
+                            if (tid == 0)
+                                bulk_wait_read_all(); // the last pass's adds have read area (np + 1) % 2
+                            __syncwarp();
+                            np++;
+                        }
                         consumer_bar_sync(cw);
                         if (tid == 0) {
                             tma_reduce_add_4d(&p.tdq, dqb, cb * 64, h, q0, b);
