@@ -67,14 +67,12 @@ for s in "${SHAPES[@]}"; do
     { echo "bench/attn_variants.sh: shape '$s' is not \"B T NH HS\" (four whole numbers)" >&2; exit 2; }
 done
 export NCCL_NVLS_ENABLE=0
-if [ -d .debs ] && ! dpkg -s libcmocka-dev >/dev/null 2>&1; then
-  eval "$(bash scripts/gpu-deps.sh .debs /tmp/kiln-deps)"
-fi
+# shellcheck source=bench/gpu_lib.sh
+. bench/gpu_lib.sh
+gpu_deps
 BUILD=${BUILD:-build-gpu}
 t0=$(date +%s)
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 &&
-  cmake --build "$BUILD" -j "$(nproc)" -t kiln test_cuda_ops attn_bench >>"$OUT/build.log" 2>&1 ||
-  { tail -30 "$OUT/build.log"; exit 1; }
+gpu_build kiln test_cuda_ops attn_bench
 echo "build: ok in $(($(date +%s) - t0)) s"
 for f in wgmma attention_block; do
   KILN_TEST_SKIP= KILN_SOURCE_DIR=$PWD KILN_TEST_FILTER="*$f*" timeout "${KILN_TEST_TIMEOUT:-170}" \

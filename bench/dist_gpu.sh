@@ -7,14 +7,13 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-dist}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
-if [ -d .debs ] && ! dpkg -s libcmocka-dev >/dev/null 2>&1; then
-  eval "$(bash scripts/gpu-deps.sh .debs /tmp/kiln-deps)"
-fi
+# shellcheck source=bench/gpu_lib.sh
+. bench/gpu_lib.sh
+gpu_deps
 BUILD=${BUILD:-build-gpu}
 echo "mpi on this machine: $(command -v mpirun || echo no mpirun), $(ls /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h 2>/dev/null || echo no mpi.h)"
 t0=$(date +%s)
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 &&
-  cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+gpu_build
 echo "build: ok in $(($(date +%s) - t0)) s; $(grep -E "MPI|NCCL" "$OUT/build.log" | head -3)"
 "$BUILD/kiln" info 2>&1 | grep -i "comm\|gpu 0" | head -3
 

@@ -34,9 +34,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-multi}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
-if [ -d .debs ] && ! dpkg -s libcmocka-dev >/dev/null 2>&1; then
-  eval "$(bash scripts/gpu-deps.sh .debs /tmp/kiln-deps)"
-fi
+# shellcheck source=bench/gpu_lib.sh
+. bench/gpu_lib.sh
+gpu_deps
 BUILD=${BUILD:-build-gpu}
 t0=$(date +%s)
 if [ -n "${KILN_DRY:-}" ]; then
@@ -51,9 +51,8 @@ if [ -n "${KILN_DRY:-}" ]; then
 else
   NG=${KILN_NG:-$(nvidia-smi -L | wc -l)}
   echo "GPUs: $NG; $(nvidia-smi topo -m 2>/dev/null | head -3 | tail -2 | tr -s ' ' | cut -c1-60)"
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 &&
-    cmake --build "$BUILD" -j "$(nproc)" ${KILN_BUILD_TARGETS:+-t $KILN_BUILD_TARGETS} >>"$OUT/build.log" 2>&1 ||
-    { tail -40 "$OUT/build.log"; exit 1; }
+  # shellcheck disable=SC2086 # (a list of targets)
+  gpu_build ${KILN_BUILD_TARGETS:-}
   echo "build: ok in $(($(date +%s) - t0)) s"
   K="$BUILD/kiln"
 fi

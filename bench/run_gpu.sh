@@ -11,14 +11,13 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 stages=${*:-all}
 has() { [[ " $stages " == *" $1 "* || (" $stages " == *" all "* && $1 != wgmma) ]]; }
-if [ -d .debs ] && ! dpkg -s libcmocka-dev >/dev/null 2>&1; then
-  eval "$(bash scripts/gpu-deps.sh .debs /tmp/kiln-deps)"
-fi
+# shellcheck source=bench/gpu_lib.sh
+. bench/gpu_lib.sh
+gpu_deps
 BUILD=${BUILD:-build-gpu}
 if has build; then
   t0=$(date +%s)
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=${CUDA_ARCH:-90a} >"$OUT/build.log" 2>&1 &&
-    cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  gpu_build
   echo "build: ok in $(( $(date +%s) - t0 )) s"
 fi
 if has wgmma; then # the Hopper attention kernels alone, under a timeout (a synchronisation bug hangs)

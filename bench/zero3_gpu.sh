@@ -12,14 +12,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-zero3}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-if [ -d .debs ] && ! dpkg -s libcmocka-dev >/dev/null 2>&1; then
-  eval "$(bash scripts/gpu-deps.sh .debs /tmp/kiln-deps)"
-fi
+# shellcheck source=bench/gpu_lib.sh
+. bench/gpu_lib.sh
+gpu_deps
 BUILD=${BUILD:-build-gpu}
 t0=$(date +%s)
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_ARCHS=90a >"$OUT/build.log" 2>&1 &&
-  cmake --build "$BUILD" -j "$(nproc)" -t kiln test_cuda_ops test_cuda_model >>"$OUT/build.log" 2>&1 ||
-  { tail -40 "$OUT/build.log"; exit 1; }
+gpu_build kiln test_cuda_ops test_cuda_model
 PART=${KILN_PART:-all}
 echo "build: ok in $(($(date +%s) - t0)) s"
 
