@@ -650,8 +650,9 @@ void gpt_mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void
                      void *fc_act, void *out, int accumulate, int N) {
     const int *ix = g->pt.layer[l];
     mlp_activation(g, d, fc_pre, stride, fc_act, N);
-    gpt_matmul_fwd(g, out, NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], N, d->H, d->C, KILN_ACT_NONE,
-                   accumulate);
+    if (out)
+        gpt_matmul_fwd(g, out, NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], N, d->H, d->C, KILN_ACT_NONE,
+                       accumulate);
 }
 
 // the MLP's hidden activation of N rows of `inp` (N, C): fc_pre, and fc_act from it
@@ -668,7 +669,8 @@ static void mlp_hidden(struct kiln_gpt *g, const struct dims *d, int l, const vo
 }
 
 // the MLP of layer l on input `inp` (N, C): fc_pre, fc_act, and (accumulated into) out = self.c_proj(fc_act),
-// in chunks of g->mlp_rows rows (fc_pre and fc_act then hold the last chunk's)
+// in chunks of g->mlp_rows rows (fc_pre and fc_act then hold the last chunk's). out NULL: the hidden
+// activations alone (the backward's recompute: the MLP's backward never reads its output).
 void gpt_mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre, void *fc_act,
                  void *out, int accumulate, int N) {
     const int *ix = g->pt.layer[l];
@@ -676,8 +678,9 @@ void gpt_mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *in
         int n = N - r0 < g->mlp_rows ? N - r0 : g->mlp_rows;
         size_t at = (size_t)r0 * d->C;
         mlp_hidden(g, d, l, act_at(g, inp, at), fc_pre, fc_act, n);
-        gpt_matmul_fwd(g, act_at(g, out, at), NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], n, d->H, d->C,
-                       KILN_ACT_NONE, accumulate);
+        if (out)
+            gpt_matmul_fwd(g, act_at(g, out, at), NULL, fc_act, ix[KILN_MLPO_W], ix[KILN_MLPO_B], n, d->H,
+                           d->C, KILN_ACT_NONE, accumulate);
     }
 }
 
@@ -771,6 +774,10 @@ static void attn_core_fwd(struct kiln_gpt *g, const struct dims *d, int l, const
         g->attn_impl.forward(g->attn_impl.user, l, &at);
     else
         g->ops->attention_forward(g->ctx, &at);
+    // A parallel block's recompute needs no branch output (its backward reads ln1, qkv, atty and the MLP's
+    // hidden activations); a sequential block's needs ao for mid and ln2.
+    if (g->recomputing && g->cfg.parallel_block)
+        return;
     gpt_matmul_fwd(g, a->ao.p, NULL, buf_at(&a->atty, l), ix[KILN_ATTNO_W], ix[KILN_ATTNO_B], d->N, d->AO,
                    d->C, KILN_ACT_NONE, 0);
 }
@@ -796,7 +803,7 @@ static void attn_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
 // A parallel block's branches from one projection: [qkv | fc_pre] = ln1 @ [W_qkv; W_fc]^T + [b_qkv; b_fc];
 // attention reads the first QKV columns of each row, the MLP's activation the other FCO, and the MLP output
 // accumulates onto the attention output in ao.
-static void parallel_fused_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
+static void parallel_fused_fwd(struct kiln_gpt *g, const struct dims *d, int l, int tail) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     void *pre = buf_at(&a->pre, l);
@@ -804,7 +811,8 @@ static void parallel_fused_fwd(struct kiln_gpt *g, const struct dims *d, int l) 
     gpt_matmul_fwd(g, pre, NULL, buf_at(&a->ln1, l), ix[KILN_QKV_W], ix[KILN_QKV_B], d->N, d->C, S,
                    KILN_ACT_NONE, 0);
     attn_core_fwd(g, d, l, pre, S);
-    gpt_mlp_act_fwd(g, d, l, act_at(g, pre, (size_t)d->QKV), S, buf_at(&a->fc_act, l), a->ao.p, 1, d->N);
+    gpt_mlp_act_fwd(g, d, l, act_at(g, pre, (size_t)d->QKV), S, buf_at(&a->fc_act, l), tail ? a->ao.p : NULL,
+                    1, d->N);
 }
 
 // Layer l, from ln1[l] (already computed) up to the branch outputs. With tail set, it also produces x[l+1]
@@ -818,12 +826,12 @@ static void layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int t
     if (g->cfg.parallel_block) {
         // x' = x + attn(ln1) + mlp(ln1): the MLP output accumulates onto the attention output
         if (g->fuse.fwd) {
-            parallel_fused_fwd(g, d, l);
+            parallel_fused_fwd(g, d, l, tail);
         } else {
             attn_fwd(g, d, l);
             if (mlp_needed)
                 gpt_mlp_fwd(g, d, l, buf_at(&a->ln1, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l),
-                            a->ao.p, 1, d->N);
+                            tail ? a->ao.p : NULL, 1, d->N);
         }
         resid = buf_at(&a->x, l);
     } else {
@@ -832,8 +840,8 @@ static void layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int t
         gpt_norm_fwd(g, buf_at(&a->ln2, l), buf_at(&a->mean2, l), buf_at(&a->rstd2, l), buf_at(&a->mid, l),
                      buf_at(&a->x, l), a->ao.p, ix[KILN_LN2_W], ix[KILN_LN2_B], d->N);
         if (mlp_needed)
-            gpt_mlp_fwd(g, d, l, buf_at(&a->ln2, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0,
-                        d->N);
+            gpt_mlp_fwd(g, d, l, buf_at(&a->ln2, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l),
+                        tail ? a->mo.p : NULL, 0, d->N);
         resid = buf_at(&a->mid, l);
     }
     if (!tail)
@@ -1146,7 +1154,7 @@ static void recompute_layer(struct kiln_gpt *g, const struct dims *d, int l) {
         g->recomputing = 0;
     } else if (g->opts.recompute == KILN_RECOMPUTE_MLP && g->mlp_rows == d->N) { // chunked: in mlp_bwd
         const void *inp = g->cfg.parallel_block ? buf_at(&a->ln1, l) : buf_at(&a->ln2, l);
-        gpt_mlp_fwd(g, d, l, inp, buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), a->mo.p, 0, d->N);
+        gpt_mlp_fwd(g, d, l, inp, buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l), NULL, 0, d->N);
     } else if (g->opts.recompute == KILN_RECOMPUTE_ACT) {
         // the activation's output from its kept input: fc_pre, or the MLP slice of a fused block's [qkv |
         // fc_pre]

@@ -204,6 +204,7 @@ void gpt_matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp, i
                     int OC, enum kiln_act act, int accumulate);
 void gpt_qk_norm_forward(struct kiln_gpt *g, const struct dims *d, int l, void *qkv, const void *raw, int N,
                          float *meanq, float *rstdq, float *meank, float *rstdk);
+// out NULL (both): the MLP's hidden activations without its output projection, for the backward's recompute
 void gpt_mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *fc_pre, int stride,
                      void *fc_act, void *out, int accumulate, int N);
 void gpt_mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre, void *fc_act,
