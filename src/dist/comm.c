@@ -86,9 +86,9 @@ static void flight_complete(struct kiln_comm *c, const struct kiln_comm_work *w)
 }
 
 const char *kiln_coll_name(enum kiln_coll_op op) {
-    static const char *const names[KILN_COLL_N] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all",
-                                                   "broadcast",  "send",           "recv",       "barrier",
-                                                   "send_recv"};
+    static const char *const names[KILN_COLL_N] = {"all_reduce", "reduce_scatter", "all_gather",
+                                                   "all_to_all", "broadcast",      "send",
+                                                   "recv",       "barrier",        "send_recv"};
     return op >= 0 && op < KILN_COLL_N ? names[op] : "unknown";
 }
 
@@ -178,6 +178,7 @@ int kiln_comm_open_world(const struct kiln_dist_env *env, const struct kiln_comm
         return rc;
     }
     flight_attach(c, "world");
+    c->owner = pthread_self();
     *out = c;
     return 0;
 }
@@ -199,6 +200,7 @@ static int split_named(struct kiln_comm *c, int color, int key, const char *name
         return rc;
     }
     flight_attach(d, name);
+    d->owner = pthread_self();
     *out = d;
     return 0;
 }
@@ -226,6 +228,13 @@ void kiln_comm_close(struct kiln_comm *c) {
 struct kiln_comm_work *kiln_comm_submit(struct kiln_comm *c, const struct kiln_coll *coll,
                                         void *after_event) {
     KILN_ASSERT(coll->op >= 0 && coll->op < KILN_COLL_N);
+    if (!pthread_equal(c->owner, pthread_self())) {
+        fprintf(stderr,
+                "kiln: internal error: communicator %d (%s) used from a thread other than the one "
+                "that opened it\n",
+                c->id, kiln_coll_name(coll->op));
+        abort();
+    }
     c->seq++;
     uint64_t token = kiln_flight_issue(c->id, c->seq, coll->op, coll->dtype,
                                        (uint64_t)coll->count * kiln_dtype_bytes(coll->dtype));

@@ -18,6 +18,7 @@
 #ifndef KILN_DIST_COMM_H
 #define KILN_DIST_COMM_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,16 +33,16 @@ enum kiln_coll_op {
     KILN_COLL_ALL_REDUCE = 0, // recv = reduce over ranks of send (count elements each; recv may == send)
     KILN_COLL_REDUCE_SCATTER, // recv = this rank's slice (kiln_comm_slice of count) of the reduction over
                               // ranks of send (count); in place when recv == send + lo
-    KILN_COLL_ALL_GATHER, // recv (count) = every rank's slice, each from that rank's send (its slice's
-                          // length); in place when send == recv + lo
-    KILN_COLL_ALL_TO_ALL, // recv block j (count) = rank j's send block `rank` (count); send and recv
-                          // (count*n)
-    KILN_COLL_BROADCAST,  // recv (count) on every rank = root's send (count) (recv may == send)
-    KILN_COLL_SEND,       // send (count) to peer
-    KILN_COLL_RECV,       // recv (count) from peer
-    KILN_COLL_BARRIER,    // no data
-    KILN_COLL_SEND_RECV,  // send (count) to peer and recv (count) from src at once: a step around a ring,
-                          // where a send before a receive on every rank would wait in a cycle
+    KILN_COLL_ALL_GATHER,     // recv (count) = every rank's slice, each from that rank's send (its slice's
+                              // length); in place when send == recv + lo
+    KILN_COLL_ALL_TO_ALL,     // recv block j (count) = rank j's send block `rank` (count); send and recv
+                              // (count*n)
+    KILN_COLL_BROADCAST,      // recv (count) on every rank = root's send (count) (recv may == send)
+    KILN_COLL_SEND,           // send (count) to peer
+    KILN_COLL_RECV,           // recv (count) from peer
+    KILN_COLL_BARRIER,        // no data
+    KILN_COLL_SEND_RECV,      // send (count) to peer and recv (count) from src at once: a step around a ring,
+                              // where a send before a receive on every rank would wait in a cycle
     KILN_COLL_N
 };
 const char *kiln_coll_name(enum kiln_coll_op op); // "all_reduce", ...
@@ -91,6 +92,10 @@ struct kiln_comm {
     uint64_t seq; // operations issued so far (the flight recorder's sequence number)
     int id;       // the flight recorder's communicator id: creation order, the same on every rank
     struct kiln_comm_flight *flight; // work handles in flight and their recorder tokens (comm.c)
+    // The one thread that issues its operations (the one that opened it): NCCL deadlocks where two threads'
+    // collectives on one GPU reach the device in different orders on different ranks, so kiln_comm_submit
+    // refuses a second thread, on every transport (the CPU's tests then catch what only GPUs would show).
+    pthread_t owner;
 };
 
 // ---- the world ---------------------------------------------------------------------------------

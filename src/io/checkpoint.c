@@ -478,21 +478,19 @@ static int check_files(const char *run_dir, int64_t step, const struct kiln_ckpt
     return 0;
 }
 
-// One line per file, "name sha256hex\n", in a record of KILN_CKPT_RECORD bytes per rank.
-#define KILN_CKPT_RECORD 4096
-
-int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ckpt_file *files, int n_files,
-                         const cJSON *state_json, const struct kiln_ckpt_policy *policy,
-                         const struct kiln_ckpt_group *grp, struct kiln_error *err) {
+int kiln_ckpt_group_begin(struct kiln_ckpt_part *part, const char *run_dir, int64_t step,
+                          const struct kiln_ckpt_file *files, int n_files, const cJSON *state_json,
+                          const struct kiln_ckpt_group *grp, struct kiln_error *err) {
     int rank = grp ? grp->rank : 0, size = grp ? grp->size : 1;
-    char ckpt_dir[1024], name[64], tmp[1200] = "", p[1400];
+    memset(part, 0, sizeof(*part));
+    part->step = step;
     int rc = check_files(run_dir, step, files, n_files, state_json, err);
     if (!rc)
-        rc = kiln_path_join(ckpt_dir, sizeof(ckpt_dir), run_dir, "ckpt", err);
-    snprintf(name, sizeof(name), "step_%08lld", (long long)step);
-    // 1. rank 0 makes the temporary directory, and every rank learns its name (or that it failed)
+        rc = kiln_path_join(part->ckpt_dir, sizeof(part->ckpt_dir), run_dir, "ckpt", err);
+    snprintf(part->name, sizeof(part->name), "step_%08lld", (long long)step);
+    // rank 0 makes the temporary directory, and every rank learns its name (or that it failed)
     if (!rc && rank == 0)
-        rc = save_prepare(run_dir, ckpt_dir, name, tmp, sizeof(tmp), err);
+        rc = save_prepare(run_dir, part->ckpt_dir, part->name, part->tmp, sizeof(part->tmp), err);
     if (size > 1) {
         rc = grp->agree(grp->user, rc);
         if (rc) // the failing rank's own message, or a line saying another rank failed
@@ -501,24 +499,37 @@ int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ck
                        : kiln_errorf(err, KILN_ERR_RUNTIME,
                                      "checkpoint step %lld (%s): another rank could not prepare it",
                                      (long long)step, run_dir);
-        grp->broadcast(grp->user, tmp, sizeof(tmp));
+        grp->broadcast(grp->user, part->tmp, sizeof(part->tmp));
     }
-    if (rc)
-        return rc;
-    // 2. every rank writes its own files (durably: the writer fsyncs each)
-    char mine[KILN_CKPT_RECORD] = "";
+    return rc;
+}
+
+// every rank writes its own files (durably: the writer fsyncs each), no collectives
+int kiln_ckpt_group_write(struct kiln_ckpt_part *part, const struct kiln_ckpt_file *files, int n_files,
+                          struct kiln_error *err) {
     size_t used = 0;
+    int rc = 0;
+    part->mine[0] = 0;
     for (int i = 0; i < n_files && !rc; i++) {
-        char hex[65];
-        snprintf(p, sizeof(p), "%s/%s", tmp, files[i].name);
+        char hex[65], p[1400];
+        snprintf(p, sizeof(p), "%s/%s", part->tmp, files[i].name);
         rc = kiln_safetensors_write_sha(p, files[i].tensors, files[i].n, NULL, hex, err);
         if (!rc) {
-            int k = snprintf(mine + used, sizeof(mine) - used, "%s %s\n", files[i].name, hex);
-            KILN_ASSERT(k > 0 && (size_t)k < sizeof(mine) - used);
+            int k = snprintf(part->mine + used, sizeof(part->mine) - used, "%s %s\n", files[i].name, hex);
+            KILN_ASSERT(k > 0 && (size_t)k < sizeof(part->mine) - used);
             used += (size_t)k;
         }
     }
-    char *all = mine;
+    return part->write_rc = rc;
+}
+
+int kiln_ckpt_group_finish(struct kiln_ckpt_part *part, const char *run_dir, const cJSON *state_json,
+                           const struct kiln_ckpt_policy *policy, const struct kiln_ckpt_group *grp,
+                           struct kiln_error *err) {
+    int rank = grp ? grp->rank : 0, size = grp ? grp->size : 1;
+    int64_t step = part->step;
+    int rc = part->write_rc;
+    char *all = part->mine;
     if (size > 1) {
         int any = grp->agree(grp->user, rc);
         if (any && !rc)
@@ -528,10 +539,10 @@ int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ck
                              (long long)step, run_dir);
         if (!rc) {
             all = kiln_xcalloc((size_t)size, KILN_CKPT_RECORD);
-            grp->all_gather(grp->user, mine, all, KILN_CKPT_RECORD);
+            grp->all_gather(grp->user, part->mine, all, KILN_CKPT_RECORD);
         }
     }
-    // 3. rank 0 hashes into state.json and installs the directory: only now does the checkpoint exist
+    // rank 0 hashes into state.json and installs the directory: only now does the checkpoint exist
     if (!rc && rank == 0) {
         cJSON *hashes = cJSON_CreateObject();
         for (int r = 0; r < size; r++) {
@@ -545,12 +556,13 @@ int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ck
                 cJSON_AddItemToObject(hashes, line, cJSON_CreateString(sp + 1));
             }
         }
-        rc = save_install(run_dir, ckpt_dir, name, tmp, step, state_json, hashes, policy, err);
+        rc = save_install(run_dir, part->ckpt_dir, part->name, part->tmp, step, state_json, hashes, policy,
+                          err);
     }
-    if (all != mine)
+    if (all != part->mine)
         free(all);
-    if (rc && rank == 0 && tmp[0])
-        kiln_remove_tree(tmp, NULL);
+    if (rc && rank == 0 && part->tmp[0])
+        kiln_remove_tree(part->tmp, NULL);
     if (size > 1) { // everyone returns rank 0's verdict
         int r0 = grp->agree(grp->user, rc);
         if (r0 && !rc)
@@ -560,6 +572,19 @@ int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ck
                             "stays the newest",
                             (long long)step, run_dir);
     }
+    return rc;
+}
+
+int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ckpt_file *files, int n_files,
+                         const cJSON *state_json, const struct kiln_ckpt_policy *policy,
+                         const struct kiln_ckpt_group *grp, struct kiln_error *err) {
+    struct kiln_ckpt_part *part = kiln_xmalloc(sizeof(*part));
+    int rc = kiln_ckpt_group_begin(part, run_dir, step, files, n_files, state_json, grp, err);
+    if (!rc) {
+        kiln_ckpt_group_write(part, files, n_files, err);
+        rc = kiln_ckpt_group_finish(part, run_dir, state_json, policy, grp, err);
+    }
+    free(part);
     return rc;
 }
 

@@ -54,6 +54,27 @@ int kiln_ckpt_save_group(const char *run_dir, int64_t step, const struct kiln_ck
                          const cJSON *state_json, const struct kiln_ckpt_policy *policy,
                          const struct kiln_ckpt_group *grp, struct kiln_error *err);
 
+// kiln_ckpt_save_group in three parts, so that the collectives (begin, finish) run on the thread that runs
+// the step's collectives while the writes (write, none) run on another: with NCCL, two threads' collectives
+// on one GPU, issued in different orders on different ranks, can deadlock. begin and finish are collective
+// (every rank, in the same order); begin's error ends the save on every rank, and otherwise finish must
+// follow (it reports write's failure on any rank to all).
+#define KILN_CKPT_RECORD 4096 // one line per file, "name sha256hex\n", a rank's record in the all-gather
+struct kiln_ckpt_part {
+    int64_t step;
+    char ckpt_dir[1024], name[64], tmp[1200];
+    char mine[KILN_CKPT_RECORD]; // this rank's files and hashes, from write
+    int write_rc;                // write's result (0: every file durable)
+};
+int kiln_ckpt_group_begin(struct kiln_ckpt_part *part, const char *run_dir, int64_t step,
+                          const struct kiln_ckpt_file *files, int n_files, const cJSON *state_json,
+                          const struct kiln_ckpt_group *grp, struct kiln_error *err);
+int kiln_ckpt_group_write(struct kiln_ckpt_part *part, const struct kiln_ckpt_file *files, int n_files,
+                          struct kiln_error *err);
+int kiln_ckpt_group_finish(struct kiln_ckpt_part *part, const char *run_dir, const cJSON *state_json,
+                           const struct kiln_ckpt_policy *policy, const struct kiln_ckpt_group *grp,
+                           struct kiln_error *err);
+
 // Checks one checkpoint directory: state.json parses, has the format tag (and a step matching the
 // directory name), every listed file exists with the right sha256, and every .safetensors file opens.
 // Returns 0 if good, else fills err with why, naming the file.

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -438,20 +439,29 @@ struct kiln_ckpt_writer {
     int rc;
     struct kiln_error err;
     double write_ms;
+    // a group's write: begun (collectives on the caller's thread), files written on the thread (files_done
+    // once they are), finished by kiln_ckpt_writer_commit (collectives on the caller's thread again)
+    struct kiln_ckpt_part part;
+    int awaiting; // begun, not yet finished
+    _Atomic int files_done;
+    double began_s;
 };
+
+// a group's files: rank 0 the weights and its shard, the others their shards
+static int group_files(struct kiln_ckpt_writer *w, struct kiln_ckpt_file files[2]) {
+    files[0] = (struct kiln_ckpt_file){w->shard_name, w->shard, 2};
+    files[1] = (struct kiln_ckpt_file){"model.safetensors", w->model, w->pt->n};
+    return w->grp.rank == 0 ? 2 : 1;
+}
 
 static void *writer_main(void *arg) {
     struct kiln_ckpt_writer *w = arg;
     double t0 = kiln_now_s();
-    if (w->dp) {
-        // rank 0: the weights and its shard; the others: their shards
-        struct kiln_ckpt_file files[2] = {{w->shard_name, w->shard, 2},
-                                          {"model.safetensors", w->model, w->pt->n}};
-        w->rc = kiln_ckpt_save_group(w->run_dir, w->step, files, w->grp.rank == 0 ? 2 : 1, w->state,
-                                     &w->policy, &w->grp, &w->err);
-        cJSON_Delete(w->state);
-        w->state = NULL;
-        w->write_ms = (kiln_now_s() - t0) * 1e3;
+    if (w->dp) { // the files alone: the save's collectives stay on the training thread
+        struct kiln_ckpt_file files[2];
+        int n = group_files(w, files);
+        kiln_ckpt_group_write(&w->part, files, n, &w->err);
+        atomic_store(&w->files_done, 1);
         return NULL;
     }
     struct kiln_ckpt_file files[2] = {{"model.safetensors", w->model, w->pt->n},
@@ -532,12 +542,51 @@ void kiln_ckpt_writer_create(struct kiln_ckpt_writer **out, const char *run_dir,
     *out = w;
 }
 
-int kiln_ckpt_writer_join(struct kiln_ckpt_writer *w, double *wait_ms, struct kiln_error *err) {
-    double t0 = kiln_now_s();
-    int rc = 0;
+static void thread_join(struct kiln_ckpt_writer *w) {
     if (w->running) {
         pthread_join(w->thread, NULL);
         w->running = 0;
+    }
+}
+
+int kiln_ckpt_writer_busy(const struct kiln_ckpt_writer *w) {
+    return w->awaiting && !atomic_load(&w->files_done);
+}
+
+int kiln_ckpt_writer_awaiting(const struct kiln_ckpt_writer *w) {
+    return w->awaiting;
+}
+
+int kiln_ckpt_writer_commit(struct kiln_ckpt_writer *w, struct kiln_error *err) {
+    if (!w->awaiting)
+        return 0;
+    thread_join(w);
+    w->awaiting = 0;
+    int rc = kiln_ckpt_group_finish(&w->part, w->run_dir, w->state, &w->policy, &w->grp, &w->err);
+    cJSON_Delete(w->state);
+    w->state = NULL;
+    w->write_ms = (kiln_now_s() - w->began_s) * 1e3;
+    if (rc && err)
+        *err = w->err;
+    return rc;
+}
+
+void kiln_ckpt_writer_abandon(struct kiln_ckpt_writer *w) {
+    thread_join(w);
+    if (w->awaiting) { // never installed: the previous checkpoint stays the newest
+        w->awaiting = 0;
+        cJSON_Delete(w->state);
+        w->state = NULL;
+    }
+}
+
+int kiln_ckpt_writer_join(struct kiln_ckpt_writer *w, double *wait_ms, struct kiln_error *err) {
+    double t0 = kiln_now_s();
+    int rc = 0;
+    if (w->awaiting) {
+        rc = kiln_ckpt_writer_commit(w, err);
+    } else if (w->running) {
+        thread_join(w);
         if ((rc = w->rc) && err)
             *err = w->err;
         w->rc = 0;
@@ -597,9 +646,22 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64
     w->step = step;
     w->state = state;
     w->rc = 0;
+    if (w->dp) { // the save's first collectives here, on the training thread
+        struct kiln_ckpt_file files[2];
+        int n = group_files(w, files);
+        w->began_s = kiln_now_s();
+        atomic_store(&w->files_done, 0);
+        if ((rc = kiln_ckpt_group_begin(&w->part, w->run_dir, step, files, n, state, &w->grp, &w->err))) {
+            *err = w->err;
+            cJSON_Delete(state);
+            w->state = NULL;
+            return rc;
+        }
+        w->awaiting = 1;
+    }
     if (pthread_create(&w->thread, NULL, writer_main, w)) {
-        writer_main(w); // no thread to be had: write in the foreground
-        rc = w->rc;
+        writer_main(w);         // no thread to be had: write in the foreground
+        rc = w->dp ? 0 : w->rc; // (a group's write reports at its commit)
         if (rc)
             *err = w->err;
     } else {
@@ -658,7 +720,9 @@ void kiln_ckpt_writer_free(struct kiln_ckpt_writer *w) {
     if (!w)
         return;
     prefault_join(w);
-    kiln_ckpt_writer_join(w, NULL, NULL);
+    kiln_ckpt_writer_abandon(w); // (a commit is collective: the caller's join, where every rank makes it)
+    if (w->running)              // a one-process write
+        kiln_ckpt_writer_join(w, NULL, NULL);
     float *bufs[3] = {w->params, w->m, w->v};
     for (int i = 0; i < 3; i++) {
         if (w->pinned)

@@ -53,14 +53,19 @@ void kiln_ckpt_writer_create(struct kiln_ckpt_writer **out, const char *run_dir,
                              struct kiln_backend *be);
 
 // ---- checkpoints of several ranks (docs/formats.md, "Sharded checkpoints") ----
-// Rank r of n writes optim-RRRRR-of-NNNNN.safetensors: tensors "m" and "v", the AdamW moments of the ranges it
-// owns (kiln_dp_ranges) concatenated; rank 0 also writes model.safetensors, the whole f32 weights. state.json's
-// "optim_layout" ({"world", "zero", "bucket_bounds"}) says which ranges each file holds, so any world size
-// and --zero level can read them back (kiln_ckpt_read_optim).
+// Rank r of n writes optim-RRRRR-of-NNNNN.safetensors: tensors "m" and "v", the AdamW moments of the ranges
+// it owns (kiln_dp_ranges) concatenated; rank 0 also writes model.safetensors, the whole f32 weights.
+// state.json's "optim_layout" ({"world", "zero", "bucket_bounds"}) says which ranges each file holds, so any
+// world size and --zero level can read them back (kiln_ckpt_read_optim).
 struct kiln_dp;
 struct kiln_comm;
-// A writer for a group: its background thread runs the save's collectives on ckpt_comm (a communicator of
-// its own, so they never interleave with the step's). dp gives the ranges and the buffers.
+// A writer for a group: the save's collectives run on ckpt_comm (a communicator of its own) from the caller's
+// thread, never from the background thread, which writes this rank's files alone: with NCCL, collectives of
+// two threads on one GPU, in different orders on different ranks, can deadlock (a run of Ulysses with one
+// sequence a rank on 4 H100s hung so, session 14). start() runs the first (kiln_ckpt_group_begin);
+// the write is installed by kiln_ckpt_writer_commit, which every rank calls at the same point: at a step
+// boundary once no rank is busy (the trainer agrees on kiln_ckpt_writer_busy with the step's other
+// agreements), or in join. dp gives the ranges and the buffers.
 void kiln_ckpt_writer_create_group(struct kiln_ckpt_writer **out, const char *run_dir,
                                    const struct kiln_param_table *pt, const struct kiln_ckpt_policy *policy,
                                    struct kiln_backend *be, struct kiln_dp *dp, struct kiln_comm *ckpt_comm);
@@ -70,15 +75,25 @@ int kiln_ckpt_read_optim(const struct kiln_ckpt *ck, const struct kiln_param_tab
                          struct kiln_error *err);
 // kiln_ckpt_apply for a data-parallel rank: the weights, and the moments this rank holds (every element under
 // DDP, its ranges under ZeRO), from a checkpoint of any world size and --zero level.
-int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_dp *dp, struct kiln_error *err);
+int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_dp *dp,
+                       struct kiln_error *err);
 // The whole f32 weights of a checkpoint (pt->total floats).
 int kiln_ckpt_read_params(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *params,
                           struct kiln_error *err);
 // Takes ownership of state.
 int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64_t step, cJSON *state,
                            double *stall_ms, struct kiln_error *err);
-// Waits for the write in flight (none: returns 0 at once); returns its result. wait_ms may be NULL.
+// Waits for the write in flight (none: returns 0 at once); returns its result. wait_ms may be NULL. A group's
+// write is committed here: every rank must call it at the same point.
 int kiln_ckpt_writer_join(struct kiln_ckpt_writer *w, double *wait_ms, struct kiln_error *err);
+// A group's write: whether one is begun and not yet committed (the same on every rank), whether this rank's
+// files are still being written, and the commit (collective; 0 at once when none awaits).
+int kiln_ckpt_writer_awaiting(const struct kiln_ckpt_writer *w);
+int kiln_ckpt_writer_busy(const struct kiln_ckpt_writer *w);
+int kiln_ckpt_writer_commit(struct kiln_ckpt_writer *w, struct kiln_error *err);
+// Joins the thread without committing (an error path, where the ranks may not all be here): the write is
+// never installed and the previous checkpoint stays the newest.
+void kiln_ckpt_writer_abandon(struct kiln_ckpt_writer *w);
 double
 kiln_ckpt_writer_last_write_ms(const struct kiln_ckpt_writer *w); // duration of the last finished write
 void kiln_ckpt_writer_free(struct kiln_ckpt_writer *w);           // joins first; NULL is fine

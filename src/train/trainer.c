@@ -951,14 +951,20 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
         kiln_progress_note(&r->prog, line);
     }
     // a signal may reach one rank first: all stop at the same step; the same reduction finds the slowest
-    // rank's step time
-    double agreed[2] = {stop_requested, sl->ms};
+    // rank's step time, and whether any rank still writes its part of the checkpoint in flight
+    double agreed[3] = {stop_requested, sl->ms, r->writer && kiln_ckpt_writer_busy(r->writer)};
     if (r->comm)
-        kiln_comm_all_reduce_host(r->comm, agreed, 2, KILN_F64, KILN_RED_MAX);
+        kiln_comm_all_reduce_host(r->comm, agreed, 3, KILN_F64, KILN_RED_MAX);
     int32_t stop = (int32_t)agreed[0];
     double slowest_ms = agreed[1];
     if (r->comm)
         sl->slowest_ms = slowest_ms;
+    // every rank's files are written: the checkpoint is installed now, its collectives on this thread
+    if (r->writer && kiln_ckpt_writer_awaiting(r->writer) && agreed[2] == 0) {
+        int rc = kiln_ckpt_writer_commit(r->writer, err);
+        if (rc)
+            return rc;
+    }
     // A checkpoint at its cadence (not in the middle of a run of skipped steps: those are not progress, and a
     // run stopped by --max-bad-steps keeps its last good checkpoint), at the end, and on a stop signal.
     int due =
@@ -1037,8 +1043,12 @@ static int run_finish(struct run *r, struct kiln_error *err) {
 
 static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     if (r->writer) {
+        // after an error the ranks may not all be here, and a group's commit is collective: the write in
+        // flight is left uninstalled (run_finish committed it on success)
         struct kiln_error we;
-        if (kiln_ckpt_writer_join(r->writer, NULL, &we) && !rc) {
+        if (rc)
+            kiln_ckpt_writer_abandon(r->writer);
+        else if (kiln_ckpt_writer_join(r->writer, NULL, &we)) {
             *err = we;
             rc = we.code;
         }
