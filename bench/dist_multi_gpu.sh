@@ -12,7 +12,7 @@
 #            and DDP, ZeRO-1/2/3 (KILN_SCALE_ZERO) on all of them, fp32 gradients everywhere; PyTorch (torch.compile) on 1 GPU,
 #            DDP and FSDP2 under torchrun beside them; then kiln's DDP with NCCL held to fewer channels
 #            or bf16 gradients (KILN_SCALE_NCCL_ENV; at --zero=KILN_SCALE_ENV_ZERO, default 0) and a trace of its
-#            exposed communication (KILN_SCALE_TRACE=1)
+#            exposed communication (KILN_SCALE_TRACE=1); KILN_SCALE_TORCH= leaves PyTorch's rows out
 #   weak     the older weak-scaling rows (DDP/ZeRO-1/2, fp32 and bf16 gradients, 124m and 350m)
 #   zero3    ZeRO-3 weak scaling against ZeRO-3 on 1 GPU, PyTorch FSDP2 beside it
 #   big      olmo-7b and llama-8b under ZeRO-3 at KILN_BIG_LENGTHS (4096 8192), --recompute=KILN_BIG_RECOMPUTE
@@ -68,7 +68,10 @@ intime() {
   return 1
 }
 # cap N: a run's time limit, N seconds or what is left before the deadline (and 20 s more), whichever is less,
-# so that a run which overruns its estimate (a slow kernel, a hang) still leaves the call its table
+# so that a run which overruns its estimate (a slow kernel, a hang) still leaves the call its table. Each
+# limit is `timeout -k 20`: SIGTERM (kiln launch forwards it; a rank in a hang never ends its step), then
+# SIGKILL to launch, whose ranks then get their second SIGTERM (PR_SET_PDEATHSIG) and exit at once. (Session
+# 14: a hung run held its call for 580 s past a 180 s limit before these.)
 cap() {
   local left=$((DEADLINE + 20 - $(date +%s) + t0))
   [ "$left" -lt 10 ] && left=10
@@ -89,27 +92,29 @@ PY
 if has tests; then # the attention kernels written without a GPU, against the CPU, before anything runs on them:
   # the block op's (both families) and the wgmma backward (dQ by REDs and by TMA)
   for f in attention_block wgmma; do
-    KILN_TEST_FILTER="*$f*" timeout "$(cap 200)" "$BUILD/test_cuda_ops" >"$OUT/test_$f.log" 2>&1
+    KILN_TEST_FILTER="*$f*" timeout -k 20 "$(cap 200)" "$BUILD/test_cuda_ops" >"$OUT/test_$f.log" 2>&1
     echo "| test_cuda_ops $f | exit $?: $(grep -c ' PASS' "$OUT/test_$f.log") PASS, $(grep -c ' FAIL' "$OUT/test_$f.log") FAIL |" |
       tee -a "$OUT/table.md"
     grep ' FAIL' "$OUT/test_$f.log" | head -5
   done
   # and their speed at the 1.3B shape's heads: a ring step of a 64k sequence, and the whole 64k (wgmma, wgmma-red)
-  timeout "$(cap 120)" "$BUILD/attn_bench" block 65536 16 128 2>&1 | grep '^block' | tee -a "$OUT/table.md"
-  timeout "$(cap 120)" "$BUILD/attn_bench" 1 65536 16 128 2>&1 | grep -E ' wgmma' | cut -c1-150 | tee -a "$OUT/table.md"
+  timeout -k 20 "$(cap 120)" "$BUILD/attn_bench" block 65536 16 128 2>&1 | grep '^block' | tee -a "$OUT/table.md"
+  timeout -k 20 "$(cap 120)" "$BUILD/attn_bench" 1 65536 16 128 2>&1 | grep -E ' wgmma' | cut -c1-150 | tee -a "$OUT/table.md"
 fi
 
 if has correct; then
-# correctness: N GPUs (NCCL) against 1, same global batch, deterministic kernels
+# correctness: N GPUs (NCCL) against 1, same global batch, deterministic kernels; a hang ends within 90 s
+# with the watchdog's report (RUN/hang/rank-N.txt: the collective and the rank that did not join it)
 a=(--layers=4 --heads=4 --dim=256 --seq=256 --block-size=256 --batch=4 --total-batch=$((4 * 256 * NG * 2)) --max-steps=12
   --eval-every=6 --quiet --log-every=1 --device=${KILN_BENCH_DEVICE:-cuda} --deterministic=1 --bucket-mb=1 --schedule=constant --warmup=0
-  --lr=1e-3 --ckpt-every=6)
-timeout "$(cap 120)" "$K" train "${a[@]}" --out=/tmp/m1 >"$OUT/one.log" 2>&1
+  --lr=1e-3 --ckpt-every=6 --hang-timeout=90)
+timeout -k 20 "$(cap 120)" "$K" train "${a[@]}" --out=/tmp/m1 >"$OUT/one.log" 2>&1
 echo "1 GPU: exit $?"
 for z in ${KILN_CORRECT_ZERO-0 1 2 3}; do
-  timeout "$(cap 180)" "$K" launch --nproc-per-node=$NG --max-restarts=0 -- "${a[@]}" --zero=$z --out=/tmp/mn$z \
+  timeout -k 20 "$(cap 180)" "$K" launch --nproc-per-node=$NG --max-restarts=0 -- "${a[@]}" --zero=$z --out=/tmp/mn$z \
     >"$OUT/nccl-z$z.log" 2>&1
   echo "$NG GPUs zero $z: exit $? $(grep -m1 -i error "$OUT/nccl-z$z.log")"
+  cp -r /tmp/mn$z/hang "$OUT/hang-z$z" 2>/dev/null
 done
 # one sequence split over the GPUs (sp = NG, dp = 1): the same tokens per step as one GPU
 # (ringtc: the ring on the tensor-core block kernels, KILN_ATTN_BLOCK=tc; ringwg: on the Hopper kernels,
@@ -121,21 +126,22 @@ for mode in ${KILN_CORRECT_SP-ulysses ulysses1 ring ringtc ringwg}; do
   [ $mode = ringtc ] && blk=tc
   [ $mode = ringwg ] && blk=wgmma det=(--deterministic=0)
   [ $mode = ulysses1 ] && spm=ulysses det=(--batch=1)
-  KILN_ATTN_BLOCK=$blk timeout "$(cap 180)" "$K" launch --nproc-per-node=$NG \
+  KILN_ATTN_BLOCK=$blk timeout -k 20 "$(cap 180)" "$K" launch --nproc-per-node=$NG \
     --max-restarts=0 -- "${a[@]}" "${det[@]}" --sp=$NG --sp-mode=$spm --out=/tmp/mn$mode \
     >"$OUT/nccl-$mode.log" 2>&1
   echo "$NG GPUs sp $mode: exit $? $(grep -m1 -i error "$OUT/nccl-$mode.log")"
+  cp -r /tmp/mn$mode/hang "$OUT/hang-$mode" 2>/dev/null
 done
 # the same ring over MPI, both ranks on GPU 0 (operands staged through the host, no overlap): where this
 # matches one GPU as closely as Ulysses does and NCCL's ring does not, the NCCL path is at fault, not numerics
 if command -v mpirun >/dev/null && [ -n "${KILN_CORRECT_MPI-1}" ]; then
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES=0 timeout "$(cap 180)" mpirun --oversubscribe \
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES=0 timeout -k 20 "$(cap 180)" mpirun --oversubscribe \
     --bind-to none -np $NG "$K" train "${a[@]}" --sp=$NG --sp-mode=ring --comm=mpi --out=/tmp/mnmpiring \
     >"$OUT/mpi-ring.log" 2>&1
   echo "$NG MPI ranks on one GPU, sp ring: exit $?"
 fi
 cp -r /tmp/mn2 /tmp/mr1 2>/dev/null
-timeout "$(cap 120)" "$K" train "${a[@]}" --max-steps=18 --out=/tmp/mr1 >"$OUT/resume1.log" 2>&1
+timeout -k 20 "$(cap 120)" "$K" train "${a[@]}" --max-steps=18 --out=/tmp/mr1 >"$OUT/resume1.log" 2>&1
 echo "resume of the $NG-GPU ZeRO-2 checkpoint on 1 GPU: exit $? $(grep -m1 resuming "$OUT/resume1.log")"
 python3 - "$NG" "$OUT" <<'PY' | tee -a "$OUT/table.md"
 import json, sys
@@ -181,10 +187,10 @@ for shape in "124m --preset=gpt2-124m --batch=32" "350m --preset=gpt2-350m --bat
   for gd in fp32 bf16; do
     one=(--grad-dtype=$gd)
     many=(--reduce-dtype=$gd)
-    timeout "$(cap 200)" "$K" train "${w[@]}" "${one[@]}" --out=/tmp/w1-$name-$gd >"$OUT/w1-$name.log" 2>&1
+    timeout -k 20 "$(cap 200)" "$K" train "${w[@]}" "${one[@]}" --out=/tmp/w1-$name-$gd >"$OUT/w1-$name.log" 2>&1
     ms1=$(median /tmp/w1-$name-$gd/metrics.jsonl)
     for z in 0 1 2; do
-      timeout "$(cap 240)" "$K" launch --nproc-per-node=$NG --max-restarts=0 -- "${w[@]}" "${many[@]}" --zero=$z \
+      timeout -k 20 "$(cap 240)" "$K" launch --nproc-per-node=$NG --max-restarts=0 -- "${w[@]}" "${many[@]}" --zero=$z \
         --out=/tmp/wn-$name-$z-$gd >"$OUT/wn-$name-$z.log" 2>&1
       msn=$(median /tmp/wn-$name-$z-$gd/metrics.jsonl 2>/dev/null || echo nan)
       cw=$(tail -1 /tmp/wn-$name-$z-$gd/metrics.jsonl 2>/dev/null | grep -o '"comm_wait_ms":[0-9.]*')
@@ -217,12 +223,12 @@ if has scale; then
       --warmup=5 --device="${KILN_BENCH_DEVICE:-cuda}" --eval-every=0 --checkpoint=0 --save-model=0 --quiet
       --log-every=1)
     intime 40 "$shape kiln" || break
-    timeout "$(cap 200)" "$K" train "${w[@]}" --grad-dtype=fp32 --out=/tmp/s1-$shape >"$OUT/scale.log" 2>&1
+    timeout -k 20 "$(cap 200)" "$K" train "${w[@]}" --grad-dtype=fp32 --out=/tmp/s1-$shape >"$OUT/scale.log" 2>&1
     read -r ms1 tok1 gib1 mfu1 < <(kstats /tmp/s1-$shape/metrics.jsonl)
     echo "| $shape B=$B, kiln 1 GPU | $tok1 tok/s ($ms1 ms, MFU $mfu1%, $gib1 GiB) |" | tee -a "$OUT/table.md"
     for z in ${KILN_SCALE_ZERO:-0 1 2 3}; do
       intime 40 "$shape kiln zero $z" || break
-      timeout "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --zero=$z \
+      timeout -k 20 "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --zero=$z \
         --out=/tmp/sn-$shape-$z >>"$OUT/scale.log" 2>&1
       read -r msn tokn gibn mfun < <(kstats /tmp/sn-$shape-$z/metrics.jsonl)
       cw=$(python3 -c "
@@ -247,13 +253,13 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
       ms1e=$ms1 envs=(env) flags=()
       if [[ $e == --* ]]; then
         flags=("$e")
-        timeout "$(cap 200)" "$K" train "${w[@]}" "$e" --out=/tmp/sc1-$shape >>"$OUT/scale.log" 2>&1
+        timeout -k 20 "$(cap 200)" "$K" train "${w[@]}" "$e" --out=/tmp/sc1-$shape >>"$OUT/scale.log" 2>&1
         read -r ms1e _ < <(kstats /tmp/sc1-$shape/metrics.jsonl)
         rm -rf /tmp/sc1-$shape
       else
         envs=(env "$e")
       fi
-      "${envs[@]}" timeout "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" "${flags[@]}" \
+      "${envs[@]}" timeout -k 20 "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" "${flags[@]}" \
         --zero="$ez" --out=/tmp/sc-$shape >>"$OUT/scale.log" 2>&1
       read -r msn tokn gibn mfun < <(kstats /tmp/sc-$shape/metrics.jsonl)
       echo "| $shape B=$B, kiln $NG GPUs zero $ez, $e | $msn ms (1 GPU: $ms1e ms): efficiency $(python3 -c "print(f'{$ms1e / $msn * 100:.1f}%')" 2>/dev/null) |" |
@@ -262,23 +268,24 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
     done
     if [ -n "${KILN_SCALE_TRACE-1}" ] && intime 40 "$shape kiln zero 0, traced"; then
       rm -f /tmp/tr-$shape.csv*
-      KILN_TRACE_COMM=/tmp/tr-$shape.csv timeout "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" \
+      KILN_TRACE_COMM=/tmp/tr-$shape.csv timeout -k 20 "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" \
         --zero=0 --out=/tmp/st-$shape >>"$OUT/scale.log" 2>&1
       tr="no trace came out (KILN_TRACE_COMM is the NCCL transport's)"
       [ -s /tmp/tr-$shape.csv.rank0 ] && tr=$(python3 bench/overlap.py /tmp/tr-$shape.csv.rank0 25% 2>&1 | sed 's/^trace //' | tr '\n' ';')
       echo "| $shape B=$B, kiln $NG GPUs zero 0, traced (rank 0, after the first quarter) | $tr |" | tee -a "$OUT/table.md"
       rm -rf /tmp/st-$shape
     fi
+    [ -z "${KILN_SCALE_TORCH-1}" ] && continue # (KILN_SCALE_TORCH=: kiln's rows alone)
     p=(bench/torch_fsdp.py --layers $L --dim $D --heads $H --batch $B --seq 1024 --compile 1 --steps 15 --warmup 5)
     intime 100 "$shape PyTorch" || break
-    timeout "$(cap 300)" python3 "${p[@]}" --fsdp 0 >"$OUT/t1.log" 2>>"$OUT/scale.log"
+    timeout -k 20 "$(cap 300)" python3 "${p[@]}" --fsdp 0 >"$OUT/t1.log" 2>>"$OUT/scale.log"
     read -r ttok1 tms1 tgib1 < <(torch_tok "$OUT/t1.log")
     echo "| $shape B=$B, PyTorch compile 1 GPU | $ttok1 tok/s ($tms1 ms, $tgib1 GiB) |" | tee -a "$OUT/table.md"
     for f in 0 1; do
       name=DDP
       [ $f = 1 ] && name=FSDP2
       intime 120 "$shape PyTorch $name" || break
-      timeout "$(cap 300)" torchrun --standalone --nproc-per-node="$NG" "${p[@]}" --fsdp $f >"$OUT/tn.log" 2>>"$OUT/scale.log"
+      timeout -k 20 "$(cap 300)" torchrun --standalone --nproc-per-node="$NG" "${p[@]}" --fsdp $f >"$OUT/tn.log" 2>>"$OUT/scale.log"
       read -r ttok tms tgib < <(torch_tok "$OUT/tn.log")
       echo "| $shape B=$B, PyTorch $name $NG GPUs | $ttok tok/s per GPU ($tms ms, $tgib GiB): efficiency $(python3 -c "print(f'{$ttok / $ttok1 * 100:.1f}%')" 2>/dev/null) |" |
         tee -a "$OUT/table.md"
@@ -295,16 +302,16 @@ if has zero3; then
     shift 2
     w=(--data=random --seq=1024 --batch="$B" --max-steps=30 --warmup=5 --device=cuda --eval-every=0 --checkpoint=0
       --save-model=0 --quiet --log-every=1 --zero=3 --comm=nccl "$@")
-    timeout "$(cap 300)" "$K" train "${w[@]}" --out=/tmp/z1-$name >"$OUT/z3.log" 2>&1
+    timeout -k 20 "$(cap 300)" "$K" train "${w[@]}" --out=/tmp/z1-$name >"$OUT/z3.log" 2>&1
     read -r ms1 tok1 gib1 mfu1 < <(kstats /tmp/z1-$name/metrics.jsonl)
-    timeout "$(cap 300)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --out=/tmp/zn-$name >>"$OUT/z3.log" 2>&1
+    timeout -k 20 "$(cap 300)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" --out=/tmp/zn-$name >>"$OUT/z3.log" 2>&1
     read -r msn tokn gibn mfun < <(kstats /tmp/zn-$name/metrics.jsonl)
     eff=$(python3 -c "print(f'{$ms1 / $msn * 100:.1f}%')" 2>/dev/null)
     read -r L D H < <(echo "$@" | python3 -c "
 import re, sys
 a = sys.stdin.read(); g = lambda k, d: int(re.search(k + r'=(\d+)', a).group(1)) if re.search(k + r'=(\d+)', a) else d
 print(g('--layers', 24 if '350m' in a else 12), g('--dim', 1024 if '350m' in a else 768), g('--heads', 16 if '350m' in a else 12))")
-    t=$(timeout "$(cap 400)" torchrun --standalone --nproc-per-node="$NG" bench/torch_fsdp.py --layers "$L" --dim "$D" \
+    t=$(timeout -k 20 "$(cap 400)" torchrun --standalone --nproc-per-node="$NG" bench/torch_fsdp.py --layers "$L" --dim "$D" \
       --heads "$H" --batch "$B" --seq 1024 --fsdp 1 --compile 1 --steps 20 --warmup 5 2>>"$OUT/z3.log" | grep '^{' | tail -1)
     ttok=$(echo "$t" | python3 -c "import json, sys; print(json.load(sys.stdin)['tokens_per_s'])" 2>/dev/null || echo "failed")
     echo "| $name ZeRO-3, $NG GPUs | $(python3 -c "print(round($tokn / $NG))" 2>/dev/null) tok/s per GPU ($msn ms, MFU $mfun%, $gibn GiB); 1 GPU $tok1 ($ms1 ms): efficiency $eff; PyTorch FSDP2 $ttok tok/s per GPU |" |
@@ -323,7 +330,7 @@ if has big; then
       touch "$OUT/big.log"
       n0=$(wc -l <"$OUT/big.log")
       # shellcheck disable=SC2086 # (KILN_BIG_FLAGS: words)
-      timeout "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset="$m" --seq="$T" --block-size="$T" --batch="${KILN_BIG_BATCH:-1}" \
+      timeout -k 20 "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset="$m" --seq="$T" --block-size="$T" --batch="${KILN_BIG_BATCH:-1}" \
         --zero=3 --recompute="${KILN_BIG_RECOMPUTE:-auto}" --data=random --max-steps=8 --warmup=2 --device="${KILN_BENCH_DEVICE:-cuda}" --eval-every=0 \
         --checkpoint=0 --save-model=0 --quiet --log-every=1 ${KILN_BIG_FLAGS:-} --out=/tmp/big >>"$OUT/big.log" 2>&1
       rc=$?
@@ -336,7 +343,7 @@ if has big; then
       # whole-block activation checkpointing (PyTorch has no selective recompute of kiln's kind)
       [ "$m" = llama-8b ] && [ -n "${KILN_BIG_TORCH-1}" ] || continue
       intime 75 "$m PyTorch FSDP2, T=$T" || break
-      timeout "$(cap 400)" torchrun --standalone --nproc-per-node="$NG" bench/torch_fsdp.py --arch llama --layers 32 \
+      timeout -k 20 "$(cap 400)" torchrun --standalone --nproc-per-node="$NG" bench/torch_fsdp.py --arch llama --layers 32 \
         --dim 4096 --heads 32 --kv-heads 8 --ffn 14336 --batch "${KILN_BIG_BATCH:-1}" --seq "$T" --ckpt 1 \
         --compile 1 --steps 5 --warmup 3 --fsdp 1 >"$OUT/tbig.log" 2>>"$OUT/big.log"
       read -r ttok tms tgib < <(torch_tok "$OUT/tbig.log")
@@ -365,7 +372,7 @@ if has long; then
       [ $((T / NG)) -gt 131072 ] && rec=block # selective keeps each layer's attention output: too much past 128k
       intime 90 "1.3B, $T tokens, sp $NG $mode" || break
       rm -rf /tmp/long
-      KILN_ATTN_BLOCK=$blk timeout "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset=gpt2-124m \
+      KILN_ATTN_BLOCK=$blk timeout -k 20 "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset=gpt2-124m \
         --layers=24 --dim=2048 --heads=16 --pos=rope --batch=1 --seq="$T" --block-size="$T" --sp="$NG" --sp-mode=$spmode "${extra[@]}" \
         --recompute=$rec --offload=$off --zero=$zero --data=random --max-steps=3 --warmup=1 --device=cuda --eval-every=0 \
         --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/long >>"$OUT/long.log" 2>&1
@@ -381,7 +388,7 @@ if has long; then
   for T in ${KILN_LONG_LENGTHS:-131072 524288 1048576 2097152}; do
     [ -n "${KILN_LONG_TORCH-1}" ] || break
     intime 75 "1.3B, $T tokens, PyTorch context parallel over $NG" || break
-    timeout "$(cap 400)" torchrun --standalone --nproc-per-node="$NG" bench/torch_cp.py --layers 24 --dim 2048 \
+    timeout -k 20 "$(cap 400)" torchrun --standalone --nproc-per-node="$NG" bench/torch_cp.py --layers 24 --dim 2048 \
       --heads 16 --seq "$T" --steps 2 --warmup 1 >"$OUT/tcp.log" 2>>"$OUT/long.log"
     read -r ttok tms tgib < <(torch_tok "$OUT/tcp.log")
     echo "| 1.3B, $T tokens, PyTorch context parallel over $NG GPUs (RoPE, block checkpointing) | $ttok tok/s ($tms ms, $tgib GiB a GPU) |" |
@@ -404,14 +411,14 @@ if has faults && intime 90 "faults"; then
   echo "| SIGKILL of one of $NG ranks | launch exit $?; restarts: $(wc -l </tmp/fk/restarts.jsonl 2>/dev/null); last step $(tail -1 /tmp/fk/metrics.jsonl | grep -o '"step":[0-9]*') |" |
     tee -a "$OUT/table.md"
   rm -rf /tmp/fs
-  timeout "$(cap 120)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${f[@]}" --hang-timeout=5 --inject-stall=1:20 \
+  timeout -k 20 "$(cap 120)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${f[@]}" --hang-timeout=5 --inject-stall=1:20 \
     --out=/tmp/fs >>"$OUT/faults.log" 2>&1
   echo "| a stalled rank (1 of $NG) | exit $?; kiln doctor: $("$K" doctor /tmp/fs 2>&1 | grep -m1 -i 'rank 1')" | tee -a "$OUT/table.md"
   for n in 2 1; do
     [ "$n" -ge "$NG" ] && continue
     rm -rf /tmp/fr$n
     cp -r /tmp/fk /tmp/fr$n
-    timeout "$(cap 200)" "$K" launch --nproc-per-node=$n --max-restarts=0 -- "${f[@]}" --zero=2 --max-steps=420 --out=/tmp/fr$n \
+    timeout -k 20 "$(cap 200)" "$K" launch --nproc-per-node=$n --max-restarts=0 -- "${f[@]}" --zero=2 --max-steps=420 --out=/tmp/fr$n \
       >>"$OUT/faults.log" 2>&1
     echo "| the $NG-GPU checkpoint resumed on $n | exit $?; $(grep -m1 -o 'resuming[^;]*' /tmp/fr$n/*.log "$OUT/faults.log" 2>/dev/null | head -1); last step $(tail -1 /tmp/fr$n/metrics.jsonl | grep -o '"step":[0-9]*') |" |
       tee -a "$OUT/table.md"

@@ -1,5 +1,7 @@
 // kiln train: parse options, train, report. SIGTERM, SIGINT and SIGUSR1 (Slurm's pre-emption warning) finish
-// the current step, save a checkpoint and exit with KILN_EXIT_STOPPED (75); a second SIGINT exits at once.
+// the current step, save a checkpoint and exit with KILN_EXIT_STOPPED (75). A SIGTERM or SIGINT after any of
+// them exits at once (128 + the signal): a rank stuck in a hang never reaches the end of its step, and
+// `timeout`, Slurm and kiln launch follow their first signal with another.
 // SIGUSR2 dumps the flight recorder and every thread's stack (RUN/hang/rank-N-usr2.txt) and goes on.
 #include <math.h>
 #include <signal.h>
@@ -12,14 +14,16 @@
 #include "dist/watchdog.h"
 #include "train/trainer.h"
 
-static volatile sig_atomic_t n_sigint = 0;
+static volatile sig_atomic_t n_stop_signals = 0;
 
 static void on_stop_signal(int sig) {
-    if (sig == SIGINT && n_sigint++) {
-        static const char msg[] = "\nkiln: second SIGINT: exiting now, without a checkpoint\n";
-        ssize_t w = write(2, msg, sizeof(msg) - 1);
+    if (n_stop_signals++ && (sig == SIGINT || sig == SIGTERM)) {
+        static const char int_msg[] = "\nkiln: second SIGINT: exiting now, without a checkpoint\n";
+        static const char term_msg[] = "\nkiln: second SIGTERM: exiting now, without a checkpoint\n";
+        ssize_t w =
+            sig == SIGINT ? write(2, int_msg, sizeof(int_msg) - 1) : write(2, term_msg, sizeof(term_msg) - 1);
         (void)w;
-        _exit(130);
+        _exit(128 + sig);
     }
     kiln_train_request_stop(sig);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Signals: SIGTERM and SIGUSR1 finish the step, save a checkpoint and exit 75; the same command resumes and
-# ends with the uninterrupted run's weights. SIGINT does the same; a second SIGINT exits at once (130).
+# ends with the uninterrupted run's weights. SIGINT does the same; a second SIGINT exits at once (130), and a
+# second SIGTERM (143).
 source "$(dirname "$0")/lib.sh" signals "$@"
 
 SEED=$((RANDOM * 32768 + RANDOM))
@@ -45,5 +46,21 @@ wait $pid
 rc=$?
 [ $rc -eq 130 ] || [ $rc -eq 75 ] && ok || bad "two SIGINTs: exit $rc"
 [ $rc -eq 130 ] && { grep -q "second SIGINT" "$T/err" && ok || bad "no second-SIGINT message: $(cat "$T/err")"; }
+
+# a rank stuck where no step ends (--inject-stall): the first SIGTERM asks for a stop that never comes, the
+# second exits at once, with status 143 (128 + SIGTERM) and a line saying so
+"$KILN" train "${args[@]}" --inject-stall=0:3 --out="$T/term2" 2>"$T/err" &
+pid=$!
+for _ in $(seq 500); do grep -q "inject-stall: sleeping" "$T/err" 2>/dev/null && break; sleep 0.01; done
+kill -TERM $pid
+sleep 0.2
+kill -0 $pid 2>/dev/null && ok || bad "a stalled run ended on its first SIGTERM"
+kill -TERM $pid
+for _ in $(seq 500); do kill -0 $pid 2>/dev/null || break; sleep 0.01; done
+kill -0 $pid 2>/dev/null && { kill -KILL $pid; bad "a stalled run outlived its second SIGTERM by 5 s"; }
+wait $pid
+rc=$?
+[ $rc -eq 143 ] && ok || bad "two SIGTERMs to a stalled run: exit $rc, expected 143: $(cat "$T/err")"
+grep -q "second SIGTERM: exiting now" "$T/err" && ok || bad "no second-SIGTERM message: $(cat "$T/err")"
 
 finish
