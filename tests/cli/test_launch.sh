@@ -53,20 +53,7 @@ ls "$T/e/ckpt" | grep -q '^step_' && ok || bad "no checkpoint after SIGTERM"
 # a stalled child (--inject-stall) never ends its step: the first SIGTERM is forwarded and waits, the second
 # SIGKILLs the group, and launch returns at once
 "$KILN" launch --max-restarts=0 -- "${args[@]}" --max-steps=100000 --inject-stall=0:3 --out="$T/s" 2>"$T/err" &
-pid=$!
-for _ in $(seq 500); do grep -q "inject-stall: sleeping" "$T/err" 2>/dev/null && break; sleep 0.01; done
-kill -TERM $pid
-sleep 0.3
-kill -0 $pid 2>/dev/null && ok || bad "launch ended on the first SIGTERM while its child was stalled"
-kill -TERM $pid
-for _ in $(seq 500); do kill -0 $pid 2>/dev/null || break; sleep 0.01; done
-if kill -0 $pid 2>/dev/null; then
-  kill -KILL $pid
-  bad "launch outlived a second SIGTERM by 5 s"
-else
-  wait $pid
-  ok
-fi
+term_twice $! "$T/err" "launch with a stalled child"
 pgrep -f -- "--out=$T/s" >/dev/null && bad "the stalled child outlived launch" || ok
 
 finish

@@ -50,16 +50,8 @@ rc=$?
 # a rank stuck where no step ends (--inject-stall): the first SIGTERM asks for a stop that never comes, the
 # second exits at once, with status 143 (128 + SIGTERM) and a line saying so
 "$KILN" train "${args[@]}" --inject-stall=0:3 --out="$T/term2" 2>"$T/err" &
-pid=$!
-for _ in $(seq 500); do grep -q "inject-stall: sleeping" "$T/err" 2>/dev/null && break; sleep 0.01; done
-kill -TERM $pid
-sleep 0.2
-kill -0 $pid 2>/dev/null && ok || bad "a stalled run ended on its first SIGTERM"
-kill -TERM $pid
-for _ in $(seq 500); do kill -0 $pid 2>/dev/null || break; sleep 0.01; done
-kill -0 $pid 2>/dev/null && { kill -KILL $pid; bad "a stalled run outlived its second SIGTERM by 5 s"; }
-wait $pid
-rc=$?
+term_twice $! "$T/err" "a stalled run"
+rc=$term_rc
 [ $rc -eq 143 ] && ok || bad "two SIGTERMs to a stalled run: exit $rc, expected 143: $(cat "$T/err")"
 grep -q "second SIGTERM: exiting now" "$T/err" && ok || bad "no second-SIGTERM message: $(cat "$T/err")"
 
