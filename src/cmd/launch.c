@@ -18,15 +18,15 @@
 //           for root), and mpirun brings every rank down when one dies.
 // The children share one process group of their own, so that a terminal's Ctrl-C reaches them once, through
 // launch, and get SIGTERM if launch dies. SIGTERM, SIGINT and SIGUSR1 are forwarded to every child: the ranks
-// save a checkpoint and exit 75, and launch exits 75 too. A SIGTERM or SIGINT after the first signal
-// SIGKILLs the group (ranks stuck in a hang never end their step). When every child exits 0, launch exits 0.
-// A child that exits with another status or dies by a signal has crashed; in env mode launch then sends
-// SIGTERM to the other ranks, SIGKILL to the whole process group after --grace seconds (default 10), reaps
-// every rank and kills whatever the ranks left behind in the group, so that no process outlives the group. A
-// usage error (2) is not retried; after any other crash launch waits backoff * 2^(k-1) seconds (at most
-// backoff-max) and restarts the whole group, up to max-restarts times, and appends one line per restart to
-// RUN/restarts.jsonl, naming in env mode the rank that failed first. When it gives up it exits with that
-// child's status (128 + signal for a signal).
+// save a checkpoint and exit 75, and launch exits 75 too. A SIGINT after the first signal, or a SIGTERM a
+// second or more after it, SIGKILLs the group (ranks stuck in a hang never end their step). When every child
+// exits 0, launch exits 0. A child that exits with another status or dies by a signal has crashed; in env
+// mode launch then sends SIGTERM to the other ranks, SIGKILL to the whole process group after --grace seconds
+// (default 10), reaps every rank and kills whatever the ranks left behind in the group, so that no process
+// outlives the group. A usage error (2) is not retried; after any other crash launch waits backoff * 2^(k-1)
+// seconds (at most backoff-max) and restarts the whole group, up to max-restarts times, and appends one line
+// per restart to RUN/restarts.jsonl, naming in env mode the rank that failed first. When it gives up it exits
+// with that child's status (128 + signal for a signal).
 //
 // Several nodes (--nnodes=M > 1, --node-rank=I, the same --master-addr and --master-port on every node): the
 // launchers meet first. Node 0's launcher serves a TCP store (dist/store.h) at --master-port on every
@@ -83,17 +83,31 @@ static volatile sig_atomic_t got_signal = 0;
 static volatile sig_atomic_t n_signals = 0;
 static volatile sig_atomic_t children_pgid = 0; // the children's process group (0: none running)
 
-// The first signal is forwarded, and the ranks checkpoint and exit 75. A SIGTERM or SIGINT after it ends the
-// group at once (SIGKILL), as a second Ctrl-C does: the ranks may be stuck where no step ends.
+static struct timespec first_signal; // when the first came (written once, by the handler)
+
+// The first signal is forwarded, and the ranks checkpoint and exit 75. A SIGINT after it, or a SIGTERM a
+// second or more after it, ends the group at once (SIGKILL), as a second Ctrl-C does: the ranks may be stuck
+// where no step ends. A SIGTERM within the second is the first again (Slurm signals every process of a
+// step): the ranks have it already.
 static void on_signal(int sig) {
-    got_signal = sig;
-    if (n_signals++ && (sig == SIGTERM || sig == SIGINT) && children_pgid > 0) {
-        kill(-(pid_t)children_pgid, SIGKILL);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double since =
+        (double)(now.tv_sec - first_signal.tv_sec) + (double)(now.tv_nsec - first_signal.tv_nsec) * 1e-9;
+    if (n_signals && (sig == SIGINT || sig == SIGTERM)) {
+        if (sig == SIGTERM && since < 1.0)
+            return;
+        if (children_pgid > 0)
+            kill(-(pid_t)children_pgid, SIGKILL);
         for (int i = 0; i < n_children; i++) // one that has left the group
             if (child_pids[i] > 0)
                 kill((pid_t)child_pids[i], SIGKILL);
+        got_signal = sig;
         return;
     }
+    if (!n_signals++)
+        first_signal = now;
+    got_signal = sig;
     for (int i = 0; i < n_children; i++)
         if (child_pids[i] > 0)
             kill((pid_t)child_pids[i], sig);

@@ -1,12 +1,13 @@
 // kiln train: parse options, train, report. SIGTERM, SIGINT and SIGUSR1 (Slurm's pre-emption warning) finish
-// the current step, save a checkpoint and exit with KILN_EXIT_STOPPED (75). A SIGTERM or SIGINT after any of
-// them exits at once (128 + the signal): a rank stuck in a hang never reaches the end of its step, and
-// `timeout`, Slurm and kiln launch follow their first signal with another.
-// SIGUSR2 dumps the flight recorder and every thread's stack (RUN/hang/rank-N-usr2.txt) and goes on.
+// the current step, save a checkpoint and exit with KILN_EXIT_STOPPED (75). A SIGINT after any of them, or a
+// SIGTERM a second or more after it, exits at once (128 + the signal): a rank stuck in a hang never reaches
+// the end of its step, and `timeout -k`, Slurm and a dying kiln launch follow their first signal with
+// another. SIGUSR2 dumps the flight recorder and every thread's stack (RUN/hang/rank-N-usr2.txt) and goes on.
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cmd/cmd.h"
@@ -15,9 +16,20 @@
 #include "train/trainer.h"
 
 static volatile sig_atomic_t n_stop_signals = 0;
+static struct timespec first_stop; // when the first stop signal came (written once, by the handler)
 
+// Seconds since the first stop signal (async-signal-safe: clock_gettime is).
+static double since_first_stop(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - first_stop.tv_sec) + (double)(now.tv_nsec - first_stop.tv_nsec) * 1e-9;
+}
+
+// A second SIGINT exits at once; so does a SIGTERM a second or more after the first stop signal. One
+// within the second is the same request twice (Slurm signals every process of a step, and kiln launch
+// forwards its own copy), and the checkpoint goes on.
 static void on_stop_signal(int sig) {
-    if (n_stop_signals++ && (sig == SIGINT || sig == SIGTERM)) {
+    if (n_stop_signals && (sig == SIGINT || (sig == SIGTERM && since_first_stop() >= 1.0))) {
         static const char int_msg[] = "\nkiln: second SIGINT: exiting now, without a checkpoint\n";
         static const char term_msg[] = "\nkiln: second SIGTERM: exiting now, without a checkpoint\n";
         ssize_t w =
@@ -25,6 +37,8 @@ static void on_stop_signal(int sig) {
         (void)w;
         _exit(128 + sig);
     }
+    if (!n_stop_signals++)
+        clock_gettime(CLOCK_MONOTONIC, &first_stop);
     kiln_train_request_stop(sig);
 }
 

@@ -721,8 +721,6 @@ void kiln_ckpt_writer_free(struct kiln_ckpt_writer *w) {
         return;
     prefault_join(w);
     kiln_ckpt_writer_abandon(w); // (a commit is collective: the caller's join, where every rank makes it)
-    if (w->running)              // a one-process write
-        kiln_ckpt_writer_join(w, NULL, NULL);
     float *bufs[3] = {w->params, w->m, w->v};
     for (int i = 0; i < 3; i++) {
         if (w->pinned)

@@ -50,6 +50,16 @@ rc=$?
 [ ! -e "$T/e/restarts.jsonl" ] && ok || bad "a forwarded SIGTERM caused a restart"
 ls "$T/e/ckpt" | grep -q '^step_' && ok || bad "no checkpoint after SIGTERM"
 
+# two SIGTERMs at once (as Slurm's, to launch and to its ranks, with launch's own copy): one request
+"$KILN" launch --backoff=0 -- "${args[@]}" --max-steps=100000 --out="$T/d" 2>"$T/err" &
+pid=$!
+for _ in $(seq 300); do [ -s "$T/d/metrics.jsonl" ] && break; sleep 0.01; done
+kill -TERM $pid
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 75 ] && ls "$T/d/ckpt" | grep -q '^step_' && ok || bad "two SIGTERMs at once to launch: exit $rc: $(cat "$T/err")"
+
 # a stalled child (--inject-stall) never ends its step: the first SIGTERM is forwarded and waits, the second
 # SIGKILLs the group, and launch returns at once
 "$KILN" launch --max-restarts=0 -- "${args[@]}" --max-steps=100000 --inject-stall=0:3 --out="$T/s" 2>"$T/err" &

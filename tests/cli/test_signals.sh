@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Signals: SIGTERM and SIGUSR1 finish the step, save a checkpoint and exit 75; the same command resumes and
 # ends with the uninterrupted run's weights. SIGINT does the same; a second SIGINT exits at once (130), and a
-# second SIGTERM (143).
+# second SIGTERM a second or more after the first (143); two SIGTERMs at once are one request.
 source "$(dirname "$0")/lib.sh" signals "$@"
 
 SEED=$((RANDOM * 32768 + RANDOM))
@@ -46,6 +46,18 @@ wait $pid
 rc=$?
 [ $rc -eq 130 ] || [ $rc -eq 75 ] && ok || bad "two SIGINTs: exit $rc"
 [ $rc -eq 130 ] && { grep -q "second SIGINT" "$T/err" && ok || bad "no second-SIGINT message: $(cat "$T/err")"; }
+
+# two SIGTERMs at once (Slurm signals every process of a step, and kiln launch forwards its own): one
+# request, so the run checkpoints and exits 75
+"$KILN" train "${args[@]}" --max-steps=100000 --out="$T/dup" 2>"$T/err" &
+pid=$!
+for _ in $(seq 200); do [ -s "$T/dup/metrics.jsonl" ] && break; sleep 0.01; done
+kill -TERM $pid
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 75 ] && ok || bad "two SIGTERMs at once: exit $rc, expected 75: $(cat "$T/err")"
+ls "$T/dup/ckpt" | grep -q '^step_' && ok || bad "two SIGTERMs at once: no checkpoint"
 
 # a rank stuck where no step ends (--inject-stall): the first SIGTERM asks for a stop that never comes, the
 # second exits at once, with status 143 (128 + SIGTERM) and a line saying so
