@@ -6,7 +6,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dist/comm.h"
 #include "io/fsutil.h"
@@ -445,6 +447,7 @@ struct kiln_ckpt_writer {
     int awaiting; // begun, not yet finished
     _Atomic int files_done;
     double began_s;
+    int delay_ms; // KILN_CKPT_DELAY_MS (tests): rank r's files wait (r + 1) x this before they are written
 };
 
 // a group's files: rank 0 the weights and its shard, the others their shards
@@ -458,6 +461,8 @@ static void *writer_main(void *arg) {
     struct kiln_ckpt_writer *w = arg;
     double t0 = kiln_now_s();
     if (w->dp) { // the files alone: the save's collectives stay on the training thread
+        if (w->delay_ms > 0)
+            usleep((useconds_t)w->delay_ms * 1000u * (useconds_t)(w->grp.rank + 1));
         struct kiln_ckpt_file files[2];
         int n = group_files(w, files);
         kiln_ckpt_group_write(&w->part, files, n, &w->err);
@@ -709,6 +714,8 @@ void kiln_ckpt_writer_create_group(struct kiln_ckpt_writer **out, const char *ru
     w->shard_elems = n ? r[n - 1].state_offset + (r[n - 1].hi - r[n - 1].lo) : 0;
     snprintf(w->shard_name, sizeof(w->shard_name), "optim-%05d-of-%05d.safetensors", w->grp.rank,
              w->grp.size);
+    const char *delay = getenv("KILN_CKPT_DELAY_MS"); // (train/tuning.h)
+    w->delay_ms = delay ? atoi(delay) : 0;
     // the moments' snapshot buffers hold total floats: the shard fits (it is at most the whole)
     w->shard[0] = (struct kiln_st_tensor){.name = "m", .dtype = KILN_ST_F32, .ndim = 1, .data = w->m};
     w->shard[0].shape[0] = (int64_t)w->shard_elems;

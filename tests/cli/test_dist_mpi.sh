@@ -82,6 +82,26 @@ cp -r "$T/zero1" "$T/re41"
 "$KILN" train "${args[@]}" --max-steps=12 --out="$T/re41" 2>"$T/err" || bad "resume 4 -> 1 failed: $(tail -3 "$T/err")"
 same_run "$T/single12" "$T/re41" 2e-5 && ok || bad "4 ranks -> 1 process left the trajectory"
 
+# slow checkpoint writers (rank r's files wait (r + 1) x 150 ms, steps take a few ms): each checkpoint is
+# installed steps after it began, at a step boundary every rank agrees on, or when the next one begins; the
+# run's weights are the same bits as without checkpoints, and with the last one removed the run resumes from
+# the one before (which must verify) to the same weights
+"${MPI[@]}" -np 3 -x KILN_CKPT_DELAY_MS=150 "$KILN" train "${args[@]}" --max-steps=8 --ckpt-every=2 \
+  --out="$T/slow" 2>"$T/err" || bad "slow writers: the run failed: $(tail -3 "$T/err")"
+cmp -s "$T/ddp3/model.safetensors" "$T/slow/model.safetensors" && ok || bad "slow writers changed the weights"
+ls "$T/slow/ckpt" | grep -q '^step_00000008$' && [ -f "$T/slow/ckpt/step_00000008/state.json" ] && ok ||
+  bad "slow writers: no step-8 checkpoint: $(ls "$T/slow/ckpt")"
+python3 -c "
+import json, sys
+w = [r['prev_ckpt_write_ms'] for r in map(json.loads, open('$T/slow/metrics.jsonl')) if 'prev_ckpt_write_ms' in r]
+sys.exit(0 if w and max(w) >= 450 else 1)" && ok || bad "slow writers: no write took the 3 ranks' 450 ms"
+rm -rf "$T/slow/ckpt/step_00000008" "$T/slow/model.safetensors"
+echo step_00000006 >"$T/slow/ckpt/latest"
+"${MPI[@]}" -np 3 "$KILN" train "${args[@]}" --max-steps=8 --ckpt-every=2 --out="$T/slow" 2>"$T/err" ||
+  bad "slow writers: the resume failed: $(tail -3 "$T/err")"
+grep -q "resuming from .*step_00000006" "$T/err" && ok || bad "slow writers: did not resume from step 6 (it must verify): $(cat "$T/err")"
+cmp -s "$T/ddp3/model.safetensors" "$T/slow/model.safetensors" && ok || bad "slow writers: the resume left the weights"
+
 # the same world size: bit-exact (a checkpoint at step 4, killed by --inject-crash, resumed)
 "${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=12 --zero=2 --out="$T/s2" 2>/dev/null || bad "straight 2-rank run failed"
 "${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=12 --zero=2 --ckpt-every=4 --inject-crash=7 --out="$T/c2" >/dev/null 2>&1
