@@ -11,6 +11,13 @@ fail=0
 ok() { pass=$((pass + 1)); }
 bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
 
+# flip_byte FILE POS: inverts the byte at POS (negative: from the end), so that the file surely changes (a
+# fixed byte written there may be the one already there)
+flip_byte() {
+  python3 -c "import sys; p = int(sys.argv[2]); b = bytearray(open(sys.argv[1], 'rb').read()); b[p] ^= 0xFF
+open(sys.argv[1], 'wb').write(b)" "$1" "$2"
+}
+
 # term_twice PID ERRFILE WHAT: PID (a run stalled by --inject-stall, its stderr in ERRFILE) outlives one
 # SIGTERM and ends within 5 s of a second, 1.2 s later (one within a second is the same request twice);
 # checks both, and leaves the exit status in $term_rc.

@@ -120,7 +120,7 @@ for idx in 0 1; do
   rm -rf "$T/cv"
   cp -r "$T/c2" "$T/cv"
   f="$T/cv/ckpt/$(basename "$ck")/${listed[$idx]}"
-  python3 -c "import sys; b = bytearray(open(sys.argv[1], 'rb').read()); b[-1] ^= 1; open(sys.argv[1], 'wb').write(b)" "$f"
+  flip_byte "$f" -1
   "${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=14 --zero=2 --ckpt-every=4 --out="$T/cv" 2>"$T/err" ||
     bad "resume past a corrupt ${listed[$idx]} failed: $(tail -3 "$T/err")"
   grep -q "checkpoint .*$(basename "$ck") is unusable (corrupt checkpoint ($f): sha256 .*, found by rank $idx)" "$T/err" &&
@@ -175,7 +175,7 @@ expect_error 2 "reduce-dtype bf16 on device cpu" -- train "${small[@]}" --reduce
 # a damaged optimizer shard: the checkpoint does not verify, is named with its file, and nothing is overwritten
 cp -r "$T/zero2" "$T/bad"
 f="$T/bad/ckpt/step_00000008/optim-00001-of-00004.safetensors"
-printf 'X' | dd of="$f" bs=1 seek=200 conv=notrunc 2>/dev/null
+flip_byte "$f" 200
 "${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=12 --out="$T/bad" 2>"$T/err"
 [ $? -ne 0 ] && grep -q "optim-00001-of-00004.safetensors" "$T/err" && grep -q "none of the 1 checkpoints" "$T/err" && ok ||
   bad "a damaged shard: $(grep -v ORTE "$T/err" | head -5)"

@@ -73,7 +73,7 @@ PY
 # a damaged byte in the data: every reader refuses it, naming the file
 cp -r "$RUN" "$T/dmg"
 size=$(stat -c %s "$T/dmg/model.safetensors")
-printf '\x7f' | dd of="$T/dmg/model.safetensors" bs=1 seek=$((size - 2)) conv=notrunc 2>/dev/null
+flip_byte "$T/dmg/model.safetensors" $((size - 2))
 expect_error 1 "checksum mismatch ($T/dmg/model.safetensors)" -- sample --run="$T/dmg" --max-tokens=5 --device=cpu
 expect_error 1 "checksum mismatch ($T/dmg/model.safetensors)" -- logits --run="$T/dmg" --tokens=1,2,3
 expect_error 1 "checksum mismatch ($T/dmg/model.safetensors)" -- export --run="$T/dmg" --format=hf --out="$T/dmg.hf"
