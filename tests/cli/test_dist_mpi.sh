@@ -102,6 +102,23 @@ echo step_00000006 >"$T/slow/ckpt/latest"
 grep -q "resuming from .*step_00000006" "$T/err" && ok || bad "slow writers: did not resume from step 6 (it must verify): $(cat "$T/err")"
 cmp -s "$T/ddp3/model.safetensors" "$T/slow/model.safetensors" && ok || bad "slow writers: the resume left the weights"
 
+# a stop (SIGUSR1, which mpirun forwards) while slow writers still write a checkpoint: that one is installed
+# first, then the stop's, and the run exits 75; resumed, it ends with the straight run's weights
+"${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=30 --out="$T/st0" 2>/dev/null || bad "straight 30 steps failed"
+"${MPI[@]}" -np 2 -x KILN_CKPT_DELAY_MS=200 "$KILN" train "${args[@]}" --max-steps=30 --ckpt-every=3 \
+  --out="$T/stop" 2>"$T/err" &
+job=$!
+for _ in $(seq 400); do grep -q '"step":7,' "$T/stop/metrics.jsonl" 2>/dev/null && break; sleep 0.02; done
+kill -USR1 $job
+wait $job
+rc=$?
+step=$(sed -n 's/.*after step \([0-9]*\).*/\1/p' "$T/err" | head -1)
+[ $rc -eq 75 ] && [ -n "$step" ] && [ -f "$T/stop/ckpt/$(printf 'step_%08d' "$step")/state.json" ] && ok ||
+  bad "a stop during a slow checkpoint: exit $rc, step '$step': $(ls "$T/stop/ckpt" 2>&1) $(tail -3 "$T/err")"
+"${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=30 --ckpt-every=3 --out="$T/stop" 2>"$T/err" ||
+  bad "resume after the stop failed: $(tail -3 "$T/err")"
+cmp -s "$T/st0/model.safetensors" "$T/stop/model.safetensors" && ok || bad "the stopped and resumed run left the weights"
+
 # the same world size: bit-exact (a checkpoint at step 4, killed by --inject-crash, resumed)
 "${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=12 --zero=2 --out="$T/s2" 2>/dev/null || bad "straight 2-rank run failed"
 "${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=12 --zero=2 --ckpt-every=4 --inject-crash=7 --out="$T/c2" >/dev/null 2>&1
