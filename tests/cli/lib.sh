@@ -18,6 +18,17 @@ flip_byte() {
 open(sys.argv[1], 'wb').write(b)" "$1" "$2"
 }
 
+# signal_twice PID RUN SIG: once RUN/metrics.jsonl has a line (training is under way), SIG twice at once to
+# PID; leaves its exit status in $twice_rc.
+signal_twice() {
+  local pid=$1 run=$2 sig=$3
+  for _ in $(seq 300); do [ -s "$run/metrics.jsonl" ] && break; sleep 0.01; done
+  kill -"$sig" "$pid"
+  kill -"$sig" "$pid"
+  wait "$pid"
+  twice_rc=$?
+}
+
 # term_twice PID ERRFILE WHAT: PID (a run stalled by --inject-stall, its stderr in ERRFILE) outlives one
 # SIGTERM and ends within 5 s of a second, 1.2 s later (one within a second is the same request twice);
 # checks both, and leaves the exit status in $term_rc.

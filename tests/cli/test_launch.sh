@@ -52,12 +52,8 @@ ls "$T/e/ckpt" | grep -q '^step_' && ok || bad "no checkpoint after SIGTERM"
 
 # two SIGTERMs at once (as Slurm's, to launch and to its ranks, with launch's own copy): one request
 "$KILN" launch --backoff=0 -- "${args[@]}" --max-steps=100000 --out="$T/d" 2>"$T/err" &
-pid=$!
-for _ in $(seq 300); do [ -s "$T/d/metrics.jsonl" ] && break; sleep 0.01; done
-kill -TERM $pid
-kill -TERM $pid
-wait $pid
-rc=$?
+signal_twice $! "$T/d" TERM
+rc=$twice_rc
 [ $rc -eq 75 ] && ls "$T/d/ckpt" | grep -q '^step_' && ok || bad "two SIGTERMs at once to launch: exit $rc: $(cat "$T/err")"
 
 # a stalled child (--inject-stall) never ends its step: the first SIGTERM is forwarded and waits, the second

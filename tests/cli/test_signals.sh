@@ -38,24 +38,16 @@ done
 
 # two SIGINTs: out at once, with status 130
 "$KILN" train "${args[@]}" --max-steps=100000 --out="$T/int2" 2>"$T/err" &
-pid=$!
-for _ in $(seq 200); do [ -s "$T/int2/metrics.jsonl" ] && break; sleep 0.01; done
-kill -INT $pid
-kill -INT $pid
-wait $pid
-rc=$?
+signal_twice $! "$T/int2" INT
+rc=$twice_rc
 [ $rc -eq 130 ] || [ $rc -eq 75 ] && ok || bad "two SIGINTs: exit $rc"
 [ $rc -eq 130 ] && { grep -q "second SIGINT" "$T/err" && ok || bad "no second-SIGINT message: $(cat "$T/err")"; }
 
 # two SIGTERMs at once (Slurm signals every process of a step, and kiln launch forwards its own): one
 # request, so the run checkpoints and exits 75
 "$KILN" train "${args[@]}" --max-steps=100000 --out="$T/dup" 2>"$T/err" &
-pid=$!
-for _ in $(seq 200); do [ -s "$T/dup/metrics.jsonl" ] && break; sleep 0.01; done
-kill -TERM $pid
-kill -TERM $pid
-wait $pid
-rc=$?
+signal_twice $! "$T/dup" TERM
+rc=$twice_rc
 [ $rc -eq 75 ] && ok || bad "two SIGTERMs at once: exit $rc, expected 75: $(cat "$T/err")"
 ls "$T/dup/ckpt" | grep -q '^step_' && ok || bad "two SIGTERMs at once: no checkpoint"
 
