@@ -413,10 +413,11 @@ static int save_prepare(const char *run_dir, const char *ckpt_dir, const char *n
     return 0;
 }
 
-// Rank 0 of the group: state.json with every part's hash, then the rename that makes the checkpoint exist.
+// Rank 0 of the group: state.json with every part's hash, then the rename that makes the checkpoint exist;
+// the pruning by the policy too unless deferred (kiln_ckpt_prune later).
 static int save_install(const char *run_dir, const char *ckpt_dir, const char *name, const char *tmp,
                         int64_t step, const cJSON *state_json, cJSON *hashes,
-                        const struct kiln_ckpt_policy *policy, struct kiln_error *err) {
+                        const struct kiln_ckpt_policy *policy, int defer_prune, struct kiln_error *err) {
     char final[1200], p[1400];
     snprintf(final, sizeof(final), "%s/%s", ckpt_dir, name);
     cJSON *state = state_json ? cJSON_Duplicate(state_json, 1) : cJSON_CreateObject();
@@ -447,9 +448,16 @@ static int save_install(const char *run_dir, const char *ckpt_dir, const char *n
     int n = snprintf(latest_text, sizeof(latest_text), "%s\n", name);
     snprintf(p, sizeof(p), "%s/latest", ckpt_dir);
     rc = kiln_write_file_atomic(p, latest_text, (size_t)n, err);
-    if (!rc)
+    if (!rc && !defer_prune)
         rc = prune(run_dir, ckpt_dir, step, policy, err);
     return rc;
+}
+
+int kiln_ckpt_prune(const char *run_dir, int64_t saved_step, const struct kiln_ckpt_policy *policy,
+                    struct kiln_error *err) {
+    char ckpt_dir[1024];
+    int rc = kiln_path_join(ckpt_dir, sizeof(ckpt_dir), run_dir, "ckpt", err);
+    return rc ? rc : prune(run_dir, ckpt_dir, saved_step, policy, err);
 }
 
 static int check_files(const char *run_dir, int64_t step, const struct kiln_ckpt_file *files, int n_files,
@@ -557,7 +565,7 @@ int kiln_ckpt_group_finish(struct kiln_ckpt_part *part, const char *run_dir, con
             }
         }
         rc = save_install(run_dir, part->ckpt_dir, part->name, part->tmp, step, state_json, hashes, policy,
-                          err);
+                          part->defer_prune, err);
     }
     if (all != part->mine)
         free(all);

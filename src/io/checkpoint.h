@@ -65,6 +65,7 @@ struct kiln_ckpt_part {
     char ckpt_dir[1024], name[64], tmp[1200];
     char mine[KILN_CKPT_RECORD]; // this rank's files and hashes, from write
     int write_rc;                // write's result (0: every file durable)
+    int defer_prune;             // set after begin: finish leaves the pruning to kiln_ckpt_prune
 };
 int kiln_ckpt_group_begin(struct kiln_ckpt_part *part, const char *run_dir, int64_t step,
                           const struct kiln_ckpt_file *files, int n_files, const cJSON *state_json,
@@ -74,6 +75,10 @@ int kiln_ckpt_group_write(struct kiln_ckpt_part *part, const struct kiln_ckpt_fi
 int kiln_ckpt_group_finish(struct kiln_ckpt_part *part, const char *run_dir, const cJSON *state_json,
                            const struct kiln_ckpt_policy *policy, const struct kiln_ckpt_group *grp,
                            struct kiln_error *err);
+// The pruning a save does after installing step saved_step (rank 0's, no collectives: any thread), for a
+// finish that deferred it: deleting old checkpoints can take long on a network filesystem.
+int kiln_ckpt_prune(const char *run_dir, int64_t saved_step, const struct kiln_ckpt_policy *policy,
+                    struct kiln_error *err);
 
 // Checks one checkpoint directory: state.json parses, has the format tag (and a step matching the
 // directory name), every listed file exists with the right sha256, and every .safetensors file opens.

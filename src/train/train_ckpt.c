@@ -448,6 +448,9 @@ struct kiln_ckpt_writer {
     _Atomic int files_done;
     double began_s;
     int delay_ms; // KILN_CKPT_DELAY_MS (tests): rank r's files wait (r + 1) x this before they are written
+    // rank 0: the step whose install's pruning is still to do (-1: none). A commit at a step boundary leaves
+    // it to the next write's thread (deleting old checkpoints can take long), join does it at once.
+    int64_t prune_step;
 };
 
 // a group's files: rank 0 the weights and its shard, the others their shards
@@ -463,9 +466,17 @@ static void *writer_main(void *arg) {
     if (w->dp) { // the files alone: the save's collectives stay on the training thread
         if (w->delay_ms > 0)
             usleep((useconds_t)w->delay_ms * 1000u * (useconds_t)(w->grp.rank + 1));
+        int rc = 0;
+        if (w->prune_step >= 0) { // the previous install's (reported with this write)
+            rc = kiln_ckpt_prune(w->run_dir, w->prune_step, &w->policy, &w->err);
+            w->prune_step = -1;
+        }
         struct kiln_ckpt_file files[2];
         int n = group_files(w, files);
-        kiln_ckpt_group_write(&w->part, files, n, &w->err);
+        if (rc)
+            w->part.write_rc = rc;
+        else
+            kiln_ckpt_group_write(&w->part, files, n, &w->err);
         atomic_store(&w->files_done, 1);
         return NULL;
     }
@@ -506,6 +517,7 @@ void kiln_ckpt_writer_create(struct kiln_ckpt_writer **out, const char *run_dir,
                              const struct kiln_param_table *pt, const struct kiln_ckpt_policy *policy,
                              struct kiln_backend *be) {
     struct kiln_ckpt_writer *w = kiln_xcalloc(1, sizeof(*w));
+    w->prune_step = -1;
     snprintf(w->run_dir, sizeof(w->run_dir), "%s", run_dir);
     w->pt = pt;
     w->policy = *policy;
@@ -568,6 +580,8 @@ int kiln_ckpt_writer_commit(struct kiln_ckpt_writer *w, struct kiln_error *err) 
     thread_join(w);
     w->awaiting = 0;
     int rc = kiln_ckpt_group_finish(&w->part, w->run_dir, w->state, &w->policy, &w->grp, &w->err);
+    if (!rc && w->grp.rank == 0)
+        w->prune_step = w->part.step;
     cJSON_Delete(w->state);
     w->state = NULL;
     w->write_ms = (kiln_now_s() - w->began_s) * 1e3;
@@ -585,17 +599,33 @@ void kiln_ckpt_writer_abandon(struct kiln_ckpt_writer *w) {
     }
 }
 
-int kiln_ckpt_writer_join(struct kiln_ckpt_writer *w, double *wait_ms, struct kiln_error *err) {
-    double t0 = kiln_now_s();
+// The write in flight, done: a group's committed (collective), a one-process write joined; with prune_now,
+// rank 0's deferred pruning too (start leaves it to the next write's thread).
+static int settle(struct kiln_ckpt_writer *w, int prune_now, struct kiln_error *err) {
     int rc = 0;
     if (w->awaiting) {
-        rc = kiln_ckpt_writer_commit(w, err);
+        rc = kiln_ckpt_writer_commit(w, err); // (joins the thread)
     } else if (w->running) {
         thread_join(w);
         if ((rc = w->rc) && err)
             *err = w->err;
         w->rc = 0;
     }
+    if (prune_now && w->prune_step >= 0) {
+        int prc = kiln_ckpt_prune(w->run_dir, w->prune_step, &w->policy, &w->err);
+        w->prune_step = -1;
+        if (prc && !rc) {
+            rc = prc;
+            if (err)
+                *err = w->err;
+        }
+    }
+    return rc;
+}
+
+int kiln_ckpt_writer_join(struct kiln_ckpt_writer *w, double *wait_ms, struct kiln_error *err) {
+    double t0 = kiln_now_s();
+    int rc = settle(w, 1, err);
     if (wait_ms)
         *wait_ms = (kiln_now_s() - t0) * 1e3;
     return rc;
@@ -604,7 +634,7 @@ int kiln_ckpt_writer_join(struct kiln_ckpt_writer *w, double *wait_ms, struct ki
 int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64_t step, cJSON *state,
                            double *stall_ms, struct kiln_error *err) {
     double t0 = kiln_now_s();
-    int rc = kiln_ckpt_writer_join(w, NULL, err);
+    int rc = settle(w, 0, err);
     if (rc) {
         cJSON_Delete(state);
         return rc;
@@ -662,6 +692,7 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64
             w->state = NULL;
             return rc;
         }
+        w->part.defer_prune = 1;
         w->awaiting = 1;
     }
     if (pthread_create(&w->thread, NULL, writer_main, w)) {

@@ -86,9 +86,12 @@ same_run "$T/single12" "$T/re41" 2e-5 && ok || bad "4 ranks -> 1 process left th
 # installed steps after it began, at a step boundary every rank agrees on, or when the next one begins; the
 # run's weights are the same bits as without checkpoints, and with the last one removed the run resumes from
 # the one before (which must verify) to the same weights
-"${MPI[@]}" -np 3 -x KILN_CKPT_DELAY_MS=150 "$KILN" train "${args[@]}" --max-steps=8 --ckpt-every=2 \
+"${MPI[@]}" -np 3 -x KILN_CKPT_DELAY_MS=150 "$KILN" train "${args[@]}" --max-steps=8 --ckpt-every=2 --keep-last=2 \
   --out="$T/slow" 2>"$T/err" || bad "slow writers: the run failed: $(tail -3 "$T/err")"
 cmp -s "$T/ddp3/model.safetensors" "$T/slow/model.safetensors" && ok || bad "slow writers changed the weights"
+# (the pruning of each install runs on the next write's thread, and the last one's at the end)
+[ "$(ls "$T/slow/ckpt" | grep '^step_' | tr '\n' ' ')" = "step_00000006 step_00000008 " ] && ok ||
+  bad "slow writers, --keep-last=2: $(ls "$T/slow/ckpt")"
 ls "$T/slow/ckpt" | grep -q '^step_00000008$' && [ -f "$T/slow/ckpt/step_00000008/state.json" ] && ok ||
   bad "slow writers: no step-8 checkpoint: $(ls "$T/slow/ckpt")"
 python3 -c "
@@ -97,7 +100,7 @@ w = [r['prev_ckpt_write_ms'] for r in map(json.loads, open('$T/slow/metrics.json
 sys.exit(0 if w and max(w) >= 450 else 1)" && ok || bad "slow writers: no write took the 3 ranks' 450 ms"
 rm -rf "$T/slow/ckpt/step_00000008" "$T/slow/model.safetensors"
 echo step_00000006 >"$T/slow/ckpt/latest"
-"${MPI[@]}" -np 3 "$KILN" train "${args[@]}" --max-steps=8 --ckpt-every=2 --out="$T/slow" 2>"$T/err" ||
+"${MPI[@]}" -np 3 "$KILN" train "${args[@]}" --max-steps=8 --ckpt-every=2 --keep-last=2 --out="$T/slow" 2>"$T/err" ||
   bad "slow writers: the resume failed: $(tail -3 "$T/err")"
 grep -q "resuming from .*step_00000006" "$T/err" && ok || bad "slow writers: did not resume from step 6 (it must verify): $(cat "$T/err")"
 cmp -s "$T/ddp3/model.safetensors" "$T/slow/model.safetensors" && ok || bad "slow writers: the resume left the weights"
