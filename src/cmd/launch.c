@@ -83,19 +83,16 @@ static volatile sig_atomic_t got_signal = 0;
 static volatile sig_atomic_t n_signals = 0;
 static volatile sig_atomic_t children_pgid = 0; // the children's process group (0: none running)
 
-static struct timespec first_signal; // when the first came (written once, by the handler)
+static double first_signal_s; // when the first came (kiln_now_s: clock_gettime, async-signal-safe)
 
 // The first signal is forwarded, and the ranks checkpoint and exit 75. A SIGINT after it, or a SIGTERM a
 // second or more after it, ends the group at once (SIGKILL), as a second Ctrl-C does: the ranks may be stuck
 // where no step ends. A SIGTERM within the second is the first again (Slurm signals every process of a
 // step): the ranks have it already.
 static void on_signal(int sig) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double since =
-        (double)(now.tv_sec - first_signal.tv_sec) + (double)(now.tv_nsec - first_signal.tv_nsec) * 1e-9;
+    double now = kiln_now_s();
     if (n_signals && (sig == SIGINT || sig == SIGTERM)) {
-        if (sig == SIGTERM && since < 1.0)
+        if (sig == SIGTERM && now - first_signal_s < 1.0)
             return;
         if (children_pgid > 0)
             kill(-(pid_t)children_pgid, SIGKILL);
@@ -106,7 +103,7 @@ static void on_signal(int sig) {
         return;
     }
     if (!n_signals++)
-        first_signal = now;
+        first_signal_s = now;
     got_signal = sig;
     for (int i = 0; i < n_children; i++)
         if (child_pids[i] > 0)

@@ -7,29 +7,22 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cmd/cmd.h"
 #include "dist/comm.h"
 #include "dist/watchdog.h"
 #include "train/trainer.h"
+#include "util/progress.h"
 
 static volatile sig_atomic_t n_stop_signals = 0;
-static struct timespec first_stop; // when the first stop signal came (written once, by the handler)
-
-// Seconds since the first stop signal (async-signal-safe: clock_gettime is).
-static double since_first_stop(void) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)(now.tv_sec - first_stop.tv_sec) + (double)(now.tv_nsec - first_stop.tv_nsec) * 1e-9;
-}
+static double first_stop_s; // when the first stop signal came (kiln_now_s: clock_gettime, async-signal-safe)
 
 // A second SIGINT exits at once; so does a SIGTERM a second or more after the first stop signal. One
 // within the second is the same request twice (Slurm signals every process of a step, and kiln launch
 // forwards its own copy), and the checkpoint goes on.
 static void on_stop_signal(int sig) {
-    if (n_stop_signals && (sig == SIGINT || (sig == SIGTERM && since_first_stop() >= 1.0))) {
+    if (n_stop_signals && (sig == SIGINT || (sig == SIGTERM && kiln_now_s() - first_stop_s >= 1.0))) {
         static const char int_msg[] = "\nkiln: second SIGINT: exiting now, without a checkpoint\n";
         static const char term_msg[] = "\nkiln: second SIGTERM: exiting now, without a checkpoint\n";
         ssize_t w =
@@ -38,7 +31,7 @@ static void on_stop_signal(int sig) {
         _exit(128 + sig);
     }
     if (!n_stop_signals++)
-        clock_gettime(CLOCK_MONOTONIC, &first_stop);
+        first_stop_s = kiln_now_s();
     kiln_train_request_stop(sig);
 }
 
