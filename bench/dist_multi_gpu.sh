@@ -250,14 +250,16 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
     ez=${KILN_SCALE_ENV_ZERO:-0}
     for e in ${KILN_SCALE_NCCL_ENV-NCCL_PROTO=Simple KILN_GEMM_SM_MARGIN=16 --bucket-mb=100 --reduce-dtype=bf16 KILN_NCCL_STREAM_PRIORITY=high}; do
       intime 60 "$shape kiln zero $ez, $e" || break
+      # (an entry may join levers with +: --reduce-dtype=bf16+NCCL_PROTO=Simple)
       ms1e=$ms1 envs=(env) flags=()
-      if [[ $e == --* ]]; then
-        flags=("$e")
-        timeout -k 20 "$(cap 200)" "$K" train "${w[@]}" "$e" --out=/tmp/sc1-$shape >>"$OUT/scale.log" 2>&1
+      IFS=+ read -ra parts <<<"$e"
+      for part in "${parts[@]}"; do
+        if [[ $part == --* ]]; then flags+=("$part"); else envs+=("$part"); fi
+      done
+      if [ ${#flags[@]} -gt 0 ]; then
+        timeout -k 20 "$(cap 200)" "$K" train "${w[@]}" "${flags[@]}" --out=/tmp/sc1-$shape >>"$OUT/scale.log" 2>&1
         read -r ms1e _ < <(kstats /tmp/sc1-$shape/metrics.jsonl)
         rm -rf /tmp/sc1-$shape
-      else
-        envs=(env "$e")
       fi
       "${envs[@]}" timeout -k 20 "$(cap 200)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- "${w[@]}" "${flags[@]}" \
         --zero="$ez" --out=/tmp/sc-$shape >>"$OUT/scale.log" 2>&1

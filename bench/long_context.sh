@@ -62,6 +62,34 @@ mfu = statistics.median(r.get("mfu", 0) for r in timed)  # from the GPU's peak; 
 print(f'{tok:.0f} {mfu * 989:.1f} {100 * mfu:.1f} {rows[-1]["peak_mem_bytes"] / 2**30:.1f}')
 PY
 }
+# kiln_run T OFFLOAD STEPS DIR: one kiln run at length T into DIR (its log appended to runs.log); false, with
+# the failure's row in the table, where it wrote no metrics
+kiln_run() {
+  rm -rf "$4"
+  # shellcheck disable=SC2086
+  timeout 560 "$K" train $SHAPE --pos=rope --batch=1 --seq="$1" --block-size="$1" --recompute="$RECOMPUTE" \
+    --offload="$2" --data=random --max-steps="$3" --warmup=1 --device="$DEVICE" \
+    --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1 --out="$4" >"$OUT/run.log" 2>&1
+  local rc=$?
+  { echo "== $1 ($2): exit $rc"; cat "$OUT/run.log" "$4/metrics.jsonl" 2>/dev/null; } >>"$OUT/runs.log"
+  [ -s "$4/metrics.jsonl" ] && return 0
+  echo "| $1 | failed: $(grep -v "^\s" "$OUT/run.log" | tail -1) | | | | $2 | | | |" | tee -a "$OUT/table.md"
+  return 1
+}
+# torch_run T: PyTorch (eager, SDPA, checkpointing) at length T; sets ttok (tokens/s, or why it failed) and tgib
+torch_run() {
+  timeout 400 python3 .peer/bench/torch_gpt.py --layers 24 --dim 2048 --heads 16 --batch 1 --seq "$1" --ckpt 1 \
+    --compile 0 --steps 6 --warmup 2 >"$OUT/torch.log" 2>&1
+  cat "$OUT/torch.log" >>"$OUT/runs.log"
+  local line
+  line=$(grep '^{' "$OUT/torch.log" | tail -1)
+  if [ -n "$line" ]; then
+    ttok=$(echo "$line" | python3 -c "import json, sys; print(round(json.load(sys.stdin)['tok_per_s']))")
+    tgib=$(echo "$line" | python3 -c "import json, sys; d = json.load(sys.stdin); print(round(d['peak_mem_GiB'], 1))")
+  else
+    ttok="failed: $(tail -1 "$OUT/torch.log" | cut -c1-60)"
+  fi
+}
 echo "kiln --recompute=$RECOMPUTE" >"$OUT/table.md"
 # the same rows for kiln plot: a bar group a length, kiln's and PyTorch's tokens/s and TFLOPS per GPU
 echo "tokens,impl,tokens_per_s,tflops_per_gpu,peak_gib" >"$OUT/long_context.csv"
@@ -75,32 +103,35 @@ for T in $LENGTHS; do
   [ "$T" -le 262144 ] && steps=3
   [ "$T" -le 65536 ] && steps=5
   [ "$T" -le 16384 ] && steps=10
-  rm -rf "$dir"
-  # shellcheck disable=SC2086
-  timeout 560 "$K" train $SHAPE --pos=rope --batch=1 --seq="$T" --block-size="$T" --recompute="$RECOMPUTE" \
-    --offload=$off --data=random --max-steps="$steps" --warmup=1 --device="$DEVICE" \
-    --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1 --out="$dir" >"$OUT/run.log" 2>&1
-  rc=$?
-  { echo "== $T ($off): exit $rc"; cat "$OUT/run.log" "$dir/metrics.jsonl" 2>/dev/null; } >>"$OUT/runs.log"
-  if [ ! -s "$dir/metrics.jsonl" ]; then
-    echo "| $T | failed: $(grep -v "^\s" "$OUT/run.log" | tail -1) | | | | $off | | | |" | tee -a "$OUT/table.md"
-    continue
-  fi
-  read -r tok tf mfu gib < <(stats "$dir/metrics.jsonl")
-  ttok="" tgib="" ratio=""
-  if [ "$T" -le "$TORCH_MAX" ] && [ "$DEVICE" = cuda ] && [ -f .peer/bench/torch_gpt.py ]; then
-    timeout 400 python3 .peer/bench/torch_gpt.py --layers 24 --dim 2048 --heads 16 --batch 1 --seq "$T" --ckpt 1 \
-      --compile 0 --steps 6 --warmup 2 >"$OUT/torch.log" 2>&1
-    cat "$OUT/torch.log" >>"$OUT/runs.log"
-    line=$(grep '^{' "$OUT/torch.log" | tail -1)
-    if [ -n "$line" ]; then
-      ttok=$(echo "$line" | python3 -c "import json, sys; print(round(json.load(sys.stdin)['tok_per_s']))")
-      tgib=$(echo "$line" | python3 -c "import json, sys; d = json.load(sys.stdin); print(round(d['peak_mem_GiB'], 1))")
-      ratio=$(python3 -c "print(f'{$tok / $ttok:.2f}x')")
-    else
-      ttok="failed: $(tail -1 "$OUT/torch.log" | cut -c1-60)"
+  # KILN_ABBA=1: kiln, PyTorch, PyTorch, kiln at each length, each side's row the mean of its two runs, so
+  # that the GPU's clocks drifting over the call (heat; each side's own power draw) weigh on both alike
+  # (session 15, an H100: kiln ran at 1,770-1,830 MHz, PyTorch after it at 1,350-1,635, both at the 700 W cap)
+  torch_on=""
+  [ "$T" -le "$TORCH_MAX" ] && [ "$DEVICE" = cuda ] && [ -f .peer/bench/torch_gpt.py ] && torch_on=1
+  order="k t"
+  [ -n "${KILN_ABBA:-}" ] && [ -n "$torch_on" ] && order="k t t k"
+  toks=() ttoks=() failed="" ttok="" tgib=""
+  for side in $order; do
+    if [ "$side" = k ]; then
+      kiln_run "$T" "$off" "$steps" "$dir" || { failed=1; break; }
+      read -r tok tf mfu gib < <(stats "$dir/metrics.jsonl")
+      toks+=("$tok")
+    elif [ -n "$torch_on" ]; then
+      torch_run "$T"
+      ttoks+=("$ttok")
     fi
+  done
+  [ -n "$failed" ] && continue
+  ratio=""
+  if [ ${#toks[@]} -gt 1 ]; then
+    echo "$T: kiln runs ${toks[*]} tok/s, PyTorch runs ${ttoks[*]} (kiln, PyTorch, PyTorch, kiln)" | tee -a "$OUT/abba.log"
+    mean=$(python3 -c "print(($(IFS=+; echo "${toks[*]}")) / ${#toks[@]})")
+    tf=$(python3 -c "print(f'{$tf * $mean / $tok:.1f}')")
+    mfu=$(python3 -c "print(f'{$mfu * $mean / $tok:.1f}')")
+    tok=$(python3 -c "print(round(($(IFS=+; echo "${toks[*]}")) / ${#toks[@]}))")
+    [[ "${ttoks[*]}" =~ ^[0-9\ ]+$ ]] && ttok=$(python3 -c "print(round(($(IFS=+; echo "${ttoks[*]}")) / ${#ttoks[@]}))")
   fi
+  [[ $ttok =~ ^[0-9]+$ ]] && ratio=$(python3 -c "print(f'{$tok / $ttok:.2f}x')")
   # (auto: the mode it chose)
   [ "$RECOMPUTE" = auto ] && off="$off, $(grep -o 'recompute=auto: [a-z]*' "$OUT/run.log" | head -1)"
   echo "| $T | $tok | $tf | $mfu | $gib | $off | $ttok | $tgib | $ratio |" | tee -a "$OUT/table.md"

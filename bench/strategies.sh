@@ -6,7 +6,10 @@
 #
 #   bash bench/strategies.sh [--device=cpu|cuda] [--ranks=N] [--steps=N] [--out=DIR] [--models=a,b,c]
 #                            [--recompute=none,block] [--torch=0|1] [--tol=LOSS] [--kiln=PATH]
-#                            [--seq=T] [--global=TOKENS]
+#                            [--seq=T] [--global=TOKENS] [--deadline=SECONDS] [--torch-timeout=SECONDS]
+# --deadline: a row that would start later than this many seconds after the script's start is skipped (and
+# says so in the table), so that a device call's limit still leaves the table written; --torch-timeout caps
+# each PyTorch row (600 s; compiling FSDP2 on 4 ranks takes a minute or more a row).
 # models: a = shakespeare-char, b = gpt2-124m shape at char level (both on the embedded Tiny Shakespeare),
 #         c = gpt2-350m on Gutenberg shards: KILN_GUTENBERG='DIR/train_*.bin' (kiln tokenize's output;
 #             KILN_GUTENBERG_VAL defaults to the same glob with train_ -> val_), or KILN_GUTENBERG_TEXT=FILE
@@ -45,6 +48,7 @@ fi
 
 die() { echo "error: $* " >&2; exit 2; }
 DEVICE=cpu RANKS=2 STEPS="" OUT=/tmp/kiln-strategies MODELS=a RECOMPUTE=none,block TORCH=0 TOL="" KILN="" SEQ="" GLOBAL=""
+DEADLINE="" TORCH_TIMEOUT=600
 for a in "$@"; do
   case $a in
   --device=*) DEVICE=${a#*=} ;;
@@ -58,6 +62,8 @@ for a in "$@"; do
   --kiln=*) KILN=${a#*=} ;;
   --seq=*) SEQ=${a#*=} ;;
   --global=*) GLOBAL=${a#*=} ;;
+  --deadline=*) DEADLINE=${a#*=} ;;
+  --torch-timeout=*) TORCH_TIMEOUT=${a#*=} ;;
   *) die "unknown option '$a' (bench/strategies.sh): see the usage at the top of the script" ;;
   esac
 done
@@ -65,6 +71,8 @@ case $DEVICE in cpu | cuda) ;; *) die "bad --device=$DEVICE (bench/strategies.sh
 [[ $RANKS =~ ^[1-9][0-9]*$ ]] || die "bad --ranks=$RANKS (bench/strategies.sh): a whole number >= 1"
 [ -z "$STEPS" ] && { [ "$DEVICE" = cpu ] && STEPS=20 || STEPS=100; }
 [[ $STEPS =~ ^[1-9][0-9]*$ ]] || die "bad --steps=$STEPS (bench/strategies.sh): a whole number >= 1"
+[ -z "$DEADLINE" ] || [[ $DEADLINE =~ ^[1-9][0-9]*$ ]] || die "bad --deadline=$DEADLINE (bench/strategies.sh): seconds, a whole number >= 1"
+[[ $TORCH_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "bad --torch-timeout=$TORCH_TIMEOUT (bench/strategies.sh): seconds, a whole number >= 1"
 # Tolerance on the final validation loss. The CPU computes in fp32 and the strategies differ only in the order
 # of the gradient sums (docs/distributed.md: 2e-6 after 12 steps), so 1e-3 is a wide margin that still catches
 # a wrong gradient or a skipped shard. On the GPU the compute copy is bf16 (8 significant bits): a row
@@ -169,6 +177,11 @@ run_row() {
   tag=${tag//+/_}
   dir=${dir//+/_}
   rm -rf "$dir" "$OUT/rss.$tag".*
+  if [ -n "$DEADLINE" ] && [ "$SECONDS" -ge "$DEADLINE" ]; then
+    echo "  $strategy ($rc_mode): skipped: past --deadline=$DEADLINE"
+    echo "$model,$strategy,$ranks,$rc_mode,$TRAIN_TOKENS,,,,,,,,,,skipped" >>"$CSV"
+    return
+  fi
   local launch=()
   [ "$ranks" -gt 1 ] && launch=(mpirun --oversubscribe -np "$ranks")
   local t0=$SECONDS
@@ -218,12 +231,20 @@ torch_row() {
   [ "$2" = block ] && ckpt=1
   [ "$n" -gt 1 ] && run=(torchrun --standalone --nproc-per-node="$n")
   # shellcheck disable=SC2086
-  timeout 900 "${run[@]}" bench/torch_fsdp.py --layers="$TL" --heads="$TH" --dim="$TD" --vocab="$VOCAB" --seq="$T" \
+  local limit=$TORCH_TIMEOUT
+  [ -n "$DEADLINE" ] && [ $((DEADLINE - SECONDS)) -lt "$limit" ] && limit=$((DEADLINE - SECONDS))
+  if [ "$limit" -lt 30 ]; then
+    echo "    PyTorch $1 ($2): skipped: past --deadline=$DEADLINE" >&2
+    echo ",,,"
+    return
+  fi
+  timeout -k 10 "$limit" "${run[@]}" bench/torch_fsdp.py --layers="$TL" --heads="$TH" --dim="$TD" --vocab="$VOCAB" --seq="$T" \
     --batch="$B" --accum=$((G / (T * B * n))) --steps="$STEPS" --ckpt="$ckpt" ${TORCH_ROW[$1]} >"$log" 2>&1
   local line
   line=$(grep '^{' "$log" | tail -1)
   if [ -z "$line" ]; then
-    echo "    PyTorch $1 ($2): failed: $(tail -1 "$log")" >&2
+    # (the first Python error names the cause; torchrun's own lines after it are banners)
+    echo "    PyTorch $1 ($2): failed: $(grep -m1 -E '^[A-Za-z_.]*(Error|Exception)|error:' "$log" || tail -1 "$log")" >&2
     echo ",,,"
     return
   fi
@@ -232,6 +253,7 @@ import json, sys
 r = json.loads(sys.argv[1]); k_tok, k_peak, n = float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 tok = r["tokens_per_s"] * n
 print(f'{tok},{r["peak_mem_bytes"]},{k_tok / tok:.2f},{k_peak / r["peak_mem_bytes"]:.2f}')
+print(f'    PyTorch: {tok:.1f} tok/s, kiln {k_tok / tok:.2f}x', file=sys.stderr)
 PY
 }
 
@@ -301,7 +323,7 @@ awk -F, -v tol="$TOL" -v torch="$TORCH_OK" '
     print hdr; print sep
     for (i = 1; i <= n; i++) {
       split(row[i], f, ",")
-      if (f[15] != "ok") { printf "| %s | %s | %s | %s | failed | | | | |\n", f[1], f[2], f[3], f[4]; continue }
+      if (f[15] != "ok") { printf "| %s | %s | %s | %s | %s | | | | |\n", f[1], f[2], f[3], f[4], f[15]; continue }
       flag = (f[10] != "n/a" && (f[10] - med[f[1]] > tol || med[f[1]] - f[10] > tol)) ? " **(off by more than " tol ")**" : ""
       if (flag != "") flagged++
       line = sprintf("| %s | %s | %s | %s | %s | %.0f | %s | %s | %s%s |", f[1], f[2], f[3], f[4], hms(f[6]), f[7], gib(f[8]), gib(f[9]), f[10], flag)

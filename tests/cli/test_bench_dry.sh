@@ -45,6 +45,19 @@ for ranks in 4 2; do
   n=$(wc -l <"$T/checked")
   [ "$n" -ge 20 ] && ok || bad "strategies.sh --ranks=$ranks: only $n kiln runs were checked"
 done
+# --deadline: the rows past it are skipped and the table is still written, each skipped row saying so (a kiln
+# that takes a second a run: the first row or two end past a 2 s deadline, and the other ten or more are skipped)
+printf '#!/usr/bin/env bash\nsleep 1\nexec "%s" "$@"\n' "$PWD/bench/kiln_dry.sh" >"$T/slow_kiln"
+chmod +x "$T/slow_kiln"
+KILN_REAL="$KILN" KILN_DRY_LOG="$T/refused_d" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  timeout 300 bash bench/strategies.sh --device=cuda --ranks=2 --kiln="$T/slow_kiln" --models=a \
+  --torch=0 --deadline=2 --out="$T/strat_d" >"$T/console_d" 2>&1
+rc_=$?
+[ $rc_ -eq 0 ] && ok || bad "strategies.sh --deadline=2: exited $rc_: $(tail -3 "$T/console_d")"
+n=$(grep -c '| skipped |' "$T/strat_d/strategies.md" 2>/dev/null)
+rows=$(grep -c '^| a |' "$T/strat_d/strategies.md" 2>/dev/null)
+[ "${n:-0}" -ge 10 ] && [ "${rows:-0}" -eq 12 ] && ok ||
+  bad "strategies.sh --deadline=2: $n of ${rows:-0} rows skipped in its table (12 rows, 10 or more skipped)"
 # bench/attn_variants.sh's verdict on attn_bench lines (session 12's H100 times, the variants renamed as
 # attn_bench now prints them): a variant wins only where it is more than 1% faster at every shape and passed
 # its checks; the winner's setting is what the next command sources
