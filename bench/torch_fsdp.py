@@ -110,11 +110,15 @@ if a.fsdp or ddp:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
+    # (with CPUOffloadPolicy the gradients and parameters live on the host, and clip_grad_norm_'s reduction of
+    # their norms runs on CPU tensors: NCCL alone has no CPU backend, so several ranks need gloo beside it, as
+    # torchtitan sets up: the likely cause of session 15's failed 4-rank offload rows; at 1 rank nothing reduces)
+    backend = "cuda:nccl,cpu:gloo" if a.offload else "nccl"
     try:
-        dist.init_process_group("nccl", init_method="env://", timeout=datetime.timedelta(seconds=120),
+        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=120),
                                 device_id=dev)
     except Exception as e:
-        fail(f"cannot start the process group (nccl, {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}): {e}")
+        fail(f"cannot start the process group ({backend}, {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}): {e}")
 
 torch.manual_seed(1337)
 if a.arch == "llama" and (a.heads % a.kv_heads or a.dim % a.heads or (a.dim // a.heads) % 2):
