@@ -20,8 +20,8 @@
 #            KILN_BIG_FLAGS (more kiln flags, e.g. --reduce-dtype=bf16);
 #            PyTorch FSDP2 beside llama-8b (KILN_BIG_TORCH= turns it off)
 #   long     the 1.3B shape under KILN_LONG_MODES (ulysses ring hybrid; ring-tc, hybrid-tc: the ring's blocks on
-#            the tensor-core kernels, not the Hopper ones) at KILN_LONG_LENGTHS (128k up), PyTorch's context
-#            parallelism beside it (bench/torch_cp.py)
+#            the tensor-core kernels, not the Hopper ones) at KILN_LONG_LENGTHS (128k up), --recompute=
+#            KILN_LONG_RECOMPUTE (selective; auto from 1M), PyTorch's context parallelism beside it (bench/torch_cp.py)
 #   faults   a SIGKILLed rank resumed by kiln launch, a stalled rank named by kiln doctor, a checkpoint of N
 #            GPUs resumed on 2 and on 1
 #   all      correct and weak (what the first sessions ran)
@@ -367,11 +367,13 @@ if has long; then
     [ "$spmode" = hybrid ] && extra=(--sp-ulysses=2)
     for T in ${KILN_LONG_LENGTHS:-131072 524288 1048576 2097152}; do
       off=none rec=selective zero=0
-      # from 1M on: layer inputs in host memory, and the weights and optimizer sharded over the SP ranks
-      # (ZeRO-3: 2M tokens on 4 GPUs plan 67.5 GiB a GPU that way, under the ring and under Ulysses, neither of
-      # which copies q, k, v into head-sharded buffers of its own since session 12: 79.5 before)
-      [ "$T" -ge 1048576 ] && off=activations zero=3
-      [ $((T / NG)) -gt 131072 ] && rec=block # selective keeps each layer's attention output: too much past 128k
+      # from 1M on: layer inputs (and selective's attention outputs) in host memory, the weights and optimizer
+      # sharded over the SP ranks (ZeRO-3), and the least recompute that fits (auto). 2M tokens on 4 GPUs
+      # plan 72.2 GiB a GPU under selective for Ulysses and the ring, 88.2 for hybrid, 67.5 under block
+      # (kiln info --world=4): selective fits an H100 but for hybrid, and skips the attention's forward in
+      # the backward, about a fifth of the step (tests/cli/test_sp_mpi.sh runs the Ulysses layout)
+      [ "$T" -ge 1048576 ] && off=activations zero=3 rec=auto
+      rec=${KILN_LONG_RECOMPUTE:-$rec}
       intime 90 "1.3B, $T tokens, sp $NG $mode" || break
       rm -rf /tmp/long
       KILN_ATTN_BLOCK=$blk timeout -k 20 "$(cap 560)" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- --preset=gpt2-124m \
@@ -380,6 +382,7 @@ if has long; then
         --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/long >>"$OUT/long.log" 2>&1
       rc=$?
       read -r ms tok gib mfu < <(kstats /tmp/long/metrics.jsonl)
+      [ "$rec" = auto ] && rec="auto ($(grep -o 'recompute=auto: [a-z]*' "$OUT/long.log" | tail -1 | sed 's/.*: //'))"
       echo "| 1.3B, $T tokens, sp $NG $mode | exit $rc: $tok tok/s, $(python3 -c "print(f'{$mfu * 9.89:.0f}')" 2>/dev/null) TFLOPS per GPU (MFU $mfu%), $gib GiB, recompute $rec, offload $off, zero $zero |" |
         tee -a "$OUT/table.md"
       [ $rc -ne 0 ] && { grep -v '^\s' "$OUT/long.log" | tail -2; break; }

@@ -100,6 +100,10 @@ check sp2dp2_zero1 4 --pos=learned --total-batch=256 -- --sp=2 --sp-mode=ring --
 KILN_MLP_ROWS=5 check ring2_offload 2 --pos=rope --recompute=block -- --sp=2 --sp-mode=ring --offload=activations
 # --recompute=selective: the backward uses the kept attention output and log-sum-exp, with no forward ring pass
 check hyb4_selective 4 --pos=rope --recompute=selective -- --sp=4 --sp-mode=hybrid --sp-ulysses=2
+# the 2M-token run's layout on 4 GPUs: Ulysses with one sequence a rank (q, k, v in the all-to-all's buffers),
+# selective recompute, layer inputs and attention outputs offloaded, ZeRO-3 over the SP ranks
+check uly4_b1_sel_off_z3 4 --pos=rope --batch=1 --recompute=selective -- --sp=4 --sp-mode=ulysses \
+  --offload=activations --zero=3
 # six ranks, hybrid 3 x 2: a slot's 24 tokens over 3 Ulysses ranks, so rank 1 holds the end of one chunk and
 # the start of the other (two runs of positions: learned embeddings read both)
 check hyb6_learned 6 --heads=6 --dim=48 --seq=48 --pos=learned -- --sp=6 --sp-mode=hybrid --sp-ulysses=3
