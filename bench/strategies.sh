@@ -230,7 +230,6 @@ torch_row() {
   local log="$OUT/torch.${MODEL}_${1//+/_}_$2.log" ckpt=0 n=${5:-1} run=(python3)
   [ "$2" = block ] && ckpt=1
   [ "$n" -gt 1 ] && run=(torchrun --standalone --nproc-per-node="$n")
-  # shellcheck disable=SC2086
   local limit=$TORCH_TIMEOUT
   [ -n "$DEADLINE" ] && [ $((DEADLINE - SECONDS)) -lt "$limit" ] && limit=$((DEADLINE - SECONDS))
   if [ "$limit" -lt 30 ]; then
@@ -238,13 +237,15 @@ torch_row() {
     echo ",,,"
     return
   fi
+  # shellcheck disable=SC2086
   timeout -k 10 "$limit" "${run[@]}" bench/torch_fsdp.py --layers="$TL" --heads="$TH" --dim="$TD" --vocab="$VOCAB" --seq="$T" \
     --batch="$B" --accum=$((G / (T * B * n))) --steps="$STEPS" --ckpt="$ckpt" ${TORCH_ROW[$1]} >"$log" 2>&1
   local line
   line=$(grep '^{' "$log" | tail -1)
   if [ -z "$line" ]; then
-    # (the first Python error names the cause; torchrun's own lines after it are banners)
-    echo "    PyTorch $1 ($2): failed: $(grep -m1 -E '^[A-Za-z_.]*(Error|Exception)|error:' "$log" || tail -1 "$log")" >&2
+    # (the first Python error names the cause, "[rank0]: " before it under torchrun, whose own banners and
+    # ChildFailedError come after)
+    echo "    PyTorch $1 ($2): failed: $(grep -m1 -E '[A-Za-z_.]+(Error|Exception): ' "$log" || tail -1 "$log")" >&2
     echo ",,,"
     return
   fi
