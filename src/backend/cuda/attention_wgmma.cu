@@ -739,13 +739,22 @@ static __device__ __forceinline__ void wb_dq_store(uint32_t dqb, const float *dq
 // turns, so that a pass needs one barrier of the consumer's threads instead of two: thread 0 waits for the
 // last pass's reduce-adds to have read the other area before the barrier that publishes this pass's stores,
 // so once past it every thread knows the next pass's area is free.
+// DQF (KILN_WGMMA_DQ=tma-dqfirst, with SPLIT, EARLY and DQ_TMA at HS 128; session 15, not yet run on a GPU):
+// FlashAttention-3's order of a tile's last products. dV is issued early (EARLY); dK is issued after the dQ
+// pass, not before the barrier, and the pass waits with one group outstanding (wgmma.wait_group 1), which
+// retires dV and dQ and leaves dK on the tensor cores while the dQ is staged in shared memory and handed to
+// the TMA unit. The default and EARLY wait for every product before staging, so the tensor cores idle
+// through the stores and the consumer's barriers. The stage (Q, dO) is released once dK has read Q. dK and
+// dV are bitwise the default's (the same products and sums).
 // (Session 12's OWN, each consumer adding the dQ of its own keys without a barrier of both, ran 4.4% slower
 // than SPLIT on an H100 in session 13 and is gone.)
-template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false>
+template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false, bool DQF = false>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_bwd_kernel(const __grid_constant__ struct wg_bwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int CB = HS / 64;
+    static_assert(!DQF || (DQ_TMA && SPLIT && EARLY && !DB && HS == 128),
+                  "DQF: tma-split with EARLY at HS 128");
     constexpr uint32_t KV_BYTES = WB_BN * HS * 2; // K (or V): all the block's keys
     constexpr uint32_t QT_BYTES = WB_BM * HS * 2; // one Q (or dO) stage
     constexpr uint32_t DS_BYTES = 64 * WB_BM * 2; // one dS^T buffer of one consumer
@@ -928,7 +937,9 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                     st_shared_u32(dsb + r * 128 + ((chunk ^ g) << 4) + t4 * 4, da[kk][e]);
                 }
             fence_proxy_async_smem(); // this thread's dS^T stores, before the barrier, for wgmma's reads
-            if constexpr (EARLY) {
+            if constexpr (DQF) {
+                // dK is issued after the dQ pass (below)
+            } else if constexpr (EARLY) {
                 // dK_c += dS^T Q alone (dV runs already): beside the barrier and the dQ pass's issue. (After
                 // the stores: the PTX ISA leaves reading a wgmma's A registers before its wait undefined.)
                 reg_fence<HS / 2>(dk);
@@ -969,9 +980,22 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         wgmma_ss_n64<1, 1>(dq, dsd, kd, kk > 0);
                     }
                     wgmma_commit();
-                    wgmma_wait<0>(); // this pass's dQ, and (first pass) dV, dK: stage st is no longer read
+                    if constexpr (DQF) {
+                        // dK_c += dS^T Q behind the pass, then wait for all but it: dV and this pass's dQ
+                        // are done, and dK runs under the dQ's staging below
+                        reg_fence<HS / 2>(dk);
+                        reg_fence_u32<WB_BM / 4>(&da[0][0]);
+                        wgmma_fence();
+                        wg_pv<HS, WB_BM>(dk, da, qb);
+                        wgmma_commit();
+                        wgmma_wait<1>();
+                        reg_fence<HS / 2>(dv); // (dV is done: its operands' registers are free again)
+                        reg_fence_u32<WB_BM / 4>(&pa[0][0]);
+                    } else {
+                        wgmma_wait<0>(); // this pass's dQ, and (first pass) dV, dK: stage st is free
+                    }
                     reg_fence<32>(dq);
-                    if (cb == cb0) {
+                    if (!DQF && cb == cb0) {
                         reg_fence<HS / 2>(dv);
                         reg_fence<HS / 2>(dk);
                         reg_fence_u32<WB_BM / 4>(&pa[0][0]);
@@ -1005,6 +1029,12 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                             bulk_commit();
                         }
                         __syncwarp(); // (before the next pass's wgmma.fence, which is warp-aligned)
+                        if constexpr (DQF) {
+                            wgmma_wait<0>(); // dK: stage st (its Q) is no longer read
+                            reg_fence<HS / 2>(dk);
+                            reg_fence_u32<WB_BM / 4>(&da[0][0]);
+                            mbar_arrive(empty + 8 * st);
+                        }
                     } else {
                         float *dqg = p.dq_acc + ((size_t)b * p.Tq * p.NH + h) * HS;
                         size_t qstride = (size_t)p.NH * HS;
@@ -1127,12 +1157,12 @@ template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct
         wg_launch_pp<HS, BN, false>(c, p, B);
 }
 
-template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false>
+template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false, bool DQF = false>
 static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_params &p, int B) {
     size_t smem = wb_smem_bytes<HS, DQ_TMA, DB>();
-    set_smem(wg_bwd_kernel<HS, DQ_TMA, SPLIT, EARLY, DB>, smem);
+    set_smem(wg_bwd_kernel<HS, DQ_TMA, SPLIT, EARLY, DB, DQF>, smem);
     dim3 grid(KILN_CEIL_DIV(p.Tk, WB_BN), B * p.NKV);
-    wg_bwd_kernel<HS, DQ_TMA, SPLIT, EARLY, DB><<<grid, WG_THREADS, smem, c->stream>>>(p);
+    wg_bwd_kernel<HS, DQ_TMA, SPLIT, EARLY, DB, DQF><<<grid, WG_THREADS, smem, c->stream>>>(p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1159,19 +1189,23 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
 // tma-early (session 13, not yet run on a GPU): tma-split with each tile's dV and dK products issued as soon
 // as their operands are in registers (EARLY; HS 64 takes tma with it); tma-early2: that, and two dQ staging
 // areas a consumer, one barrier a pass instead of two (DB). (tma-own, each consumer the dQ of its own keys,
-// ran 4.4% slower than tma-split in session 13 and is gone.)
-// *tma, *split, *early: the choice (*early 2: EARLY and DB).
+// ran 4.4% slower than tma-split in session 13 and is gone.) tma-dqfirst (session 15, not yet run on a GPU):
+// tma-early with dK issued after the dQ pass, so that it runs while the dQ is staged (DQF; HS 64 takes
+// tma-early).
+// *tma, *split, *early: the choice (*early 2: EARLY and DB; 3: EARLY and DQF).
 static void wb_dq_mode(int *tma, int *split, int *early) {
-    static const char *const names[] = {"tma-split", "tma", "red", "red-split", "tma-early", "tma-early2"};
+    static const char *const names[] = {"tma-split", "tma",        "red",        "red-split",
+                                        "tma-early", "tma-early2", "tma-dqfirst"};
     static int told;
-    int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 6, &told);
+    int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 7, &told);
     *tma = m <= 1 || m >= 4;
     *split = m == 0 || m == 3 || m >= 4;
-    *early = m == 4 ? 1 : m == 5 ? 2 : 0;
+    *early = m == 4 ? 1 : m == 5 ? 2 : m == 6 ? 3 : 0;
 }
 
 // The backward's kernel for HS, the dQ path, SPLIT (which HS 64, one pass a tile, does not take), EARLY and
-// (early 2) DB, both only with TMA's reduce-add: REDs, where the map failed to encode, run without them.
+// (early 2) DB or (early 3) DQF, only with TMA's reduce-add: REDs, where the map failed to encode, run
+// without them.
 static void wb_run(struct cuda_ctx *c, const struct wg_bwd_params &p, int B, int HS, int tma, int split,
                    int early) {
     if (HS == 64 && tma && early)
@@ -1179,6 +1213,8 @@ static void wb_run(struct cuda_ctx *c, const struct wg_bwd_params &p, int B, int
                    : wb_launch<64, true, false, true>(c, p, B);
     else if (HS == 64)
         tma ? wb_launch<64, true, false>(c, p, B) : wb_launch<64, false, false>(c, p, B);
+    else if (tma && early == 3)
+        wb_launch<128, true, true, true, false, true>(c, p, B);
     else if (tma && early)
         early == 2 ? wb_launch<128, true, true, true, true>(c, p, B)
                    : wb_launch<128, true, true, true>(c, p, B);
