@@ -11,7 +11,8 @@
 # KILN_SANITIZE="racecheck synccheck" also runs the wgmma tests under compute-sanitizer.
 # attn_bench's lines and what each variant sets (bench/cuda/attn_bench.cu): wgmma-ov KILN_WGMMA_FWD=overlap,
 # wgmma-red KILN_WGMMA_DQ=red, wgmma-tma KILN_WGMMA_DQ=tma, wgmma-early KILN_WGMMA_DQ=tma-early,
-# wgmma-early2 KILN_WGMMA_DQ=tma-early2, wgmma-dqf KILN_WGMMA_DQ=tma-dqfirst.
+# wgmma-early2 KILN_WGMMA_DQ=tma-early2, wgmma-dqf KILN_WGMMA_DQ=tma-dqfirst, wgmma-dqpw
+# KILN_WGMMA_DQ=tma-dqpw.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/kiln-attn}
@@ -23,7 +24,8 @@ import re, sys
 VARIANTS = {"wgmma-ov": ("fwd", "KILN_WGMMA_FWD=overlap"), "wgmma-red": ("bwd", "KILN_WGMMA_DQ=red"),
             "wgmma-tma": ("bwd", "KILN_WGMMA_DQ=tma"), "wgmma-early": ("bwd", "KILN_WGMMA_DQ=tma-early"),
             "wgmma-early2": ("bwd", "KILN_WGMMA_DQ=tma-early2"),
-            "wgmma-dqf": ("bwd", "KILN_WGMMA_DQ=tma-dqfirst")}
+            "wgmma-dqf": ("bwd", "KILN_WGMMA_DQ=tma-dqfirst"),
+            "wgmma-dqpw": ("bwd", "KILN_WGMMA_DQ=tma-dqpw")}
 line = re.compile(r"B=(\d+) T=(\d+) NH=(\d+) NKV=\d+ HS=(\d+) \S+\s+(\S+)\s+fwd\s+([\d.]+) ms.*?bwd\s+([\d.]+) ms")
 rows, failed = {}, set()
 for l in open(sys.argv[1]):

@@ -16,7 +16,8 @@
 // (KILN_WGMMA_FWD=overlap), wgmma-tma, one consumer a tile's dQ (KILN_WGMMA_DQ=tma), and wgmma-early, the
 // default with each tile's dV and dK products issued as soon as their operands are ready
 // (KILN_WGMMA_DQ=tma-early), wgmma-early2, that with two dQ staging areas a consumer (tma-early2), and
-// wgmma-dqf, tma-early with dK issued after the dQ pass, under the dQ's staging (tma-dqfirst).
+// wgmma-dqf, tma-early with dK issued after the dQ pass, under the dQ's staging (tma-dqfirst), and
+// wgmma-dqpw, that with the dQ's reduce-adds issued by a producer warp (tma-dqpw).
 // The last line counts CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
@@ -136,18 +137,19 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
     // wgmma-red: dQ added by vector REDs, KILN_WGMMA_DQ=red; wgmma-ov: the forward's consumers each on its
     // own, KILN_WGMMA_FWD=overlap; wgmma-tma: one consumer a tile's whole dQ, KILN_WGMMA_DQ=tma;
     // wgmma-early: dV and dK issued early, KILN_WGMMA_DQ=tma-early; wgmma-early2: that and two dQ staging
-    // areas a consumer, tma-early2; wgmma-dqf: tma-early with dK after the dQ pass, tma-dqfirst)
-    const char *names[12] = {"ref",       "det",         "new",          "new-v1",
-                             "new-v2",    "wgmma",       "wgmma-red",    "wgmma-ov",
-                             "wgmma-tma", "wgmma-early", "wgmma-early2", "wgmma-dqf"};
-    const char *attn[12] = {"ref",   "fa2",   "fa2",   "fa2",   "fa2",   "wgmma",
+    // areas a consumer, tma-early2; wgmma-dqf: tma-early with dK after the dQ pass, tma-dqfirst; wgmma-dqpw:
+    // that with the reduce-adds issued by a producer warp, tma-dqpw)
+    const char *names[13] = {"ref",          "det",       "new",       "new-v1",    "new-v2",
+                             "wgmma",        "wgmma-red", "wgmma-ov",  "wgmma-tma", "wgmma-early",
+                             "wgmma-early2", "wgmma-dqf", "wgmma-dqpw"};
+    const char *attn[13] = {"ref",   "fa2",   "fa2",   "fa2",   "fa2",   "wgmma", "wgmma",
                             "wgmma", "wgmma", "wgmma", "wgmma", "wgmma", "wgmma"};
-    const char *var[12] = {"0", "0", "0", "1", "2", "0", "0", "0", "0", "0", "0", "0"};
+    const char *var[13] = {"0", "0", "0", "1", "2", "0", "0", "0", "0", "0", "0", "0", "0"};
     // KILN_WGMMA_DQ of each path (NULL: unset, the default)
-    const char *dqm[12] = {NULL,  NULL, NULL,  NULL,        NULL,         NULL,
-                           "red", NULL, "tma", "tma-early", "tma-early2", "tma-dqfirst"};
-    int det[12] = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 12 : 5;
+    const char *dqm[13] = {NULL, NULL,  NULL,        NULL,         NULL,          NULL,      "red",
+                           NULL, "tma", "tma-early", "tma-early2", "tma-dqfirst", "tma-dqpw"};
+    int det[13] = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 13 : 5;
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);
     std::vector<float> r_out(n_out), r_lse(n_lse), r_d(n_qkv), x_out(n_out), x_lse(n_lse), x_d(n_qkv);
     std::vector<float> nan_fill(n_qkv, NAN);

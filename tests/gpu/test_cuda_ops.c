@@ -1097,10 +1097,11 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
     // or split (each tile's dQ by both consumers, a 64-column pass each, at HS 128; tma-split is the
     // default), tma-early (tma-split with each tile's dV and dK products issued as soon as their operands
     // are in registers; HS 64: tma with them), tma-early2 (that, with two dQ staging areas a consumer) and
-    // tma-dqfirst (tma-early with dK issued after the dQ pass, running while the dQ is staged)
-    const char *dq_modes[7] = {"red",       "tma",        "tma-split",  "red-split",
-                               "tma-early", "tma-early2", "tma-dqfirst"};
-    for (int mode = 0; mode < 7; mode++) {
+    // tma-dqfirst (tma-early with dK issued after the dQ pass, running while the dQ is staged), tma-dqpw
+    // (that, the reduce-adds issued by a producer warp)
+    const char *dq_modes[8] = {"red",       "tma",        "tma-split",   "red-split",
+                               "tma-early", "tma-early2", "tma-dqfirst", "tma-dqpw"};
+    for (int mode = 0; mode < 8; mode++) {
         setenv("KILN_WGMMA_DQ", dq_modes[mode], 1);
         printf("dQ added by KILN_WGMMA_DQ=%s%s\n", dq_modes[mode], mode == 2 ? " (the default)" : "");
         setenv("KILN_ATTN", "fa2", 1);
@@ -2165,11 +2166,13 @@ static void test_attention_block_matches_cpu(void **state) {
     // they take
     // (the third pass: the Hopper forward's consumers each on its own, KILN_WGMMA_FWD=overlap, and one
     // consumer a tile's dQ, KILN_WGMMA_DQ=tma; the fourth: the defaults, in turns and split; the last: the
-    // backward's dV and dK issued early, KILN_WGMMA_DQ=tma-early, then tma-early2, then tma-dqfirst)
-    const char *kernels[7] = {"ref", "tc", "wgmma", "wgmma", "wgmma", "wgmma", "wgmma"};
-    const char *fwd[7] = {"overlap", "overlap", "overlap", "pingpong", "pingpong", "pingpong", "pingpong"};
-    const char *dq[7] = {"tma", "tma", "tma", "tma-split", "tma-early", "tma-early2", "tma-dqfirst"};
-    for (int k = 0; k < 7; k++) {
+    // backward's dV and dK issued early, KILN_WGMMA_DQ=tma-early, then tma-early2, tma-dqfirst, tma-dqpw)
+    const char *kernels[8] = {"ref", "tc", "wgmma", "wgmma", "wgmma", "wgmma", "wgmma", "wgmma"};
+    const char *fwd[8] = {"overlap",  "overlap",  "overlap",  "pingpong",
+                          "pingpong", "pingpong", "pingpong", "pingpong"};
+    const char *dq[8] = {"tma",       "tma",        "tma",         "tma-split",
+                         "tma-early", "tma-early2", "tma-dqfirst", "tma-dqpw"};
+    for (int k = 0; k < 8; k++) {
         printf("attention block kernels: KILN_ATTN_BLOCK=%s", kernels[k]);
         if (k >= 3)
             printf(", KILN_WGMMA_FWD=%s, KILN_WGMMA_DQ=%s", fwd[k], dq[k]);

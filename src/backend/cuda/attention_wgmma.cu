@@ -251,6 +251,10 @@ static __device__ __forceinline__ void bulk_commit(void) {
 static __device__ __forceinline__ void bulk_wait_read_all(void) {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+// the issuing thread's bulk groups but the N most recent have read their shared memory
+template <int N> static __device__ __forceinline__ void bulk_wait_read(void) {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
 static __device__ __forceinline__ void bulk_wait_all(void) {
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
@@ -261,6 +265,34 @@ static __device__ __forceinline__ void consumer_bar_sync(int cw) {
         asm volatile("bar.sync 2, 128;\n" ::: "memory");
     else
         asm volatile("bar.sync 3, 128;\n" ::: "memory");
+}
+// The backward's dQ hand-off to a producer warp (DQF 2): consumer cw's staging area is full at barrier 4 + cw
+// (its 128 threads arrive, the producer warp's 32 sync) and empty again at 6 + cw (the producer warp arrives
+// once its reduce-adds have read the area, the consumer's 128 sync before they rewrite it). Immediates, as
+// consumer_bar_sync's.
+static __device__ __forceinline__ void dq_full_arrive(int cw) {
+    if (cw == 0)
+        asm volatile("bar.arrive 4, 160;\n" ::: "memory");
+    else
+        asm volatile("bar.arrive 5, 160;\n" ::: "memory");
+}
+static __device__ __forceinline__ void dq_full_sync(int cw) {
+    if (cw == 0)
+        asm volatile("bar.sync 4, 160;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 5, 160;\n" ::: "memory");
+}
+static __device__ __forceinline__ void dq_empty_arrive(int cw) {
+    if (cw == 0)
+        asm volatile("bar.arrive 6, 160;\n" ::: "memory");
+    else
+        asm volatile("bar.arrive 7, 160;\n" ::: "memory");
+}
+static __device__ __forceinline__ void dq_empty_sync(int cw) {
+    if (cw == 0)
+        asm volatile("bar.sync 6, 160;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 7, 160;\n" ::: "memory");
 }
 // The forward's ping-pong (FlashAttention-3's warp scheduling, the default; KILN_WGMMA_FWD=overlap: not):
 // consumer cw waits for its turn at barrier 4 + cw (its own 128 threads sync there, the other consumer's 128
@@ -745,16 +777,21 @@ static __device__ __forceinline__ void wb_dq_store(uint32_t dqb, const float *dq
 // retires dV and dQ and leaves dK on the tensor cores while the dQ is staged in shared memory and handed to
 // the TMA unit. The default and EARLY wait for every product before staging, so the tensor cores idle
 // through the stores and the consumer's barriers. The stage (Q, dO) is released once dK has read Q. dK and
-// dV are bitwise the default's (the same products and sums).
+// dV are bitwise the default's (the same products and sums). DQF 2 (KILN_WGMMA_DQ=tma-dqpw) also hands the
+// staged dQ to the producer's idle warp 3, as FA3 does: the consumer waits at a barrier for its area to be
+// empty (the last reduce-adds have read it: already so, a tile later), stores, fences and only *arrives* at
+// the full barrier; warp 3 syncs there, issues the two reduce-adds, waits for their reads and arrives at the
+// empty barrier. The consumers no longer wait for the TMA unit or meet twice a pass.
 // (Session 12's OWN, each consumer adding the dQ of its own keys without a barrier of both, ran 4.4% slower
 // than SPLIT on an H100 in session 13 and is gone.)
-template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false, bool DQF = false>
+template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false, int DQF = 0>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_bwd_kernel(const __grid_constant__ struct wg_bwd_params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int CB = HS / 64;
     static_assert(!DQF || (DQ_TMA && SPLIT && EARLY && !DB && HS == 128),
                   "DQF: tma-split with EARLY at HS 128");
+    static_assert(DQF != 2 || WG_THREADS == 384, "DQF 2: the producer warpgroup's warp 3 adds the dQ");
     constexpr uint32_t KV_BYTES = WB_BN * HS * 2; // K (or V): all the block's keys
     constexpr uint32_t QT_BYTES = WB_BM * HS * 2; // one Q (or dO) stage
     constexpr uint32_t DS_BYTES = 64 * WB_BM * 2; // one dS^T buffer of one consumer
@@ -806,6 +843,42 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                                 full + 8 * s);
                 }
             }
+        } else if (DQF == 2 && threadIdx.x >= 96) {
+            // warp 3 (DQF 2): each tile's two staged dQ passes (consumer c's: columns 64 c ..) added into
+            // dq_acc by TMA, in the consumers' order; the empty barriers' first phase is given at once, and
+            // each later one once the last adds have read the area (n_it arrivals each, as the consumers'
+            // n_it syncs)
+            int lane = threadIdx.x & 31;
+            if (n_it > 0) {
+                dq_empty_arrive(0);
+                dq_empty_arrive(1);
+            }
+            // (both consumers' adds issued before either's reads are waited for: consumer 0's area is
+            // given back once its group has been read, wait_group.read 1, consumer 1's after, read 0)
+            for (int it = 0; it < n_it; it++) {
+                int h = kvh * group + it / n_q, q0 = (qt0 + it % n_q) * WB_BM;
+                for (int c = 0; c < 2; c++) {
+                    dq_full_sync(c);
+                    if (lane == 0) {
+                        uint32_t dqb = dq_s + c * (WB_BM * 64 * 4);
+                        tma_reduce_add_4d(&p.tdq, dqb, c * 64, h, q0, b);
+                        tma_reduce_add_4d(&p.tdq, dqb + WB_BM * 128, c * 64 + 32, h, q0, b);
+                        bulk_commit();
+                    }
+                }
+                if (lane == 0)
+                    bulk_wait_read<1>();
+                __syncwarp();
+                if (it + 1 < n_it)
+                    dq_empty_arrive(0);
+                if (lane == 0)
+                    bulk_wait_read<0>();
+                __syncwarp();
+                if (it + 1 < n_it)
+                    dq_empty_arrive(1);
+            }
+            if (lane == 0)
+                bulk_wait_all(); // the last reduce-adds done before the block ends
         } else if (threadIdx.x >= 32 && threadIdx.x < 32 + WB_BM) {
             // warps 1 and 2: lse (log2 domain, rounded as fa_bwd_fused_kernel) and D of one query row per
             // thread into the stage; the arrival (release) publishes the stores to the consumers' wait
@@ -1008,27 +1081,35 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         // before the stores (the boxes are free) and one after; with DB one, after (see DB
                         // above).
                         uint32_t dqb = dq_s + (DB ? cw * 2 + (np & 1) : cw) * (WB_BM * 64 * 4);
-                        if constexpr (!DB) {
-                            if (tid == 0)
-                                bulk_wait_read_all();
-                            __syncwarp(); // (warp 0 whole again before the aligned barrier)
+                        if constexpr (DQF == 2) {
+                            // the producer's warp 3 adds it (above): wait for the area, store, hand over
+                            dq_empty_sync(cw);
+                            wb_dq_store(dqb, dq, warp, g, t4);
+                            fence_proxy_async_smem();
+                            dq_full_arrive(cw);
+                        } else {
+                            if constexpr (!DB) {
+                                if (tid == 0)
+                                    bulk_wait_read_all();
+                                __syncwarp(); // (warp 0 whole again before the aligned barrier)
+                                consumer_bar_sync(cw);
+                            }
+                            wb_dq_store(dqb, dq, warp, g, t4);
+                            fence_proxy_async_smem();
+                            if constexpr (DB) {
+                                if (tid == 0)
+                                    bulk_wait_read_all(); // the last pass's adds have read area (np + 1) % 2
+                                __syncwarp();
+                                np++;
+                            }
                             consumer_bar_sync(cw);
+                            if (tid == 0) {
+                                tma_reduce_add_4d(&p.tdq, dqb, cb * 64, h, q0, b);
+                                tma_reduce_add_4d(&p.tdq, dqb + WB_BM * 128, cb * 64 + 32, h, q0, b);
+                                bulk_commit();
+                            }
+                            __syncwarp(); // (before the next pass's wgmma.fence, which is warp-aligned)
                         }
-                        wb_dq_store(dqb, dq, warp, g, t4);
-                        fence_proxy_async_smem();
-                        if constexpr (DB) {
-                            if (tid == 0)
-                                bulk_wait_read_all(); // the last pass's adds have read area (np + 1) % 2
-                            __syncwarp();
-                            np++;
-                        }
-                        consumer_bar_sync(cw);
-                        if (tid == 0) {
-                            tma_reduce_add_4d(&p.tdq, dqb, cb * 64, h, q0, b);
-                            tma_reduce_add_4d(&p.tdq, dqb + WB_BM * 128, cb * 64 + 32, h, q0, b);
-                            bulk_commit();
-                        }
-                        __syncwarp(); // (before the next pass's wgmma.fence, which is warp-aligned)
                         if constexpr (DQF) {
                             wgmma_wait<0>(); // dK: stage st (its Q) is no longer read
                             reg_fence<HS / 2>(dk);
@@ -1058,7 +1139,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         }
     }
 
-    if constexpr (DQ_TMA) {
+    if constexpr (DQ_TMA && DQF != 2) { // (DQF 2: the producer's warp 3 issued them, and waits)
         if (tid == 0)
             bulk_wait_all(); // the last reduce-adds: read out of shared memory and done before the block ends
     }
@@ -1157,7 +1238,7 @@ template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct
         wg_launch_pp<HS, BN, false>(c, p, B);
 }
 
-template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false, bool DQF = false>
+template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false, int DQF = 0>
 static void wb_launch(struct cuda_ctx *c, const struct wg_bwd_params &p, int B) {
     size_t smem = wb_smem_bytes<HS, DQ_TMA, DB>();
     set_smem(wg_bwd_kernel<HS, DQ_TMA, SPLIT, EARLY, DB, DQF>, smem);
@@ -1191,21 +1272,21 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
 // areas a consumer, one barrier a pass instead of two (DB). (tma-own, each consumer the dQ of its own keys,
 // ran 4.4% slower than tma-split in session 13 and is gone.) tma-dqfirst (session 15, not yet run on a GPU):
 // tma-early with dK issued after the dQ pass, so that it runs while the dQ is staged (DQF; HS 64 takes
-// tma-early).
-// *tma, *split, *early: the choice (*early 2: EARLY and DB; 3: EARLY and DQF).
+// tma-early); tma-dqpw: that, with the reduce-adds issued by a producer warp (DQF 2).
+// *tma, *split, *early: the choice (*early 2: EARLY and DB; 3: EARLY and DQF; 4: EARLY and DQF 2).
 static void wb_dq_mode(int *tma, int *split, int *early) {
-    static const char *const names[] = {"tma-split", "tma",        "red",        "red-split",
-                                        "tma-early", "tma-early2", "tma-dqfirst"};
+    static const char *const names[] = {"tma-split", "tma",        "red",         "red-split",
+                                        "tma-early", "tma-early2", "tma-dqfirst", "tma-dqpw"};
     static int told;
-    int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 7, &told);
+    int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 8, &told);
     *tma = m <= 1 || m >= 4;
     *split = m == 0 || m == 3 || m >= 4;
-    *early = m == 4 ? 1 : m == 5 ? 2 : m == 6 ? 3 : 0;
+    *early = m == 4 ? 1 : m == 5 ? 2 : m == 6 ? 3 : m == 7 ? 4 : 0;
 }
 
 // The backward's kernel for HS, the dQ path, SPLIT (which HS 64, one pass a tile, does not take), EARLY and
-// (early 2) DB or (early 3) DQF, only with TMA's reduce-add: REDs, where the map failed to encode, run
-// without them.
+// (early 2) DB or (early 3, 4) DQF 1, 2, only with TMA's reduce-add: REDs, where the map failed to encode,
+// run without them.
 static void wb_run(struct cuda_ctx *c, const struct wg_bwd_params &p, int B, int HS, int tma, int split,
                    int early) {
     if (HS == 64 && tma && early)
@@ -1213,8 +1294,9 @@ static void wb_run(struct cuda_ctx *c, const struct wg_bwd_params &p, int B, int
                    : wb_launch<64, true, false, true>(c, p, B);
     else if (HS == 64)
         tma ? wb_launch<64, true, false>(c, p, B) : wb_launch<64, false, false>(c, p, B);
-    else if (tma && early == 3)
-        wb_launch<128, true, true, true, false, true>(c, p, B);
+    else if (tma && early >= 3)
+        early == 4 ? wb_launch<128, true, true, true, false, 2>(c, p, B)
+                   : wb_launch<128, true, true, true, false, 1>(c, p, B);
     else if (tma && early)
         early == 2 ? wb_launch<128, true, true, true, true>(c, p, B)
                    : wb_launch<128, true, true, true>(c, p, B);
