@@ -258,41 +258,39 @@ template <int N> static __device__ __forceinline__ void bulk_wait_read(void) {
 static __device__ __forceinline__ void bulk_wait_all(void) {
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
-// Barrier over one consumer warpgroup's 128 threads (ids 2 and 3, immediates: ptxas then counts 4 barriers,
-// not the 16 a register id makes it assume)
-static __device__ __forceinline__ void consumer_bar_sync(int cw) {
-    if (cw == 0)
-        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+// Named barriers: bar.arrive (ARRIVE) or bar.sync at id ID of N threads, and at ID0 + w by w = 0 or 1 (a
+// consumer warpgroup's own, or the other's). Immediates, so that ptxas counts the ids used, not the 16 a
+// register id makes it assume.
+template <bool ARRIVE, int ID, int N> static __device__ __forceinline__ void named_bar(void) {
+    if constexpr (ARRIVE)
+        asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(N) : "memory");
     else
-        asm volatile("bar.sync 3, 128;\n" ::: "memory");
+        asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(N) : "memory");
+}
+template <bool ARRIVE, int ID0, int N> static __device__ __forceinline__ void named_bar_of(int w) {
+    if (w == 0)
+        named_bar<ARRIVE, ID0, N>();
+    else
+        named_bar<ARRIVE, ID0 + 1, N>();
+}
+// Barrier over one consumer warpgroup's 128 threads (ids 2 and 3)
+static __device__ __forceinline__ void consumer_bar_sync(int cw) {
+    named_bar_of<false, 2, 128>(cw);
 }
 // The backward's dQ hand-off to a producer warp (DQF 2): consumer cw's staging area is full at barrier 4 + cw
 // (its 128 threads arrive, the producer warp's 32 sync) and empty again at 6 + cw (the producer warp arrives
-// once its reduce-adds have read the area, the consumer's 128 sync before they rewrite it). Immediates, as
-// consumer_bar_sync's.
+// once its reduce-adds have read the area, the consumer's 128 sync before they rewrite it).
 static __device__ __forceinline__ void dq_full_arrive(int cw) {
-    if (cw == 0)
-        asm volatile("bar.arrive 4, 160;\n" ::: "memory");
-    else
-        asm volatile("bar.arrive 5, 160;\n" ::: "memory");
+    named_bar_of<true, 4, 160>(cw);
 }
 static __device__ __forceinline__ void dq_full_sync(int cw) {
-    if (cw == 0)
-        asm volatile("bar.sync 4, 160;\n" ::: "memory");
-    else
-        asm volatile("bar.sync 5, 160;\n" ::: "memory");
+    named_bar_of<false, 4, 160>(cw);
 }
 static __device__ __forceinline__ void dq_empty_arrive(int cw) {
-    if (cw == 0)
-        asm volatile("bar.arrive 6, 160;\n" ::: "memory");
-    else
-        asm volatile("bar.arrive 7, 160;\n" ::: "memory");
+    named_bar_of<true, 6, 160>(cw);
 }
 static __device__ __forceinline__ void dq_empty_sync(int cw) {
-    if (cw == 0)
-        asm volatile("bar.sync 6, 160;\n" ::: "memory");
-    else
-        asm volatile("bar.sync 7, 160;\n" ::: "memory");
+    named_bar_of<false, 6, 160>(cw);
 }
 // The forward's ping-pong (FlashAttention-3's warp scheduling, the default; KILN_WGMMA_FWD=overlap: not):
 // consumer cw waits for its turn at barrier 4 + cw (its own 128 threads sync there, the other consumer's 128
@@ -300,12 +298,9 @@ static __device__ __forceinline__ void dq_empty_sync(int cw) {
 // they are issued; so the tensor cores take the two consumers' matrix products in turn while the other runs
 // its softmax.
 static __device__ __forceinline__ void pp_turn_wait(int cw) {
-    if (cw == 0)
-        asm volatile("bar.sync 4, 256;\n" ::: "memory");
-    else
-        asm volatile("bar.sync 5, 256;\n" ::: "memory");
+    named_bar_of<false, 4, 256>(cw);
 }
-static __device__ __forceinline__ void pp_turn_give(int cw) {
+static __device__ __forceinline__ void pp_turn_give(int cw) { // (the other consumer's barrier: 5 - cw)
     if (cw == 0)
         asm volatile("bar.arrive 5, 256;\n" ::: "memory");
     else
