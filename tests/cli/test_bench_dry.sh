@@ -45,6 +45,13 @@ for ranks in 4 2; do
   n=$(wc -l <"$T/checked")
   [ "$n" -ge 20 ] && ok || bad "strategies.sh --ranks=$ranks: only $n kiln runs were checked"
 done
+# bad values of its flags: exit 2 with one line that names the flag
+for bad_flag in --deadline=abc --deadline=0 --torch-timeout=-5; do
+  out=$(bash bench/strategies.sh --device=cpu "$bad_flag" --out="$T/strat_bad" 2>&1)
+  rc_=$?
+  [ $rc_ -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && [[ $out == *"${bad_flag%%=*}"* ]] && ok ||
+    bad "strategies.sh $bad_flag: exit $rc_, wanted 2 and one line naming the flag: $out"
+done
 # --deadline: the rows past it are skipped and the table is still written, each skipped row saying so (a kiln
 # that takes a second a run: the first row or two end past a 2 s deadline, and the other ten or more are skipped)
 printf '#!/usr/bin/env bash\nsleep 1\nexec "%s" "$@"\n' "$PWD/bench/kiln_dry.sh" >"$T/slow_kiln"
