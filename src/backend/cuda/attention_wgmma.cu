@@ -822,7 +822,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                         } else {
                             if constexpr (!DB) {
                                 if (tid == 0)
-                                    bulk_wait_read_all();
+                                    bulk_wait_read<0>();
                                 __syncwarp(); // (warp 0 whole again before the aligned barrier)
                                 consumer_bar_sync(cw);
                             }
@@ -830,7 +830,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                             fence_proxy_async_smem();
                             if constexpr (DB) {
                                 if (tid == 0)
-                                    bulk_wait_read_all(); // the last pass's adds have read area (np + 1) % 2
+                                    bulk_wait_read<0>(); // the last pass's adds have read area (np + 1) % 2
                                 __syncwarp();
                                 np++;
                             }

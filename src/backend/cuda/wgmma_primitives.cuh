@@ -208,10 +208,7 @@ static __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap *map,
 static __device__ __forceinline__ void bulk_commit(void) {
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
-static __device__ __forceinline__ void bulk_wait_read_all(void) {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-// the issuing thread's bulk groups but the N most recent have read their shared memory
+// the issuing thread's bulk groups but the N most recent have read their shared memory (0: all of them)
 template <int N> static __device__ __forceinline__ void bulk_wait_read(void) {
     asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
