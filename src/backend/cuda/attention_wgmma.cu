@@ -478,6 +478,16 @@ static __device__ __forceinline__ void wb_add_frag(bf16 *base, int stride, int t
     }
 }
 
+// acc (64 x HS, f32) += a (the 64 x 64 register-A fragments) b (64 rows of HS at b_addr), one wgmma group of
+// its own: the dV += P^T dO and dK += dS^T Q products the EARLY and DQF orders issue alone
+template <int HS>
+static __device__ __forceinline__ void wb_issue_rs(float *acc, uint32_t (*a)[4], uint32_t b_addr) {
+    reg_fence<HS / 2>(acc);
+    reg_fence_u32<WB_BM / 4>(&a[0][0]);
+    wgmma_fence();
+    wg_pv<HS, WB_BM>(acc, a, b_addr);
+    wgmma_commit();
+}
 // A dQ pass's 64 x 64 f32 accumulators (register 4 i + e at row 16 warp + g + 8 (e / 2), column 8 i + 2 t4 +
 // (e % 2)) into a consumer's two TMA boxes at dqb ([BM][32] f32 each, 128-byte swizzle: chunk c of row r at
 // c ^ (r % 8), r % 8 = g)
@@ -715,11 +725,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 
             if constexpr (EARLY) {
                 // dV_c += P^T dO now: on the tensor cores while dS^T is computed
-                reg_fence<HS / 2>(dv);
-                reg_fence_u32<WB_BM / 4>(&pa[0][0]);
-                wgmma_fence();
-                wg_pv<HS, WB_BM>(dv, pa, dob);
-                wgmma_commit();
+                wb_issue_rs<HS>(dv, pa, dob);
                 wgmma_wait<1>(); // dP^T (dV may still run)
             } else {
                 wgmma_wait<0>(); // dP^T
@@ -747,11 +753,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             } else if constexpr (EARLY) {
                 // dK_c += dS^T Q alone (dV runs already): beside the barrier and the dQ pass's issue. (After
                 // the stores: the PTX ISA leaves reading a wgmma's A registers before its wait undefined.)
-                reg_fence<HS / 2>(dk);
-                reg_fence_u32<WB_BM / 4>(&da[0][0]);
-                wgmma_fence();
-                wg_pv<HS, WB_BM>(dk, da, qb); // dK_c += dS^T Q
-                wgmma_commit();
+                wb_issue_rs<HS>(dk, da, qb); // dK_c += dS^T Q
             } else {
                 reg_fence<HS / 2>(dv);
                 reg_fence<HS / 2>(dk);
@@ -788,11 +790,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                     if constexpr (DQF) {
                         // dK_c += dS^T Q behind the pass, then wait for all but it: dV and this pass's dQ
                         // are done, and dK runs under the dQ's staging below
-                        reg_fence<HS / 2>(dk);
-                        reg_fence_u32<WB_BM / 4>(&da[0][0]);
-                        wgmma_fence();
-                        wg_pv<HS, WB_BM>(dk, da, qb);
-                        wgmma_commit();
+                        wb_issue_rs<HS>(dk, da, qb);
                         wgmma_wait<1>();
                         reg_fence<HS / 2>(dv); // (dV is done: its operands' registers are free again)
                         reg_fence_u32<WB_BM / 4>(&pa[0][0]);
