@@ -8,11 +8,12 @@
 # (bench/long_context.sh then times them beside PyTorch). Logs in $OUT.
 #   bash bench/attn_variants.sh ["B T NH HS"]...     (default: "1 32768 16 128" "1 65536 16 128")
 #   bash bench/attn_variants.sh --verdict LOG        (the verdict alone, from attn_bench's output in LOG)
-# KILN_SANITIZE="racecheck synccheck" also runs the wgmma tests under compute-sanitizer.
+# KILN_SANITIZE="racecheck synccheck" also runs the wgmma tests under compute-sanitizer (KILN_SANITIZE_DQ=MODE:
+# that KILN_WGMMA_DQ mode's tests alone, as test_cuda_ops' KILN_TEST_DQ).
 # attn_bench's lines and what each variant sets (bench/cuda/attn_bench.cu): wgmma-ov KILN_WGMMA_FWD=overlap,
 # wgmma-red KILN_WGMMA_DQ=red, wgmma-tma KILN_WGMMA_DQ=tma, wgmma-early KILN_WGMMA_DQ=tma-early,
-# wgmma-early2 KILN_WGMMA_DQ=tma-early2, wgmma-dqf KILN_WGMMA_DQ=tma-dqfirst, wgmma-dqpw
-# KILN_WGMMA_DQ=tma-dqpw.
+# wgmma-early2 KILN_WGMMA_DQ=tma-early2, wgmma-dqf KILN_WGMMA_DQ=tma-dqfirst, wgmma-split
+# KILN_WGMMA_DQ=tma-split (the `wgmma` line's KILN_WGMMA_DQ is the default, tma-dqpw).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/kiln-attn}
@@ -25,7 +26,7 @@ VARIANTS = {"wgmma-ov": ("fwd", "KILN_WGMMA_FWD=overlap"), "wgmma-red": ("bwd", 
             "wgmma-tma": ("bwd", "KILN_WGMMA_DQ=tma"), "wgmma-early": ("bwd", "KILN_WGMMA_DQ=tma-early"),
             "wgmma-early2": ("bwd", "KILN_WGMMA_DQ=tma-early2"),
             "wgmma-dqf": ("bwd", "KILN_WGMMA_DQ=tma-dqfirst"),
-            "wgmma-dqpw": ("bwd", "KILN_WGMMA_DQ=tma-dqpw")}
+            "wgmma-split": ("bwd", "KILN_WGMMA_DQ=tma-split")}
 line = re.compile(r"B=(\d+) T=(\d+) NH=(\d+) NKV=\d+ HS=(\d+) \S+\s+(\S+)\s+fwd\s+([\d.]+) ms.*?bwd\s+([\d.]+) ms")
 rows, failed = {}, set()
 for l in open(sys.argv[1]):
@@ -87,7 +88,8 @@ done
 # KILN_SANITIZE="racecheck synccheck": the wgmma tests again under compute-sanitizer (shared-memory hazards and
 # barrier misuse a wrong answer may not show), each tool under its own timeout
 for tool in ${KILN_SANITIZE:-}; do
-  KILN_TEST_SKIP= KILN_SOURCE_DIR=$PWD KILN_TEST_FILTER="*wgmma*" timeout "${KILN_SANITIZE_TIMEOUT:-240}" \
+  KILN_TEST_SKIP= KILN_SOURCE_DIR=$PWD KILN_TEST_FILTER="*wgmma*" KILN_TEST_DQ=${KILN_SANITIZE_DQ:-} \
+    timeout "${KILN_SANITIZE_TIMEOUT:-240}" \
     compute-sanitizer --tool "$tool" "$BUILD/test_cuda_ops" >"$OUT/sanitize_$tool.log" 2>&1
   echo "compute-sanitizer --tool $tool, *wgmma*: exit $? (124: timed out);" \
     "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)"

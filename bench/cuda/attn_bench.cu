@@ -11,13 +11,14 @@
 // containing 90a, an sm_90 device), a sixth path, wgmma (KILN_ATTN=wgmma: attention_wgmma.cu's forward and
 // backward, both wgmma + TMA), follows; its `fwd/new` and `bwd/new` columns are its speedups over the FA2
 // forward and single-pass backward of `new`, `f+b` the two together (the defaults: the forward's consumers
-// in turns, the backward's dQ split by columns between its consumers and added by TMA's reduce-add); then
-// wgmma-red, dQ added by vector REDs (KILN_WGMMA_DQ=red), wgmma-ov, the forward's consumers each on its own
-// (KILN_WGMMA_FWD=overlap), wgmma-tma, one consumer a tile's dQ (KILN_WGMMA_DQ=tma), and wgmma-early, the
-// default with each tile's dV and dK products issued as soon as their operands are ready
-// (KILN_WGMMA_DQ=tma-early), wgmma-early2, that with two dQ staging areas a consumer (tma-early2), and
-// wgmma-dqf, tma-early with dK issued after the dQ pass, under the dQ's staging (tma-dqfirst), and
-// wgmma-dqpw, that with the dQ's reduce-adds issued by a producer warp (tma-dqpw).
+// in turns, the backward's dQ split by columns between its consumers, dK issued after the dQ pass and the
+// dQ's reduce-adds issued by a producer warp: KILN_WGMMA_DQ=tma-dqpw); then wgmma-red, dQ added by vector
+// REDs (KILN_WGMMA_DQ=red), wgmma-ov, the forward's consumers each on its own (KILN_WGMMA_FWD=overlap),
+// wgmma-tma, one consumer a tile's dQ (KILN_WGMMA_DQ=tma), and wgmma-early, the split dQ with each tile's dV
+// and dK products issued as soon as their operands are ready (KILN_WGMMA_DQ=tma-early), wgmma-early2, that
+// with two dQ staging areas a consumer (tma-early2), wgmma-dqf, tma-early with dK issued after the dQ pass,
+// under the dQ's staging (tma-dqfirst), and wgmma-split, the split dQ alone (tma-split, the default before
+// session 16).
 // The last line counts CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)
@@ -133,21 +134,21 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
              pos == KILN_POS_ROPE    ? "rope"
              : pos == KILN_POS_ALIBI ? "alibi"
                                      : "none");
-    // (wgmma: the defaults, the forward's consumers in turns and the backward's dQ split between them;
+    // (wgmma: the defaults, the forward's consumers in turns and the backward's tma-dqpw;
     // wgmma-red: dQ added by vector REDs, KILN_WGMMA_DQ=red; wgmma-ov: the forward's consumers each on its
     // own, KILN_WGMMA_FWD=overlap; wgmma-tma: one consumer a tile's whole dQ, KILN_WGMMA_DQ=tma;
     // wgmma-early: dV and dK issued early, KILN_WGMMA_DQ=tma-early; wgmma-early2: that and two dQ staging
-    // areas a consumer, tma-early2; wgmma-dqf: tma-early with dK after the dQ pass, tma-dqfirst; wgmma-dqpw:
-    // that with the reduce-adds issued by a producer warp, tma-dqpw)
+    // areas a consumer, tma-early2; wgmma-dqf: tma-early with dK after the dQ pass, tma-dqfirst; wgmma-split:
+    // the split dQ alone, tma-split)
     const char *names[13] = {"ref",          "det",       "new",       "new-v1",    "new-v2",
                              "wgmma",        "wgmma-red", "wgmma-ov",  "wgmma-tma", "wgmma-early",
-                             "wgmma-early2", "wgmma-dqf", "wgmma-dqpw"};
+                             "wgmma-early2", "wgmma-dqf", "wgmma-split"};
     const char *attn[13] = {"ref",   "fa2",   "fa2",   "fa2",   "fa2",   "wgmma", "wgmma",
                             "wgmma", "wgmma", "wgmma", "wgmma", "wgmma", "wgmma"};
     const char *var[13] = {"0", "0", "0", "1", "2", "0", "0", "0", "0", "0", "0", "0", "0"};
     // KILN_WGMMA_DQ of each path (NULL: unset, the default)
     const char *dqm[13] = {NULL, NULL,  NULL,        NULL,         NULL,          NULL,      "red",
-                           NULL, "tma", "tma-early", "tma-early2", "tma-dqfirst", "tma-dqpw"};
+                           NULL, "tma", "tma-early", "tma-early2", "tma-dqfirst", "tma-split"};
     int det[13] = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 13 : 5;
     struct cuda_ctx *c = cuda_ctx_of(be->ctx);

@@ -1094,16 +1094,21 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
         skip();
     }
     // both ways of adding dQ (KILN_WGMMA_DQ): TMA's reduce-add and vector REDs, each by one consumer a tile
-    // or split (each tile's dQ by both consumers, a 64-column pass each, at HS 128; tma-split is the
-    // default), tma-early (tma-split with each tile's dV and dK products issued as soon as their operands
-    // are in registers; HS 64: tma with them), tma-early2 (that, with two dQ staging areas a consumer) and
-    // tma-dqfirst (tma-early with dK issued after the dQ pass, running while the dQ is staged), tma-dqpw
-    // (that, the reduce-adds issued by a producer warp)
+    // or split (each tile's dQ by both consumers, a 64-column pass each, at HS 128), tma-early (tma-split
+    // with each tile's dV and dK products issued as soon as their operands are in registers; HS 64: tma with
+    // them), tma-early2 (that, with two dQ staging areas a consumer) and tma-dqfirst (tma-early with dK
+    // issued after the dQ pass, running while the dQ is staged), tma-dqpw (that, the reduce-adds issued by
+    // a producer warp: the default). KILN_TEST_DQ=MODE runs that mode alone (a sanitizer's run of one).
     const char *dq_modes[8] = {"red",       "tma",        "tma-split",   "red-split",
                                "tma-early", "tma-early2", "tma-dqfirst", "tma-dqpw"};
+    const char *only = getenv("KILN_TEST_DQ");
+    int ran = 0;
     for (int mode = 0; mode < 8; mode++) {
+        if (only && *only && strcmp(only, dq_modes[mode]))
+            continue;
+        ran++;
         setenv("KILN_WGMMA_DQ", dq_modes[mode], 1);
-        printf("dQ added by KILN_WGMMA_DQ=%s%s\n", dq_modes[mode], mode == 2 ? " (the default)" : "");
+        printf("dQ added by KILN_WGMMA_DQ=%s%s\n", dq_modes[mode], mode == 7 ? " (the default)" : "");
         setenv("KILN_ATTN", "fa2", 1);
         printf("attention path: FA2 forward, wgmma backward\n");
         struct kiln_backend *g = &e->gpu;
@@ -1122,6 +1127,8 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
         strided_attention_case(e, g, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
         strided_attention_case(e, g, 2, 65, 4, 2, 64, KILN_POS_NONE, 512 + 7, 512 + 3); // FA2 fallback
     }
+    if (!ran)
+        fail_msg("KILN_TEST_DQ=%s: not one of the KILN_WGMMA_DQ modes", only);
     unsetenv("KILN_WGMMA_DQ");
     printf(
         "attention path: KILN_ATTN=wgmma in deterministic mode (the backward must be FA2's two kernels)\n");
@@ -2165,8 +2172,9 @@ static void test_attention_block_matches_cpu(void **state) {
     // their keys, without ALiBi, on an sm_90 device; the tensor-core kernels take the rest) at the head sizes
     // they take
     // (the third pass: the Hopper forward's consumers each on its own, KILN_WGMMA_FWD=overlap, and one
-    // consumer a tile's dQ, KILN_WGMMA_DQ=tma; the fourth: the defaults, in turns and split; the last: the
-    // backward's dV and dK issued early, KILN_WGMMA_DQ=tma-early, then tma-early2, tma-dqfirst, tma-dqpw)
+    // consumer a tile's dQ, KILN_WGMMA_DQ=tma; the fourth: in turns and split, tma-split; the last: the
+    // backward's dV and dK issued early, KILN_WGMMA_DQ=tma-early, then tma-early2, tma-dqfirst, and the
+    // default, tma-dqpw)
     const char *kernels[8] = {"ref", "tc", "wgmma", "wgmma", "wgmma", "wgmma", "wgmma", "wgmma"};
     const char *fwd[8] = {"overlap",  "overlap",  "overlap",  "pingpong",
                           "pingpong", "pingpong", "pingpong", "pingpong"};

@@ -502,24 +502,24 @@ static __device__ __forceinline__ void wb_dq_store(uint32_t dqb, const float *dq
 }
 #endif // WG_DEVICE_HELPERS
 
-// SPLIT (HS 128 only; the default, KILN_WGMMA_DQ=tma-split, or red-split): each tile's dQ split by columns
+// SPLIT (HS 128 only; KILN_WGMMA_DQ=tma-split, red-split, and every EARLY mode): each tile's dQ split by columns
 // between the two consumers, one 64-column pass each, instead of all of it by one consumer every other tile.
-// EARLY (KILN_WGMMA_DQ=tma-early, opt-in until a GPU times it): the tensor cores kept busy through each
+// EARLY (KILN_WGMMA_DQ=tma-early; 1.2% faster than SPLIT alone on an H100): the tensor cores kept busy through each
 // tile's elementwise work: dV += P^T dO is issued as soon as P^T is in registers, before the wait for dP^T,
 // so it runs while dS^T is computed and stored; dK += dS^T Q is issued on its own once dS^T is stored, so it
 // runs beside the barrier of both consumers and the dQ pass's issue. The same products, summed in the same
 // order (bitwise the default's dK, dV; dQ's REDs or reduce-adds arrive in an order of their own either way).
-// DB (KILN_WGMMA_DQ=tma-early2, with EARLY; opt-in until timed): two dQ staging areas a consumer, used in
+// DB (KILN_WGMMA_DQ=tma-early2, with EARLY; 0.9-1.3% faster than SPLIT alone): two dQ staging areas a consumer, used in
 // turns, so that a pass needs one barrier of the consumer's threads instead of two: thread 0 waits for the
 // last pass's reduce-adds to have read the other area before the barrier that publishes this pass's stores,
 // so once past it every thread knows the next pass's area is free.
-// DQF (KILN_WGMMA_DQ=tma-dqfirst, with SPLIT, EARLY and DQ_TMA at HS 128; session 15, not yet run on a GPU):
+// DQF (KILN_WGMMA_DQ=tma-dqfirst, with SPLIT, EARLY and DQ_TMA at HS 128; 2.2-3.1% faster than SPLIT):
 // FlashAttention-3's order of a tile's last products. dV is issued early (EARLY); dK is issued after the dQ
 // pass, not before the barrier, and the pass waits with one group outstanding (wgmma.wait_group 1), which
 // retires dV and dQ and leaves dK on the tensor cores while the dQ is staged in shared memory and handed to
-// the TMA unit. The default and EARLY wait for every product before staging, so the tensor cores idle
+// the TMA unit. SPLIT and EARLY wait for every product before staging, so the tensor cores idle
 // through the stores and the consumer's barriers. The stage (Q, dO) is released once dK has read Q. dK and
-// dV are bitwise the default's (the same products and sums). DQF 2 (KILN_WGMMA_DQ=tma-dqpw) also hands the
+// dV are bitwise the default's (the same products and sums). DQF 2 (the default, KILN_WGMMA_DQ=tma-dqpw: 6.1-8.5%) also hands the
 // staged dQ to the producer's idle warp 3, as FA3 does: the consumer waits at a barrier for its area to be
 // empty (the last reduce-adds have read it: already so, a tile later), stores, fences and only *arrives* at
 // the full barrier; warp 3 syncs there, issues the two reduce-adds, waits for their reads and arrives at the
@@ -993,33 +993,34 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
 }
 
 // KILN_WGMMA_DQ (read on every call, so that a test or attn_bench can compare them in one process):
-// tma-split (the default: at HS 128 the two consumers take a 64-column pass of every tile's dQ each, SPLIT,
-// staged in shared memory and added by the TMA unit as FlashAttention-3 does; HS 64 takes tma), tma (one
-// consumer a tile's whole dQ), red or red-split (each consumer thread adds its dQ with vector REDs). On an
-// H100, backward TFLOP/s at 32k/64k, HS 128 (session 12): tma-split 465/453, tma 439/429, red 416/403.
-// tma-early (session 13, not yet run on a GPU): tma-split with each tile's dV and dK products issued as soon
-// as their operands are in registers (EARLY; HS 64 takes tma with it); tma-early2: that, and two dQ staging
-// areas a consumer, one barrier a pass instead of two (DB). (tma-own, each consumer the dQ of its own keys,
-// ran 4.4% slower than tma-split in session 13 and is gone.) tma-dqfirst (session 15, not yet run on a GPU):
-// tma-early with dK issued after the dQ pass, so that it runs while the dQ is staged (DQF; HS 64 takes
-// tma-early); tma-dqpw: that, with the reduce-adds issued by a producer warp (DQF 2).
+// tma-dqpw (the default since session 16): at HS 128 the two consumers take a 64-column pass of every tile's
+// dQ each (SPLIT), staged in shared memory and added by the TMA unit, with each tile's dV products issued as
+// soon as their operands are in registers (EARLY) and dK after the dQ pass, so that it runs while the dQ is
+// staged, and the reduce-adds issued by a producer warp (DQF 2), as FlashAttention-3 orders them; HS 64
+// takes tma. On an H100, backward TFLOP/s at 32k/64k, HS 128 (session 16): tma-dqpw 503.6/482.3, tma-split
+// 464.3/454.6, tma-dqfirst (DQF 1: the same order, the consumers issuing their own reduce-adds) 478.6/464.5,
+// tma-early (EARLY alone) 470.0/459.9, tma-early2 (that, and two dQ staging areas a consumer, one barrier a
+// pass instead of two: DB) 470.2/458.5, tma (one consumer a tile's whole dQ) 442.1/429.8, red (each consumer
+// thread adds its dQ with vector REDs; red-split: split) 416.7/408.0. (tma-own, each consumer the dQ of its
+// own keys, ran 4.4% slower than tma-split in session 13 and is gone.) HS 64 takes tma-early under
+// tma-early and tma-early2, tma otherwise.
 // *tma, *split, *early: the choice (*early 2: EARLY and DB; 3: EARLY and DQF; 4: EARLY and DQF 2).
 static void wb_dq_mode(int *tma, int *split, int *early) {
-    static const char *const names[] = {"tma-split", "tma",        "red",         "red-split",
-                                        "tma-early", "tma-early2", "tma-dqfirst", "tma-dqpw"};
+    static const char *const names[] = {"tma-dqpw",  "tma",        "red",         "red-split",
+                                        "tma-early", "tma-early2", "tma-dqfirst", "tma-split"};
     static int told;
     int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 8, &told);
     *tma = m <= 1 || m >= 4;
     *split = m == 0 || m == 3 || m >= 4;
-    *early = m == 4 ? 1 : m == 5 ? 2 : m == 6 ? 3 : m == 7 ? 4 : 0;
+    *early = m == 0 ? 4 : m == 4 ? 1 : m == 5 ? 2 : m == 6 ? 3 : 0;
 }
 
 // The backward's kernel for HS, the dQ path, SPLIT (which HS 64, one pass a tile, does not take), EARLY and
-// (early 2) DB or (early 3, 4) DQF 1, 2, only with TMA's reduce-add: REDs, where the map failed to encode,
-// run without them.
+// (early 2) DB or (early 3, 4, HS 128 only: HS 64 takes tma) DQF 1, 2, only with TMA's reduce-add: REDs,
+// where the map failed to encode, run without them.
 static void wb_run(struct cuda_ctx *c, const struct wg_bwd_params &p, int B, int HS, int tma, int split,
                    int early) {
-    if (HS == 64 && tma && early)
+    if (HS == 64 && tma && early && early < 3)
         early == 2 ? wb_launch<64, true, false, true, true>(c, p, B)
                    : wb_launch<64, true, false, true>(c, p, B);
     else if (HS == 64)
