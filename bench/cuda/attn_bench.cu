@@ -140,14 +140,14 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
     // wgmma-early: dV and dK issued early, KILN_WGMMA_DQ=tma-early; wgmma-early2: that and two dQ staging
     // areas a consumer, tma-early2; wgmma-dqf: tma-early with dK after the dQ pass, tma-dqfirst; wgmma-split:
     // the split dQ alone, tma-split)
-    const char *names[13] = {"ref",          "det",       "new",       "new-v1",    "new-v2",
-                             "wgmma",        "wgmma-red", "wgmma-ov",  "wgmma-tma", "wgmma-early",
+    const char *names[13] = {"ref",          "det",       "new",        "new-v1",    "new-v2",
+                             "wgmma",        "wgmma-red", "wgmma-ov",   "wgmma-tma", "wgmma-early",
                              "wgmma-early2", "wgmma-dqf", "wgmma-split"};
     const char *attn[13] = {"ref",   "fa2",   "fa2",   "fa2",   "fa2",   "wgmma", "wgmma",
                             "wgmma", "wgmma", "wgmma", "wgmma", "wgmma", "wgmma"};
     const char *var[13] = {"0", "0", "0", "1", "2", "0", "0", "0", "0", "0", "0", "0", "0"};
     // KILN_WGMMA_DQ of each path (NULL: unset, the default)
-    const char *dqm[13] = {NULL, NULL,  NULL,        NULL,         NULL,          NULL,      "red",
+    const char *dqm[13] = {NULL, NULL,  NULL,        NULL,         NULL,          NULL,       "red",
                            NULL, "tma", "tma-early", "tma-early2", "tma-dqfirst", "tma-split"};
     int det[13] = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     int n_paths = kiln_cuda_wgmma_attention_available(be->ctx) ? 13 : 5;

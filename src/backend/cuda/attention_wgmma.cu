@@ -502,30 +502,30 @@ static __device__ __forceinline__ void wb_dq_store(uint32_t dqb, const float *dq
 }
 #endif // WG_DEVICE_HELPERS
 
-// SPLIT (HS 128 only; KILN_WGMMA_DQ=tma-split, red-split, and every EARLY mode): each tile's dQ split by columns
-// between the two consumers, one 64-column pass each, instead of all of it by one consumer every other tile.
-// EARLY (KILN_WGMMA_DQ=tma-early; 1.2% faster than SPLIT alone on an H100): the tensor cores kept busy through each
-// tile's elementwise work: dV += P^T dO is issued as soon as P^T is in registers, before the wait for dP^T,
-// so it runs while dS^T is computed and stored; dK += dS^T Q is issued on its own once dS^T is stored, so it
-// runs beside the barrier of both consumers and the dQ pass's issue. The same products, summed in the same
-// order (bitwise the default's dK, dV; dQ's REDs or reduce-adds arrive in an order of their own either way).
-// DB (KILN_WGMMA_DQ=tma-early2, with EARLY; 0.9-1.3% faster than SPLIT alone): two dQ staging areas a consumer, used in
-// turns, so that a pass needs one barrier of the consumer's threads instead of two: thread 0 waits for the
-// last pass's reduce-adds to have read the other area before the barrier that publishes this pass's stores,
-// so once past it every thread knows the next pass's area is free.
-// DQF (KILN_WGMMA_DQ=tma-dqfirst, with SPLIT, EARLY and DQ_TMA at HS 128; 2.2-3.1% faster than SPLIT):
+// SPLIT (HS 128 only; KILN_WGMMA_DQ=tma-split, red-split, and every EARLY mode): each tile's dQ split by
+// columns between the two consumers, one 64-column pass each, instead of all of it by one consumer every
+// other tile. EARLY (KILN_WGMMA_DQ=tma-early; 1.2% faster than SPLIT alone on an H100): the tensor cores kept
+// busy through each tile's elementwise work: dV += P^T dO is issued as soon as P^T is in registers, before
+// the wait for dP^T, so it runs while dS^T is computed and stored; dK += dS^T Q is issued on its own once
+// dS^T is stored, so it runs beside the barrier of both consumers and the dQ pass's issue. The same products,
+// summed in the same order (bitwise the default's dK, dV; dQ's REDs or reduce-adds arrive in an order of
+// their own either way). DB (KILN_WGMMA_DQ=tma-early2, with EARLY; 0.9-1.3% faster than SPLIT alone): two dQ
+// staging areas a consumer, used in turns, so that a pass needs one barrier of the consumer's threads instead
+// of two: thread 0 waits for the last pass's reduce-adds to have read the other area before the barrier that
+// publishes this pass's stores, so once past it every thread knows the next pass's area is free. DQF
+// (KILN_WGMMA_DQ=tma-dqfirst, with SPLIT, EARLY and DQ_TMA at HS 128; 2.2-3.1% faster than SPLIT):
 // FlashAttention-3's order of a tile's last products. dV is issued early (EARLY); dK is issued after the dQ
 // pass, not before the barrier, and the pass waits with one group outstanding (wgmma.wait_group 1), which
 // retires dV and dQ and leaves dK on the tensor cores while the dQ is staged in shared memory and handed to
 // the TMA unit. SPLIT and EARLY wait for every product before staging, so the tensor cores idle
 // through the stores and the consumer's barriers. The stage (Q, dO) is released once dK has read Q. dK and
-// dV are bitwise the default's (the same products and sums). DQF 2 (the default, KILN_WGMMA_DQ=tma-dqpw: 6.1-8.5%) also hands the
-// staged dQ to the producer's idle warp 3, as FA3 does: the consumer waits at a barrier for its area to be
-// empty (the last reduce-adds have read it: already so, a tile later), stores, fences and only *arrives* at
-// the full barrier; warp 3 syncs there, issues the two reduce-adds, waits for their reads and arrives at the
-// empty barrier. The consumers no longer wait for the TMA unit or meet twice a pass.
-// (Session 12's OWN, each consumer adding the dQ of its own keys without a barrier of both, ran 4.4% slower
-// than SPLIT on an H100 in session 13 and is gone.)
+// dV are bitwise the default's (the same products and sums). DQF 2 (the default,
+// KILN_WGMMA_DQ=tma-dqpw: 6.1-8.5%) also hands the staged dQ to the producer's idle warp 3, as FA3 does: the
+// consumer waits at a barrier for its area to be empty (the last reduce-adds have read it: already so, a tile
+// later), stores, fences and only *arrives* at the full barrier; warp 3 syncs there, issues the two
+// reduce-adds, waits for their reads and arrives at the empty barrier. The consumers no longer wait for the
+// TMA unit or meet twice a pass. (Session 12's OWN, each consumer adding the dQ of its own keys without a
+// barrier of both, ran 4.4% slower than SPLIT on an H100 in session 13 and is gone.)
 template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false, int DQF = 0>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_bwd_kernel(const __grid_constant__ struct wg_bwd_params p) {
