@@ -399,9 +399,13 @@ static void reduce_bucket(struct kiln_dp *dp, struct bucket *b) {
     // whole gradients are reduced once a step, onto the shard
     void *shard = dp->micro == 0 || dp->whole ? dp->shard : dp->shard_tmp;
     KILN_ASSERT(dp->zero < 2 || (base && shard));
-    struct kiln_coll k = {.op = dp->zero >= 2 ? KILN_COLL_REDUCE_SCATTER : KILN_COLL_ALL_REDUCE,
+    // ZeRO-1: reduce-scattered in place, each rank's slice summed where it lies in the whole buffer (the
+    // rest of the buffer is left partial: only the owner's AdamW and the norm read a slice), half the bytes
+    // of DDP's all-reduce during the backward
+    char *recv = dp->zero >= 2 ? (char *)shard + b->state_offset * gb : dp->zero == 1 ? base + lo * gb : base;
+    struct kiln_coll k = {.op = dp->zero >= 1 ? KILN_COLL_REDUCE_SCATTER : KILN_COLL_ALL_REDUCE,
                           .send = base,
-                          .recv = dp->zero >= 2 ? (char *)shard + b->state_offset * gb : base,
+                          .recv = recv,
                           .count = b->hi - b->lo,
                           .dtype = dp->be->grad_dtype,
                           .red = KILN_RED_SUM,

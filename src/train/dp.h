@@ -8,11 +8,13 @@
 // nothing.
 //
 // Shards: rank r of n owns slice r (kiln_comm_slice) of every bucket. --zero=0 (DDP) all-reduces each bucket
-// and every rank updates every parameter; --zero=1 all-reduces too, but a rank keeps AdamW's moments for its
-// own slices only, updates them, and the updated weights are all-gathered bucket by bucket; --zero=2
-// reduce-scatters each bucket instead, so a rank receives, and holds, the reduced gradient of its own slices
-// only: bucket-sized staging buffers take each micro-step's gradients (kiln_dp_external_grads), which are
-// reduced every micro-step, since the staging is reused (DeepSpeed's ZeRO-2 does the same).
+// and every rank updates every parameter; --zero=1 reduce-scatters each bucket in place (each rank's slice
+// summed where it lies in the whole gradient buffer, the rest left partial: half the bytes of an all-reduce),
+// a rank keeps AdamW's moments for its own slices only, updates them, and the updated weights are
+// all-gathered bucket by bucket; --zero=2 reduce-scatters each bucket into a compact shard, so a rank
+// receives, and holds, the reduced gradient of its own slices only: bucket-sized staging buffers take each
+// micro-step's gradients (kiln_dp_external_grads), which are reduced every micro-step, since the staging is
+// reused (DeepSpeed's ZeRO-2 does the same).
 // --zero=3 shards the weights too (FSDP): a rank holds its slices of the f32 master weights and of their
 // compute copy, compact like the moments. Its buckets are layers (the last one with the final norm and head,
 // the first with the embeddings; --bucket-mb does not apply), and each is all-gathered just before the model
