@@ -5,7 +5,9 @@
 # (Ulysses and ring); the NCCL path at world size 1 trains too, ZeRO-3 and offload included; the offloaded
 # step waited for chunk by chunk by the next forward.
 source "$(dirname "$0")/lib.sh" dist_gpu_mpi "$@"
-if ! "$KILN" info 2>/dev/null | grep -q "gpu 0:"; then
+# (a kiln that cannot start, e.g. a shared library not found, is a failure, not a machine without a GPU)
+info=$("$KILN" info 2>&1) || { echo "FAIL: $KILN info: $(tail -1 <<<"$info")"; exit 1; }
+if ! grep -q "gpu 0:" <<<"$info"; then
   echo "no GPU: skipped"
   exit 77
 fi
