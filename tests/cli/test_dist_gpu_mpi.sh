@@ -103,10 +103,11 @@ b1=("${a[@]}" --total-batch=512)
 mpirun --oversubscribe --bind-to none -np 2 "$KILN" train "${b1[@]}" --batch=4 --comm=mpi --zero=2 --reduce-dtype=bf16 \
   --total-batch=512 --out="$T/twob" 2>"$T/err" || bad "2 ranks, bf16 reduction: $(tail -3 "$T/err")"
 close "$T/oneb" "$T/twob" && ok || bad "2 ranks with bf16 gradients (ZeRO-2) left the one-rank trajectory"
-# two ranks on this node's one GPU with NCCL: refused at start, naming the variable, never a hang
+# one NCCL rank more than this node has GPUs: refused at start, naming the variable, never a hang (a global
+# batch that the n + 1 ranks divide, so that the batch check does not answer first on a node of several GPUs)
 n=$("$KILN" info 2>/dev/null | grep -c "  gpu [0-9]*:")
 RANK=0 WORLD_SIZE=$((n + 1)) LOCAL_RANK=0 LOCAL_WORLD_SIZE=$((n + 1)) MASTER_ADDR=127.0.0.1 MASTER_PORT=29577 \
-  timeout 30 "$KILN" train "${a[@]}" --comm=nccl --out="$T/two_on_one" 2>"$T/err"
+  timeout 30 "$KILN" train "${a[@]}" --total-batch=$((4 * 64 * (n + 1))) --comm=nccl --out="$T/two_on_one" 2>"$T/err"
 rc=$?
 [ $rc -eq 2 ] && grep -q "LOCAL_WORLD_SIZE=$((n + 1)) (environment)" "$T/err" && ok ||
   bad "more NCCL ranks than GPUs: exit $rc: $(cat "$T/err")"
