@@ -15,7 +15,9 @@
 // caller then waits for the work on the host before it reads the result.
 #include <mpi.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dist/comm.h"
 #include "dist/env.h"
@@ -47,6 +49,9 @@ struct mpi_state {
     void *stage[3];
     size_t stage_bytes[3];
     int *counts, *displs; // (size) per-rank slice lengths and offsets, for the v-variants
+    // tests: KILN_COMM_DELAY_US=n, the comm thread sleeps n us before each operation, so that a caller that
+    // reads a result it has not waited for reads it before it lands
+    int delay_us;
 };
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -272,6 +277,8 @@ static void *worker_main(void *arg) {
             break; // stopping, and nothing left
         struct kiln_comm_work *w = s->head;
         pthread_mutex_unlock(&s->mu);
+        if (s->delay_us > 0)
+            usleep((useconds_t)s->delay_us);
         run_work(s, w);
         pthread_mutex_lock(&s->mu);
         s->head = w->next;
@@ -329,6 +336,8 @@ static struct mpi_state *state_new(MPI_Comm comm, struct kiln_backend *be) {
     MPI_Comm_rank(comm, &s->rank);
     MPI_Comm_size(comm, &s->size);
     s->be = be;
+    const char *delay = getenv("KILN_COMM_DELAY_US");
+    s->delay_us = delay ? atoi(delay) : 0;
     s->counts = kiln_xcalloc((size_t)s->size, sizeof(int));
     s->displs = kiln_xcalloc((size_t)s->size, sizeof(int));
     pthread_mutex_init(&s->mu, NULL);

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -115,7 +116,13 @@ struct kiln_dp {
     double host_wait_s; // seconds the training thread waited for them
     double copy_s;      // seconds their copies took, and their bytes (both directions)
     double copy_bytes;
-    struct opipe *pipe;    // the step running beside the training thread, or NULL
+    struct opipe *pipe; // the step running beside the training thread, or NULL
+    // ZeRO-1/2 with the optimizer on the device: the updated compute weights' gathers, one a bucket, issued
+    // after AdamW in the forward's order (bottom bucket first) and waited for by the next forward as it
+    // reaches each bucket (the compute stream waits, not the host), so that they run under it; NULL once
+    // waited. gather_wait: all waited for at once, right after AdamW (KILN_ZERO_GATHER=wait, a baseline)
+    struct kiln_comm_work **wg;
+    int gather_wait;
     int delay_us;          // tests: the host's AdamW sleeps this long before each chunk
     int poison;            // tests: staging filled with NaN before each use (kiln_dp_opts)
     size_t chunk;          // elements a chunk
@@ -127,6 +134,7 @@ struct kiln_dp {
 };
 
 static void gather_weights(struct kiln_dp *dp, int master);
+static void weights_through(struct kiln_dp *dp, size_t limit);
 static void offload_params_set(struct kiln_dp *dp, const float *host);
 static void offload_wait(struct kiln_dp *dp, int chunks);
 static void offload_settle(struct kiln_dp *dp);
@@ -241,6 +249,7 @@ static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const st
     dp->chunk = o->offload_chunk ? o->offload_chunk : OFFLOAD_CHUNK;
     dp->delay_us = o->offload_delay_us;
     dp->poison = o->poison_staging;
+    dp->gather_wait = o->gather_wait;
     if (o->zero == 3)
         plan_layer_buckets(dp, pt);
     else
@@ -346,6 +355,9 @@ void kiln_dp_free(struct kiln_dp *dp) {
     if (!dp)
         return;
     offload_settle(dp);
+    for (int i = 0; dp->wg && i < dp->nb; i++)
+        kiln_comm_wait(dp->comm, dp->wg[i]);
+    free(dp->wg);
     for (int i = 0; i < dp->nb; i++) {
         kiln_comm_wait(dp->comm, dp->b[i].work);
         if (dp->b[i].event)
@@ -1104,6 +1116,65 @@ static void attach_zero3(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {
     h->params_set = on_params_set;
 }
 
+// Issues the in-place gathers, from their owners, of every bucket's compute weights (or, with master = 1, its
+// f32 master weights), the bottom bucket first: the forward's order. Bucket i's work goes to w[i].
+static void issue_gathers(struct kiln_dp *dp, int master, struct kiln_comm_work **w) {
+    void *base = master ? (void *)dp->buf.params : dp->buf.weights;
+    enum kiln_dtype dt = master ? KILN_F32 : dp->be->act_dtype;
+    size_t eb = kiln_dtype_bytes(dt);
+    for (int i = dp->nb - 1; i >= 0; i--) {
+        const struct bucket *b = &dp->b[i];
+        size_t lo, hi;
+        kiln_comm_slice(b->hi - b->lo, dp->comm->size, dp->comm->rank, &lo, &hi);
+        char *at = (char *)base + b->lo * eb;
+        struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER,
+                              .send = at + lo * eb,
+                              .recv = at,
+                              .count = b->hi - b->lo,
+                              .dtype = dt,
+                              .device = dp->be->device_memory};
+        w[i] = kiln_comm_submit(dp->comm, &k, NULL);
+    }
+}
+
+// The same, waited for before anything else runs on the compute stream.
+static void gather_weights(struct kiln_dp *dp, int master) {
+    struct kiln_comm_work **w = kiln_xcalloc((size_t)dp->nb, sizeof(*w));
+    issue_gathers(dp, master, w);
+    for (int i = 0; i < dp->nb; i++)
+        kiln_comm_wait_stream(dp->comm, w[i]);
+    free(w);
+}
+
+// The next forward reaches the flat elements below limit: the compute stream waits for the weight gathers of
+// the buckets that hold any of them (SIZE_MAX: every one, before the weights are read other than by the
+// forward, or written).
+static void weights_through(struct kiln_dp *dp, size_t limit) {
+    for (int i = 0; dp->wg && i < dp->nb; i++)
+        if (dp->wg[i] && dp->b[i].lo < limit) {
+            kiln_comm_wait_stream(dp->comm, dp->wg[i]);
+            dp->wg[i] = NULL;
+        }
+}
+
+// ZeRO-1/2 with the optimizer on the device: the forward's start reads the embeddings and layer 0's first
+// norm (segments 0 and 1), layer l's forward its own weights and layer l + 1's first norm (segment 2 + l; the
+// last layer's is the top: the final norm and head). ZeRO-2's staging hooks in before each layer's backward.
+static void on_forward_begin_gathered(void *user) {
+    struct kiln_dp *dp = user;
+    kiln_flight_set_layer(-1);
+    weights_through(dp, dp->seg_begin[2]);
+}
+
+static void on_layer_begin_gathered(void *user, int l, int recompute) {
+    struct kiln_dp *dp = user;
+    kiln_flight_set_layer(l);
+    if (!recompute)
+        weights_through(dp, dp->seg_begin[3 + l]);
+    else if (dp->zero >= 2 && !dp->whole)
+        on_layer_begin(user, l, recompute);
+}
+
 void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
     dp->g = g;
     kiln_gpt_buffers(g, &dp->buf);
@@ -1128,6 +1199,13 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
         dp->shard = alloc_or_die(dp, dp->optim_elems * gb, "gradient shard");
         plan_gaps(dp, kiln_gpt_params(g));
         h.layer_begin = on_layer_begin;
+    }
+    if ((dp->zero == 1 || dp->zero == 2) && !dp->offload) {
+        if (!dp->seg_begin)
+            dp->n_seg = kiln_gpt_grad_segments(g, &dp->seg_begin);
+        dp->wg = kiln_xcalloc((size_t)dp->nb, sizeof(*dp->wg));
+        h.forward_begin = on_forward_begin_gathered;
+        h.layer_begin = on_layer_begin_gathered;
     }
     if (dp->zero == 3)
         attach_zero3(dp, &h);
@@ -1198,32 +1276,10 @@ double kiln_dp_grad_norm(struct kiln_dp *dp, double *also) {
     return sqrt(v[0]);
 }
 
-// The compute weights (or, with master = 1, the f32 master weights) of every bucket, gathered from their
-// owners in place.
-static void gather_weights(struct kiln_dp *dp, int master) {
-    void *base = master ? (void *)dp->buf.params : dp->buf.weights;
-    enum kiln_dtype dt = master ? KILN_F32 : dp->be->act_dtype;
-    size_t eb = kiln_dtype_bytes(dt);
-    struct kiln_comm_work **w = kiln_xcalloc((size_t)dp->nb, sizeof(*w));
-    for (int i = 0; i < dp->nb; i++) {
-        const struct bucket *b = &dp->b[i];
-        size_t lo, hi;
-        kiln_comm_slice(b->hi - b->lo, dp->comm->size, dp->comm->rank, &lo, &hi);
-        char *at = (char *)base + b->lo * eb;
-        struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER,
-                              .send = at + lo * eb,
-                              .recv = at,
-                              .count = b->hi - b->lo,
-                              .dtype = dt,
-                              .device = dp->be->device_memory};
-        w[i] = kiln_comm_submit(dp->comm, &k, NULL);
-    }
-    for (int i = 0; i < dp->nb; i++)
-        kiln_comm_wait_stream(dp->comm, w[i]);
-    free(w);
-}
-
 void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm) {
+    // the last step's gathers read this rank's slices, which AdamW writes (a forward waited for every one;
+    // a step without one has not)
+    weights_through(dp, SIZE_MAX);
     if (dp->offload) {
         offload_adamw(dp, h, grad_norm);
         return;
@@ -1236,14 +1292,18 @@ void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, doubl
         kiln_gpt_adamw_shard(dp->g, h, grad_norm, dp->spans, dp->n_spans, dp->shard);
     else
         kiln_gpt_adamw_spans(dp->g, h, grad_norm, dp->spans, dp->n_spans);
-    if (dp->zero == 3) // gathered again as the next forward needs them
+    if (dp->zero == 3) { // gathered again as the next forward needs them
         invalidate_units(dp);
-    else
-        gather_weights(dp, 0);
+        return;
+    }
+    issue_gathers(dp, 0, dp->wg);
+    if (dp->gather_wait)
+        weights_through(dp, SIZE_MAX);
 }
 
 void kiln_dp_gather_master(struct kiln_dp *dp) {
     offload_settle(dp);
+    weights_through(dp, SIZE_MAX);
     if (dp->offload && dp->zero)
         gather_master_host(dp);
     else if (dp->offload)
@@ -1289,6 +1349,7 @@ double kiln_dp_offload_copies(const struct kiln_dp *dp, double *seconds) {
 
 void kiln_dp_settle(struct kiln_dp *dp) {
     offload_settle(dp);
+    weights_through(dp, SIZE_MAX);
 }
 
 double kiln_dp_wait_s(const struct kiln_dp *dp) {

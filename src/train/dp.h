@@ -49,6 +49,8 @@ struct kiln_dp_opts {
                           // any element the backward does not assign (and that is not padding) shows
     int gather_at_one;    // measurements: ZeRO-3 gathers at world size 1 too, instead of reading in place
                           // (to trace the prefetch's overlap on one GPU)
+    int gather_wait;      // measurements: ZeRO-1/2 wait for the updated weights' gathers right after AdamW,
+                          // instead of letting the next forward wait for each bucket as it reaches it
 };
 
 // One contiguous range of the flat parameter buffer that this rank owns, and where its AdamW moments sit.

@@ -508,7 +508,10 @@ struct run {
     struct kiln_ckpt_writer *writer;
     struct kiln_metrics *metrics;
     struct batch bt;
-    // many processes: the job's place, the step's communicator, the checkpoint writer's own, and DDP/ZeRO
+    // many processes: the job's place, the step's communicator, and DDP/ZeRO. ckpt_comm is a second one over
+    // the same ranks for the checkpoint's collectives and the step's end (the stop agreement): under ZeRO-1/2
+    // the updated weights' gathers are still running on comm's stream then, and a control value on comm would
+    // wait for them, and keep the host from issuing the next forward that they overlap
     struct kiln_dist_env env;
     struct kiln_comm *comm, *ckpt_comm;
     struct kiln_dp *dp;
@@ -954,7 +957,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
     // rank's step time, and whether any rank still writes its part of the checkpoint in flight
     double agreed[3] = {stop_requested, sl->ms, r->writer && kiln_ckpt_writer_busy(r->writer)};
     if (r->comm)
-        kiln_comm_all_reduce_host(r->comm, agreed, 3, KILN_F64, KILN_RED_MAX);
+        kiln_comm_all_reduce_host(r->ckpt_comm, agreed, 3, KILN_F64, KILN_RED_MAX);
     int32_t stop = (int32_t)agreed[0];
     double slowest_ms = agreed[1];
     if (r->comm)

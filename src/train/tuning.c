@@ -23,4 +23,6 @@ void kiln_dp_tuning_from_env(struct kiln_dp_opts *o) {
     o->offload_delay_us = delay ? atoi(delay) : 0;
     o->poison_staging = poison && strcmp(poison, "1") == 0;
     o->gather_at_one = gather && strcmp(gather, "1") == 0;
+    const char *zg = getenv("KILN_ZERO_GATHER");
+    o->gather_wait = zg && strcmp(zg, "wait") == 0;
 }

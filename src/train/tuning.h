@@ -7,6 +7,8 @@
 //   KILN_OFFLOAD_DELAY_US=n  the host's AdamW sleeps n us before each chunk (tests: the forward must wait)
 //   KILN_POISON_STAGING=1    ZeRO-2/3's gradient staging filled with NaN before each use (tests)
 //   KILN_ZERO3_GATHER=1      ZeRO-3 gathers at world size 1 too (a trace of its prefetch on one GPU)
+//   KILN_ZERO_GATHER=wait    ZeRO-1/2 wait for the whole weight gather after AdamW (the baseline of its overlap
+//                            with the next forward)
 // and the checkpoint writer's (train/train_ckpt.c):
 //   KILN_CKPT_DELAY_MS=n     rank r's writer waits (r + 1) n ms before its files (tests: a commit steps later)
 #ifndef KILN_TRAIN_TUNING_H
