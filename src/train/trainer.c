@@ -649,7 +649,8 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     if ((rc = kiln_config_validate(cfg, err)) ||
         (rc = kiln_sp_plan(cfg, r->env.world, r->env.rank, r->env.local_world, &r->sp_lo, err)) ||
         (rc = parse_step_list(cfg->inject_nan, &r->nan_steps, err)) ||
-        (rc = parse_stall(cfg->inject_stall, r->env.world, &r->stall_rank, &r->stall_step, err)))
+        (rc = parse_stall(cfg->inject_stall, r->env.world, &r->stall_rank, &r->stall_step, err)) ||
+        (rc = kiln_dp_tuning_check_env(err)))
         return rc;
 
     const char *device = kiln_backend_resolve(cfg->device);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "train/dp.h"
+#include "util/error.h"
 
 void kiln_gpt_tuning_from_env(struct kiln_gpt_opts *o) {
     const char *rows = getenv("KILN_CLASSIFIER_ROWS"), *fused = getenv("KILN_PARALLEL_FUSED"),
@@ -25,4 +26,12 @@ void kiln_dp_tuning_from_env(struct kiln_dp_opts *o) {
     o->gather_at_one = gather && strcmp(gather, "1") == 0;
     const char *zg = getenv("KILN_ZERO_GATHER");
     o->gather_wait = zg && strcmp(zg, "wait") == 0;
+}
+
+int kiln_dp_tuning_check_env(struct kiln_error *err) {
+    const char *zg = getenv("KILN_ZERO_GATHER");
+    if (zg && *zg && strcmp(zg, "overlap") && strcmp(zg, "wait"))
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "KILN_ZERO_GATHER=%s (environment): overlap (the default) or wait", zg);
+    return 0;
 }

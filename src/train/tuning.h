@@ -8,7 +8,7 @@
 //   KILN_POISON_STAGING=1    ZeRO-2/3's gradient staging filled with NaN before each use (tests)
 //   KILN_ZERO3_GATHER=1      ZeRO-3 gathers at world size 1 too (a trace of its prefetch on one GPU)
 //   KILN_ZERO_GATHER=wait    ZeRO-1/2 wait for the whole weight gather after AdamW (the baseline of its overlap
-//                            with the next forward)
+//                            with the next forward; overlap, the default, lets the forward wait bucket by bucket)
 // and the checkpoint writer's (train/train_ckpt.c):
 //   KILN_CKPT_DELAY_MS=n     rank r's writer waits (r + 1) n ms before its files (tests: a commit steps later)
 #ifndef KILN_TRAIN_TUNING_H
@@ -19,5 +19,9 @@
 void kiln_gpt_tuning_from_env(struct kiln_gpt_opts *o);
 struct kiln_dp_opts;
 void kiln_dp_tuning_from_env(struct kiln_dp_opts *o);
+// The knobs above that a user may set for a measurement (KILN_ZERO_GATHER): a value that is none of its
+// choices is a usage error naming the variable (the test-only ones are read as they are).
+struct kiln_error;
+int kiln_dp_tuning_check_env(struct kiln_error *err);
 
 #endif

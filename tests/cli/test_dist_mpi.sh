@@ -42,6 +42,10 @@ cmp -s "$T/ddp4/model.safetensors" "$T/zero1/model.safetensors" && ok || bad "Ze
 "${MPI[@]}" -np 3 -x KILN_COMM_DELAY_US=3000 "$KILN" train "${args[@]}" --max-steps=8 --zero=1 --out="$T/zero1r3" 2>"$T/err" ||
   bad "zero 1 at 3 ranks failed: $(tail -3 "$T/err")"
 cmp -s "$T/ddp3/model.safetensors" "$T/zero1r3/model.safetensors" && ok || bad "ZeRO-1's weights differ from DDP's at 3 ranks"
+# and with the whole gather waited for right after AdamW (the old order, a measurement's baseline)
+"${MPI[@]}" -np 3 -x KILN_ZERO_GATHER=wait "$KILN" train "${args[@]}" --max-steps=8 --zero=1 --out="$T/zero1w" 2>"$T/err" ||
+  bad "zero 1, KILN_ZERO_GATHER=wait: $(tail -3 "$T/err")"
+cmp -s "$T/ddp3/model.safetensors" "$T/zero1w/model.safetensors" && ok || bad "ZeRO-1's weights differ from DDP's (gathers waited for)"
 cmp -s <(grep -o '"loss":[^,]*' "$T/ddp4/metrics.jsonl") <(grep -o '"loss":[^,]*' "$T/zero1/metrics.jsonl") && ok ||
   bad "ZeRO-1's losses differ from DDP's"
 # ZeRO-2 reduces every micro-step (its staging buffers are reused), so with accumulation its sums are grouped by
@@ -197,6 +201,8 @@ expect_error 2 "comm nccl" -- train "${small[@]}" --comm=nccl --device=cpu
 expect_error 2 "zero" -- train "${small[@]}" --zero=4
 expect_error 2 "comm" -- train "${small[@]}" --comm=tcp
 expect_error 2 "bucket-mb" -- train "${small[@]}" --bucket-mb=0
+KILN_ZERO_GATHER=later expect_error 2 "KILN_ZERO_GATHER=later (environment): overlap (the default) or wait" -- \
+  train "${small[@]}" --zero=1
 expect_error 2 "reduce-dtype bf16 on device cpu" -- train "${small[@]}" --reduce-dtype=bf16 --device=cpu
 
 # a damaged optimizer shard: the checkpoint does not verify, is named with its file, and nothing is overwritten
