@@ -95,18 +95,11 @@ static const float *rotated_qkv(void *ctx, const float *qkv, int *rs, int B, int
 
 // ---- one query row ------------------------------------------------------------------------------------
 
-static inline float dot(const float *a, const float *b, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
-
 // Scores of query q (at position t) against keys 0..t: scores[s] = scale * q.k_s + slope * (s - t).
 static void score_row(const float *q, const float *k, size_t kstride, int t, int HS, float scale, float slope,
                       float *scores) {
     for (int s = 0; s <= t; s++)
-        scores[s] = scale * dot(q, k + (size_t)s * kstride, HS) + slope * (float)(s - t);
+        scores[s] = scale * kiln_cpu_dot(q, k + (size_t)s * kstride, HS) + slope * (float)(s - t);
 }
 
 // out = softmax(scores) @ v over keys 0..t; returns the log-sum-exp of the scores.
@@ -187,7 +180,7 @@ void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a)
             const float *base = qkv + (size_t)b * T * W;
             const float *k = base + (NH + kvh) * HS, *v = base + (NH + NKV + kvh) * HS;
             const float *dy = dout + ((size_t)b * T + t) * C + h * HS;
-            float Dt = dot(dy, out + ((size_t)b * T + t) * C + h * HS, HS);
+            float Dt = kiln_cpu_dot(dy, out + ((size_t)b * T + t) * C + h * HS, HS);
             float row_lse = lse[((size_t)b * NH + h) * T + t];
             D[((size_t)b * NH + h) * T + t] = Dt;
             float slope = a->pos == KILN_POS_ALIBI ? kiln_cpu_alibi_slope(h, NH) : 0.0f;
@@ -197,7 +190,7 @@ void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a)
                 dq[i] = 0.0f;
             for (int s = 0; s <= t; s++) {
                 float p = expf(scores[s] - row_lse);
-                float ds = p * (dot(dy, v + (size_t)s * W, HS) - Dt) * scale;
+                float ds = p * (kiln_cpu_dot(dy, v + (size_t)s * W, HS) - Dt) * scale;
                 const float *ks = k + (size_t)s * W;
                 for (int i = 0; i < HS; i++)
                     dq[i] += ds * ks[i];
@@ -219,9 +212,9 @@ void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a)
                 for (int t = s; t < T; t++) {
                     const float *q = base + (size_t)t * W + h * HS;
                     const float *dy = dout + ((size_t)b * T + t) * C + h * HS;
-                    float score = scale * dot(q, ks, HS) + slope * (float)(s - t);
+                    float score = scale * kiln_cpu_dot(q, ks, HS) + slope * (float)(s - t);
                     float p = expf(score - lse[((size_t)b * NH + h) * T + t]);
-                    float ds = p * (dot(dy, vs, HS) - D[((size_t)b * NH + h) * T + t]) * scale;
+                    float ds = p * (kiln_cpu_dot(dy, vs, HS) - D[((size_t)b * NH + h) * T + t]) * scale;
                     for (int i = 0; i < HS; i++) {
                         dk[i] += ds * q[i];
                         dv[i] += p * dy[i];

@@ -120,17 +120,7 @@ static inline float slope_of(const struct block *g, int h) {
 // ALiBi's bias slope * (kpos - qpos) on the global positions, in the same float arithmetic as attention.c.
 static inline float score_of(const struct block *g, const float *q, const float *k, float slope, int i,
                              int j) {
-    float s = 0.0f;
-    for (int c = 0; c < g->HS; c++)
-        s += q[c] * k[c];
-    return g->scale * s + slope * (float)((g->k0 + j) - (g->q0 + i));
-}
-
-static inline float dot(const float *a, const float *b, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++)
-        s += a[i] * b[i];
-    return s;
+    return g->scale * kiln_cpu_dot(q, k, g->HS) + slope * (float)((g->k0 + j) - (g->q0 + i));
 }
 
 // ---- forward ---------------------------------------------------------------------------------------------
@@ -261,7 +251,7 @@ void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_b
             int i = Tq - 1 - task % Tq, h = (task / Tq) % NH, b = task / (Tq * NH);
             int kvh = h / g.group;
             const float *dy = row_at(dout, b, i) + h * HS;
-            float Di = dot(dy, row_at(out, b, i) + h * HS, HS);
+            float Di = kiln_cpu_dot(dy, row_at(out, b, i) + h * HS, HS);
             float row_lse = lse[((size_t)b * NH + h) * f->lse_stride + i];
             D[((size_t)b * NH + h) * Tq + i] = Di;
             int n = visible_keys(&g, i);
@@ -274,7 +264,7 @@ void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_b
             for (int j = 0; j < n; j++) {
                 const float *kj = row_at(k, b, j) + kvh * HS;
                 float p = expf(score_of(&g, qi, kj, slope, i, j) - row_lse);
-                float ds = p * (dot(dy, row_at(v, b, j) + kvh * HS, HS) - Di) * g.scale;
+                float ds = p * (kiln_cpu_dot(dy, row_at(v, b, j) + kvh * HS, HS) - Di) * g.scale;
                 for (int c = 0; c < HS; c++)
                     acc[c] += ds * kj[c];
             }
@@ -304,7 +294,7 @@ void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_b
                     const float *qi = row_at(q, b, i) + h * HS;
                     const float *dy = row_at(dout, b, i) + h * HS;
                     float p = expf(score_of(&g, qi, kj, slope, i, j) - row_lse);
-                    float ds = p * (dot(dy, vj, HS) - D[((size_t)b * NH + h) * Tq + i]) * g.scale;
+                    float ds = p * (kiln_cpu_dot(dy, vj, HS) - D[((size_t)b * NH + h) * Tq + i]) * g.scale;
                     for (int c = 0; c < HS; c++) {
                         dk_acc[c] += ds * qi[c];
                         dv_acc[c] += p * dy[c];

@@ -29,6 +29,22 @@ static inline int kiln_cpu_threads(void *ctx) {
     return ((struct kiln_cpu_ctx *)ctx)->threads;
 }
 
+// a . b in 8 lanes (head sizes are multiples of 8 in practice; a tail is added last): the compiler makes one
+// vector FMA of each step, where one running sum is a chain of dependent scalar FMAs (attention's dot
+// products were most of a shakespeare-char step). The lanes are summed in a fixed order. attention.c and
+// attention_block.c both score with it, so that the ring's blocks do the whole sequence's arithmetic.
+static inline float kiln_cpu_dot(const float *a, const float *b, int n) {
+    float lane[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            lane[j] += a[i + j] * b[i + j];
+    float s = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
 // Parallel regions only pay off above some work (and spinning threads hurt a loaded machine): regions use
 // `if (KILN_CPU_PAR(work))` with work ~ the number of element operations. The result is the same either way.
 #define KILN_CPU_PAR(work) ((double)(work) >= 65536.0)
