@@ -98,7 +98,8 @@ void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp
 // The global gradient norm (the same value on every rank). *sum (may be NULL) is summed over the ranks in the
 // same reduction: the loss, so that the step pays one round trip for both.
 double kiln_dp_grad_norm(struct kiln_dp *dp, double *sum);
-// AdamW over this rank's part, then (ZeRO) the updated compute weights gathered from their owners.
+// AdamW over this rank's part, then (ZeRO) the updated compute weights gathered from their owners: under
+// ZeRO-1/2 the gathers are left running, and the next forward waits for each bucket as it reaches it.
 void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm);
 // ZeRO on a mixed-precision backend updates only its slices of the f32 master weights (the compute copy is
 // what is gathered every step): this gathers the master weights too, before they are saved.
@@ -122,7 +123,8 @@ double kiln_dp_offload_s(const struct kiln_dp *dp);
 double kiln_dp_offload_wait_s(const struct kiln_dp *dp);
 // The bytes the offloaded steps' copies moved so far (both directions), and in *seconds the time they took.
 double kiln_dp_offload_copies(const struct kiln_dp *dp, double *seconds);
-// Waits for a running offloaded step: before the weights are read other than by the forward (a sample).
+// Waits for a running offloaded step and for ZeRO-1/2's weight gathers still in flight: before the weights
+// are read other than by the forward (a sample).
 void kiln_dp_settle(struct kiln_dp *dp);
 
 // The ranges rank r of n owns under these bucket bounds (the same rule as kiln_dp_ranges): for resharding a
