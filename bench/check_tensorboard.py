@@ -12,7 +12,7 @@ import json
 import math
 import sys
 
-# metrics.jsonl field -> TensorBoard tag (src/train/metrics.c)
+# metrics.jsonl field -> TensorBoard tag (src/run/metrics.c)
 TAGS = {
     "loss": "train/loss",
     "lr": "train/lr",
@@ -35,7 +35,7 @@ TAGS = {
 }
 
 
-# how metrics.jsonl prints each field (src/train/metrics.c): half its last digit is what printing may have
+# how metrics.jsonl prints each field (src/run/metrics.c): half its last digit is what printing may have
 # rounded away; ("abs", 0.5e-6) for %.6f, ("rel", 0.5e-5) for %.6g
 PRINTED = {
     "loss": ("abs", 0.5e-6),

@@ -2,7 +2,7 @@
 // Prints GFLOP/s for the forward product (inp @ W^T), the two backward products (dinp = dout @ W and
 // dweight += dout^T @ inp) and a naive triple loop for comparison.
 // Usage: cpu_matmul [N=256] [threads=0 (all)] [reps=5]
-#include "backend/backend.h"
+#include "core/backend.h"
 #include "backend/cpu/cpu_internal.h"
 
 #include <stdio.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sums up a KILN_TRACE_COMM trace (src/dist/comm_nccl.cu): for each kind of collective, the time the comm
+"""Sums up a KILN_TRACE_COMM trace (src/parallel/comm/comm_nccl.cu): for each kind of collective, the time the comm
 stream spent on it, and the time the compute stream stood still waiting for it (the exposed part). What is
 not exposed ran inside the compute's timeline. Operations that begin before SKIP ms (warm-up) are left out;
 SKIP may be a share of the trace's length instead, as "25%".

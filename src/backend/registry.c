@@ -1,5 +1,5 @@
 // Backend registration: the one place, besides the build files, where KILN_CUDA appears (DESIGN.md).
-#include "backend/backend.h"
+#include "core/backend.h"
 
 #include <string.h>
 

@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backend/backend.h"
-#include "dist/comm.h"
-#include "model/config.h"
+#include "core/backend.h"
+#include "parallel/comm/comm.h"
+#include "run/options.h"
 #include "util/build_info.h"
 
 struct command {

@@ -1,4 +1,4 @@
-// kiln doctor RUN: reads the hang watchdog's dumps (RUN/hang/rank-N.txt, dist/watchdog.h) and says which
+// kiln doctor RUN: reads the hang watchdog's dumps (RUN/hang/rank-N.txt, parallel/comm/watchdog.h) and says which
 // rank stalled, where it was, who waited on it, and which collectives the ranks disagree on
 // (kiln_hang_diagnose). Exit 0 with a diagnosis, 1 when there are no dumps to read, 2 on a usage error.
 #include <glob.h>
@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 
 #include "cmd/cmd.h"
-#include "dist/flight.h"
+#include "parallel/comm/flight.h"
 #include "io/fsutil.h"
 
 static void usage(FILE *f) {

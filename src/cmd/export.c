@@ -1,12 +1,12 @@
-// kiln export / kiln import: Hugging Face interop (the mapping is in train/hf.c).
+// kiln export / kiln import: Hugging Face interop (the mapping is in interop/hf.c).
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cmd/cmd.h"
 #include "model/params.h"
-#include "train/hf.h"
-#include "train/model_io.h"
+#include "interop/hf.h"
+#include "run/model_io.h"
 
 // --name=value arguments into the values of the allowed names (NULL when absent).
 static int parse_named(int argc, char **argv, const char *cmd, const char *const *names, const char **values,

@@ -3,16 +3,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
+#include "core/backend.h"
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
-#include "dist/comm.h"
-#include "train/dp.h"
-#include "train/plan.h"
-#include "train/sp.h"
-#include "train/embedded.h"
-#include "train/tuning.h"
+#include "parallel/comm/comm.h"
+#include "parallel/dp.h"
+#include "run/plan.h"
+#include "parallel/sp.h"
+#include "run/embedded.h"
+#include "run/tuning.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -83,7 +83,7 @@ static void print_fit(size_t on_gpu) {
 }
 
 // --recompute=auto: each candidate's per-rank plan on a GPU; the trainer takes the first that fits the GPU's
-// free memory (less its margin, train/trainer.c), and act on the CPU, which states no limit. The rest of info
+// free memory (less its margin, run/trainer.c), and act on the CPU, which states no limit. The rest of info
 // plans with the CPU's choice (selective with --offload=activations).
 static enum kiln_recompute print_auto(const struct kiln_config *cfg, const struct kiln_param_table *pt,
                                       int world, const struct kiln_sp_layout *sp, enum kiln_dtype grad) {
@@ -190,7 +190,7 @@ static void print_lengths(const struct kiln_config *cfg, const int *lengths, int
         struct kiln_sp_layout sp;
         struct kiln_error err = {0};
         printf("  %10d", lengths[i]);
-        if (kiln_sp_plan(&c, world, 0, world, &sp, &err)) {
+        if (kiln_sp_plan(kiln_config_sp(&c), world, 0, world, &sp, &err)) {
             printf("  (%s)\n", err.msg);
             continue;
         }
@@ -301,7 +301,7 @@ int cmd_info(int argc, char **argv) {
     }
     // the plan is rank 0's (hybrid's default Ulysses group: every rank, as on one node)
     struct kiln_sp_layout sp;
-    if (kiln_config_validate(&cfg, &err) || kiln_sp_plan(&cfg, world, 0, world, &sp, &err))
+    if (kiln_config_validate(&cfg, &err) || kiln_sp_plan(kiln_config_sp(&cfg), world, 0, world, &sp, &err))
         return kiln_error_print(&err);
 
     kiln_config_write(&cfg, stdout);

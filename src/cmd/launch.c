@@ -29,7 +29,7 @@
 // with that child's status (128 + signal for a signal).
 //
 // Several nodes (--nnodes=M > 1, --node-rank=I, the same --master-addr and --master-port on every node): the
-// launchers meet first. Node 0's launcher serves a TCP store (dist/store.h) at --master-port on every
+// launchers meet first. Node 0's launcher serves a TCP store (parallel/comm/store.h) at --master-port on every
 // interface; each launcher registers there with the address it reaches node 0 from, and all wait until every
 // node has (--rdzv-timeout, default 300 s; a node missing then is named, with its ranks, on every node that
 // did come). Each start of the group then runs on all nodes together, its keys tagged by the start's number:
@@ -63,12 +63,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend/backend.h"
+#include "core/backend.h"
 #include "cmd/cmd.h"
-#include "dist/store.h"
+#include "parallel/comm/store.h"
 #include "io/checkpoint.h"
-#include "model/config.h"
-#include "train/trainer.h"
+#include "run/options.h"
+#include "run/trainer.h"
 #include "util/progress.h"
 
 #define LAUNCH_MAX_NPROC 1024

@@ -8,12 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
+#include "core/backend.h"
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
-#include "train/tuning.h"
-#include "train/model_io.h"
+#include "run/tuning.h"
+#include "run/model_io.h"
 
 struct logits_opts {
     const char *run, *tokens, *text, *device;

@@ -13,7 +13,7 @@
 #include "cmd/cmd.h"
 #include "cmd/plot.h"
 #include "io/fsutil.h"
-#include "model/config.h"
+#include "run/options.h"
 
 #define PLOT_USAGE                                                                                           \
     "kiln plot RUN... --out=FILE.png [--x=step|tokens] [--width=W --height=H], or kiln plot "                \

@@ -6,13 +6,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend/backend.h"
+#include "core/backend.h"
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
-#include "train/tuning.h"
-#include "train/model_io.h"
-#include "train/sampler.h"
+#include "run/tuning.h"
+#include "run/model_io.h"
+#include "run/sampler.h"
 #include "util/rng.h"
 
 struct sample_opts {

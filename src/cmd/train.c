@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include "cmd/cmd.h"
-#include "dist/comm.h"
-#include "dist/watchdog.h"
-#include "train/trainer.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/watchdog.h"
+#include "run/trainer.h"
 #include "util/progress.h"
 
 static volatile sig_atomic_t n_stop_signals = 0;

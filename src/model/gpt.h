@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/ops.h"
+#include "core/ops.h"
 #include "util/error.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -55,7 +55,7 @@ struct kiln_gpt_opts {
 
 struct kiln_gpt;
 
-// ---- hooks: where parallelism enters (train/ fills them in on top of dist/; with one process all are NULL) --
+// ---- hooks: where parallelism enters (train/ fills them in on top of parallel/comm/; with one process all are NULL) --
 // The model calls them at fixed points of a step and never calls communication code itself.
 struct kiln_gpt_hooks {
     void *user;
@@ -85,7 +85,7 @@ struct kiln_gpt_hooks {
 };
 void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h);
 
-// Sequence parallelism: the attention core of every layer is computed by the caller (train/sp.c), which sees
+// Sequence parallelism: the attention core of every layer is computed by the caller (parallel/sp.c), which sees
 // the rank's share of each sequence and talks to the other ranks of its group. The arguments are the model's
 // own call's (its T columns, its buffers); forward must fill out and lse, backward dqkv's columns. NULL
 // functions: the backend's attention op.
@@ -180,7 +180,7 @@ void kiln_gpt_adamw_shard(struct kiln_gpt *g, const struct kiln_adamw_hparams *h
 // The spans of every tensor (padding excluded), for callers that shard them; *n gets the count.
 const struct kiln_param_span *kiln_gpt_spans(const struct kiln_gpt *g, int *n);
 
-// The model's buffers, for the data-parallel layer (train/dp.c): the flat master weights (f32), their compute
+// The model's buffers, for the data-parallel layer (parallel/dp.c): the flat master weights (f32), their compute
 // copy (act dtype; == params where they alias) and the gradients (grad dtype), all pt->total elements, and
 // the AdamW moments (optim_elems each). Backend memory.
 struct kiln_gpt_buffers {

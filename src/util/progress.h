@@ -25,7 +25,7 @@ void kiln_progress_end(struct kiln_progress *p);
 void kiln_format_duration(double s, char *buf, size_t cap);
 
 // The last lines of progress (every step's line, printed or not, and every note), kept for the hang
-// watchdog's dump (dist/watchdog.h). Thread-safe.
+// watchdog's dump (parallel/comm/watchdog.h). Thread-safe.
 #define KILN_LOG_RECENT 32
 void kiln_log_remember(const char *line);
 // Writes the remembered lines, oldest first, each indented by two spaces. Gives up (writes nothing) if the

@@ -1,4 +1,4 @@
-// The tensor-core block-attention kernels (src/backend/cuda/attention_block_tc.cu) run on the CPU, through
+// The tensor-core block-attention kernels (src/backend/cuda/attention/attention_block_tc.cu) run on the CPU, through
 // the SIMT emulation of tests/emu/shim (threads, barriers, shuffles, mma.sync's fragment layouts), against
 // the CPU backend's block op, the reference. No GPU needed: what the kernels compute (indexing, masks, the
 // online softmax, the lse merge, RoPE at global positions, ALiBi with global heads, GQA, the backward's sums)
@@ -7,11 +7,11 @@
 // -inf), then query blocks against key blocks cut elsewhere, merged in a shuffled order with accumulate,
 // then the backward of every pair added onto the same starting gradients.
 extern "C" {
-#include "backend/backend.h"
-#include "model/ops.h"
+#include "core/backend.h"
+#include "core/ops.h"
 #include "util/error.h"
 }
-#include "backend/cuda/attention_block_tc.cu"
+#include "backend/cuda/attention/attention_block_tc.cu"
 
 #include <stdio.h>
 

@@ -5,10 +5,11 @@
 // a trajectory against fp32 gradients'. Exits 77 (skipped) where no GPU is present.
 #include "test_util.h"
 
-#include "backend/backend.h"
+#include "core/backend.h"
 #include "model/gpt.h"
-#include "train/tuning.h"
-#include "train/embedded.h"
+#include "run/options.h"
+#include "run/tuning.h"
+#include "run/embedded.h"
 
 static struct kiln_backend cpu, gpu, gpu_bf16; // gpu_bf16: parameter gradients in bf16
 

@@ -22,7 +22,7 @@
 
 #include "test_util.h"
 
-#include "backend/backend.h"
+#include "core/backend.h"
 
 #define TOL_BF16 1e-2
 #define TOL_ATTN 2e-2

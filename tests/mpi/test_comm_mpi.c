@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dist/comm.h"
-#include "dist/env.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/env.h"
 
 static int passed, failed, rank;
 

@@ -12,10 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dist/comm.h"
-#include "dist/env.h"
-#include "dist/flight.h"
-#include "dist/watchdog.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/env.h"
+#include "parallel/comm/flight.h"
+#include "parallel/comm/watchdog.h"
 
 static int passed, failed, rank;
 

@@ -5,8 +5,8 @@
 // were given and still read back to the same bits, and the help shows each option's range and default.
 #include "test_util.h"
 
-#include "backend/backend.h"
-#include "model/config.h"
+#include "core/backend.h"
+#include "run/options.h"
 
 // shakespeare-char (B=16, T=128: 2048 tokens per micro-step) with flags applied, validated
 static int parse_validate(struct kiln_config *c, struct kiln_error *e, int argc, char **argv) {

@@ -5,7 +5,7 @@
 
 #include "test_util.h"
 
-#include "backend/backend.h"
+#include "core/backend.h"
 
 static struct kiln_backend g_be; // opened by the group setup
 static uint64_t g_rng;

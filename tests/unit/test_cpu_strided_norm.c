@@ -2,7 +2,7 @@
 // nothing outside the slice touched, and dinp_assign overwriting instead of accumulating.
 #include "test_util.h"
 
-#include "backend/backend.h"
+#include "core/backend.h"
 
 static void run_case(struct kiln_backend *be, int N, int C, int ld, int off, int rms) {
     uint64_t s = test_seed() ^ (uint64_t)(N * 131 + C * 7 + ld + off + rms);

@@ -2,7 +2,7 @@
 // node lists and tasks-per-node counts, and one usage error naming the variable for each bad environment.
 #include "test_util.h"
 
-#include "dist/env.h"
+#include "parallel/comm/env.h"
 
 // Reads env (a NULL-terminated "NAME=value" list) and asserts that it succeeds.
 static struct kiln_dist_env read_ok(const char *const *env) {

@@ -1,16 +1,17 @@
-// Hugging Face export and import (train/hf.c): export -> import gives identical weights and loss for each
+// Hugging Face export and import (interop/hf.c): export -> import gives identical weights and loss for each
 // architecture; the file layout HF expects, checked element by element here (GPT-2's Conv1D transpose and its
 // V-row embedding, Llama's q/k/v and gate/up split, OLMo's folded norm weights); refusals name the option.
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
 
-#include "backend/backend.h"
+#include "core/backend.h"
 #include "io/fsutil.h"
 #include "io/safetensors.h"
 #include "model/gpt.h"
-#include "train/tuning.h"
-#include "train/hf.h"
+#include "run/options.h"
+#include "run/tuning.h"
+#include "interop/hf.h"
 
 // A tiny model: vocab 11 padded to 16, so the dropped padding rows are visible.
 static void tiny(struct kiln_config *c) {

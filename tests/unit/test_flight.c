@@ -5,9 +5,9 @@
 
 #include <pthread.h>
 
-#include "dist/comm.h"
-#include "dist/flight.h"
-#include "dist/watchdog.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/flight.h"
+#include "parallel/comm/watchdog.h"
 #include "io/fsutil.h"
 #include "util/progress.h"
 

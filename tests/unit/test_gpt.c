@@ -4,9 +4,10 @@
 // apart, and the memory plan against what the model allocates.
 #include "test_util.h"
 
-#include "backend/backend.h"
+#include "core/backend.h"
 #include "model/gpt.h"
-#include "train/tuning.h"
+#include "run/options.h"
+#include "run/tuning.h"
 
 struct fixture {
     struct kiln_backend be;

@@ -1,4 +1,4 @@
-// The per-rank memory plans (train/plan.c) against what GPUs measured. --recompute=auto's budget against what
+// The per-rank memory plans (run/plan.c) against what GPUs measured. --recompute=auto's budget against what
 // an H100 measured (2026-11-26, session 10, the 1.3B shape: 24 layers, 2048 wide, 16 heads, RoPE, B=1). At
 // the start of those runs the GPU had 78.63 GiB free (the run logged a budget of 69.77 GiB under the old
 // margin of 10% and 1 GiB). Measured peaks: none at 8k 32.2 GiB, none at 32k 69.3 GiB, mlp at 64k 73.0 GiB
@@ -6,9 +6,9 @@
 // measured peak below is more than 1.2 GiB over its plan.
 #include "test_util.h"
 
-#include "model/config.h"
+#include "run/options.h"
 #include "model/params.h"
-#include "train/plan.h"
+#include "run/plan.h"
 
 #define GIB 1073741824.0
 
@@ -29,7 +29,7 @@ static enum kiln_recompute auto_at(int T, size_t budget, size_t *planned) {
     if (kiln_config_validate(&c, &e))
         fail_msg("config: %s", e.msg);
     struct kiln_sp_layout sp;
-    if (kiln_sp_plan(&c, 1, 0, 1, &sp, &e))
+    if (kiln_sp_plan(kiln_config_sp(&c), 1, 0, 1, &sp, &e))
         fail_msg("sp plan: %s", e.msg);
     struct kiln_param_table pt;
     kiln_params_build(&pt, &c.model);
@@ -108,7 +108,7 @@ static void test_long_context_plans_match_the_h100_peaks(void **state) {
         c.model.vocab_size = 50257;
         c.world = runs[i].sp;
         struct kiln_sp_layout lo;
-        if (kiln_config_validate(&c, &e) || kiln_sp_plan(&c, runs[i].sp, 0, runs[i].sp, &lo, &e))
+        if (kiln_config_validate(&c, &e) || kiln_sp_plan(kiln_config_sp(&c), runs[i].sp, 0, runs[i].sp, &lo, &e))
             fail_msg("T=%d: %s", runs[i].T, e.msg);
         struct kiln_param_table pt;
         kiln_params_build(&pt, &c.model);
@@ -151,7 +151,7 @@ static void test_zero3_plans_match_the_4_h100_peaks(void **state) {
         c.model.vocab_size = 50257;
         c.world = 4; // (the gradients' dtype follows it: fp32 with several ranks)
         struct kiln_sp_layout sp;
-        if (kiln_config_validate(&c, &e) || kiln_sp_plan(&c, 4, 0, 4, &sp, &e))
+        if (kiln_config_validate(&c, &e) || kiln_sp_plan(kiln_config_sp(&c), 4, 0, 4, &sp, &e))
             fail_msg("%s: %s", runs[i].preset, e.msg);
         struct kiln_param_table pt;
         kiln_params_build(&pt, &c.model);
@@ -177,7 +177,7 @@ static void plan_1p3b(char *zero, char *bucket_mb, int world, struct kiln_rank_p
     c.model.vocab_size = 50257;
     c.world = world;
     struct kiln_sp_layout sp;
-    if (kiln_config_validate(&c, &e) || kiln_sp_plan(&c, world, 0, world, &sp, &e))
+    if (kiln_config_validate(&c, &e) || kiln_sp_plan(kiln_config_sp(&c), world, 0, world, &sp, &e))
         fail_msg("%s: %s", zero, e.msg);
     struct kiln_param_table pt;
     kiln_params_build(&pt, &c.model);

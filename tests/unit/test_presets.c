@@ -2,7 +2,7 @@
 // the parameter count of its published model, corrected here for the vocabulary and for kiln's norm weights.
 #include "test_util.h"
 
-#include "model/config.h"
+#include "run/options.h"
 #include "model/params.h"
 
 struct expect {

@@ -9,10 +9,10 @@
 
 #include "io/checkpoint.h"
 #include "io/fsutil.h"
-#include "train/guards.h"
-#include "train/train_ckpt.h"
-#include "train/metrics.h"
-#include "train/trainer.h"
+#include "run/guards.h"
+#include "run/train_ckpt.h"
+#include "run/metrics.h"
+#include "run/trainer.h"
 #include "util/sha256.h"
 
 // ---- helpers ---------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 
 #include "io/fsutil.h"
 #include "io/safetensors.h"
-#include "model/ops.h"
+#include "core/ops.h"
 
 #include <cjson/cJSON.h>
 #include <sys/stat.h>

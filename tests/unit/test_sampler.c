@@ -2,7 +2,7 @@
 // temperature 0 is the argmax. Fresh logits every run.
 #include "test_util.h"
 
-#include "train/sampler.h"
+#include "run/sampler.h"
 
 enum { V = 12, DRAWS = 60000 };
 

@@ -4,7 +4,7 @@
 // timeout, never a hang.
 #include "test_util.h"
 
-#include "dist/store.h"
+#include "parallel/comm/store.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

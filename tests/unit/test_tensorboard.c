@@ -6,8 +6,8 @@
 #include "io/crc32c.h"
 #include "io/fsutil.h"
 #include "io/tensorboard.h"
-#include "model/config.h"
-#include "train/metrics.h"
+#include "run/options.h"
+#include "run/metrics.h"
 
 #include <dirent.h>
 

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stddef.h>
 
-// kiln_adamw_host (model/adamw_host.c), shared with the offloaded optimizer of every backend: the same code,
+// kiln_adamw_host (core/adamw_host.c), shared with the offloaded optimizer of every backend: the same code,
 // so that offload gives bitwise the same weights here.
 void kiln_cpu_adamw(void *ctx, const struct kiln_adamw_args *a) {
     kiln_adamw_host(a, KILN_F32, KILN_F32, 0, kiln_cpu_threads(ctx));

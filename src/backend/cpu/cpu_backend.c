@@ -1,5 +1,5 @@
 // CPU backend: the ops table and kiln_cpu_backend_open.
-#include "backend/backend.h"
+#include "core/backend.h"
 #include "backend/cpu/cpu_internal.h"
 #include "util/progress.h"
 

@@ -5,7 +5,7 @@
 #ifndef KILN_BACKEND_CPU_INTERNAL_H
 #define KILN_BACKEND_CPU_INTERNAL_H
 
-#include "model/ops.h"
+#include "core/ops.h"
 
 #include <stddef.h>
 #include <stdint.h>

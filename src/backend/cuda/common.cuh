@@ -18,8 +18,8 @@
 
 // kiln's headers are C: their functions have C linkage.
 extern "C" {
-#include "backend/backend.h"
-#include "model/ops.h"
+#include "core/backend.h"
+#include "core/ops.h"
 #include "util/error.h"
 }
 

@@ -1,0 +1,85 @@
+// The per-rank memory plan and --recompute=auto (plan.h).
+#include "run/plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run/tuning.h"
+
+void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_param_table *pt, int world,
+                    const struct kiln_sp_layout *sp, enum kiln_recompute rc, enum kiln_dtype act,
+                    enum kiln_dtype grad, int alias, struct kiln_rank_plan *out) {
+    memset(out, 0, sizeof(*out));
+    struct kiln_dp_opts o = {.zero = cfg->zero,
+                             .bucket_mb = cfg->bucket_mb,
+                             .prefetch = cfg->prefetch,
+                             .keep_gathered = !cfg->zero3_reshard,
+                             .accumulate_whole = cfg->zero3_accumulate == KILN_ACCUMULATE_WHOLE,
+                             .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0};
+    kiln_dp_tuning_from_env(&o);
+    out->dpo = o;
+    struct kiln_gpt_opts go = {.B = cfg->batch_size,
+                               .T = sp->T_local,
+                               .recompute = rc,
+                               .training = 1,
+                               .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
+    kiln_gpt_tuning_from_env(&go);
+    if (world > 1 || cfg->zero || o.offload)
+        kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &out->dp);
+    kiln_gpt_plan(&cfg->model, &go, act, grad, alias, &out->model);
+    out->sp_bytes = kiln_sp_buffer_bytes(sp, &cfg->model, cfg->batch_size, act);
+    out->attn_ws = alias ? 0 : kiln_attn_workspace_bytes(&cfg->model, cfg->batch_size, sp->T_local);
+    out->total = out->model.total_bytes + out->dp.staging + out->dp.grad_shard + out->dp.gathered +
+                 out->sp_bytes + out->attn_ws;
+}
+
+size_t kiln_attn_workspace_bytes(const struct kiln_model_config *m, int B, int T) {
+    size_t NH = (size_t)m->n_head, NKV = (size_t)kiln_model_kv_heads(m), HS = (size_t)kiln_model_head_size(m);
+    size_t rows = (size_t)B * T;
+    size_t bytes = rows * NH * HS * sizeof(float) + rows * NH * sizeof(float);
+    if (m->pos == KILN_POS_ROPE)
+        bytes += rows * (NH + NKV) * HS * 2;
+    return bytes;
+}
+
+const enum kiln_recompute kiln_recompute_by_memory[5] = {KILN_RECOMPUTE_NONE, KILN_RECOMPUTE_ACT,
+                                                         KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_SELECTIVE,
+                                                         KILN_RECOMPUTE_BLOCK};
+
+enum kiln_recompute kiln_recompute_auto(const struct kiln_config *cfg, const struct kiln_param_table *pt,
+                                        int world, const struct kiln_sp_layout *sp, enum kiln_dtype act,
+                                        enum kiln_dtype grad, int alias, size_t budget, size_t *planned) {
+    const enum kiln_recompute *order = kiln_recompute_by_memory;
+    int first = cfg->offload & KILN_OFFLOAD_ACTIVATIONS ? 3 : 0; // the offload needs whole-block recompute
+    struct kiln_rank_plan p;
+    for (int i = first; i < 5; i++) {
+        kiln_rank_plan(cfg, pt, world, sp, order[i], act, grad, alias, &p);
+        *planned = p.total;
+        if (p.total <= budget || i == 4)
+            return order[i];
+    }
+    return KILN_RECOMPUTE_BLOCK;
+}
+
+const char *kiln_recompute_name(enum kiln_recompute rc) {
+    static const char *const names[] = {"none", "mlp", "block", "act", "selective", "auto"};
+    return (unsigned)rc < sizeof(names) / sizeof(names[0]) ? names[rc] : "?";
+}
+
+size_t kiln_recompute_budget(size_t free_bytes) {
+    const char *env = getenv("KILN_MEM_BUDGET_MB");
+    if (env && *env) {
+        char *end;
+        double mb = strtod(env, &end);
+        if (!*end && mb > 0 && mb < 1e12)
+            return (size_t)(mb * 1048576.0);
+        fprintf(stderr, "kiln: KILN_MEM_BUDGET_MB=%s (environment) is not a number of MiB: ignored\n", env);
+    }
+    // The margin covers what the plan leaves out (cuBLASLt's workspace, the allocator's rounding). Measured
+    // on H100s (2026-11-26, test_plan), with the attention workspace counted: the peaks run 0.0-1.2 GiB over
+    // the plans, so 4% of the free memory (3.1 GiB of 78) and 1 GiB. (10% had kept --recompute=mlp out at 64k
+    // tokens of the 1.3B shape, where it fits, peaking at 73.0 of 78.6 GiB free, and runs 2.7% faster than
+    // selective.)
+    return free_bytes > ((size_t)1 << 30) ? free_bytes - free_bytes / 25 - ((size_t)1 << 30) : 0;
+}
