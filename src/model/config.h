@@ -32,15 +32,15 @@ struct kiln_model_config {
     int vocab_multiple; // Vp = V rounded up to this
     enum kiln_pos pos;
     float rope_theta;
-    int norm_rms;       // 0 LayerNorm, 1 RMSNorm
-    int norm_bias;      // LayerNorm has a bias
+    int norm_rms;  // 0 LayerNorm, 1 RMSNorm
+    int norm_bias; // LayerNorm has a bias
     float norm_eps;
     int bias;           // linear layers have biases
     int mlp_swiglu;     // 0 GELU MLP, 1 SwiGLU
     int mlp_hidden;     // hidden size; 0 = 4C for GELU, 8C/3 rounded up to 256 for SwiGLU
     int parallel_block; // PaLM-style x + attn(ln(x)) + mlp(ln(x))
     int tie_embeddings;
-    int qk_norm;        // normalize q and k per head before attention (OLMo-2 style)
+    int qk_norm; // normalize q and k per head before attention (OLMo-2 style)
 };
 
 // 64-bit FNV-1a hash of the options that define the model shape (for refusing mismatched resumes).

@@ -10,8 +10,8 @@
 
 // ---- the layout ------------------------------------------------------------------------------------
 
-int kiln_sp_plan(struct kiln_sp_opts o, int world, int rank, int local_world,
-                 struct kiln_sp_layout *out, struct kiln_error *err) {
+int kiln_sp_plan(struct kiln_sp_opts o, int world, int rank, int local_world, struct kiln_sp_layout *out,
+                 struct kiln_error *err) {
     const struct kiln_model_config *m = o.model;
     struct kiln_sp_layout lo = {.sp = o.sp > 0 ? o.sp : 1};
     int T = o.T;

@@ -53,8 +53,8 @@ struct kiln_sp_layout {
 // per node, hybrid's default Ulysses size), checking what it needs: sp divides the world, the heads (and KV
 // heads) divide among the Ulysses ranks, T divides among the ranks (in 2 x ring chunks under zigzag). A usage
 // error names the option otherwise.
-int kiln_sp_plan(struct kiln_sp_opts o, int world, int rank, int local_world,
-                 struct kiln_sp_layout *out, struct kiln_error *err);
+int kiln_sp_plan(struct kiln_sp_opts o, int world, int rank, int local_world, struct kiln_sp_layout *out,
+                 struct kiln_error *err);
 
 // This rank's columns of a (B, T) batch: (B, T_local), the layout's runs of positions.
 void kiln_sp_slice(const struct kiln_sp_layout *lo, const int32_t *full, int B, int32_t *local);

@@ -918,4 +918,3 @@ void kiln_config_print_help_only(FILE *f, const char *const *names) {
             if (!strcmp(*n, OPTS[i].name))
                 print_opt_help(f, &OPTS[i], &def);
 }
-

@@ -20,32 +20,37 @@ enum kiln_schedule { KILN_SCHED_COSINE = 0, KILN_SCHED_LINEAR, KILN_SCHED_CONSTA
 enum kiln_grad_dtype { KILN_GRAD_AUTO = 0, KILN_GRAD_FP32, KILN_GRAD_BF16 };
 // what lives in host memory (bits): the optimizer's state, the layer inputs kept for the recompute, or both
 enum kiln_zero3_accumulate { KILN_ACCUMULATE_SHARDED = 0, KILN_ACCUMULATE_WHOLE };
-enum kiln_offload { KILN_OFFLOAD_NONE = 0, KILN_OFFLOAD_OPTIMIZER = 1, KILN_OFFLOAD_ACTIVATIONS = 2, KILN_OFFLOAD_ALL = 3 };
+enum kiln_offload {
+    KILN_OFFLOAD_NONE = 0,
+    KILN_OFFLOAD_OPTIMIZER = 1,
+    KILN_OFFLOAD_ACTIVATIONS = 2,
+    KILN_OFFLOAD_ALL = 3
+};
 
 struct kiln_config {
     char preset[64];
     struct kiln_model_config model;
 
     // data
-    char data[1024];      // shard glob, or "" for the embedded Tiny Shakespeare
+    char data[1024]; // shard glob, or "" for the embedded Tiny Shakespeare
     char val_data[1024];
-    char tokenizer[16];   // "char" or "gpt2"
-    float val_fraction;   // for a single text source: the tail fraction held out (0.1)
+    char tokenizer[16]; // "char" or "gpt2"
+    float val_fraction; // for a single text source: the tail fraction held out (0.1)
 
     // batch
-    int batch_size;       // B, sequences per micro-step
-    int seq_len;          // T
+    int batch_size;          // B, sequences per micro-step
+    int seq_len;             // T
     long total_batch_tokens; // tokens per optimizer step; 0 = B*T (no accumulation)
 
     // optimization
     int max_steps;
     float lr;
-    float final_lr_frac;  // the schedule decays to lr * final_lr_frac
+    float final_lr_frac; // the schedule decays to lr * final_lr_frac
     int warmup_steps;
     enum kiln_schedule schedule;
     float wsd_decay_frac; // WSD: fraction of steps spent decaying at the end
     float beta1, beta2, eps, weight_decay;
-    float grad_clip;      // 0 = off
+    float grad_clip; // 0 = off
     float z_loss;
     int stochastic_rounding; // bf16 weight copy rounded stochastically (CUDA)
 
@@ -53,55 +58,56 @@ struct kiln_config {
     int eval_every;
     int eval_steps;
     int log_every;
-    int sample_every;     // print a short sample every N steps (0 = never)
+    int sample_every; // print a short sample every N steps (0 = never)
     int quiet;
 
     // run
     uint64_t seed;
-    char device[16];      // cpu, cuda, auto
-    int threads;          // CPU threads (0 = all)
+    char device[16]; // cpu, cuda, auto
+    int threads;     // CPU threads (0 = all)
     int deterministic;
     enum kiln_recompute recompute;
     enum kiln_grad_dtype grad_dtype; // parameter gradients; kiln_config_grad_dtype resolves auto
-    double peak_flops;    // override for MFU; 0 = from the device table
-    char out[1024];       // run directory ("" = none)
+    double peak_flops;               // override for MFU; 0 = from the device table
+    char out[1024];                  // run directory ("" = none)
 
     // many processes (docs/distributed.md)
-    char comm[16];        // auto, nccl, mpi, single: the transport (parallel/comm/comm.h)
-    int zero;             // 0 DDP, 1 optimizer state sharded, 2 gradients too, 3 parameters too (ZeRO-1/2/3)
-    int prefetch;         // ZeRO-3: layers gathered ahead of the computing one (1 or 2)
-    int zero3_reshard;    // ZeRO-3: a layer's gathered weights go after its forward (1), or stay to its
-                          // backward (0)
+    char comm[16];     // auto, nccl, mpi, single: the transport (parallel/comm/comm.h)
+    int zero;          // 0 DDP, 1 optimizer state sharded, 2 gradients too, 3 parameters too (ZeRO-1/2/3)
+    int prefetch;      // ZeRO-3: layers gathered ahead of the computing one (1 or 2)
+    int zero3_reshard; // ZeRO-3: a layer's gathered weights go after its forward (1), or stay to its
+                       // backward (0)
     enum kiln_zero3_accumulate zero3_accumulate; // ZeRO-3: where gradients accumulate across micro-steps
-    enum kiln_offload offload; // where the optimizer state lives
-    float bucket_mb;      // gradient bucket size for DDP's overlapped reduction, in MiB
+    enum kiln_offload offload;                   // where the optimizer state lives
+    float bucket_mb;                   // gradient bucket size for DDP's overlapped reduction, in MiB
     enum kiln_grad_dtype reduce_dtype; // the gradients' dtype on the wire: AUTO/FP32 = fp32, BF16 = bf16
-    int world;            // ranks: not an option but the job's size, set by the trainer from the launcher's
-                          // environment (1 for one process); the micro-steps follow from world / sp
-    int sp;               // sequence parallelism: ranks that share each sequence (world = sp x data-parallel)
+    int world; // ranks: not an option but the job's size, set by the trainer from the launcher's
+               // environment (1 for one process); the micro-steps follow from world / sp
+    int sp;    // sequence parallelism: ranks that share each sequence (world = sp x data-parallel)
     enum kiln_sp_mode sp_mode;
-    int sp_ulysses;       // hybrid: ranks of each Ulysses group (0: the ranks per node), the ring the rest
+    int sp_ulysses; // hybrid: ranks of each Ulysses group (0: the ranks per node), the ring the rest
 
     // checkpoints and resume
-    int checkpoint;       // write checkpoints at all (0: none, for benchmarks)
-    int save_model;       // write RUN/model.safetensors at the end (0: metrics only, for benchmarks)
-    int ckpt_every;       // steps between checkpoints (0 = only at the end and on signals)
-    int keep_last;        // keep the newest K checkpoints (0 = all)
-    int keep_every;       // also keep every checkpoint whose step is a multiple of M (0 = off)
-    char resume[1024];    // auto (newest complete checkpoint in --out), never, or a checkpoint directory
+    int checkpoint;    // write checkpoints at all (0: none, for benchmarks)
+    int save_model;    // write RUN/model.safetensors at the end (0: metrics only, for benchmarks)
+    int ckpt_every;    // steps between checkpoints (0 = only at the end and on signals)
+    int keep_last;     // keep the newest K checkpoints (0 = all)
+    int keep_every;    // also keep every checkpoint whose step is a multiple of M (0 = off)
+    char resume[1024]; // auto (newest complete checkpoint in --out), never, or a checkpoint directory
 
     // health guards
-    float spike_z;        // skip a step whose loss or grad norm is this many std devs above the recent mean (0 = off)
-    int spike_window;     // steps in the running statistics
-    int max_bad_steps;    // stop after this many consecutive skipped steps
+    float
+        spike_z; // skip a step whose loss or grad norm is this many std devs above the recent mean (0 = off)
+    int spike_window;  // steps in the running statistics
+    int max_bad_steps; // stop after this many consecutive skipped steps
 
     // cluster operations (docs/operations.md)
-    float hang_timeout;   // seconds without progress before the watchdog dumps RUN/hang/ and aborts (0 = off)
+    float hang_timeout; // seconds without progress before the watchdog dumps RUN/hang/ and aborts (0 = off)
     char tensorboard[1024]; // TensorBoard event directory ("" = none)
 
     // fault injection, for tests only (docs/runs.md)
-    char inject_nan[256]; // "STEP,STEP,...": make these steps' loss and grad norm NaN
-    int inject_crash;     // abort() before step N of a run that started fresh (0 = off), checkpoints written
+    char inject_nan[256];  // "STEP,STEP,...": make these steps' loss and grad norm NaN
+    int inject_crash;      // abort() before step N of a run that started fresh (0 = off), checkpoints written
     char inject_stall[64]; // "RANK:STEP": that rank sleeps before step STEP, forever (the watchdog's tests)
 };
 

@@ -1,7 +1,7 @@
 // KV-cache decoding (kiln sample, kiln logits, --sample-every): one token a step through the layers, with
 // each layer's keys and values kept for the positions so far. The same ops and weights as the forward
 // (gpt.c).
-#include "model/gpt_internal.h"
+#include "model/gpt/internal.h"
 
 #include <stdlib.h>
 #include <string.h>

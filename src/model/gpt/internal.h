@@ -1,5 +1,7 @@
-// gpt.c's insides, shared with the files that hold the rest of the model's code (decode.c: KV-cache
-// decoding). Not an interface: model/gpt.h is. Everything here may change with gpt.c.
+// The GPT's insides, shared by the files of model/gpt/: layout.c (memory plan and activation layout),
+// state.c (creation, buffers, windows), block.c (one block's forward and backward), model.c (the whole
+// forward and backward), recompute.c (recompute and activation offload), decode.c (KV-cache decoding).
+// Not an interface: model/gpt.h is.
 #ifndef KILN_MODEL_GPT_INTERNAL_H
 #define KILN_MODEL_GPT_INTERNAL_H
 
@@ -195,7 +197,32 @@ static inline void *G(const struct kiln_gpt *g, int i) {
     return (char *)g->gwin[s] + (g->pt.p[i].offset - g->seg_begin[s]) * kiln_dtype_bytes(g->be->grad_dtype);
 }
 
-// ---- gpt.c's helpers that decode.c uses
+// ---- shared between the files of model/gpt/
+void gpt_offl_init(struct kiln_gpt *g, struct offl *o, struct buf *b, int n, char **host);
+void gpt_offl_free(struct kiln_gpt *g, struct offl *o);
+int gpt_offl_has(const struct offl *o, int l);
+void gpt_offl_copy(struct kiln_gpt *g, const struct offl *o, int l, int to_host);
+void gpt_offl_wait(struct kiln_gpt *g, const struct offl *o, int l, int to_host);
+void gpt_offl_claim(struct kiln_gpt *g, const struct offl *o, int e);
+void gpt_recompute_layer(struct kiln_gpt *g, const struct dims *d, int l);
+int gpt_mlp_rows_for(const struct dims *d, const struct kiln_gpt_opts *o, size_t act_bytes);
+struct fusion gpt_fusion_of(const struct kiln_model_config *m, const struct kiln_param_table *pt,
+                            const struct kiln_gpt_opts *o, size_t act_bytes);
+int gpt_recomputes_blocks(enum kiln_recompute r);
+size_t gpt_acts_layout(struct acts *a, int *rows, const struct dims *d, const struct kiln_gpt_opts *o,
+                       const struct fusion *fu, size_t ab);
+void gpt_mlp_activation(struct kiln_gpt *g, const struct dims *d, const void *fc_pre, int stride,
+                        void *fc_act, int N);
+void gpt_layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int tail);
+void gpt_norm_bwd(struct kiln_gpt *g, void *dres, const void *dout, const void *inp, const float *mean,
+                  const float *rstd, int wi, int bi, int N, int dinp_assign, int rb0, int rb1);
+void gpt_proj_biases(const struct kiln_gpt *g, int l, int *rb0, int *rb1);
+void gpt_mlp_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, const void *dout,
+                 void *dinp, int dinp_accumulate);
+void gpt_attn_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, void *dinp,
+                  int dinp_accumulate);
+void gpt_parallel_fused_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, void *dinp);
+
 int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_error *err);
 void gpt_free_buf(struct kiln_gpt *g, struct buf *b);
 void gpt_norm_fwd(struct kiln_gpt *g, void *out, float *mean, float *rstd, void *res_out, const void *inp,

@@ -1,0 +1,164 @@
+// The whole GPT, top to bottom: embedding, the blocks (block.c), the final norm and the LM head with its
+// loss, and the backward in reverse. The hooks (gpt.h) fire at the points marked HOOK.
+#include "model/gpt/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+int gpt_head_index(const struct kiln_gpt *g) {
+    return g->cfg.tie_embeddings ? g->pt.wte : g->pt.lm_head;
+}
+
+// logits = lnf @ wte^T chunk by chunk; cross-entropy; with dloss, dlogits -> dlnf and dW_head.
+static void classifier(struct kiln_gpt *g, const struct dims *d, float dloss, float z_loss) {
+    struct acts *a = &g->a;
+    int head = gpt_head_index(g);
+    const void *lnf = buf_at(&a->ln1, d->L);
+    for (int r0 = 0; r0 < d->N; r0 += g->classifier_rows) {
+        int rows = d->N - r0 < g->classifier_rows ? d->N - r0 : g->classifier_rows;
+        const void *x = act_at(g, lnf, (size_t)r0 * d->C);
+        gpt_matmul_fwd(g, a->logits.p, NULL, x, head, -1, rows, d->C, d->Vp, KILN_ACT_NONE, 0);
+        struct kiln_xent_args xa = {.logits = a->logits.p,
+                                    .losses = (float *)a->losses.p + r0,
+                                    .targets = (const int32_t *)a->targets.p + r0,
+                                    .N = rows,
+                                    .V = d->V,
+                                    .Vp = d->Vp,
+                                    .dloss = dloss,
+                                    .z_loss = z_loss};
+        g->ops->cross_entropy(g->ctx, &xa);
+        if (dloss != 0.0f) {
+            struct kiln_matmul_back_args mb = {.dinp = act_at(g, a->dln.p, (size_t)r0 * d->C),
+                                               .dweight = G(g, head),
+                                               .dout = a->logits.p,
+                                               .inp = x,
+                                               .weight = W(g, head),
+                                               .N = rows,
+                                               .IC = d->C,
+                                               .OC = d->Vp,
+                                               .grad_assign = g->grads_fresh && r0 == 0};
+            g->ops->matmul_backward(g->ctx, &mb);
+        }
+    }
+}
+
+double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
+                        float z_loss) {
+    KILN_ASSERT(g->opts.training || dloss == 0.0f);
+    struct dims d = dims_of(&g->cfg, g->opts.B, g->opts.T);
+    struct acts *a = &g->a;
+    size_t tok_bytes = (size_t)d.N * sizeof(int32_t);
+    memcpy(g->tokens_host, inputs, tok_bytes);
+    g->ops->upload(g->ctx, a->tokens.p, inputs, tok_bytes);
+    g->ops->upload(g->ctx, a->targets.p, targets, tok_bytes);
+    if (g->hooks.forward_begin)
+        g->hooks.forward_begin(g->hooks.user);
+
+    // x = wte[idx] + wpe[t]
+    const void *wpe = W(g, g->pt.wpe);
+    struct kiln_embed_args e = {.out = buf_at(&a->x, 0),
+                                .tokens = a->tokens.p,
+                                .tokens_host = g->tokens_host,
+                                .wte = W(g, g->pt.wte),
+                                .wpe = wpe ? act_at(g, wpe, (size_t)g->pos0 * d.C) : NULL,
+                                .wpe_hi = wpe ? act_at(g, wpe, (size_t)g->pos1 * d.C) : NULL,
+                                .pos_split = g->pos_split,
+                                .B = d.B,
+                                .T = d.T,
+                                .C = d.C};
+    g->ops->embed_forward(g->ctx, &e);
+    gpt_norm_fwd(g, buf_at(&a->ln1, 0), buf_at(&a->mean1, 0), buf_at(&a->rstd1, 0), NULL, buf_at(&a->x, 0),
+                 NULL, g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.N);
+    int offload = dloss != 0.0f && g->host_acts; // a forward without a backward keeps nothing
+    for (int l = 0; l < d.L; l++) {
+        HOOK(g, layer_begin, l, 0);
+        if (offload) { // layer l writes x[l + 1] and atty[l]
+            gpt_offl_claim(g, &g->off_x, l + 1);
+            gpt_offl_claim(g, &g->off_atty, l);
+        }
+        gpt_layer_forward(g, &d, l, 1);
+        HOOK(g, layer_end, l, 0);
+        const struct offl *offs[2] = {&g->off_x, &g->off_atty};
+        for (int i = 0; offload && i < 2; i++)
+            if (gpt_offl_has(offs[i], l))
+                gpt_offl_copy(g, offs[i], l, 1);
+    }
+    classifier(g, &d, dloss, z_loss);
+    g->has_grad_forward = dloss != 0.0f;
+
+    g->ops->download(g->ctx, g->losses_host, a->losses.p, (size_t)d.N * sizeof(float));
+    double sum = 0;
+    long count = 0;
+    for (int i = 0; i < d.N; i++)
+        if (targets[i] >= 0) {
+            sum += g->losses_host[i];
+            count++;
+        }
+    return count ? sum / (double)count : 0.0;
+}
+
+void kiln_gpt_backward(struct kiln_gpt *g) {
+    KILN_ASSERT(g->has_grad_forward);
+    struct dims d = dims_of(&g->cfg, g->opts.B, g->opts.T);
+    struct acts *a = &g->a;
+    void *dres = a->dres.p; // dL/dx, the residual stream's gradient, flowing down the layers
+
+    // final norm: dres = dL/dx[L]
+    int rb0, rb1;
+    gpt_proj_biases(g, d.L - 1, &rb0, &rb1);
+    gpt_norm_bwd(g, dres, a->dln.p, buf_at(&a->x, d.L), buf_at(&a->mean1, d.L), buf_at(&a->rstd1, d.L),
+                 g->pt.lnf_w, g->pt.lnf_b, d.N, 1, rb0, rb1);
+
+    for (int l = d.L - 1; l >= 0; l--) {
+        const int *ix = g->pt.layer[l];
+        HOOK(g, layer_begin, l, 1); // its weights, for the recompute and the backward
+        // the layer below's input (and attention output) come back while this one computes
+        const struct offl *offs[2] = {&g->off_x, &g->off_atty};
+        for (int i = 0; i < 2; i++) {
+            if (gpt_offl_has(offs[i], l - 1))
+                gpt_offl_copy(g, offs[i], l - 1, 0);
+            if (gpt_offl_has(offs[i], l))
+                gpt_offl_wait(g, offs[i], l, 0);
+        }
+        gpt_recompute_layer(g, &d, l);
+        if (g->cfg.parallel_block && g->fuse.on) {
+            gpt_parallel_fused_bwd(g, &d, l, dres, a->dln.p);
+        } else if (g->cfg.parallel_block) {
+            // both branches read ln1 and write dL/dln1 into dln; the residual passes dres straight through
+            gpt_mlp_bwd(g, &d, l, buf_at(&a->ln1, l), dres, a->dln.p, 0);
+            gpt_attn_bwd(g, &d, l, dres, a->dln.p, 1);
+        } else {
+            // x' = h + mlp(ln2(h)): dres is dL/dx' = dL/d(mlp out); then dres += ln2 backward -> dL/dh
+            gpt_mlp_bwd(g, &d, l, buf_at(&a->ln2, l), dres, a->dln.p, 0);
+            gpt_norm_bwd(g, dres, a->dln.p, buf_at(&a->mid, l), buf_at(&a->mean2, l), buf_at(&a->rstd2, l),
+                         ix[KILN_LN2_W], ix[KILN_LN2_B], d.N, 0, ix[KILN_ATTNO_B], -1);
+            // h = x + attn(ln1(x))
+            gpt_attn_bwd(g, &d, l, dres, a->dln.p, 0);
+        }
+        gpt_proj_biases(g, l - 1, &rb0, &rb1);
+        gpt_norm_bwd(g, dres, a->dln.p, buf_at(&a->x, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l),
+                     ix[KILN_LN1_W], ix[KILN_LN1_B], d.N, 0, rb0, rb1);
+        HOOK(g, layer_end, l, 1);
+        HOOK(g, layer_backward_end, l);
+    }
+    char *dwpe = G(g, g->pt.wpe);
+    size_t gb = kiln_dtype_bytes(g->be->grad_dtype);
+    struct kiln_embed_back_args eb = {.dwte = G(g, g->pt.wte),
+                                      .dwpe = dwpe ? dwpe + (size_t)g->pos0 * d.C * gb : NULL,
+                                      .dwpe_hi = dwpe ? dwpe + (size_t)g->pos1 * d.C * gb : NULL,
+                                      .pos_split = g->pos_split,
+                                      .dout = dres,
+                                      .tokens = a->tokens.p,
+                                      .tokens_host = g->tokens_host,
+                                      .B = d.B,
+                                      .T = d.T,
+                                      .C = d.C};
+    g->ops->embed_backward(g->ctx, &eb);
+    if (g->hooks.embed_backward_end)
+        g->hooks.embed_backward_end(g->hooks.user);
+    g->has_grad_forward = 0;
+    g->grads_fresh = 0;
+}

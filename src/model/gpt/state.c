@@ -1,0 +1,307 @@
+// The GPT's state: creation and teardown, the parameter, gradient and optimizer buffers, the windows
+// through which the hooks point the model at weights and gradients held elsewhere, and the hook setters.
+#include "model/gpt/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+// ----------------------------------------------------------------------------
+// creation
+
+int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_error *err) {
+    if (!bytes) {
+        *p = NULL;
+        return 0;
+    }
+    *p = g->ops->alloc(g->ctx, bytes);
+    if (*p)
+        return 0;
+    const struct kiln_mem_plan *pl = &g->plan;
+    return kiln_errorf(
+        err, KILN_ERR_RUNTIME,
+        "out of memory on %s (%s) allocating %.2f GiB: the plan needs %.2f GiB (params %.2f, "
+        "weights %.2f, grads %.2f, optimizer %.2f, activations %.2f); lower --batch or --seq, or use "
+        "--recompute=block",
+        g->be->name, g->be->device_name, bytes / 1073741824.0, pl->total_bytes / 1073741824.0,
+        pl->params_bytes / 1073741824.0, pl->weights_bytes / 1073741824.0, pl->grads_bytes / 1073741824.0,
+        pl->optim_bytes / 1073741824.0, pl->acts_bytes / 1073741824.0);
+}
+
+static void build_spans(struct kiln_gpt *g) {
+    // one span per tensor; adjacent tensors with the same decay setting merge, padding excluded
+    g->spans = kiln_xcalloc((size_t)g->pt.n, sizeof(*g->spans));
+    g->n_spans = 0;
+    for (int i = 0; i < g->pt.n; i++) {
+        const struct kiln_param *p = &g->pt.p[i];
+        g->spans[g->n_spans++] = (struct kiln_param_span){p->offset, p->count, p->decay, p->offset};
+    }
+}
+
+int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, struct kiln_backend *be,
+                    const struct kiln_gpt_opts *o, struct kiln_error *err) {
+    struct kiln_gpt *g = kiln_xcalloc(1, sizeof(*g));
+    g->cfg = *m;
+    g->opts = *o;
+    g->be = be;
+    g->ops = be->ops;
+    g->ctx = be->ctx;
+    kiln_params_build(&g->pt, m);
+    kiln_gpt_plan(m, o, be->act_dtype, be->grad_dtype, be->weights_alias_master, &g->plan);
+    struct dims d = dims_of(m, o->B, o->T);
+    g->fuse = gpt_fusion_of(m, &g->pt, o, kiln_dtype_bytes(be->act_dtype));
+    g->optim_elems = o->optim_elems ? o->optim_elems : g->pt.total;
+    KILN_ASSERT(g->optim_elems <= g->pt.total);
+    size_t arena_bytes =
+        gpt_acts_layout(&g->a, &g->classifier_rows, &d, o, &g->fuse, kiln_dtype_bytes(be->act_dtype));
+    g->mlp_rows = gpt_mlp_rows_for(&d, o, kiln_dtype_bytes(be->act_dtype));
+    *out = g;
+
+    int rc = gpt_alloc(g, (void **)&g->params, g->plan.params_bytes, err);
+    if (!rc && !be->weights_alias_master)
+        rc = gpt_alloc(g, &g->weights, g->plan.weights_bytes, err);
+    else
+        g->weights = g->params;
+    if (!rc && o->training) {
+        rc = gpt_alloc(g, &g->grads, g->plan.grads_bytes, err);
+        if (!rc && g->grads)
+            g->ops->zero(g->ctx, g->grads, g->plan.grads_bytes);
+        if (!rc)
+            rc = gpt_alloc(g, (void **)&g->m, g->plan.optim_bytes / 2, err);
+        if (!rc)
+            rc = gpt_alloc(g, (void **)&g->v, g->plan.optim_bytes / 2, err);
+    }
+    if (!rc)
+        rc = gpt_alloc(g, &g->arena, arena_bytes, err);
+    struct buf *bufs = (struct buf *)&g->a;
+    for (size_t i = 0; i < N_ACT_BUFS && !rc; i++) {
+        if (!bufs[i].in_arena)
+            rc = gpt_alloc(g, &bufs[i].p, buf_bytes(&bufs[i]), err);
+        else if (buf_bytes(&bufs[i]))
+            bufs[i].p = (char *)g->arena + bufs[i].offset;
+    }
+    if (rc) {
+        kiln_gpt_free(g);
+        *out = NULL;
+        return rc;
+    }
+    g->wwin = kiln_xcalloc((size_t)m->n_layer + 2, sizeof(*g->wwin));
+    g->gwin = kiln_xcalloc((size_t)m->n_layer + 2, sizeof(*g->gwin));
+    g->seg_begin = kiln_xcalloc((size_t)m->n_layer + 3, sizeof(*g->seg_begin));
+    for (int l = 0; l <= m->n_layer; l++)
+        g->seg_begin[1 + l] = g->pt.layer_begin[l];
+    g->seg_begin[m->n_layer + 2] = g->pt.total;
+    for (int s = 0; s < m->n_layer + 2; s++) {
+        kiln_gpt_set_weight_window(g, s, NULL);
+        kiln_gpt_set_grad_window(g, s, NULL);
+    }
+    g->tokens_host = kiln_xcalloc((size_t)d.N, sizeof(int32_t));
+    g->losses_host = kiln_xcalloc((size_t)d.N, sizeof(float));
+    build_spans(g);
+    // the offloaded layer inputs (and attention outputs), and an event each way for each
+    if (g->plan.host_bytes) {
+        g->host_acts = g->ops->host_alloc ? g->ops->host_alloc(g->ctx, g->plan.host_bytes) : NULL;
+        if (!g->host_acts) {
+            int sel = g->opts.recompute == KILN_RECOMPUTE_SELECTIVE;
+            kiln_gpt_free(g);
+            *out = NULL;
+            return kiln_errorf(
+                err, KILN_ERR_RUNTIME,
+                "out of host memory (--offload=activations): %.2f GiB of pinned memory for the "
+                "layer inputs%s; lower --seq or --batch, or leave the activations on the device",
+                g->plan.host_bytes / 1073741824.0, sel ? " and attention outputs" : "");
+        }
+        char *host = g->host_acts;
+        gpt_offl_init(g, &g->off_x, &g->a.x, d.L + 1, &host);
+        if (g->opts.recompute == KILN_RECOMPUTE_SELECTIVE)
+            gpt_offl_init(g, &g->off_atty, &g->a.atty, d.L, &host);
+    }
+    return 0;
+}
+
+void gpt_free_buf(struct kiln_gpt *g, struct buf *b) {
+    if (b->p)
+        g->ops->free(g->ctx, b->p);
+    b->p = NULL;
+}
+
+void kiln_gpt_free(struct kiln_gpt *g) {
+    if (!g)
+        return;
+    struct buf *bufs = (struct buf *)&g->a;
+    for (size_t i = 0; i < N_ACT_BUFS; i++)
+        if (!bufs[i].in_arena)
+            gpt_free_buf(g, &bufs[i]);
+    if (g->arena)
+        g->ops->free(g->ctx, g->arena);
+    struct buf *dec[] = {&g->dec.k,      &g->dec.v,       &g->dec.x,    &g->dec.ln,   &g->dec.pre,
+                         &g->dec.qkv,    &g->dec.qkv_raw, &g->dec.atty, &g->dec.ao,   &g->dec.fc_pre,
+                         &g->dec.fc_act, &g->dec.logits,  &g->dec.mean, &g->dec.rstd, &g->dec.tokens};
+    for (size_t i = 0; i < sizeof(dec) / sizeof(dec[0]); i++)
+        gpt_free_buf(g, dec[i]);
+    free(g->dec.logits_host);
+    if (g->weights && g->weights != g->params)
+        g->ops->free(g->ctx, g->weights);
+    void *owned[] = {g->params, g->grads, g->m, g->v};
+    for (int i = 0; i < 4; i++)
+        if (owned[i])
+            g->ops->free(g->ctx, owned[i]);
+    if (g->host_acts)
+        g->ops->host_free(g->ctx, g->host_acts);
+    gpt_offl_free(g, &g->off_x);
+    gpt_offl_free(g, &g->off_atty);
+    kiln_params_free(&g->pt);
+    free(g->tokens_host);
+    free(g->losses_host);
+    free(g->spans);
+    free(g->wwin);
+    free(g->gwin);
+    free(g->seg_begin);
+    free(g);
+}
+
+int kiln_gpt_grad_segments(const struct kiln_gpt *g, const size_t **begins) {
+    *begins = g->seg_begin;
+    return g->cfg.n_layer + 2;
+}
+
+void kiln_gpt_set_grad_window(struct kiln_gpt *g, int seg, void *base) {
+    KILN_ASSERT(seg >= 0 && seg < g->cfg.n_layer + 2);
+    size_t gb = kiln_dtype_bytes(g->be->grad_dtype);
+    g->gwin[seg] = base ? base : g->grads ? (char *)g->grads + g->seg_begin[seg] * gb : NULL;
+}
+
+void kiln_gpt_set_attention(struct kiln_gpt *g, const struct kiln_gpt_attention *a) {
+    if (a)
+        g->attn_impl = *a;
+    else
+        memset(&g->attn_impl, 0, sizeof(g->attn_impl));
+}
+
+void kiln_gpt_set_positions(struct kiln_gpt *g, int pos0, int split, int pos1) {
+    g->pos0 = pos0;
+    g->pos_split = split;
+    g->pos1 = pos1;
+}
+
+void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h) {
+    if (h)
+        g->hooks = *h;
+    else
+        memset(&g->hooks, 0, sizeof(g->hooks));
+}
+
+void kiln_gpt_set_weight_window(struct kiln_gpt *g, int seg, const void *base) {
+    KILN_ASSERT(seg >= 0 && seg < g->cfg.n_layer + 2);
+    g->wwin[seg] = base ? base : g->opts.sharded_params ? NULL : act_at(g, g->weights, g->seg_begin[seg]);
+}
+
+void kiln_gpt_set_layer_window(struct kiln_gpt *g, int l, const void *base) {
+    KILN_ASSERT(l >= 0 && l < g->cfg.n_layer);
+    kiln_gpt_set_weight_window(g, 1 + l, base);
+}
+
+void kiln_gpt_buffers(const struct kiln_gpt *g, struct kiln_gpt_buffers *out) {
+    *out = (struct kiln_gpt_buffers){.params = g->params,
+                                     .weights = g->weights,
+                                     .grads = g->grads,
+                                     .m = g->m,
+                                     .v = g->v,
+                                     .optim_elems = g->optim_elems};
+}
+
+const struct kiln_param_span *kiln_gpt_spans(const struct kiln_gpt *g, int *n) {
+    *n = g->n_spans;
+    return g->spans;
+}
+
+const struct kiln_param_table *kiln_gpt_params(const struct kiln_gpt *g) {
+    return &g->pt;
+}
+
+const struct kiln_mem_plan *kiln_gpt_mem_plan(const struct kiln_gpt *g) {
+    return &g->plan;
+}
+
+size_t kiln_gpt_mem_peak(const struct kiln_gpt *g) {
+    size_t peak = g->ops->mem_peak ? g->ops->mem_peak(g->ctx) : 0;
+    return peak > g->plan.total_bytes ? peak : g->plan.total_bytes;
+}
+
+void kiln_gpt_fused_projection(const struct kiln_gpt *g, int *fwd, int *bwd) {
+    *fwd = g->fuse.fwd;
+    *bwd = g->fuse.on;
+}
+
+// ----------------------------------------------------------------------------
+// parameters
+
+void kiln_gpt_set_params(struct kiln_gpt *g, const float *host) {
+    if (g->opts.sharded_params || g->opts.offload_optimizer) {
+        KILN_ASSERT(g->hooks.params_set);
+        g->hooks.params_set(g->hooks.user, host);
+        return;
+    }
+    g->ops->upload(g->ctx, g->params, host, g->pt.total * sizeof(float));
+    if (g->weights != g->params)
+        g->ops->upload_f32(g->ctx, g->weights, g->be->act_dtype, host, g->pt.total);
+}
+
+void kiln_gpt_get_params(struct kiln_gpt *g, float *host) {
+    if (g->opts.sharded_params || g->opts.offload_optimizer) {
+        KILN_ASSERT(g->hooks.params_get);
+        g->hooks.params_get(g->hooks.user, host);
+        return;
+    }
+    g->ops->download(g->ctx, host, g->params, g->pt.total * sizeof(float));
+}
+
+void kiln_gpt_get_grads(struct kiln_gpt *g, float *host) {
+    KILN_ASSERT(g->grads);
+    g->ops->download_f32(g->ctx, host, g->grads, g->be->grad_dtype, g->pt.total);
+}
+
+void kiln_gpt_get_optim(struct kiln_gpt *g, float *m_host, float *v_host) {
+    if (g->opts.offload_optimizer) {
+        KILN_ASSERT(g->hooks.optim_get);
+        g->hooks.optim_get(g->hooks.user, m_host, v_host);
+        return;
+    }
+    g->ops->download(g->ctx, m_host, g->m, g->optim_elems * sizeof(float));
+    g->ops->download(g->ctx, v_host, g->v, g->optim_elems * sizeof(float));
+}
+
+void kiln_gpt_set_optim(struct kiln_gpt *g, const float *m_host, const float *v_host) {
+    if (g->opts.offload_optimizer) {
+        KILN_ASSERT(g->hooks.optim_set);
+        g->hooks.optim_set(g->hooks.user, m_host, v_host);
+        return;
+    }
+    g->ops->upload(g->ctx, g->m, m_host, g->optim_elems * sizeof(float));
+    g->ops->upload(g->ctx, g->v, v_host, g->optim_elems * sizeof(float));
+}
+
+void kiln_gpt_init_params(struct kiln_gpt *g, uint64_t seed) {
+    float *own = g->hooks.params_buffer ? g->hooks.params_buffer(g->hooks.user) : NULL;
+    float *host = own ? own : kiln_xmalloc(g->pt.total * sizeof(float));
+    kiln_params_init(&g->pt, &g->cfg, host, seed);
+    kiln_gpt_set_params(g, host);
+    if (!own)
+        free(host);
+}
+
+// Every gradient is written by exactly one op per backward (the tied head/embedding excepted), so instead of
+// a pass that zeroes all of them (6 GB at GPT-2 1.5B), the first micro-step's ops assign rather than add.
+// Only the embedding tables are zeroed here: their backward scatters into the rows the tokens hit. With tied
+// embeddings the classifier's backward writes the whole table first, in the forward pass. The padding
+// between tensors is zeroed once at creation and never written.
+void kiln_gpt_zero_grad(struct kiln_gpt *g) {
+    g->grads_fresh = 1;
+    size_t gb = kiln_dtype_bytes(g->be->grad_dtype);
+    if (g->pt.wpe >= 0)
+        g->ops->zero(g->ctx, G(g, g->pt.wpe), g->pt.p[g->pt.wpe].count * gb);
+    if (!g->cfg.tie_embeddings)
+        g->ops->zero(g->ctx, G(g, g->pt.wte), g->pt.p[g->pt.wte].count * gb);
+}
