@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "core/ops.h"
+#include "util/error.h"
 
 // act: only the MLP activation's output is recomputed (from its kept input), as torch.compile does
 // what the backward recomputes (docs/architecture.md): selective is block, less the attention, whose output
@@ -59,5 +60,33 @@ double kiln_model_flops_per_token(const struct kiln_model_config *m, size_t n_pa
 // utilization; recompute FLOPs are not model FLOPs): the MLP GEMMs for MLP, each block's forward for BLOCK
 // (GEMMs plus attention, in the same non-causal convention as the mfu numerator).
 double kiln_model_recompute_flops_per_token(const struct kiln_model_config *m, enum kiln_recompute r, int T);
+
+// ---- what one rank holds of a split model ----
+// Tensor parallelism gives each rank a part of the attention heads, of the MLP's hidden width and of the
+// padded vocabulary (DESIGN.md: "the shapes a rank holds of each parameter"). The model is then built and run
+// at the rank's sizes: its parameter table holds the rank's rows or columns of each split tensor (under the
+// same names), its activations the rank's heads and hidden columns, and the strategy's hooks (model/gpt.h)
+// do the communication around the linear layers, the embedding and the loss. Each field is the number of
+// parts a dimension is cut into: 0 or 1 means whole.
+struct kiln_model_split {
+    int heads;    // query heads (and the attention output projection's input columns)
+    int kv_heads; // key/value heads: split where there are enough; with more parts than heads (a multiple of
+                  // them, and as many parts as the query heads'), each part holds the one head its query
+                  // heads read
+    int hidden;   // the MLP's hidden width (SwiGLU: each of gate and up)
+    int vocab;    // rows of the token embedding and the LM head (of the padded vocabulary)
+};
+
+// The sizes one rank holds under split s (NULL: the whole model)
+struct kiln_model_local {
+    int NH, NKV, H, Vp;
+};
+void kiln_model_local_of(const struct kiln_model_config *m, const struct kiln_model_split *s,
+                         struct kiln_model_local *out);
+// Whether the model can be split so: each part divides its dimension, and nothing that needs every head at
+// once (QK-norm over a token's whole q and k, ALiBi's slopes by global head index) is split. A usage error
+// names the dimension otherwise.
+int kiln_model_split_check(const struct kiln_model_config *m, const struct kiln_model_split *s,
+                           struct kiln_error *err);
 
 #endif

@@ -24,39 +24,41 @@ struct kiln_mem_plan {
 };
 
 struct kiln_gpt_opts {
-    int B, T;                     // activation shapes to plan for
+    int B, T; // activation shapes to plan for
     enum kiln_recompute recompute;
-    int training;                 // 0: no gradients or optimizer state (sampling, eval-only)
-    size_t optim_elems;           // AdamW moments to hold, each of m and v (0: one per parameter element, the
-                                  // table's total). A ZeRO rank holds its shard's only (kiln_gpt_adamw_spans)
+    int training;       // 0: no gradients or optimizer state (sampling, eval-only)
+    size_t optim_elems; // AdamW moments to hold, each of m and v (0: one per parameter element, the
+                        // table's total). A ZeRO rank holds its shard's only (kiln_gpt_adamw_spans)
     // Tuning knobs for tests and measurements (0 = the default). model/ reads no environment: train/'s
     // kiln_gpt_tuning_from_env maps KILN_CLASSIFIER_ROWS, KILN_MLP_ROWS, KILN_PARALLEL_FUSED=0 and
     // KILN_SCRATCH_SHARED=0 here.
-    int classifier_rows;          // rows per LM-head chunk (0: planned from the free scratch)
-    int mlp_rows;                 // rows per MLP chunk (0: planned: chunks of at most 1 GiB of hidden
-                                  // activations, with --recompute=block or mlp, where the MLP is recomputed in
-                                  // the backward chunk by chunk; -1: never chunked)
-    int no_parallel_fusion;       // parallel blocks run two input GEMMs instead of one
-    int scratch_apart;            // every scratch buffer in a range of its own
-    int external_grads;           // allocate no gradient buffer: every segment's gradients are written where
-                                  // kiln_gpt_set_grad_window points (ZeRO-2's staging buffers), set before use
-    int sharded_params;           // ZeRO-3: the model holds optim_elems elements of the master weights and of
-                                  // their compute copy only, compact at the spans' state offsets (a rank's
-                                  // shard); every weight is read through a window the hooks set
-                                  // (kiln_gpt_set_weight_window), and get/set_params go through the hooks
-    int offload_activations;      // --recompute=block's layer inputs go to pinned host memory during the forward
-                                  // and come back, prefetched a layer ahead, during the backward: the model
-                                  // holds 3 of them instead of L + 1
-    int offload_optimizer;        // the f32 master weights and AdamW's moments live in host memory, with the
-                                  // data-parallel layer: the model holds neither (the compute copy only, which
-                                  // is the master on backends where they alias); get/set_params and
-                                  // get/set_optim go through the hooks
+    int classifier_rows;     // rows per LM-head chunk (0: planned from the free scratch)
+    int mlp_rows;            // rows per MLP chunk (0: planned: chunks of at most 1 GiB of hidden
+                             // activations, with --recompute=block or mlp, where the MLP is recomputed in
+                             // the backward chunk by chunk; -1: never chunked)
+    int no_parallel_fusion;  // parallel blocks run two input GEMMs instead of one
+    int scratch_apart;       // every scratch buffer in a range of its own
+    int external_grads;      // allocate no gradient buffer: every segment's gradients are written where
+                             // kiln_gpt_set_grad_window points (ZeRO-2's staging buffers), set before use
+    int sharded_params;      // ZeRO-3: the model holds optim_elems elements of the master weights and of
+                             // their compute copy only, compact at the spans' state offsets (a rank's
+                             // shard); every weight is read through a window the hooks set
+                             // (kiln_gpt_set_weight_window), and get/set_params go through the hooks
+    int offload_activations; // --recompute=block's layer inputs go to pinned host memory during the forward
+                             // and come back, prefetched a layer ahead, during the backward: the model
+                             // holds 3 of them instead of L + 1
+    int offload_optimizer;   // the f32 master weights and AdamW's moments live in host memory, with the
+                             // data-parallel layer: the model holds neither (the compute copy only, which
+                             // is the master on backends where they alias); get/set_params and
+                             // get/set_optim go through the hooks
+    struct kiln_model_split split; // what this rank holds of split dimensions (config.h; zeros: whole). The
+                                   // model runs at the rank's sizes; the hooks below do what crosses ranks
 };
 
 struct kiln_gpt;
 
-// ---- hooks: where parallelism enters (train/ fills them in on top of parallel/comm/; with one process all are NULL) --
-// The model calls them at fixed points of a step and never calls communication code itself.
+// ---- hooks: where parallelism enters (train/ fills them in on top of parallel/comm/; with one process all
+// are NULL) -- The model calls them at fixed points of a step and never calls communication code itself.
 struct kiln_gpt_hooks {
     void *user;
     // before layer l's forward, and before its recompute in the backward (recompute = 1): its weights must be
@@ -85,10 +87,73 @@ struct kiln_gpt_hooks {
 };
 void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h);
 
-// Sequence parallelism: the attention core of every layer is computed by the caller (parallel/sp.c), which sees
-// the rank's share of each sequence and talks to the other ranks of its group. The arguments are the model's
-// own call's (its T columns, its buffers); forward must fill out and lse, backward dqkv's columns. NULL
-// functions: the backend's attention op.
+// ---- linear layers: where tensor parallelism splits a projection and FP8 casts it ----
+// Every linear layer of the model has an identity: which projection of which layer (-1 for the LM head).
+// A strategy can take over any of them: the hook gets the model's own call (its buffers, at the rank's sizes
+// under a split) and must do what the backend's matmul_forward or matmul_backward would (Megatron's column-
+// parallel layers gather their input first, row-parallel ones reduce their output after; FP8 casts the
+// operands and scales them). The backward's args may carry the previous layer's fused GELU backward
+// (dinp_gelu_pre) and row strides, as the op's do.
+enum kiln_linear {
+    KILN_LINEAR_QKV = 0,  // ln_1 -> [q | k | v] (column-parallel)
+    KILN_LINEAR_ATTN_OUT, // attention output projection (row-parallel)
+    KILN_LINEAR_MLP_IN,   // c_fc: GELU's input, or SwiGLU's [gate | up] (column-parallel)
+    KILN_LINEAR_MLP_OUT,  // the MLP's output projection (row-parallel)
+    KILN_LINEAR_FUSED_IN, // a parallel block's [qkv | fc] in one GEMM (column-parallel)
+    KILN_LINEAR_HEAD,     // the LM head, with l = -1 (vocab-parallel); see also struct kiln_gpt_vocab
+    KILN_LINEARS
+};
+const char *
+kiln_linear_name(enum kiln_linear k); // "qkv", "attn_out", "mlp_in", "mlp_out", "fused_in", "head"
+
+struct kiln_gpt_linear {
+    void *user;
+    void (*forward)(void *user, int l, enum kiln_linear k, const struct kiln_matmul_args *a);
+    void (*backward)(void *user, int l, enum kiln_linear k, const struct kiln_matmul_back_args *a);
+};
+// Installs h (NULL: none, the backend's op for every layer). Where prev is not NULL it gets what was
+// installed before, so that strategies compose: tensor parallelism's hook can run its local GEMMs through
+// FP8's with kiln_gpt_linear_forward_with(prev, ...).
+void kiln_gpt_set_linear(struct kiln_gpt *g, const struct kiln_gpt_linear *h, struct kiln_gpt_linear *prev);
+// Runs a linear layer through h, or through the backend's op where h has no such function: how a hook calls
+// the one it wraps.
+void kiln_gpt_linear_forward_with(const struct kiln_gpt_linear *h, const struct kiln_backend *be, int l,
+                                  enum kiln_linear k, const struct kiln_matmul_args *a);
+void kiln_gpt_linear_backward_with(const struct kiln_gpt_linear *h, const struct kiln_backend *be, int l,
+                                   enum kiln_linear k, const struct kiln_matmul_back_args *a);
+
+// ---- the vocabulary: the embedding and the LM head with its loss (vocab-parallel) ----
+// One chunk of rows of the LM head and its cross-entropy, with (dloss != 0) its backward: logits = x @ W^T,
+// losses, then dx = dlogits @ W and dW (+=, or = with grad_assign). A vocab-parallel loss (Megatron's) takes
+// this over whole, since the softmax's max and sum cross the ranks that hold the vocabulary's slices.
+struct kiln_gpt_head_args {
+    const void *x;          // act (rows, C): the final norm's output
+    const void *weight;     // act (Vp, C): the head (the rank's rows of the padded vocabulary under a split)
+    void *dweight;          // grad (Vp, C), or NULL without a backward
+    void *logits;           // act (rows, Vp): the chunk's scratch; dlogits after the loss
+    float *losses;          // (rows): per-token cross-entropy
+    const int32_t *targets; // (rows), backend memory: global token ids, -1 = ignored
+    void *dx;               // act (rows, C): dL/dx, written (=) when dloss != 0
+    int rows, C, V, Vp;     // V: the real vocabulary (global); Vp: the rows weight holds
+    float dloss, z_loss;
+    int grad_assign; // dweight = instead of += (the step's first write)
+};
+struct kiln_gpt_vocab {
+    void *user;
+    void (*embed_forward)(void *user, const struct kiln_embed_args *a);
+    void (*embed_backward)(void *user, const struct kiln_embed_back_args *a);
+    void (*head)(void *user, const struct kiln_gpt_head_args *a);
+};
+// Installs v (NULL: none), as kiln_gpt_set_linear. A model whose vocabulary is split needs all three.
+void kiln_gpt_set_vocab(struct kiln_gpt *g, const struct kiln_gpt_vocab *v, struct kiln_gpt_vocab *prev);
+// The LM head chunk as the model runs it without a vocab hook: the head's GEMM through the linear hooks
+// (KILN_LINEAR_HEAD), the backend's cross-entropy, the head's backward. For a vocab hook that wraps it.
+void kiln_gpt_head_default(struct kiln_gpt *g, const struct kiln_gpt_head_args *a);
+
+// Sequence parallelism: the attention core of every layer is computed by the caller (parallel/sp.c), which
+// sees the rank's share of each sequence and talks to the other ranks of its group. The arguments are the
+// model's own call's (its T columns, its buffers); forward must fill out and lse, backward dqkv's columns.
+// NULL functions: the backend's attention op.
 struct kiln_gpt_attention {
     void *user;
     void (*forward)(void *user, int l, const struct kiln_attn_args *a);
@@ -102,8 +167,8 @@ void kiln_gpt_set_positions(struct kiln_gpt *g, int pos0, int split, int pos1);
 // Gradients are written through windows too, one per segment of the flat buffer: segment 0 is what comes
 // before layer 0 (the embeddings), segment 1 + l is layer l, segment L + 1 what follows the last layer (the
 // final norm and the LM head). *begins gets the segments' first elements (n + 1 entries, the last the table's
-// total); returns n = L + 2. A window points at a copy of its segment, laid out as in the flat buffer from the
-// segment's first element, in the grad dtype; NULL restores the model's own buffer.
+// total); returns n = L + 2. A window points at a copy of its segment, laid out as in the flat buffer from
+// the segment's first element, in the grad dtype; NULL restores the model's own buffer.
 int kiln_gpt_grad_segments(const struct kiln_gpt *g, const size_t **begins);
 void kiln_gpt_set_grad_window(struct kiln_gpt *g, int seg, void *base);
 
@@ -138,7 +203,7 @@ void kiln_gpt_fused_projection(const struct kiln_gpt *g, int *fwd, int *bwd);
 // sharded_params these are the params_get/params_set hooks (the data-parallel layer's gather and scatter).
 void kiln_gpt_set_params(struct kiln_gpt *g, const float *host);
 void kiln_gpt_get_params(struct kiln_gpt *g, float *host);
-void kiln_gpt_get_grads(struct kiln_gpt *g, float *host);       // for tests and checkpoints
+void kiln_gpt_get_grads(struct kiln_gpt *g, float *host); // for tests and checkpoints
 // AdamW moments <-> host (optim_elems floats each)
 void kiln_gpt_get_optim(struct kiln_gpt *g, float *m_host, float *v_host);
 void kiln_gpt_set_optim(struct kiln_gpt *g, const float *m_host, const float *v_host);
@@ -157,11 +222,11 @@ void kiln_gpt_zero_grad(struct kiln_gpt *g);
 // (grad_scale is applied to the raw gradients first). NaN/Inf norms skip nothing here; the trainer decides.
 struct kiln_adamw_hparams {
     float lr, beta1, beta2, eps, weight_decay;
-    float grad_clip;   // 0 = off
-    float grad_scale;  // multiplies raw gradients (1 / accumulation when dloss did not already average)
-    int step;          // 1-based
+    float grad_clip;         // 0 = off
+    float grad_scale;        // multiplies raw gradients (1 / accumulation when dloss did not already average)
+    int step;                // 1-based
     int stochastic_rounding; // round the bf16 weight copy stochastically (mixed-precision backends)
-    uint64_t seed;     // with step, seeds the rounding so that runs stay repeatable
+    uint64_t seed;           // with step, seeds the rounding so that runs stay repeatable
 };
 // The hyperparameters of an AdamW step (learning rate, the clipping scale from grad_norm, the rounding seed)
 // into a, whose buffers and spans the caller sets (an offloaded optimizer's host buffers).
@@ -180,9 +245,9 @@ void kiln_gpt_adamw_shard(struct kiln_gpt *g, const struct kiln_adamw_hparams *h
 // The spans of every tensor (padding excluded), for callers that shard them; *n gets the count.
 const struct kiln_param_span *kiln_gpt_spans(const struct kiln_gpt *g, int *n);
 
-// The model's buffers, for the data-parallel layer (parallel/dp.c): the flat master weights (f32), their compute
-// copy (act dtype; == params where they alias) and the gradients (grad dtype), all pt->total elements, and
-// the AdamW moments (optim_elems each). Backend memory.
+// The model's buffers, for the data-parallel layer (parallel/dp.c): the flat master weights (f32), their
+// compute copy (act dtype; == params where they alias) and the gradients (grad dtype), all pt->total
+// elements, and the AdamW moments (optim_elems each). Backend memory.
 struct kiln_gpt_buffers {
     float *params;
     void *weights;

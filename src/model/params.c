@@ -26,9 +26,16 @@ static int add(struct kiln_param_table *t, int cap, const char *name, int64_t d0
 }
 
 void kiln_params_build(struct kiln_param_table *t, const struct kiln_model_config *m) {
+    kiln_params_build_split(t, m, NULL);
+}
+
+void kiln_params_build_split(struct kiln_param_table *t, const struct kiln_model_config *m,
+                             const struct kiln_model_split *split) {
     memset(t, 0, sizeof(*t));
-    int L = m->n_layer, C = m->n_embd, HS = kiln_model_head_size(m), NH = m->n_head;
-    int NKV = kiln_model_kv_heads(m), H = kiln_model_mlp_hidden(m), Vp = kiln_model_padded_vocab(m);
+    struct kiln_model_local loc;
+    kiln_model_local_of(m, split, &loc); // the rank's heads, hidden width and vocabulary rows
+    int L = m->n_layer, C = m->n_embd, HS = kiln_model_head_size(m), NH = loc.NH;
+    int NKV = loc.NKV, H = loc.H, Vp = loc.Vp;
     int cap = 5 + L * KILN_LAYER_TENSORS;
     t->p = kiln_xcalloc((size_t)cap, sizeof(*t->p));
     t->layer = kiln_xcalloc((size_t)L, sizeof(*t->layer));
@@ -118,8 +125,8 @@ void kiln_params_init(const struct kiln_param_table *t, const struct kiln_model_
     // Each tensor gets its own stream derived from (seed, tensor index), so adding a tensor later does not
     // change the others' init.
     float resid_scale = 1.0f / sqrtf(2.0f * (float)m->n_layer);
-    // tensors in parallel (the normals of a 1.3B model take a minute on one core); each tensor's stream is its
-    // own, so the values do not depend on the thread count
+    // tensors in parallel (the normals of a 1.3B model take a minute on one core); each tensor's stream is
+    // its own, so the values do not depend on the thread count
 #pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < t->n; i++) {
         const struct kiln_param *p = &t->p[i];
@@ -138,7 +145,8 @@ void kiln_params_init(const struct kiln_param_table *t, const struct kiln_model_
         kiln_rng_seed(&r, seed ^ kiln_hash64((uint64_t)i + 1));
         size_t count = p->count;
         if (i == t->wte || i == t->lm_head)
-            count = (size_t)m->vocab_size * (size_t)p->shape[1]; // padded vocab rows stay zero
+            // padded vocab rows stay zero (a split table's rows are a slice: at most all of them real)
+            count = (size_t)(m->vocab_size < p->shape[0] ? m->vocab_size : p->shape[0]) * (size_t)p->shape[1];
         for (size_t j = 0; j < count; j++)
             x[j] = std * kiln_rng_normal(&r);
     }

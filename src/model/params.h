@@ -20,7 +20,7 @@ enum kiln_layer_tensor {
     KILN_ATTNO_W, KILN_ATTNO_B,   // (C, NH*HS)
     KILN_LN2_W, KILN_LN2_B,       // absent in parallel blocks (one norm feeds both branches)
     KILN_FC_W, KILN_FC_B,         // (H, C), or (2H, C) as [gate | up] for SwiGLU; parallel blocks store
-                                  // them right after QKV_W / QKV_B (one GEMM for both, gpt.c)
+                                  // them right after QKV_W / QKV_B (one GEMM for both, gpt/block.c)
     KILN_MLPO_W, KILN_MLPO_B,     // (C, H)
     KILN_QNORM_W, KILN_KNORM_W,   // (NH*HS), (NKV*HS): QK-norm over each token's whole q and k (OLMo-2)
     KILN_LAYER_TENSORS
@@ -47,6 +47,12 @@ struct kiln_param_table {
 };
 
 void kiln_params_build(struct kiln_param_table *t, const struct kiln_model_config *m);
+// The table of what one rank holds of a split model (config.h's struct kiln_model_split; NULL: whole): the
+// same tensors under the same names, each split one cut to the rank's part (c_attn's rows hold the rank's
+// [q | k | v] heads, c_fc's its [gate | up] columns, c_proj's inputs the same, wte's and lm_head's rows its
+// slice of the padded vocabulary). Which part a rank holds is the strategy's to say; the table knows sizes.
+void kiln_params_build_split(struct kiln_param_table *t, const struct kiln_model_config *m,
+                             const struct kiln_model_split *split);
 void kiln_params_free(struct kiln_param_table *t);
 int kiln_params_find(const struct kiln_param_table *t, const char *name); // index or -1
 

@@ -55,7 +55,21 @@ void gpt_matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp, i
                                  .OC = OC,
                                  .act = act,
                                  .accumulate = accumulate};
-    g->ops->matmul_forward(g->ctx, &a);
+    gpt_linear_fwd(g, wi, &a);
+}
+
+// ---- linear layers: the backend's GEMM, or the hook a strategy put in its place (model/gpt.h)
+
+void gpt_linear_fwd(struct kiln_gpt *g, int wi, const struct kiln_matmul_args *a) {
+    int l;
+    enum kiln_linear k = linear_of(g, wi, a->OC, &l);
+    kiln_gpt_linear_forward_with(&g->linear, g->be, l, k, a);
+}
+
+void gpt_linear_bwd(struct kiln_gpt *g, int wi, const struct kiln_matmul_back_args *a) {
+    int l;
+    enum kiln_linear k = linear_of(g, wi, a->OC, &l);
+    kiln_gpt_linear_backward_with(&g->linear, g->be, l, k, a);
 }
 
 // The MLP of layer l after its input projection: fc_act = act(fc_pre) (rows of fc_pre `stride` elements
@@ -327,7 +341,7 @@ static void matmul_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const v
                                       .OC = OC,
                                       .dinp_accumulate = dinp_accumulate,
                                       .grad_assign = g->grads_fresh};
-    g->ops->matmul_backward(g->ctx, &a);
+    gpt_linear_bwd(g, wi, &a);
 }
 
 // Backward of gpt_mlp_act_fwd, given dout = dL/d(mlp output): dfc = dL/d(fc_pre), rows dfc_stride apart
@@ -361,7 +375,7 @@ static void mlp_act_bwd(struct kiln_gpt *g, const struct dims *d, int l, const v
                                           .grad_assign = g->grads_fresh,
                                           .dinp_stride = dfc_stride,
                                           .gelu_pre_stride = pre_stride};
-        g->ops->matmul_backward(g->ctx, &m);
+        gpt_linear_bwd(g, ix[KILN_MLPO_W], &m);
     }
 }
 

@@ -1,6 +1,6 @@
 // KV-cache decoding (kiln sample, kiln logits, --sample-every): one token a step through the layers, with
 // each layer's keys and values kept for the positions so far. The same ops and weights as the forward
-// (gpt.c).
+// (block.c).
 #include "model/gpt/internal.h"
 
 #include <stdlib.h>
@@ -8,7 +8,13 @@
 
 int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error *err) {
     KILN_ASSERT(!g->opts.sharded_params); // decoding runs on one process, over whole weights
-    struct dims d = dims_of(&g->cfg, B, 1);
+    const struct kiln_model_split *sp = &g->opts.split;
+    if (sp->heads > 1 || sp->kv_heads > 1 || sp->hidden > 1 || sp->vocab > 1)
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "decoding a split model (kiln sample): sampling runs on one process over the whole "
+            "weights; export or load the checkpoint whole first");
+    struct dims d = dims_of(&g->cfg, &g->opts.split, B, 1);
     struct decode *dc = &g->dec;
     size_t ab = kiln_dtype_bytes(g->be->act_dtype), kv = (size_t)B * maxT * d.NKV * d.HS;
     size_t qkv = (size_t)B * d.QKV, fc = (size_t)B * d.FCO, pre = g->fuse.on ? qkv + fc : 0;
@@ -48,7 +54,7 @@ int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error
 void kiln_gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, float *logits) {
     struct decode *dc = &g->dec;
     KILN_ASSERT(dc->x.p && pos >= 0 && pos < dc->maxT);
-    struct dims d = dims_of(&g->cfg, dc->B, 1);
+    struct dims d = dims_of(&g->cfg, &g->opts.split, dc->B, 1);
     int B = dc->B;
     g->ops->upload(g->ctx, dc->tokens.p, tokens, (size_t)B * sizeof(int32_t));
     // x = wte[tok] + wpe[pos]: the embedding op with T = 1 and the position table shifted to pos

@@ -126,9 +126,11 @@ struct kiln_gpt {
 
     struct kiln_gpt_hooks hooks;         // all NULL with one process
     struct kiln_gpt_attention attn_impl; // sequence parallelism's attention (NULL functions: the op's)
-    int pos0, pos_split, pos1;           // kiln_gpt_set_positions
-    const void **wwin; // (L + 2) where each segment's weights are read: its range of the compute
-                       // copy, or a stand-in that a hook put there (kiln_gpt_set_weight_window)
+    struct kiln_gpt_linear linear;       // the linear layers' hook (NULL functions: the op's)
+    struct kiln_gpt_vocab vocab; // the embedding's and the LM head's (NULL functions: the model's own)
+    int pos0, pos_split, pos1;   // kiln_gpt_set_positions
+    const void **wwin;           // (L + 2) where each segment's weights are read: its range of the compute
+                                 // copy, or a stand-in that a hook put there (kiln_gpt_set_weight_window)
     void **gwin;       // (L + 2) where each segment's gradients are written (kiln_gpt_grad_segments)
     size_t *seg_begin; // (L + 3) each segment's first element, then the table's total
 
@@ -148,21 +150,25 @@ struct dims {
     int qk_norm;
 };
 
-static inline struct dims dims_of(const struct kiln_model_config *m, int B, int T) {
+// The sizes of a step of B x T tokens, at what this rank holds of a split model (split NULL: whole)
+static inline struct dims dims_of(const struct kiln_model_config *m, const struct kiln_model_split *split,
+                                  int B, int T) {
+    struct kiln_model_local loc;
+    kiln_model_local_of(m, split, &loc);
     struct dims d;
     d.B = B;
     d.T = T;
     d.N = B * T;
     d.C = m->n_embd;
     d.L = m->n_layer;
-    d.NH = m->n_head;
-    d.NKV = kiln_model_kv_heads(m);
+    d.NH = loc.NH;
+    d.NKV = loc.NKV;
     d.HS = kiln_model_head_size(m);
     d.QKV = (d.NH + 2 * d.NKV) * d.HS;
     d.AO = d.NH * d.HS;
-    d.H = kiln_model_mlp_hidden(m);
+    d.H = loc.H;
     d.FCO = m->mlp_swiglu ? 2 * d.H : d.H;
-    d.Vp = kiln_model_padded_vocab(m);
+    d.Vp = loc.Vp;
     d.V = m->vocab_size;
     d.qk_norm = m->qk_norm;
     return d;
@@ -197,7 +203,28 @@ static inline void *G(const struct kiln_gpt *g, int i) {
     return (char *)g->gwin[s] + (g->pt.p[i].offset - g->seg_begin[s]) * kiln_dtype_bytes(g->be->grad_dtype);
 }
 
+// Which linear layer weight i is (model/gpt.h's enum kiln_linear) and of which layer: the LM head for a
+// tensor outside the layers, a parallel block's fused [qkv | fc] where the GEMM is wider than W_qkv.
+static inline enum kiln_linear linear_of(const struct kiln_gpt *g, int wi, int OC, int *l) {
+    const struct kiln_param *p = &g->pt.p[wi];
+    *l = p->layer;
+    if (p->layer < 0)
+        return KILN_LINEAR_HEAD;
+    const int *ix = g->pt.layer[p->layer];
+    if (wi == ix[KILN_QKV_W])
+        return OC > p->shape[0] ? KILN_LINEAR_FUSED_IN : KILN_LINEAR_QKV;
+    if (wi == ix[KILN_ATTNO_W])
+        return KILN_LINEAR_ATTN_OUT;
+    if (wi == ix[KILN_FC_W])
+        return KILN_LINEAR_MLP_IN;
+    KILN_ASSERT(wi == ix[KILN_MLPO_W]);
+    return KILN_LINEAR_MLP_OUT;
+}
+
 // ---- shared between the files of model/gpt/
+// a linear layer's forward and backward, through the linear hook when one is set
+void gpt_linear_fwd(struct kiln_gpt *g, int wi, const struct kiln_matmul_args *a);
+void gpt_linear_bwd(struct kiln_gpt *g, int wi, const struct kiln_matmul_back_args *a);
 void gpt_offl_init(struct kiln_gpt *g, struct offl *o, struct buf *b, int n, char **host);
 void gpt_offl_free(struct kiln_gpt *g, struct offl *o);
 int gpt_offl_has(const struct offl *o, int l);

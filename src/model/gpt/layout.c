@@ -57,7 +57,7 @@ struct fusion gpt_fusion_of(const struct kiln_model_config *m, const struct kiln
                             const struct kiln_gpt_opts *o, size_t act_bytes) {
     struct fusion f = {0, 0};
     // a chunked MLP runs its own input projection chunk by chunk, apart from attention's
-    struct dims d = dims_of(m, o->B, o->T);
+    struct dims d = dims_of(m, &o->split, o->B, o->T);
     if (!m->parallel_block || m->qk_norm || o->no_parallel_fusion || gpt_mlp_rows_for(&d, o, act_bytes) < d.N)
         return f;
     for (int l = 0; l < m->n_layer; l++) {
@@ -228,8 +228,8 @@ size_t gpt_acts_layout(struct acts *a, int *rows, const struct dims *d, const st
 void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
                    enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan) {
     struct kiln_param_table pt;
-    kiln_params_build(&pt, m);
-    struct dims d = dims_of(m, o->B, o->T);
+    kiln_params_build_split(&pt, m, &o->split);
+    struct dims d = dims_of(m, &o->split, o->B, o->T);
     size_t ab = kiln_dtype_bytes(act);
     struct fusion fu = gpt_fusion_of(m, &pt, o, kiln_dtype_bytes(act));
     struct acts a;

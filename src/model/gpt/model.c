@@ -12,6 +12,36 @@ int gpt_head_index(const struct kiln_gpt *g) {
     return g->cfg.tie_embeddings ? g->pt.wte : g->pt.lm_head;
 }
 
+// One chunk of the LM head and its loss, as the model runs it without a vocab hook: logits = x @ W^T (through
+// the linear hooks), the cross-entropy (dlogits in place), then dx = dlogits @ W and dW.
+void kiln_gpt_head_default(struct kiln_gpt *g, const struct kiln_gpt_head_args *h) {
+    int head = gpt_head_index(g);
+    struct kiln_matmul_args mf = {
+        .out = h->logits, .inp = h->x, .weight = h->weight, .N = h->rows, .IC = h->C, .OC = h->Vp};
+    gpt_linear_fwd(g, head, &mf);
+    struct kiln_xent_args xa = {.logits = h->logits,
+                                .losses = h->losses,
+                                .targets = h->targets,
+                                .N = h->rows,
+                                .V = h->V,
+                                .Vp = h->Vp,
+                                .dloss = h->dloss,
+                                .z_loss = h->z_loss};
+    g->ops->cross_entropy(g->ctx, &xa);
+    if (h->dloss == 0.0f)
+        return;
+    struct kiln_matmul_back_args mb = {.dinp = h->dx,
+                                       .dweight = h->dweight,
+                                       .dout = h->logits,
+                                       .inp = h->x,
+                                       .weight = h->weight,
+                                       .N = h->rows,
+                                       .IC = h->C,
+                                       .OC = h->Vp,
+                                       .grad_assign = h->grad_assign};
+    gpt_linear_bwd(g, head, &mb);
+}
+
 // logits = lnf @ wte^T chunk by chunk; cross-entropy; with dloss, dlogits -> dlnf and dW_head.
 static void classifier(struct kiln_gpt *g, const struct dims *d, float dloss, float z_loss) {
     struct acts *a = &g->a;
@@ -19,36 +49,35 @@ static void classifier(struct kiln_gpt *g, const struct dims *d, float dloss, fl
     const void *lnf = buf_at(&a->ln1, d->L);
     for (int r0 = 0; r0 < d->N; r0 += g->classifier_rows) {
         int rows = d->N - r0 < g->classifier_rows ? d->N - r0 : g->classifier_rows;
-        const void *x = act_at(g, lnf, (size_t)r0 * d->C);
-        gpt_matmul_fwd(g, a->logits.p, NULL, x, head, -1, rows, d->C, d->Vp, KILN_ACT_NONE, 0);
-        struct kiln_xent_args xa = {.logits = a->logits.p,
-                                    .losses = (float *)a->losses.p + r0,
-                                    .targets = (const int32_t *)a->targets.p + r0,
-                                    .N = rows,
-                                    .V = d->V,
-                                    .Vp = d->Vp,
-                                    .dloss = dloss,
-                                    .z_loss = z_loss};
-        g->ops->cross_entropy(g->ctx, &xa);
-        if (dloss != 0.0f) {
-            struct kiln_matmul_back_args mb = {.dinp = act_at(g, a->dln.p, (size_t)r0 * d->C),
-                                               .dweight = G(g, head),
-                                               .dout = a->logits.p,
-                                               .inp = x,
-                                               .weight = W(g, head),
-                                               .N = rows,
-                                               .IC = d->C,
-                                               .OC = d->Vp,
-                                               .grad_assign = g->grads_fresh && r0 == 0};
-            g->ops->matmul_backward(g->ctx, &mb);
-        }
+        struct kiln_gpt_head_args h = {.x = act_at(g, lnf, (size_t)r0 * d->C),
+                                       .weight = W(g, head),
+                                       .dweight = dloss != 0.0f ? G(g, head) : NULL,
+                                       .logits = a->logits.p,
+                                       .losses = (float *)a->losses.p + r0,
+                                       .targets = (const int32_t *)a->targets.p + r0,
+                                       .dx = dloss != 0.0f ? act_at(g, a->dln.p, (size_t)r0 * d->C) : NULL,
+                                       .rows = rows,
+                                       .C = d->C,
+                                       .V = d->V,
+                                       .Vp = d->Vp,
+                                       .dloss = dloss,
+                                       .z_loss = z_loss,
+                                       .grad_assign = g->grads_fresh && r0 == 0};
+        if (g->vocab.head)
+            g->vocab.head(g->vocab.user, &h);
+        else
+            kiln_gpt_head_default(g, &h);
     }
 }
 
 double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
                         float z_loss) {
     KILN_ASSERT(g->opts.training || dloss == 0.0f);
-    struct dims d = dims_of(&g->cfg, g->opts.B, g->opts.T);
+    // a split vocabulary is the vocab hooks' to gather and reduce (the model's own embedding would index
+    // its slice with global token ids)
+    KILN_ASSERT(g->opts.split.vocab <= 1 ||
+                (g->vocab.embed_forward && g->vocab.embed_backward && g->vocab.head));
+    struct dims d = dims_of(&g->cfg, &g->opts.split, g->opts.B, g->opts.T);
     struct acts *a = &g->a;
     size_t tok_bytes = (size_t)d.N * sizeof(int32_t);
     memcpy(g->tokens_host, inputs, tok_bytes);
@@ -69,7 +98,10 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
                                 .B = d.B,
                                 .T = d.T,
                                 .C = d.C};
-    g->ops->embed_forward(g->ctx, &e);
+    if (g->vocab.embed_forward)
+        g->vocab.embed_forward(g->vocab.user, &e);
+    else
+        g->ops->embed_forward(g->ctx, &e);
     gpt_norm_fwd(g, buf_at(&a->ln1, 0), buf_at(&a->mean1, 0), buf_at(&a->rstd1, 0), NULL, buf_at(&a->x, 0),
                  NULL, g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.N);
     int offload = dloss != 0.0f && g->host_acts; // a forward without a backward keeps nothing
@@ -102,7 +134,7 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
 
 void kiln_gpt_backward(struct kiln_gpt *g) {
     KILN_ASSERT(g->has_grad_forward);
-    struct dims d = dims_of(&g->cfg, g->opts.B, g->opts.T);
+    struct dims d = dims_of(&g->cfg, &g->opts.split, g->opts.B, g->opts.T);
     struct acts *a = &g->a;
     void *dres = a->dres.p; // dL/dx, the residual stream's gradient, flowing down the layers
 
@@ -156,7 +188,10 @@ void kiln_gpt_backward(struct kiln_gpt *g) {
                                       .B = d.B,
                                       .T = d.T,
                                       .C = d.C};
-    g->ops->embed_backward(g->ctx, &eb);
+    if (g->vocab.embed_backward)
+        g->vocab.embed_backward(g->vocab.user, &eb);
+    else
+        g->ops->embed_backward(g->ctx, &eb);
     if (g->hooks.embed_backward_end)
         g->hooks.embed_backward_end(g->hooks.user);
     g->has_grad_forward = 0;

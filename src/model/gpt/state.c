@@ -42,15 +42,20 @@ static void build_spans(struct kiln_gpt *g) {
 
 int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, struct kiln_backend *be,
                     const struct kiln_gpt_opts *o, struct kiln_error *err) {
+    int src = kiln_model_split_check(m, &o->split, err);
+    if (src) {
+        *out = NULL;
+        return src;
+    }
     struct kiln_gpt *g = kiln_xcalloc(1, sizeof(*g));
     g->cfg = *m;
     g->opts = *o;
     g->be = be;
     g->ops = be->ops;
     g->ctx = be->ctx;
-    kiln_params_build(&g->pt, m);
+    kiln_params_build_split(&g->pt, m, &o->split);
     kiln_gpt_plan(m, o, be->act_dtype, be->grad_dtype, be->weights_alias_master, &g->plan);
-    struct dims d = dims_of(m, o->B, o->T);
+    struct dims d = dims_of(m, &o->split, o->B, o->T);
     g->fuse = gpt_fusion_of(m, &g->pt, o, kiln_dtype_bytes(be->act_dtype));
     g->optim_elems = o->optim_elems ? o->optim_elems : g->pt.total;
     KILN_ASSERT(g->optim_elems <= g->pt.total);
@@ -191,6 +196,46 @@ void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h) {
         g->hooks = *h;
     else
         memset(&g->hooks, 0, sizeof(g->hooks));
+}
+
+const char *kiln_linear_name(enum kiln_linear k) {
+    static const char *const names[KILN_LINEARS] = {"qkv",     "attn_out", "mlp_in",
+                                                    "mlp_out", "fused_in", "head"};
+    return k >= 0 && k < KILN_LINEARS ? names[k] : "unknown";
+}
+
+void kiln_gpt_set_linear(struct kiln_gpt *g, const struct kiln_gpt_linear *h, struct kiln_gpt_linear *prev) {
+    if (prev)
+        *prev = g->linear;
+    if (h)
+        g->linear = *h;
+    else
+        memset(&g->linear, 0, sizeof(g->linear));
+}
+
+void kiln_gpt_linear_forward_with(const struct kiln_gpt_linear *h, const struct kiln_backend *be, int l,
+                                  enum kiln_linear k, const struct kiln_matmul_args *a) {
+    if (h && h->forward)
+        h->forward(h->user, l, k, a);
+    else
+        be->ops->matmul_forward(be->ctx, a);
+}
+
+void kiln_gpt_linear_backward_with(const struct kiln_gpt_linear *h, const struct kiln_backend *be, int l,
+                                   enum kiln_linear k, const struct kiln_matmul_back_args *a) {
+    if (h && h->backward)
+        h->backward(h->user, l, k, a);
+    else
+        be->ops->matmul_backward(be->ctx, a);
+}
+
+void kiln_gpt_set_vocab(struct kiln_gpt *g, const struct kiln_gpt_vocab *v, struct kiln_gpt_vocab *prev) {
+    if (prev)
+        *prev = g->vocab;
+    if (v)
+        g->vocab = *v;
+    else
+        memset(&g->vocab, 0, sizeof(g->vocab));
 }
 
 void kiln_gpt_set_weight_window(struct kiln_gpt *g, int seg, const void *base) {
