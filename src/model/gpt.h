@@ -24,41 +24,41 @@ struct kiln_mem_plan {
 };
 
 struct kiln_gpt_opts {
-    int B, T; // activation shapes to plan for
+    int B, T;                     // activation shapes to plan for
     enum kiln_recompute recompute;
-    int training;       // 0: no gradients or optimizer state (sampling, eval-only)
-    size_t optim_elems; // AdamW moments to hold, each of m and v (0: one per parameter element, the
-                        // table's total). A ZeRO rank holds its shard's only (kiln_gpt_adamw_spans)
+    int training;                 // 0: no gradients or optimizer state (sampling, eval-only)
+    size_t optim_elems;           // AdamW moments to hold, each of m and v (0: one per parameter element, the
+                                  // table's total). A ZeRO rank holds its shard's only (kiln_gpt_adamw_spans)
     // Tuning knobs for tests and measurements (0 = the default). model/ reads no environment: train/'s
     // kiln_gpt_tuning_from_env maps KILN_CLASSIFIER_ROWS, KILN_MLP_ROWS, KILN_PARALLEL_FUSED=0 and
     // KILN_SCRATCH_SHARED=0 here.
-    int classifier_rows;     // rows per LM-head chunk (0: planned from the free scratch)
-    int mlp_rows;            // rows per MLP chunk (0: planned: chunks of at most 1 GiB of hidden
-                             // activations, with --recompute=block or mlp, where the MLP is recomputed in
-                             // the backward chunk by chunk; -1: never chunked)
-    int no_parallel_fusion;  // parallel blocks run two input GEMMs instead of one
-    int scratch_apart;       // every scratch buffer in a range of its own
-    int external_grads;      // allocate no gradient buffer: every segment's gradients are written where
-                             // kiln_gpt_set_grad_window points (ZeRO-2's staging buffers), set before use
-    int sharded_params;      // ZeRO-3: the model holds optim_elems elements of the master weights and of
-                             // their compute copy only, compact at the spans' state offsets (a rank's
-                             // shard); every weight is read through a window the hooks set
-                             // (kiln_gpt_set_weight_window), and get/set_params go through the hooks
-    int offload_activations; // --recompute=block's layer inputs go to pinned host memory during the forward
-                             // and come back, prefetched a layer ahead, during the backward: the model
-                             // holds 3 of them instead of L + 1
-    int offload_optimizer;   // the f32 master weights and AdamW's moments live in host memory, with the
-                             // data-parallel layer: the model holds neither (the compute copy only, which
-                             // is the master on backends where they alias); get/set_params and
-                             // get/set_optim go through the hooks
-    struct kiln_model_split split; // what this rank holds of split dimensions (config.h; zeros: whole). The
-                                   // model runs at the rank's sizes; the hooks below do what crosses ranks
+    int classifier_rows;          // rows per LM-head chunk (0: planned from the free scratch)
+    int mlp_rows;                 // rows per MLP chunk (0: planned: chunks of at most 1 GiB of hidden
+                                  // activations, with --recompute=block or mlp, where the MLP is recomputed in
+                                  // the backward chunk by chunk; -1: never chunked)
+    int no_parallel_fusion;       // parallel blocks run two input GEMMs instead of one
+    int scratch_apart;            // every scratch buffer in a range of its own
+    int external_grads;           // allocate no gradient buffer: every segment's gradients are written where
+                                  // kiln_gpt_set_grad_window points (ZeRO-2's staging buffers), set before use
+    int sharded_params;           // ZeRO-3: the model holds optim_elems elements of the master weights and of
+                                  // their compute copy only, compact at the spans' state offsets (a rank's
+                                  // shard); every weight is read through a window the hooks set
+                                  // (kiln_gpt_set_weight_window), and get/set_params go through the hooks
+    int offload_activations;      // --recompute=block's layer inputs go to pinned host memory during the forward
+                                  // and come back, prefetched a layer ahead, during the backward: the model
+                                  // holds 3 of them instead of L + 1
+    int offload_optimizer;        // the f32 master weights and AdamW's moments live in host memory, with the
+                                  // data-parallel layer: the model holds neither (the compute copy only, which
+                                  // is the master on backends where they alias); get/set_params and
+                                  // get/set_optim go through the hooks
+    struct kiln_model_split split; // what this rank holds of split dimensions (config.h; zeros: whole): the
+                                   // model runs at the rank's sizes, and the hooks below do what crosses ranks
 };
 
 struct kiln_gpt;
 
-// ---- hooks: where parallelism enters (train/ fills them in on top of parallel/comm/; with one process all
-// are NULL) -- The model calls them at fixed points of a step and never calls communication code itself.
+// ---- hooks: where parallelism enters (train/ fills them in on top of parallel/comm/; with one process all are NULL) --
+// The model calls them at fixed points of a step and never calls communication code itself.
 struct kiln_gpt_hooks {
     void *user;
     // before layer l's forward, and before its recompute in the backward (recompute = 1): its weights must be
@@ -150,10 +150,10 @@ void kiln_gpt_set_vocab(struct kiln_gpt *g, const struct kiln_gpt_vocab *v, stru
 // (KILN_LINEAR_HEAD), the backend's cross-entropy, the head's backward. For a vocab hook that wraps it.
 void kiln_gpt_head_default(struct kiln_gpt *g, const struct kiln_gpt_head_args *a);
 
-// Sequence parallelism: the attention core of every layer is computed by the caller (parallel/sp.c), which
-// sees the rank's share of each sequence and talks to the other ranks of its group. The arguments are the
-// model's own call's (its T columns, its buffers); forward must fill out and lse, backward dqkv's columns.
-// NULL functions: the backend's attention op.
+// Sequence parallelism: the attention core of every layer is computed by the caller (parallel/sp.c), which sees
+// the rank's share of each sequence and talks to the other ranks of its group. The arguments are the model's
+// own call's (its T columns, its buffers); forward must fill out and lse, backward dqkv's columns. NULL
+// functions: the backend's attention op.
 struct kiln_gpt_attention {
     void *user;
     void (*forward)(void *user, int l, const struct kiln_attn_args *a);
@@ -167,8 +167,8 @@ void kiln_gpt_set_positions(struct kiln_gpt *g, int pos0, int split, int pos1);
 // Gradients are written through windows too, one per segment of the flat buffer: segment 0 is what comes
 // before layer 0 (the embeddings), segment 1 + l is layer l, segment L + 1 what follows the last layer (the
 // final norm and the LM head). *begins gets the segments' first elements (n + 1 entries, the last the table's
-// total); returns n = L + 2. A window points at a copy of its segment, laid out as in the flat buffer from
-// the segment's first element, in the grad dtype; NULL restores the model's own buffer.
+// total); returns n = L + 2. A window points at a copy of its segment, laid out as in the flat buffer from the
+// segment's first element, in the grad dtype; NULL restores the model's own buffer.
 int kiln_gpt_grad_segments(const struct kiln_gpt *g, const size_t **begins);
 void kiln_gpt_set_grad_window(struct kiln_gpt *g, int seg, void *base);
 
@@ -203,7 +203,7 @@ void kiln_gpt_fused_projection(const struct kiln_gpt *g, int *fwd, int *bwd);
 // sharded_params these are the params_get/params_set hooks (the data-parallel layer's gather and scatter).
 void kiln_gpt_set_params(struct kiln_gpt *g, const float *host);
 void kiln_gpt_get_params(struct kiln_gpt *g, float *host);
-void kiln_gpt_get_grads(struct kiln_gpt *g, float *host); // for tests and checkpoints
+void kiln_gpt_get_grads(struct kiln_gpt *g, float *host);       // for tests and checkpoints
 // AdamW moments <-> host (optim_elems floats each)
 void kiln_gpt_get_optim(struct kiln_gpt *g, float *m_host, float *v_host);
 void kiln_gpt_set_optim(struct kiln_gpt *g, const float *m_host, const float *v_host);
@@ -222,11 +222,11 @@ void kiln_gpt_zero_grad(struct kiln_gpt *g);
 // (grad_scale is applied to the raw gradients first). NaN/Inf norms skip nothing here; the trainer decides.
 struct kiln_adamw_hparams {
     float lr, beta1, beta2, eps, weight_decay;
-    float grad_clip;         // 0 = off
-    float grad_scale;        // multiplies raw gradients (1 / accumulation when dloss did not already average)
-    int step;                // 1-based
+    float grad_clip;   // 0 = off
+    float grad_scale;  // multiplies raw gradients (1 / accumulation when dloss did not already average)
+    int step;          // 1-based
     int stochastic_rounding; // round the bf16 weight copy stochastically (mixed-precision backends)
-    uint64_t seed;           // with step, seeds the rounding so that runs stay repeatable
+    uint64_t seed;     // with step, seeds the rounding so that runs stay repeatable
 };
 // The hyperparameters of an AdamW step (learning rate, the clipping scale from grad_norm, the rounding seed)
 // into a, whose buffers and spans the caller sets (an offloaded optimizer's host buffers).
@@ -245,9 +245,9 @@ void kiln_gpt_adamw_shard(struct kiln_gpt *g, const struct kiln_adamw_hparams *h
 // The spans of every tensor (padding excluded), for callers that shard them; *n gets the count.
 const struct kiln_param_span *kiln_gpt_spans(const struct kiln_gpt *g, int *n);
 
-// The model's buffers, for the data-parallel layer (parallel/dp.c): the flat master weights (f32), their
-// compute copy (act dtype; == params where they alias) and the gradients (grad dtype), all pt->total
-// elements, and the AdamW moments (optim_elems each). Backend memory.
+// The model's buffers, for the data-parallel layer (parallel/dp.c): the flat master weights (f32), their compute
+// copy (act dtype; == params where they alias) and the gradients (grad dtype), all pt->total elements, and
+// the AdamW moments (optim_elems each). Backend memory.
 struct kiln_gpt_buffers {
     float *params;
     void *weights;
