@@ -2,6 +2,7 @@
 #include "model/config.h"
 
 #include <stdio.h>
+#include <string.h>
 
 int kiln_model_kv_heads(const struct kiln_model_config *m) {
     return m->n_kv_head ? m->n_kv_head : m->n_head;
@@ -35,6 +36,12 @@ uint64_t kiln_model_config_hash(const struct kiln_model_config *m) {
              m->vocab_multiple, (int)m->pos, (double)m->rope_theta, m->norm_rms, m->norm_bias,
              (double)m->norm_eps, m->bias, m->mlp_swiglu, kiln_model_mlp_hidden(m), m->parallel_block,
              m->tie_embeddings, m->qk_norm);
+    // a family other than the GPT joins the hash; the GPT's hash is what it was before families existed,
+    // so that earlier checkpoints still resume
+    if (m->family != KILN_FAMILY_GPT) {
+        size_t at = strlen(buf);
+        snprintf(buf + at, sizeof(buf) - at, " F%d", (int)m->family);
+    }
     uint64_t h = 1469598103934665603ULL;
     for (const char *p = buf; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ULL;
@@ -74,49 +81,4 @@ void kiln_model_local_of(const struct kiln_model_config *m, const struct kiln_mo
     out->NKV = kv > NKV ? 1 : NKV / kv;
     out->H = kiln_model_mlp_hidden(m) / (s ? parts(s->hidden) : 1);
     out->Vp = kiln_model_padded_vocab(m) / (s ? parts(s->vocab) : 1);
-}
-
-int kiln_model_split_check(const struct kiln_model_config *m, const struct kiln_model_split *s,
-                           struct kiln_error *err) {
-    if (!s)
-        return 0;
-    int h = parts(s->heads), kv = parts(s->kv_heads), hid = parts(s->hidden), v = parts(s->vocab);
-    int NKV = kiln_model_kv_heads(m), H = kiln_model_mlp_hidden(m), Vp = kiln_model_padded_vocab(m);
-    if (m->n_head % h)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "heads %d split %d ways (--heads): the parts must divide the heads", m->n_head, h);
-    if (kv <= NKV ? NKV % kv : kv % NKV)
-        return kiln_errorf(
-            err, KILN_ERR_USAGE,
-            "kv-heads %d split %d ways (--kv-heads): the parts must divide the key/value heads, "
-            "or (fewer heads than parts, each part holding a copy of one) be a multiple of them",
-            NKV, kv);
-    // a part's query heads read its key/value heads only: both cut the same number of ways
-    if (kv != h)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "heads split %d ways and kv-heads %d ways: a part's query heads must find their "
-                           "key/value heads in the same part; split both the same number of ways",
-                           h, kv);
-    if (H % hid)
-        return kiln_errorf(
-            err, KILN_ERR_USAGE,
-            "mlp-hidden %d split %d ways (--mlp-hidden): the parts must divide the MLP's width", H, hid);
-    if (Vp % v)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "padded vocabulary %d split %d ways (--vocab-multiple): pad the vocabulary to a "
-                           "multiple of %d x %d",
-                           Vp, v, m->vocab_multiple, v);
-    if (h > 1 && m->qk_norm)
-        return kiln_errorf(
-            err, KILN_ERR_USAGE,
-            "qk-norm with heads split %d ways (--qk-norm): QK-norm normalizes a token's whole q "
-            "and k, across every head; leave the heads whole",
-            h);
-    if (h > 1 && m->pos == KILN_POS_ALIBI)
-        return kiln_errorf(
-            err, KILN_ERR_USAGE,
-            "pos alibi with heads split %d ways (--pos): ALiBi's slopes follow the global head "
-            "index, which the attention op does not take; use rope or learned positions",
-            h);
-    return 0;
 }

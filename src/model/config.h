@@ -23,7 +23,13 @@ enum kiln_recompute {
     KILN_RECOMPUTE_AUTO
 };
 
+// Model families (model/family.h): the architecture a config describes. Each family has its own parameter
+// layout, memory plan, passes and decoding under model/<family>/; the fields below are the shape every
+// family reads, and a family may read more of them (the GPT's block options).
+enum kiln_family { KILN_FAMILY_GPT = 0 };
+
 struct kiln_model_config {
+    enum kiln_family family; // --family
     int n_layer;        // L
     int n_head;         // NH
     int n_kv_head;      // NKV (GQA/MQA); 0 = n_head

@@ -191,6 +191,7 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
 void kiln_gpt_free(struct kiln_gpt *g);
 
 const struct kiln_param_table *kiln_gpt_params(const struct kiln_gpt *g);
+const struct kiln_model_config *kiln_gpt_config(const struct kiln_gpt *g);
 const struct kiln_mem_plan *kiln_gpt_mem_plan(const struct kiln_gpt *g);
 // Peak memory so far, in bytes: the most the backend has held at once (the plan's buffers, and on CUDA its
 // scratch and library workspaces too), or the plan's total if that is larger or the backend does not count.

@@ -9,15 +9,15 @@
 
 #define ALIGN_ELEMS 64
 
-static int add(struct kiln_param_table *t, int cap, const char *name, int64_t d0, int64_t d1, int layer) {
-    KILN_ASSERT(t->n < cap);
+int kiln_params_add(struct kiln_param_table *t, const char *name, int64_t d0, int64_t d1, int layer) {
+    KILN_ASSERT(t->n < t->cap);
     struct kiln_param *p = &t->p[t->n];
     snprintf(p->name, sizeof(p->name), "%s", name);
     p->ndim = d1 ? 2 : 1;
     p->shape[0] = d0;
     p->shape[1] = d1;
     p->count = (size_t)d0 * (size_t)(d1 ? d1 : 1);
-    p->offset = (t->total + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
+    p->offset = kiln_params_aligned(t->total);
     p->layer = layer;
     p->decay = p->ndim == 2;
     t->total = p->offset + p->count;
@@ -25,79 +25,25 @@ static int add(struct kiln_param_table *t, int cap, const char *name, int64_t d0
     return t->n++;
 }
 
-void kiln_params_build(struct kiln_param_table *t, const struct kiln_model_config *m) {
-    kiln_params_build_split(t, m, NULL);
+size_t kiln_params_aligned(size_t elems) {
+    return (elems + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
 }
 
-void kiln_params_build_split(struct kiln_param_table *t, const struct kiln_model_config *m,
-                             const struct kiln_model_split *split) {
+void kiln_params_alloc(struct kiln_param_table *t, int cap, int layers, int per_layer) {
     memset(t, 0, sizeof(*t));
-    struct kiln_model_local loc;
-    kiln_model_local_of(m, split, &loc); // the rank's heads, hidden width and vocabulary rows
-    int L = m->n_layer, C = m->n_embd, HS = kiln_model_head_size(m), NH = loc.NH;
-    int NKV = loc.NKV, H = loc.H, Vp = loc.Vp;
-    int cap = 5 + L * KILN_LAYER_TENSORS;
+    t->cap = cap;
+    t->per_layer = per_layer;
     t->p = kiln_xcalloc((size_t)cap, sizeof(*t->p));
-    t->layer = kiln_xcalloc((size_t)L, sizeof(*t->layer));
-    t->layer_begin = kiln_xcalloc((size_t)L + 1, sizeof(size_t));
-    t->wpe = t->lnf_b = t->lm_head = -1;
-
-    // transformer.wte.weight (Vp, C): the padded rows exist so the LM head GEMM has a friendly shape
-    t->wte = add(t, cap, "transformer.wte.weight", Vp, C, -1);
-    if (m->pos == KILN_POS_LEARNED)
-        t->wpe = add(t, cap, "transformer.wpe.weight", m->block_size, C, -1);
-    for (int l = 0; l < L; l++) {
-        int *ix = t->layer[l];
-        for (int k = 0; k < KILN_LAYER_TENSORS; k++)
-            ix[k] = -1;
-        t->layer_begin[l] = (t->total + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
-        char n[96];
-#define NAME(s) (snprintf(n, sizeof(n), "transformer.h.%d.%s", l, s), n)
-        ix[KILN_LN1_W] = add(t, cap, NAME("ln_1.weight"), C, 0, l);
-        if (!m->norm_rms && m->norm_bias)
-            ix[KILN_LN1_B] = add(t, cap, NAME("ln_1.bias"), C, 0, l);
-        int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, FCO = (int64_t)(m->mlp_swiglu ? 2 : 1) * H;
-        ix[KILN_QKV_W] = add(t, cap, NAME("attn.c_attn.weight"), QKV, C, l);
-        if (m->parallel_block) {
-            // Both projections read ln_1: c_fc's weight (and bias) follow c_attn's, so that [W_qkv; W_fc] is
-            // one (QKV + FCO, C) matrix for a single GEMM (gpt.c). They touch only where the 64-element
-            // alignment adds no padding (QKV * C, and QKV with biases, multiples of 64: every real shape);
-            // gpt.c checks the offsets and runs two GEMMs otherwise.
-            ix[KILN_FC_W] = add(t, cap, NAME("mlp.c_fc.weight"), FCO, C, l);
-            if (m->bias) {
-                ix[KILN_QKV_B] = add(t, cap, NAME("attn.c_attn.bias"), QKV, 0, l);
-                ix[KILN_FC_B] = add(t, cap, NAME("mlp.c_fc.bias"), FCO, 0, l);
-            }
-        } else if (m->bias) {
-            ix[KILN_QKV_B] = add(t, cap, NAME("attn.c_attn.bias"), QKV, 0, l);
-        }
-        if (m->qk_norm) {
-            ix[KILN_QNORM_W] = add(t, cap, NAME("attn.q_norm.weight"), (int64_t)NH * HS, 0, l);
-            ix[KILN_KNORM_W] = add(t, cap, NAME("attn.k_norm.weight"), (int64_t)NKV * HS, 0, l);
-        }
-        ix[KILN_ATTNO_W] = add(t, cap, NAME("attn.c_proj.weight"), C, (int64_t)NH * HS, l);
-        if (m->bias)
-            ix[KILN_ATTNO_B] = add(t, cap, NAME("attn.c_proj.bias"), C, 0, l);
-        if (!m->parallel_block) {
-            ix[KILN_LN2_W] = add(t, cap, NAME("ln_2.weight"), C, 0, l);
-            if (!m->norm_rms && m->norm_bias)
-                ix[KILN_LN2_B] = add(t, cap, NAME("ln_2.bias"), C, 0, l);
-            ix[KILN_FC_W] = add(t, cap, NAME("mlp.c_fc.weight"), FCO, C, l);
-            if (m->bias)
-                ix[KILN_FC_B] = add(t, cap, NAME("mlp.c_fc.bias"), FCO, 0, l);
-        }
-        ix[KILN_MLPO_W] = add(t, cap, NAME("mlp.c_proj.weight"), C, H, l);
-        if (m->bias)
-            ix[KILN_MLPO_B] = add(t, cap, NAME("mlp.c_proj.bias"), C, 0, l);
-#undef NAME
+    // one block: the row pointers, then the rows of per_layer indices
+    t->layer = kiln_xcalloc((size_t)layers * (sizeof(int *) + (size_t)per_layer * sizeof(int)) + 1, 1);
+    int *rows = (int *)(t->layer + layers);
+    for (int l = 0; l < layers; l++) {
+        t->layer[l] = rows + (size_t)l * per_layer;
+        for (int k = 0; k < per_layer; k++)
+            t->layer[l][k] = -1;
     }
-    t->layer_begin[L] = t->total;
-    t->lnf_w = add(t, cap, "transformer.ln_f.weight", C, 0, -1);
-    if (!m->norm_rms && m->norm_bias)
-        t->lnf_b = add(t, cap, "transformer.ln_f.bias", C, 0, -1);
-    if (!m->tie_embeddings)
-        t->lm_head = add(t, cap, "lm_head.weight", Vp, C, -1);
-    t->total = (t->total + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
+    t->layer_begin = kiln_xcalloc((size_t)layers + 1, sizeof(size_t));
+    t->wte = t->wpe = t->lnf_w = t->lnf_b = t->lm_head = -1;
 }
 
 void kiln_params_free(struct kiln_param_table *t) {
@@ -112,42 +58,4 @@ int kiln_params_find(const struct kiln_param_table *t, const char *name) {
         if (strcmp(t->p[i].name, name) == 0)
             return i;
     return -1;
-}
-
-static int is_norm_weight(const char *name) {
-    return strstr(name, "ln_1.weight") || strstr(name, "ln_2.weight") || strstr(name, "ln_f.weight") ||
-           strstr(name, "q_norm.weight") || strstr(name, "k_norm.weight");
-}
-
-void kiln_params_init(const struct kiln_param_table *t, const struct kiln_model_config *m, float *params,
-                      uint64_t seed) {
-    memset(params, 0, t->total * sizeof(float));
-    // Each tensor gets its own stream derived from (seed, tensor index), so adding a tensor later does not
-    // change the others' init.
-    float resid_scale = 1.0f / sqrtf(2.0f * (float)m->n_layer);
-    // tensors in parallel (the normals of a 1.3B model take a minute on one core); each tensor's stream is
-    // its own, so the values do not depend on the thread count
-#pragma omp parallel for schedule(dynamic)
-    for (int i = 0; i < t->n; i++) {
-        const struct kiln_param *p = &t->p[i];
-        float *x = params + p->offset;
-        if (is_norm_weight(p->name)) {
-            for (size_t j = 0; j < p->count; j++)
-                x[j] = 1.0f;
-            continue;
-        }
-        if (p->ndim == 1)
-            continue; // biases start at zero
-        float std = 0.02f;
-        if (strstr(p->name, "c_proj.weight"))
-            std *= resid_scale; // GPT-2: residual projections scaled by 1/sqrt(2L)
-        struct kiln_rng r;
-        kiln_rng_seed(&r, seed ^ kiln_hash64((uint64_t)i + 1));
-        size_t count = p->count;
-        if (i == t->wte || i == t->lm_head)
-            // padded vocab rows stay zero (a split table's rows are a slice: at most all of them real)
-            count = (size_t)(m->vocab_size < p->shape[0] ? m->vocab_size : p->shape[0]) * (size_t)p->shape[1];
-        for (size_t j = 0; j < count; j++)
-            x[j] = std * kiln_rng_normal(&r);
-    }
 }

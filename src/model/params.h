@@ -13,7 +13,8 @@
 
 #include "model/config.h"
 
-// The tensors of one block. Absent ones (no bias, RMSNorm, ...) have index -1.
+// The tensors of one GPT block (the GPT family's; another family numbers its own, and the table keeps as many
+// per layer as the family says). Absent ones (no bias, RMSNorm, ...) have index -1.
 enum kiln_layer_tensor {
     KILN_LN1_W, KILN_LN1_B,
     KILN_QKV_W, KILN_QKV_B,       // (NH + 2*NKV)*HS rows: [q | k | v]
@@ -42,7 +43,9 @@ struct kiln_param_table {
     size_t total;          // buffer length in elements, including alignment padding
     size_t n_params;       // real parameter count
     int wte, wpe, lnf_w, lnf_b, lm_head;  // indices, -1 when absent
-    int (*layer)[KILN_LAYER_TENSORS];     // [L][tensor] -> index or -1
+    int **layer;           // [L][tensor] -> index or -1 (per_layer tensors, the family's numbering)
+    int per_layer;
+    int cap;               // entries p has room for
     size_t *layer_begin;   // [L + 1] element offset where layer l's tensors start; [L] = end of the last
 };
 
@@ -55,6 +58,14 @@ void kiln_params_build_split(struct kiln_param_table *t, const struct kiln_model
                              const struct kiln_model_split *split);
 void kiln_params_free(struct kiln_param_table *t);
 int kiln_params_find(const struct kiln_param_table *t, const char *name); // index or -1
+
+// For a family's table builder (model/<family>/params.c): room for cap tensors in `layers` layers of
+// per_layer kinds each (every index -1), then each tensor appended in order at the next aligned offset
+// (kiln_params_add returns its index), layer_begin[l] set where a layer's tensors start (aligned), and
+// total rounded up at the end.
+void kiln_params_alloc(struct kiln_param_table *t, int cap, int layers, int per_layer);
+int kiln_params_add(struct kiln_param_table *t, const char *name, int64_t d0, int64_t d1, int layer);
+size_t kiln_params_aligned(size_t elems);
 
 // Fills params (t->total floats) with GPT-2's init: N(0, 0.02) weights, residual output projections scaled by
 // 1/sqrt(2L), zero biases, unit norm weights, zero padding. Deterministic in seed.

@@ -29,6 +29,7 @@ struct opt {
 
 static const struct opt OPTS[] = {
     // model
+    {"family", OPT_ENUM, M(family), 0, 0, "gpt", "model family (model/family.h): gpt"},
     {"layers", OPT_INT, M(n_layer), 1, 1024, NULL, "number of transformer blocks (L)"},
     {"heads", OPT_INT, M(n_head), 1, 1024, NULL, "attention heads (NH)"},
     {"kv-heads", OPT_INT, M(n_kv_head), 0, 1024, NULL, "key/value heads for GQA/MQA (0 = heads)"},

@@ -221,6 +221,18 @@ static inline enum kiln_linear linear_of(const struct kiln_gpt *g, int wi, int O
     return KILN_LINEAR_MLP_OUT;
 }
 
+// ---- the family's entry points (family.c's row)
+void gpt_params_build(struct kiln_param_table *t, const struct kiln_model_config *m,
+                      const struct kiln_model_split *split);
+void gpt_params_init(const struct kiln_param_table *t, const struct kiln_model_config *m, float *params,
+                     uint64_t seed);
+void gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
+              enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan);
+double gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss, float z_loss);
+void gpt_backward(struct kiln_gpt *g);
+int gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error *err);
+void gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, float *logits);
+
 // ---- shared between the files of model/gpt/
 // a linear layer's forward and backward, through the linear hook when one is set
 void gpt_linear_fwd(struct kiln_gpt *g, int wi, const struct kiln_matmul_args *a);

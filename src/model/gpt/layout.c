@@ -225,10 +225,10 @@ size_t gpt_acts_layout(struct acts *a, int *rows, const struct dims *d, const st
     return o->scratch_apart ? scratch_apart(a) : end;
 }
 
-void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
+void gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
                    enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan) {
     struct kiln_param_table pt;
-    kiln_params_build_split(&pt, m, &o->split);
+    gpt_params_build(&pt, m, &o->split);
     struct dims d = dims_of(m, &o->split, o->B, o->T);
     size_t ab = kiln_dtype_bytes(act);
     struct fusion fu = gpt_fusion_of(m, &pt, o, kiln_dtype_bytes(act));

@@ -70,7 +70,7 @@ static void classifier(struct kiln_gpt *g, const struct dims *d, float dloss, fl
     }
 }
 
-double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
+double gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
                         float z_loss) {
     KILN_ASSERT(g->opts.training || dloss == 0.0f);
     // a split vocabulary is the vocab hooks' to gather and reduce (the model's own embedding would index
@@ -132,7 +132,7 @@ double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t
     return count ? sum / (double)count : 0.0;
 }
 
-void kiln_gpt_backward(struct kiln_gpt *g) {
+void gpt_backward(struct kiln_gpt *g) {
     KILN_ASSERT(g->has_grad_forward);
     struct dims d = dims_of(&g->cfg, &g->opts.split, g->opts.B, g->opts.T);
     struct acts *a = &g->a;

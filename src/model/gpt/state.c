@@ -266,6 +266,10 @@ const struct kiln_param_table *kiln_gpt_params(const struct kiln_gpt *g) {
     return &g->pt;
 }
 
+const struct kiln_model_config *kiln_gpt_config(const struct kiln_gpt *g) {
+    return &g->cfg;
+}
+
 const struct kiln_mem_plan *kiln_gpt_mem_plan(const struct kiln_gpt *g) {
     return &g->plan;
 }

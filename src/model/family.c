@@ -1,0 +1,61 @@
+// The family table. See family.h.
+#include "model/family.h"
+
+#include "util/error.h"
+
+// indexed by enum kiln_family
+static const struct kiln_model_family *const FAMILIES[] = {&kiln_family_gpt};
+#define N_FAMILIES ((int)(sizeof(FAMILIES) / sizeof(FAMILIES[0])))
+
+const struct kiln_model_family *kiln_model_family_of(const struct kiln_model_config *m) {
+    KILN_ASSERT((int)m->family >= 0 && (int)m->family < N_FAMILIES);
+    return FAMILIES[m->family];
+}
+
+const struct kiln_model_family *const *kiln_model_families(int *n) {
+    *n = N_FAMILIES;
+    return FAMILIES;
+}
+
+// ---- what the layers above call: the config's family does it
+
+int kiln_model_split_check(const struct kiln_model_config *m, const struct kiln_model_split *s,
+                           struct kiln_error *err) {
+    return kiln_model_family_of(m)->check(m, s, err);
+}
+
+void kiln_params_build_split(struct kiln_param_table *t, const struct kiln_model_config *m,
+                             const struct kiln_model_split *split) {
+    kiln_model_family_of(m)->params_build(t, m, split);
+}
+
+void kiln_params_build(struct kiln_param_table *t, const struct kiln_model_config *m) {
+    kiln_params_build_split(t, m, NULL);
+}
+
+void kiln_params_init(const struct kiln_param_table *t, const struct kiln_model_config *m, float *params,
+                      uint64_t seed) {
+    kiln_model_family_of(m)->params_init(t, m, params, seed);
+}
+
+void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
+                   enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan) {
+    kiln_model_family_of(m)->plan(m, o, act, grad, weights_alias_master, plan);
+}
+
+double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
+                        float z_loss) {
+    return kiln_model_family_of(kiln_gpt_config(g))->forward(g, inputs, targets, dloss, z_loss);
+}
+
+void kiln_gpt_backward(struct kiln_gpt *g) {
+    kiln_model_family_of(kiln_gpt_config(g))->backward(g);
+}
+
+int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error *err) {
+    return kiln_model_family_of(kiln_gpt_config(g))->decode_begin(g, B, maxT, err);
+}
+
+void kiln_gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, float *logits) {
+    kiln_model_family_of(kiln_gpt_config(g))->decode_step(g, tokens, pos, logits);
+}
