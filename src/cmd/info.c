@@ -6,7 +6,7 @@
 #include "core/backend.h"
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "parallel/comm/comm.h"
 #include "parallel/dp.h"
 #include "run/plan.h"
@@ -323,20 +323,20 @@ int cmd_info(int argc, char **argv) {
            cfg.seq_len, fpt, fptc);
     printf("FLOPs per step: %.4g (B=%d)\n", fpt * cfg.batch_size * cfg.seq_len, cfg.batch_size);
 
-    struct kiln_gpt_opts go = {.B = cfg.batch_size,
+    struct kiln_model_opts go = {.B = cfg.batch_size,
                                .T = cfg.seq_len,
                                .recompute = cfg.recompute,
                                .training = 1,
                                .offload_activations = (cfg.offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
     struct kiln_mem_plan plan;
     printf("\n");
-    kiln_gpt_tuning_from_env(&go);
-    kiln_gpt_plan(m, &go, KILN_F32, KILN_F32, 1, &plan);
+    kiln_model_tuning_from_env(&go);
+    kiln_model_plan(m, &go, KILN_F32, KILN_F32, 1, &plan);
     print_plan("cpu: f32 everything", &plan, go.B * go.T);
     // the gradient dtype a CUDA run of this config gets (the trainer makes the same choice)
     enum kiln_dtype grad = kiln_config_grad_dtype(&cfg, 1);
-    kiln_gpt_tuning_from_env(&go);
-    kiln_gpt_plan(m, &go, KILN_BF16, grad, 0, &plan);
+    kiln_model_tuning_from_env(&go);
+    kiln_model_plan(m, &go, KILN_BF16, grad, 0, &plan);
     print_plan(grad == KILN_BF16 ? "cuda: bf16 weights, activations and gradients, f32 master and AdamW"
                                  : "cuda: bf16 weights and activations, f32 master, gradients and AdamW",
                &plan, go.B * go.T);

@@ -11,7 +11,7 @@
 #include "core/backend.h"
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "run/tuning.h"
 #include "run/model_io.h"
 
@@ -99,23 +99,23 @@ static int run_logits(const struct logits_opts *o, struct kiln_error *err) {
     }
     struct kiln_backend be;
     struct kiln_backend_opts bo = {0};
-    struct kiln_gpt *g = NULL;
+    struct kiln_model *g = NULL;
     float *params = NULL, *logits = NULL;
     if ((rc = kiln_backend_open(o->device, &bo, &be, err)))
         goto out_ids;
-    struct kiln_gpt_opts go = {.B = 1, .T = 1, .recompute = KILN_RECOMPUTE_NONE, .training = 0};
-    kiln_gpt_tuning_from_env(&go);
-    if ((rc = kiln_gpt_create(&g, &cfg.model, &be, &go, err)))
+    struct kiln_model_opts go = {.B = 1, .T = 1, .recompute = KILN_RECOMPUTE_NONE, .training = 0};
+    kiln_model_tuning_from_env(&go);
+    if ((rc = kiln_model_create(&g, &cfg.model, &be, &go, err)))
         goto out_be;
-    const struct kiln_param_table *pt = kiln_gpt_params(g);
+    const struct kiln_param_table *pt = kiln_model_params(g);
     params = kiln_xmalloc(pt->total * sizeof(float));
     char path[1200];
     if ((rc = kiln_run_weights_path(o->run, path, sizeof(path), err)))
         goto out;
     if ((rc = kiln_read_model_safetensors(path, pt, params, err)))
         goto out;
-    kiln_gpt_set_params(g, params);
-    if ((rc = kiln_gpt_decode_begin(g, 1, (int)ids.n, err)))
+    kiln_model_set_params(g, params);
+    if ((rc = kiln_model_decode_begin(g, 1, (int)ids.n, err)))
         goto out;
     logits = kiln_xmalloc((size_t)V * sizeof(float));
     printf("{\"device\": \"%s\", \"vocab_size\": %d, \"tokens\": [", be.name, V);
@@ -126,7 +126,7 @@ static int run_logits(const struct logits_opts *o, struct kiln_error *err) {
     // Infinity: a non-finite logit prints as null (the output stays valid JSON) and the exit status is 1,
     // with an error naming the first one.
     for (size_t t = 0; t < ids.n; t++) {
-        kiln_gpt_decode_step(g, &ids.data[t], (int)t, logits);
+        kiln_model_decode_step(g, &ids.data[t], (int)t, logits);
         printf("%s[", t ? ",\n  " : "");
         for (int k = 0; k < V; k++) {
             if (isfinite(logits[k])) {
@@ -147,7 +147,7 @@ static int run_logits(const struct logits_opts *o, struct kiln_error *err) {
 out:
     free(params);
     free(logits);
-    kiln_gpt_free(g);
+    kiln_model_free(g);
 out_be:
     kiln_backend_close(&be);
 out_ids:

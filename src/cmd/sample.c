@@ -9,7 +9,7 @@
 #include "core/backend.h"
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "run/tuning.h"
 #include "run/model_io.h"
 #include "run/sampler.h"
@@ -113,25 +113,25 @@ static int run_sample(const struct sample_opts *o, struct kiln_error *err) {
 
     struct kiln_backend be;
     struct kiln_backend_opts bo = {0};
-    struct kiln_gpt *g = NULL;
+    struct kiln_model *g = NULL;
     float *params = NULL, *logits = NULL;
     struct kiln_ids ids = {0};
     struct kiln_bytes text = {0};
     if ((rc = kiln_backend_open(o->device, &bo, &be, err)))
         goto out_tok;
-    struct kiln_gpt_opts go = {.B = 1, .T = 1, .recompute = KILN_RECOMPUTE_NONE, .training = 0};
-    kiln_gpt_tuning_from_env(&go);
-    if ((rc = kiln_gpt_create(&g, &cfg.model, &be, &go, err)))
+    struct kiln_model_opts go = {.B = 1, .T = 1, .recompute = KILN_RECOMPUTE_NONE, .training = 0};
+    kiln_model_tuning_from_env(&go);
+    if ((rc = kiln_model_create(&g, &cfg.model, &be, &go, err)))
         goto out_be;
-    const struct kiln_param_table *pt = kiln_gpt_params(g);
+    const struct kiln_param_table *pt = kiln_model_params(g);
     params = kiln_xmalloc(pt->total * sizeof(float));
     if ((rc = kiln_run_weights_path(o->run, path, sizeof(path), err)))
         goto out;
     if ((rc = kiln_read_model_safetensors(path, pt, params, err)))
         goto out;
-    kiln_gpt_set_params(g, params);
+    kiln_model_set_params(g, params);
     int maxT = cfg.model.block_size;
-    if ((rc = kiln_gpt_decode_begin(g, 1, maxT, err)))
+    if ((rc = kiln_model_decode_begin(g, 1, maxT, err)))
         goto out;
 
     if (o->prompt[0]) {
@@ -157,7 +157,7 @@ static int run_sample(const struct sample_opts *o, struct kiln_error *err) {
     kiln_rng_seed(&rng, o->seed);
     int pos = 0;
     for (; pos < (int)ids.n; pos++)
-        kiln_gpt_decode_step(g, &ids.data[pos], pos, logits);
+        kiln_model_decode_step(g, &ids.data[pos], pos, logits);
     for (int i = 0; i < o->max_tokens; i++) {
         // finite weights can still overflow to inf; a sampler fed NaN would print garbage and exit 0
         for (int k = 0; k < V; k++)
@@ -183,9 +183,9 @@ static int run_sample(const struct sample_opts *o, struct kiln_error *err) {
             int keep = maxT / 2;
             const int32_t *tail = ids.data + ids.n - keep;
             for (pos = 0; pos < keep - 1; pos++)
-                kiln_gpt_decode_step(g, &tail[pos], pos, logits);
+                kiln_model_decode_step(g, &tail[pos], pos, logits);
         }
-        kiln_gpt_decode_step(g, &next, pos++, logits);
+        kiln_model_decode_step(g, &next, pos++, logits);
     }
     fputc('\n', stdout);
 out:
@@ -193,7 +193,7 @@ out:
     free(logits);
     kiln_ids_free(&ids);
     kiln_bytes_free(&text);
-    kiln_gpt_free(g);
+    kiln_model_free(g);
 out_be:
     kiln_backend_close(&be);
 out_tok:

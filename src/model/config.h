@@ -71,7 +71,7 @@ double kiln_model_recompute_flops_per_token(const struct kiln_model_config *m, e
 // Tensor parallelism gives each rank a part of the attention heads, of the MLP's hidden width and of the
 // padded vocabulary (DESIGN.md: "the shapes a rank holds of each parameter"). The model is then built and run
 // at the rank's sizes: its parameter table holds the rank's rows or columns of each split tensor (under the
-// same names), its activations the rank's heads and hidden columns, and the strategy's hooks (model/gpt.h)
+// same names), its activations the rank's heads and hidden columns, and the strategy's hooks (model/model.h)
 // do the communication around the linear layers, the embedding and the loss. Each field is the number of
 // parts a dimension is cut into: 0 or 1 means whole.
 struct kiln_model_split {

@@ -38,24 +38,24 @@ void kiln_params_init(const struct kiln_param_table *t, const struct kiln_model_
     kiln_model_family_of(m)->params_init(t, m, params, seed);
 }
 
-void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
-                   enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan) {
+void kiln_model_plan(const struct kiln_model_config *m, const struct kiln_model_opts *o, enum kiln_dtype act,
+                     enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan) {
     kiln_model_family_of(m)->plan(m, o, act, grad, weights_alias_master, plan);
 }
 
-double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
-                        float z_loss) {
-    return kiln_model_family_of(kiln_gpt_config(g))->forward(g, inputs, targets, dloss, z_loss);
+double kiln_model_forward(struct kiln_model *g, const int32_t *inputs, const int32_t *targets, float dloss,
+                          float z_loss) {
+    return kiln_model_family_of(kiln_model_get_config(g))->forward(g, inputs, targets, dloss, z_loss);
 }
 
-void kiln_gpt_backward(struct kiln_gpt *g) {
-    kiln_model_family_of(kiln_gpt_config(g))->backward(g);
+void kiln_model_backward(struct kiln_model *g) {
+    kiln_model_family_of(kiln_model_get_config(g))->backward(g);
 }
 
-int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error *err) {
-    return kiln_model_family_of(kiln_gpt_config(g))->decode_begin(g, B, maxT, err);
+int kiln_model_decode_begin(struct kiln_model *g, int B, int maxT, struct kiln_error *err) {
+    return kiln_model_family_of(kiln_model_get_config(g))->decode_begin(g, B, maxT, err);
 }
 
-void kiln_gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, float *logits) {
-    kiln_model_family_of(kiln_gpt_config(g))->decode_step(g, tokens, pos, logits);
+void kiln_model_decode_step(struct kiln_model *g, const int32_t *tokens, int pos, float *logits) {
+    kiln_model_family_of(kiln_model_get_config(g))->decode_step(g, tokens, pos, logits);
 }

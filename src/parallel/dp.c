@@ -65,8 +65,8 @@ struct ochunk {
 struct kiln_dp {
     struct kiln_comm *comm;
     struct kiln_backend *be;
-    struct kiln_gpt *g;
-    struct kiln_gpt_buffers buf;
+    struct kiln_model *g;
+    struct kiln_model_buffers buf;
     int zero;
     struct bucket *b; // in backward order: b[0] is the last layers'
     int nb;
@@ -78,7 +78,7 @@ struct kiln_dp {
     int n_spans;
     int reducing; // this backward is the last micro-step: reduce buckets as they complete
     // ZeRO-2: the gradients live in staging buffers for one micro-step, then in the shard
-    const size_t *seg_begin; // the model's gradient segments (kiln_gpt_grad_segments)
+    const size_t *seg_begin; // the model's gradient segments (kiln_model_grad_segments)
     int n_seg;
     void *top, *bottom; // staging of b[0] and b[nb - 1]
     struct slot mid[STAGING_SLOTS];
@@ -144,7 +144,7 @@ int kiln_dp_external_grads(const struct kiln_dp *dp) {
     return dp->zero >= 2 && !dp->whole;
 }
 
-void kiln_dp_model_opts(const struct kiln_dp *dp, struct kiln_gpt_opts *o) {
+void kiln_dp_model_opts(const struct kiln_dp *dp, struct kiln_model_opts *o) {
     o->optim_elems = dp->optim_elems;
     o->external_grads = kiln_dp_external_grads(dp);
     o->sharded_params = dp->zero == 3;
@@ -296,7 +296,7 @@ static size_t mid_elems(const struct kiln_dp *dp) {
 }
 
 void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world, int rank,
-                         enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_gpt_opts *model,
+                         enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_model_opts *model,
                          struct kiln_dp_mem *out) {
     struct kiln_backend be = {.act_dtype = act, .grad_dtype = grad};
     struct kiln_dp dp = {.be = &be};
@@ -451,7 +451,7 @@ static void window_bucket(struct kiln_dp *dp, int i, void *stage) {
     size_t gb = grad_bytes(dp);
     for (int s = 0; s < dp->n_seg; s++)
         if (dp->seg_begin[s] >= b->lo && dp->seg_begin[s] < b->hi)
-            kiln_gpt_set_grad_window(dp->g, s, (char *)stage + (dp->seg_begin[s] - b->lo) * gb);
+            kiln_model_set_grad_window(dp->g, s, (char *)stage + (dp->seg_begin[s] - b->lo) * gb);
 }
 
 static int bucket_of(const struct kiln_dp *dp, size_t at) {
@@ -503,7 +503,7 @@ static void prepare_stage(struct kiln_dp *dp, void *stage, int i) {
 
 // Gives bucket i a staging buffer: the oldest of the shared ones, once its reduction has read it (on the
 // GPU the compute stream waits, not the host). The backward assigns every tensor's gradients there on its
-// first write of the micro-step (kiln_gpt_zero_grad); only the padding between tensors, which it never
+// first write of the micro-step (kiln_model_zero_grad); only the padding between tensors, which it never
 // writes, is zeroed, so that it sums to zero (a whole bucket's zeroing was 2.6 GB a step at the 1.3B shape).
 static void stage_bucket(struct kiln_dp *dp, int i) {
     if (dp->b[i].stage)
@@ -606,7 +606,7 @@ static void unit_use(struct kiln_dp *dp, struct unit *u) {
     }
     for (int s = 0; s < dp->n_seg; s++)
         if (dp->seg_begin[s] >= b->lo && dp->seg_begin[s] < b->hi)
-            kiln_gpt_set_weight_window(dp->g, s, at + (dp->seg_begin[s] - b->lo) * ab);
+            kiln_model_set_weight_window(dp->g, s, at + (dp->seg_begin[s] - b->lo) * ab);
 }
 
 // Layer l's unit: the bottom or top bucket's, or its slot in the ring.
@@ -1058,7 +1058,7 @@ static void on_layer_begin_offload(void *user, int l, int recompute) {
         offload_wait(dp, chunks_through(dp, seg_order(dp, 2 + l)));
 }
 
-static void attach_offload(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {
+static void attach_offload(struct kiln_dp *dp, struct kiln_model_hooks *h) {
     size_t n = dp->optim_elems;
     // only the staging buffers are copied to and from the device, so only they are page-locked
     dp->h_master = kiln_xmalloc(n * sizeof(float));
@@ -1073,11 +1073,11 @@ static void attach_offload(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {
         dp->o_spans = dp->spans;
         dp->o_n_spans = dp->n_spans;
     } else {
-        dp->o_spans = kiln_gpt_spans(dp->g, &dp->o_n_spans); // state offset = offset
+        dp->o_spans = kiln_model_spans(dp->g, &dp->o_n_spans); // state offset = offset
         h->forward_begin = on_forward_begin_offload;
         h->layer_begin = on_layer_begin_offload;
     }
-    dp->n_seg = kiln_gpt_grad_segments(dp->g, &dp->seg_begin);
+    dp->n_seg = kiln_model_grad_segments(dp->g, &dp->seg_begin);
     plan_chunks(dp);
     h->params_buffer = on_params_buffer;
     h->params_get = on_params_get;
@@ -1094,7 +1094,7 @@ static void unit_alloc(struct kiln_dp *dp, struct unit *u, size_t elems) {
     u->issued = dp->be->ops->event_create ? dp->be->ops->event_create(dp->be->ctx) : NULL;
 }
 
-static void attach_zero3(struct kiln_dp *dp, struct kiln_gpt_hooks *h) {
+static void attach_zero3(struct kiln_dp *dp, struct kiln_model_hooks *h) {
     dp->L = dp->n_seg - 2;
     size_t mid = mid_elems(dp);
     dp->top_w = kiln_xcalloc(1, sizeof(*dp->top_w));
@@ -1175,19 +1175,19 @@ static void on_layer_begin_gathered(void *user, int l, int recompute) {
         on_layer_begin(user, l, recompute);
 }
 
-void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
+void kiln_dp_attach(struct kiln_dp *dp, struct kiln_model *g) {
     dp->g = g;
-    kiln_gpt_buffers(g, &dp->buf);
+    kiln_model_buffers(g, &dp->buf);
     KILN_ASSERT(dp->buf.optim_elems == dp->optim_elems);
-    KILN_ASSERT(kiln_gpt_params(g)->total == dp->bounds[0]); // planned on this layout
-    struct kiln_gpt_hooks h = {
+    KILN_ASSERT(kiln_model_params(g)->total == dp->bounds[0]); // planned on this layout
+    struct kiln_model_hooks h = {
         .user = dp, .layer_backward_end = on_layer_backward_end, .embed_backward_end = on_embed_backward_end};
     if (dp->zero >= 2 && dp->whole) {
-        dp->n_seg = kiln_gpt_grad_segments(g, &dp->seg_begin);
+        dp->n_seg = kiln_model_grad_segments(g, &dp->seg_begin);
         dp->shard = alloc_or_die(dp, dp->optim_elems * grad_bytes(dp), "gradient shard");
     } else if (dp->zero >= 2) {
         KILN_ASSERT(!dp->buf.grads); // the model was created with external_grads
-        dp->n_seg = kiln_gpt_grad_segments(g, &dp->seg_begin);
+        dp->n_seg = kiln_model_grad_segments(g, &dp->seg_begin);
         size_t gb = grad_bytes(dp), mid = mid_elems(dp);
         dp->top = alloc_or_die(dp, (dp->b[0].hi - dp->b[0].lo) * gb, "staging buffer");
         dp->bottom = dp->nb > 1 ? alloc_or_die(dp, (dp->b[dp->nb - 1].hi - dp->b[dp->nb - 1].lo) * gb,
@@ -1197,12 +1197,12 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
             dp->mid[k] =
                 (struct slot){.p = mid ? alloc_or_die(dp, mid * gb, "staging buffer") : NULL, .bucket = -1};
         dp->shard = alloc_or_die(dp, dp->optim_elems * gb, "gradient shard");
-        plan_gaps(dp, kiln_gpt_params(g));
+        plan_gaps(dp, kiln_model_params(g));
         h.layer_begin = on_layer_begin;
     }
     if ((dp->zero == 1 || dp->zero == 2) && !dp->offload) {
         if (!dp->seg_begin)
-            dp->n_seg = kiln_gpt_grad_segments(g, &dp->seg_begin);
+            dp->n_seg = kiln_model_grad_segments(g, &dp->seg_begin);
         dp->wg = kiln_xcalloc((size_t)dp->nb, sizeof(*dp->wg));
         h.forward_begin = on_forward_begin_gathered;
         h.layer_begin = on_layer_begin_gathered;
@@ -1211,7 +1211,7 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g) {
         attach_zero3(dp, &h);
     if (dp->offload)
         attach_offload(dp, &h);
-    kiln_gpt_set_hooks(g, &h);
+    kiln_model_set_hooks(g, &h);
 }
 
 void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum) {
@@ -1285,13 +1285,13 @@ void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, doubl
         return;
     }
     if (!dp->zero) {
-        kiln_gpt_adamw(dp->g, h, grad_norm);
+        kiln_model_adamw(dp->g, h, grad_norm);
         return;
     }
     if (dp->zero >= 2)
-        kiln_gpt_adamw_shard(dp->g, h, grad_norm, dp->spans, dp->n_spans, dp->shard);
+        kiln_model_adamw_shard(dp->g, h, grad_norm, dp->spans, dp->n_spans, dp->shard);
     else
-        kiln_gpt_adamw_spans(dp->g, h, grad_norm, dp->spans, dp->n_spans);
+        kiln_model_adamw_spans(dp->g, h, grad_norm, dp->spans, dp->n_spans);
     if (dp->zero == 3) { // gathered again as the next forward needs them
         invalidate_units(dp);
         return;

@@ -30,7 +30,7 @@
 #define KILN_PARALLEL_DP_H
 
 #include "parallel/comm/comm.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "model/params.h"
 
 struct kiln_dp_opts {
@@ -66,10 +66,10 @@ struct kiln_dp;
 void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_backend *be,
                     const struct kiln_param_table *pt, const struct kiln_dp_opts *o);
 void kiln_dp_free(struct kiln_dp *dp);
-// AdamW moments this rank holds (kiln_gpt_opts.optim_elems): every element under DDP, its slices' under ZeRO.
+// AdamW moments this rank holds (kiln_model_opts.optim_elems): every element under DDP, its slices' under ZeRO.
 size_t kiln_dp_optim_elems(const struct kiln_dp *dp);
 // Installs the model's hooks. The model must have been created with kiln_dp_optim_elems.
-void kiln_dp_attach(struct kiln_dp *dp, struct kiln_gpt *g);
+void kiln_dp_attach(struct kiln_dp *dp, struct kiln_model *g);
 // The next backward is micro-step `micro` of `accum`: the last one reduces its buckets as they complete.
 void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum);
 // After each micro-step's backward: where it reduced, every bucket's reduction is ordered before what the
@@ -80,9 +80,9 @@ void kiln_dp_after_backward(struct kiln_dp *dp);
 // onto the rank's shard as each bucket completes, and summed there over micro-steps. The trainer zeroes the
 // model's gradients before every micro-step then.
 int kiln_dp_external_grads(const struct kiln_dp *dp);
-// What the model holds of the state (kiln_gpt_opts): the moments of optim_elems elements (ZeRO-1 and up), no
+// What the model holds of the state (kiln_model_opts): the moments of optim_elems elements (ZeRO-1 and up), no
 // gradient buffer (ZeRO-2 and up: external_grads), and a shard of the weights (ZeRO-3: sharded_params).
-void kiln_dp_model_opts(const struct kiln_dp *dp, struct kiln_gpt_opts *o);
+void kiln_dp_model_opts(const struct kiln_dp *dp, struct kiln_model_opts *o);
 // The plan of rank `rank` of `world` without creating anything (kiln info): what data parallelism adds to the
 // model's plan, and the model options it implies (*model: kiln_dp_model_opts; accum = micro-steps per step).
 struct kiln_dp_mem {
@@ -93,7 +93,7 @@ struct kiln_dp_mem {
     size_t host;       // --offload: host memory (master weights, moments, gradients, updated compute weights)
 };
 void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world, int rank,
-                         enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_gpt_opts *model,
+                         enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_model_opts *model,
                          struct kiln_dp_mem *out);
 // The global gradient norm (the same value on every rank). *sum (may be NULL) is summed over the ranks in the
 // same reduction: the loss, so that the step pays one round trip for both.

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "parallel/comm/comm.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "core/ops.h"
 
 // ---- the layout ------------------------------------------------------------------------------------
@@ -536,7 +536,7 @@ void kiln_sp_free(struct kiln_sp *s) {
 }
 
 int kiln_sp_create(struct kiln_sp **out, const struct kiln_sp_layout *lo, struct kiln_comm *world,
-                   struct kiln_backend *be, struct kiln_gpt *g, const struct kiln_model_config *m, int B,
+                   struct kiln_backend *be, struct kiln_model *g, const struct kiln_model_config *m, int B,
                    struct kiln_error *err) {
     *out = NULL;
     if (!be->ops->attention_block_forward || !be->ops->copy_2d)
@@ -587,9 +587,9 @@ int kiln_sp_create(struct kiln_sp **out, const struct kiln_sp_layout *lo, struct
     }
     if (s->ops->event_create)
         s->ev = s->ops->event_create(s->ctx);
-    struct kiln_gpt_attention at = {.user = s, .forward = sp_forward, .backward = sp_backward};
-    kiln_gpt_set_attention(g, &at);
-    kiln_gpt_set_positions(g, lo->pos0, lo->split, lo->pos1);
+    struct kiln_model_attention at = {.user = s, .forward = sp_forward, .backward = sp_backward};
+    kiln_model_set_attention(g, &at);
+    kiln_model_set_positions(g, lo->pos0, lo->split, lo->pos1);
     *out = s;
     return 0;
 }

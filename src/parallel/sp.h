@@ -37,7 +37,7 @@ struct kiln_sp_opts {
 
 struct kiln_comm;
 struct kiln_backend;
-struct kiln_gpt;
+struct kiln_model;
 
 struct kiln_sp_layout {
     int sp, ulysses, ring; // sp = ulysses * ring
@@ -70,9 +70,9 @@ size_t kiln_sp_buffer_bytes(const struct kiln_sp_layout *lo, const struct kiln_m
 
 struct kiln_sp;
 // Splits the Ulysses and ring communicators off world (collective over world), allocates the buffers for B
-// sequences, and takes over the model's attention (kiln_gpt_set_attention) and positions.
+// sequences, and takes over the model's attention (kiln_model_set_attention) and positions.
 int kiln_sp_create(struct kiln_sp **out, const struct kiln_sp_layout *lo, struct kiln_comm *world,
-                   struct kiln_backend *be, struct kiln_gpt *g, const struct kiln_model_config *m, int B,
+                   struct kiln_backend *be, struct kiln_model *g, const struct kiln_model_config *m, int B,
                    struct kiln_error *err);
 void kiln_sp_free(struct kiln_sp *s);
 

@@ -19,15 +19,15 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_param_table
                              .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0};
     kiln_dp_tuning_from_env(&o);
     out->dpo = o;
-    struct kiln_gpt_opts go = {.B = cfg->batch_size,
+    struct kiln_model_opts go = {.B = cfg->batch_size,
                                .T = sp->T_local,
                                .recompute = rc,
                                .training = 1,
                                .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
-    kiln_gpt_tuning_from_env(&go);
+    kiln_model_tuning_from_env(&go);
     if (world > 1 || cfg->zero || o.offload)
         kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &out->dp);
-    kiln_gpt_plan(&cfg->model, &go, act, grad, alias, &out->model);
+    kiln_model_plan(&cfg->model, &go, act, grad, alias, &out->model);
     out->sp_bytes = kiln_sp_buffer_bytes(sp, &cfg->model, cfg->batch_size, act);
     out->attn_ws = alias ? 0 : kiln_attn_workspace_bytes(&cfg->model, cfg->batch_size, sp->T_local);
     out->total = out->model.total_bytes + out->dp.staging + out->dp.grad_shard + out->dp.gathered +

@@ -1,10 +1,10 @@
-// The memory a training rank plans for: the model's plan (kiln_gpt_plan) under the data- and
+// The memory a training rank plans for: the model's plan (kiln_model_plan) under the data- and
 // sequence-parallel options, and what dp.c and sp.c add. kiln info prints it; --recompute=auto chooses by it.
 #ifndef KILN_RUN_PLAN_H
 #define KILN_RUN_PLAN_H
 
 #include "run/options.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "model/params.h"
 #include "parallel/dp.h"
 #include "parallel/sp.h"

@@ -362,16 +362,16 @@ int kiln_ckpt_read_optim(const struct kiln_ckpt *ck, const struct kiln_param_tab
     return rc ? rc : copy_tensors(ck->optim, pt, "v.", v, err);
 }
 
-int kiln_ckpt_apply(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_error *err) {
-    const struct kiln_param_table *pt = kiln_gpt_params(g);
+int kiln_ckpt_apply(const struct kiln_ckpt *ck, struct kiln_model *g, struct kiln_error *err) {
+    const struct kiln_param_table *pt = kiln_model_params(g);
     float *p = kiln_xmalloc(pt->total * sizeof(float)), *m = kiln_xmalloc(pt->total * sizeof(float)),
           *v = kiln_xmalloc(pt->total * sizeof(float));
     int rc = copy_tensors(ck->model, pt, "", p, err);
     if (!rc) // optim.safetensors, or the shards of a run of several ranks
         rc = kiln_ckpt_read_optim(ck, pt, m, v, err);
     if (!rc) {
-        kiln_gpt_set_params(g, p);
-        kiln_gpt_set_optim(g, m, v);
+        kiln_model_set_params(g, p);
+        kiln_model_set_optim(g, m, v);
     }
     free(p);
     free(m);
@@ -379,16 +379,16 @@ int kiln_ckpt_apply(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_
     return rc;
 }
 
-int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct kiln_dp *dp,
+int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_model *g, struct kiln_dp *dp,
                        struct kiln_error *err) {
-    const struct kiln_param_table *pt = kiln_gpt_params(g);
+    const struct kiln_param_table *pt = kiln_model_params(g);
     float *p = kiln_xmalloc(pt->total * sizeof(float)), *m = kiln_xmalloc(pt->total * sizeof(float)),
           *v = kiln_xmalloc(pt->total * sizeof(float));
     int rc = copy_tensors(ck->model, pt, "", p, err);
     if (!rc)
         rc = kiln_ckpt_read_optim(ck, pt, m, v, err);
     if (!rc) {
-        kiln_gpt_set_params(g, p);
+        kiln_model_set_params(g, p);
         if (kiln_dp_zero(dp)) { // this rank's ranges only, compact, as it holds them
             int n;
             const struct kiln_dp_range *r = kiln_dp_ranges(dp, &n);
@@ -399,11 +399,11 @@ int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_gpt *g, struct ki
                 memcpy(cm + r[i].state_offset, m + r[i].lo, k * sizeof(float));
                 memcpy(cv + r[i].state_offset, v + r[i].lo, k * sizeof(float));
             }
-            kiln_gpt_set_optim(g, cm, cv);
+            kiln_model_set_optim(g, cm, cv);
             free(cm);
             free(cv);
         } else {
-            kiln_gpt_set_optim(g, m, v);
+            kiln_model_set_optim(g, m, v);
         }
     }
     free(p);
@@ -631,7 +631,7 @@ int kiln_ckpt_writer_join(struct kiln_ckpt_writer *w, double *wait_ms, struct ki
     return rc;
 }
 
-int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64_t step, cJSON *state,
+int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_model *g, int64_t step, cJSON *state,
                            double *stall_ms, struct kiln_error *err) {
     double t0 = kiln_now_s();
     int rc = settle(w, 0, err);
@@ -643,11 +643,11 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64
     if (w->dp) {
         // the weights (every rank's master copy is whole again after kiln_dp_gather_master), and this rank's
         // ranges of the moments, compact
-        kiln_gpt_get_params(g, w->params);
+        kiln_model_get_params(g, w->params);
         int n;
         const struct kiln_dp_range *r = kiln_dp_ranges(w->dp, &n);
-        struct kiln_gpt_buffers b;
-        kiln_gpt_buffers(g, &b);
+        struct kiln_model_buffers b;
+        kiln_model_buffers(g, &b);
         int zero = kiln_dp_zero(w->dp);
         const float *hm, *hv; // an offloaded optimizer's moments, in host memory
         int host = kiln_dp_host_moments(w->dp, &hm, &hv);
@@ -675,8 +675,8 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_gpt *g, int64
         state_hash(state, hex);
         cJSON_AddStringToObject(state, "state_sha256", hex);
     } else {
-        kiln_gpt_get_params(g, w->params); // downloads synchronize: the snapshot is complete on return
-        kiln_gpt_get_optim(g, w->m, w->v);
+        kiln_model_get_params(g, w->params); // downloads synchronize: the snapshot is complete on return
+        kiln_model_get_optim(g, w->m, w->v);
     }
     w->step = step;
     w->state = state;

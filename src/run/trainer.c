@@ -19,7 +19,7 @@
 #include "parallel/comm/watchdog.h"
 #include "data/tokenizer.h"
 #include "io/fsutil.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "run/model_io.h"
 #include "run/sampler.h"
 #include "run/embedded.h"
@@ -190,7 +190,7 @@ static void next_batch(struct batch *b, struct kiln_loader *ld, const int32_t **
 // The mean loss over --eval-steps batches of the validation stream's start, sharded: with n data-parallel
 // ranks each takes every n-th window (the loader's rank partition) for ceil(eval-steps / n) batches, and the
 // ranks' means are averaged (the ranks of a sequence-parallel group each hold an equal share of its tokens).
-static double evaluate(struct kiln_gpt *g, struct kiln_loader *val, const struct kiln_config *cfg,
+static double evaluate(struct kiln_model *g, struct kiln_loader *val, const struct kiln_config *cfg,
                        struct batch *bt, int dp, struct kiln_comm *comm) {
     int world = comm ? comm->size : 1;
     kiln_loader_reset(val);
@@ -204,7 +204,7 @@ static double evaluate(struct kiln_gpt *g, struct kiln_loader *val, const struct
     for (int i = 0; i < batches; i++) {
         const int32_t *in, *tgt;
         next_batch(bt, val, &in, &tgt);
-        sum += kiln_gpt_forward(g, in, tgt, 0.0f, 0.0f);
+        sum += kiln_model_forward(g, in, tgt, 0.0f, 0.0f);
     }
     double mean = sum / batches;
     if (comm && world > 1) {
@@ -332,7 +332,7 @@ static int agree(struct kiln_comm *comm, int r, const char *dir, int *own, struc
 // error (a different model), which must not fall back. With dp (several ranks) the moments this rank holds
 // are taken from a checkpoint of any world size. With comm (several ranks, all calling this on the same dir)
 // each rank hashes its share of the files, and nothing is applied unless every share verified.
-static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *dp,
+static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_model *g, struct kiln_dp *dp,
                        struct kiln_loader *train, struct kiln_guards *guards, struct kiln_train_state *st,
                        struct kiln_comm *comm, int verbose, int *own, struct kiln_error *err) {
     struct kiln_ckpt ck;
@@ -401,7 +401,7 @@ static int list_checkpoints(const char *run_dir, struct kiln_comm *comm, char **
 // 0 = resumed, KILN_CKPT_NONE = start fresh, else an error. With several ranks (comm) all of them call this
 // and end on the same checkpoint, or on none: each verifies its share of a checkpoint's files, and a
 // checkpoint that fails any share is skipped (--resume=auto) or refused (--resume=PATH) by all.
-static int resume(struct kiln_config *cfg, struct kiln_gpt *g, struct kiln_dp *dp, struct kiln_comm *comm,
+static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_dp *dp, struct kiln_comm *comm,
                   struct kiln_loader *train, struct kiln_guards *guards, struct kiln_train_state *st,
                   struct kiln_error *err) {
     int verbose = !comm || comm->rank == 0;
@@ -501,7 +501,7 @@ struct run {
     int64_t *nan_steps;
     struct kiln_backend be;
     int be_open;
-    struct kiln_gpt *g;
+    struct kiln_model *g;
     const struct kiln_param_table *pt;
     struct kiln_guards guards;
     struct kiln_train_state st;
@@ -691,12 +691,12 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     kiln_params_build(&pt, &cfg->model);
     if (cfg->recompute == KILN_RECOMPUTE_AUTO)
         resolve_auto_recompute(r, cfg, &pt);
-    struct kiln_gpt_opts go = {.B = cfg->batch_size,
+    struct kiln_model_opts go = {.B = cfg->batch_size,
                                .T = r->sp_lo.T_local,
                                .recompute = cfg->recompute,
                                .training = 1,
                                .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
-    kiln_gpt_tuning_from_env(&go);
+    kiln_model_tuning_from_env(&go);
     if (r->comm) {
         struct kiln_dp_opts dpo = {.zero = cfg->zero,
                                    .bucket_mb = cfg->bucket_mb,
@@ -709,17 +709,17 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         kiln_dp_create(&r->dp, r->comm, &r->be, &pt, &dpo);
         kiln_dp_model_opts(r->dp, &go); // what the model holds of the state: ZeRO shards it
     }
-    rc = kiln_gpt_create(&r->g, &cfg->model, &r->be, &go, err);
+    rc = kiln_model_create(&r->g, &cfg->model, &r->be, &go, err);
     kiln_params_free(&pt);
     if (rc)
         return rc;
-    r->pt = kiln_gpt_params(r->g);
+    r->pt = kiln_model_params(r->g);
     if (r->dp) // planned on a table built from the same config: the model's is the same layout
         kiln_dp_attach(r->dp, r->g);
     if (r->sp_lo.sp > 1 &&
         (rc = kiln_sp_create(&r->sp, &r->sp_lo, r->comm, &r->be, r->g, &cfg->model, cfg->batch_size, err)))
         return rc;
-    kiln_gpt_init_params(r->g, cfg->seed); // after the hooks: ZeRO-3 scatters the weights to the shards
+    kiln_model_init_params(r->g, cfg->seed); // after the hooks: ZeRO-3 scatters the weights to the shards
 
     kiln_guards_init(&r->guards, cfg->spike_z, cfg->spike_window, cfg->max_bad_steps);
     // One job owns the run directory (rank 0 for the group), before anything in it is read or cleaned up: a
@@ -802,9 +802,9 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
             kiln_dp_micro_step(r->dp, micro, r->accum);
         if (micro == 0 ||
             (r->dp && kiln_dp_external_grads(r->dp))) // ZeRO-2: fresh gradients every micro-step
-            kiln_gpt_zero_grad(r->g);
-        loss += kiln_gpt_forward(r->g, in, tgt, (float)(1.0 / r->tokens_per_step), cfg->z_loss) / r->accum;
-        kiln_gpt_backward(r->g);
+            kiln_model_zero_grad(r->g);
+        loss += kiln_model_forward(r->g, in, tgt, (float)(1.0 / r->tokens_per_step), cfg->z_loss) / r->accum;
+        kiln_model_backward(r->g);
         if (r->dp)
             kiln_dp_after_backward(r->dp);
     }
@@ -815,7 +815,7 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
         norm = kiln_dp_grad_norm(r->dp, &loss);
         loss /= r->env.world;
     } else {
-        norm = kiln_gpt_grad_norm(r->g);
+        norm = kiln_model_grad_norm(r->g);
     }
     if (in_step_list(r->nan_steps, step + 1))
         loss = norm = NAN;
@@ -835,7 +835,7 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
         if (r->dp)
             kiln_dp_adamw(r->dp, &h, norm);
         else
-            kiln_gpt_adamw(r->g, &h, norm);
+            kiln_model_adamw(r->g, &h, norm);
     }
     r->st.step = step + 1;
     r->st.tokens += (uint64_t)r->tokens_per_step;
@@ -876,7 +876,7 @@ static void sample_note(struct run *r) {
     int maxT = cfg->model.block_size < 256 ? cfg->model.block_size : 256, n = maxT < 64 ? maxT : 64,
         V = cfg->model.vocab_size;
     struct kiln_error err;
-    if (kiln_gpt_decode_begin(r->g, 1, maxT, &err)) {
+    if (kiln_model_decode_begin(r->g, 1, maxT, &err)) {
         kiln_progress_note(&r->prog, "sample skipped: no memory for the KV cache");
         return;
     }
@@ -887,7 +887,7 @@ static void sample_note(struct run *r) {
     int eot = kiln_tokenizer_eot(r->data.tok);
     int32_t tok = eot >= 0 ? eot : 0;
     for (int pos = 0; pos < n; pos++) {
-        kiln_gpt_decode_step(r->g, &tok, pos, logits);
+        kiln_model_decode_step(r->g, &tok, pos, logits);
         tok = kiln_sample_token(logits, V, 0.8f, 40, &rng);
         if (kiln_tokenizer_decode(r->data.tok, &tok, 1, &text, &err))
             break;
@@ -932,7 +932,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
         note_skip(r, sl);
     if (kiln_guards_exhausted(&r->guards)) {
         if (r->metrics)
-            log_metrics(r->metrics, sl, &r->guards, kiln_gpt_mem_peak(r->g), 0, 0, 0, NAN);
+            log_metrics(r->metrics, sl, &r->guards, kiln_model_mem_peak(r->g), 0, 0, 0, NAN);
         kiln_progress_end(&r->prog);
         struct kiln_error we;
         if (r->writer && kiln_ckpt_writer_join(r->writer, NULL, &we))
@@ -991,7 +991,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
     if (r->metrics &&
         (r->st.step % cfg->log_every == 0 || last || !isnan(sl->val_loss) || sl->skipped || stop || due)) {
         double tok_s = sl->tok_s, pk = r->peak;
-        log_metrics(r->metrics, sl, &r->guards, kiln_gpt_mem_peak(r->g),
+        log_metrics(r->metrics, sl, &r->guards, kiln_model_mem_peak(r->g),
                     pk > 0 ? r->fpt * tok_s / pk / r->env.world : 0,
                     pk > 0 ? r->fpt_causal * tok_s / pk / r->env.world : 0,
                     pk > 0 && r->fpt_recompute > 0 ? (r->fpt + r->fpt_recompute) * tok_s / pk / r->env.world
@@ -1010,7 +1010,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
                       100.0 * r->fpt * sl->tok_s / r->peak / r->env.world,
                       100.0 * r->fpt_causal * sl->tok_s / r->peak / r->env.world);
     n += snprintf(extra + n, sizeof(extra) - (size_t)n, "mem %.2f GiB",
-                  (double)kiln_gpt_mem_peak(r->g) / (1 << 30));
+                  (double)kiln_model_mem_peak(r->g) / (1 << 30));
     if (sl->offload_ms > 0 && sl->ms > 0) // the share of the step spent waiting on the host's optimizer
         n += snprintf(extra + n, sizeof(extra) - (size_t)n, " | host wait %.0f%%",
                       100.0 * sl->offload_wait_ms / sl->ms);
@@ -1037,7 +1037,7 @@ static int run_finish(struct run *r, struct kiln_error *err) {
     if (!r->rank0)
         return 0;
     float *host = kiln_xmalloc(r->pt->total * sizeof(float));
-    kiln_gpt_get_params(r->g, host);
+    kiln_model_get_params(r->g, host);
     char path[1200];
     snprintf(path, sizeof(path), "%s/model.safetensors", cfg->out);
     rc = kiln_write_model_safetensors(path, r->pt, host, cfg, err);
@@ -1066,7 +1066,7 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     kiln_metrics_close(r->metrics);
     kiln_guards_free(&r->guards);
     kiln_dp_free(r->dp);
-    kiln_gpt_free(r->g);
+    kiln_model_free(r->g);
     // after an error the other ranks may be inside a collective that this one will never join: closing the
     // communicators (MPI_Finalize waits for them) would hang, so cmd/ ends the job instead
     // (kiln_comm_abort_job)

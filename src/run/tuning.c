@@ -7,7 +7,7 @@
 #include "parallel/dp.h"
 #include "util/error.h"
 
-void kiln_gpt_tuning_from_env(struct kiln_gpt_opts *o) {
+void kiln_model_tuning_from_env(struct kiln_model_opts *o) {
     const char *rows = getenv("KILN_CLASSIFIER_ROWS"), *fused = getenv("KILN_PARALLEL_FUSED"),
                *shared = getenv("KILN_SCRATCH_SHARED"), *mlp = getenv("KILN_MLP_ROWS");
     o->classifier_rows = rows ? atoi(rows) : 0;

@@ -14,9 +14,9 @@
 #ifndef KILN_RUN_TUNING_H
 #define KILN_RUN_TUNING_H
 
-#include "model/gpt.h"
+#include "model/model.h"
 
-void kiln_gpt_tuning_from_env(struct kiln_gpt_opts *o);
+void kiln_model_tuning_from_env(struct kiln_model_opts *o);
 struct kiln_dp_opts;
 void kiln_dp_tuning_from_env(struct kiln_dp_opts *o);
 // The knobs above that a user may set for a measurement (KILN_ZERO_GATHER): a value that is none of its

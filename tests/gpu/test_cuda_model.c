@@ -6,7 +6,7 @@
 #include "test_util.h"
 
 #include "core/backend.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "run/options.h"
 #include "run/tuning.h"
 #include "run/embedded.h"
@@ -75,19 +75,19 @@ static void text_batch(int B, int T, uint64_t *s, int32_t *in, int32_t *tgt) {
     }
 }
 
-static struct kiln_gpt *make_rc(struct kiln_backend *be, const struct kiln_model_config *m, int B, int T,
+static struct kiln_model *make_rc(struct kiln_backend *be, const struct kiln_model_config *m, int B, int T,
                                 enum kiln_recompute rc) {
-    struct kiln_gpt *g;
+    struct kiln_model *g;
     struct kiln_error e;
-    struct kiln_gpt_opts o = {.B = B, .T = T, .recompute = rc, .training = 1};
-    kiln_gpt_tuning_from_env(&o);
-    if (kiln_gpt_create(&g, m, be, &o, &e))
+    struct kiln_model_opts o = {.B = B, .T = T, .recompute = rc, .training = 1};
+    kiln_model_tuning_from_env(&o);
+    if (kiln_model_create(&g, m, be, &o, &e))
         fail_msg("create on %s: %s", be->name, e.msg);
-    kiln_gpt_init_params(g, 1234);
+    kiln_model_init_params(g, 1234);
     return g;
 }
 
-static struct kiln_gpt *make(struct kiln_backend *be, const struct kiln_model_config *m, int B, int T) {
+static struct kiln_model *make(struct kiln_backend *be, const struct kiln_model_config *m, int B, int T) {
     return make_rc(be, m, B, T, KILN_RECOMPUTE_NONE);
 }
 
@@ -98,29 +98,29 @@ static void check_step_matches_cpu_rc(struct kiln_backend *gb, int variant, enum
     struct kiln_model_config m;
     small_config(&m, variant);
     int B = 4, T = 100; // T not a multiple of the 64-wide attention tiles
-    struct kiln_gpt *gc = make(&cpu, &m, B, T), *gg = make_rc(gb, &m, B, T, rc);
+    struct kiln_model *gc = make(&cpu, &m, B, T), *gg = make_rc(gb, &m, B, T, rc);
     if (m.parallel_block) { // these shapes fuse the two input projections (gpt.c's struct fusion)
         int fwd, bwd;
-        kiln_gpt_fused_projection(gg, &fwd, &bwd);
+        kiln_model_fused_projection(gg, &fwd, &bwd);
         if (!bwd || fwd != (rc != KILN_RECOMPUTE_MLP))
             fail_msg("%s: fused projection forward %d backward %d", what, fwd, bwd);
     }
     int32_t *in = malloc(sizeof(int32_t) * B * T), *tgt = malloc(sizeof(int32_t) * B * T);
     uint64_t s = test_seed();
     text_batch(B, T, &s, in, tgt);
-    kiln_gpt_zero_grad(gc);
-    kiln_gpt_zero_grad(gg);
-    double lc = kiln_gpt_forward(gc, in, tgt, 1.0f / (B * T), 0.0f);
-    double lg = kiln_gpt_forward(gg, in, tgt, 1.0f / (B * T), 0.0f);
-    kiln_gpt_backward(gc);
-    kiln_gpt_backward(gg);
+    kiln_model_zero_grad(gc);
+    kiln_model_zero_grad(gg);
+    double lc = kiln_model_forward(gc, in, tgt, 1.0f / (B * T), 0.0f);
+    double lg = kiln_model_forward(gg, in, tgt, 1.0f / (B * T), 0.0f);
+    kiln_model_backward(gc);
+    kiln_model_backward(gg);
     fprintf(stderr, "[model %s] loss cpu %.6f cuda %.6f\n", what, lc, lg);
     if (!(fabs(lc - lg) <= 1e-2 * fabs(lc)))
         fail_msg("%s: loss cpu %.6f vs cuda %.6f", what, lc, lg);
-    const struct kiln_param_table *pt = kiln_gpt_params(gc);
+    const struct kiln_param_table *pt = kiln_model_params(gc);
     float *dc = malloc(pt->total * sizeof(float)), *dg = malloc(pt->total * sizeof(float));
-    kiln_gpt_get_grads(gc, dc);
-    kiln_gpt_get_grads(gg, dg);
+    kiln_model_get_grads(gc, dc);
+    kiln_model_get_grads(gg, dg);
     double worst = 0;
     const char *worst_name = "";
     for (int i = 0; i < pt->n; i++) {
@@ -137,8 +137,8 @@ static void check_step_matches_cpu_rc(struct kiln_backend *gb, int variant, enum
     free(dg);
     free(in);
     free(tgt);
-    kiln_gpt_free(gc);
-    kiln_gpt_free(gg);
+    kiln_model_free(gc);
+    kiln_model_free(gg);
 }
 
 static void check_step_matches_cpu(int variant, const char *what) {
@@ -176,24 +176,24 @@ static void test_qk_norm_step_matches_cpu(void **state) {
 static void train(struct kiln_backend *be, const struct kiln_model_config *m, int steps, double *losses,
                   float *params_out) {
     int B = 8, T = 64;
-    struct kiln_gpt *g = make(be, m, B, T);
+    struct kiln_model *g = make(be, m, B, T);
     int32_t *in = malloc(sizeof(int32_t) * B * T), *tgt = malloc(sizeof(int32_t) * B * T);
     uint64_t s = 42; // the same batches on every backend and run
     for (int step = 0; step < steps; step++) {
         text_batch(B, T, &s, in, tgt);
-        kiln_gpt_zero_grad(g);
-        losses[step] = kiln_gpt_forward(g, in, tgt, 1.0f / (B * T), 0.0f);
-        kiln_gpt_backward(g);
-        double norm = kiln_gpt_grad_norm(g);
+        kiln_model_zero_grad(g);
+        losses[step] = kiln_model_forward(g, in, tgt, 1.0f / (B * T), 0.0f);
+        kiln_model_backward(g);
+        double norm = kiln_model_grad_norm(g);
         struct kiln_adamw_hparams h = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f,
                                        .weight_decay = 0.1f, .grad_clip = 1.0f, .grad_scale = 1.0f, .step = step + 1};
-        kiln_gpt_adamw(g, &h, norm);
+        kiln_model_adamw(g, &h, norm);
     }
     if (params_out)
-        kiln_gpt_get_params(g, params_out);
+        kiln_model_get_params(g, params_out);
     free(in);
     free(tgt);
-    kiln_gpt_free(g);
+    kiln_model_free(g);
 }
 
 // 50 steps on Tiny Shakespeare follow the CPU trajectory: every step's loss within 3% (bf16 drift), and both
@@ -225,9 +225,9 @@ static void test_bf16_gradient_steps_match_cpu(void **state) {
     check_step_matches_cpu_rc(&gpu_bf16, 2, KILN_RECOMPUTE_NONE, "parallel+alibi, bf16 grads");
     struct kiln_model_config m;
     small_config(&m, 0);
-    struct kiln_gpt *g = make(&gpu_bf16, &m, 4, 100);
-    assert_int_equal(kiln_gpt_mem_plan(g)->grads_bytes, kiln_gpt_params(g)->total * 2);
-    kiln_gpt_free(g);
+    struct kiln_model *g = make(&gpu_bf16, &m, 4, 100);
+    assert_int_equal(kiln_model_mem_plan(g)->grads_bytes, kiln_model_params(g)->total * 2);
+    kiln_model_free(g);
 }
 
 // 50 steps with bf16 gradients follow the fp32-gradient trajectory on the same GPU: every step's loss within
@@ -300,19 +300,19 @@ static void scratch_steps(int variant, enum kiln_recompute rc, double loss[2], f
     struct kiln_model_config m;
     small_config(&m, variant);
     int B = 4, T = 100;
-    struct kiln_gpt *g = make_rc(&gpu, &m, B, T, rc);
+    struct kiln_model *g = make_rc(&gpu, &m, B, T, rc);
     int32_t *in = malloc(sizeof(int32_t) * B * T), *tgt = malloc(sizeof(int32_t) * B * T);
     uint64_t s = 77;
-    kiln_gpt_zero_grad(g);
+    kiln_model_zero_grad(g);
     for (int k = 0; k < 2; k++) {
         text_batch(B, T, &s, in, tgt);
-        loss[k] = kiln_gpt_forward(g, in, tgt, 1.0f / (2 * B * T), 0.0f);
-        kiln_gpt_backward(g);
+        loss[k] = kiln_model_forward(g, in, tgt, 1.0f / (2 * B * T), 0.0f);
+        kiln_model_backward(g);
     }
-    kiln_gpt_get_grads(g, grad);
+    kiln_model_get_grads(g, grad);
     free(in);
     free(tgt);
-    kiln_gpt_free(g);
+    kiln_model_free(g);
 }
 
 // The scratch buffers that share memory (gpt.c's scratch arena) change no number on CUDA either: bit for bit
@@ -360,10 +360,10 @@ static void test_out_of_memory_is_a_clear_error(void **state) {
     struct kiln_error e;
     assert_int_equal(kiln_config_init(&c, "gpt2-1.5b", &e), 0);
     c.model.vocab_size = 50257;
-    struct kiln_gpt *g = NULL;
-    struct kiln_gpt_opts o = {.B = 2048, .T = 1024, .recompute = KILN_RECOMPUTE_NONE, .training = 1};
-    kiln_gpt_tuning_from_env(&o);
-    int rc = kiln_gpt_create(&g, &c.model, &gpu, &o, &e);
+    struct kiln_model *g = NULL;
+    struct kiln_model_opts o = {.B = 2048, .T = 1024, .recompute = KILN_RECOMPUTE_NONE, .training = 1};
+    kiln_model_tuning_from_env(&o);
+    int rc = kiln_model_create(&g, &c.model, &gpu, &o, &e);
     assert_int_equal(rc, KILN_ERR_RUNTIME);
     assert_null(g);
     fprintf(stderr, "[oom] %s\n", e.msg);

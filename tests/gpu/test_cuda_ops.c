@@ -1548,7 +1548,7 @@ static void test_bf16_gradients_of_norm_backward_match_cpu(void **state) {
     end_test(e);
 }
 
-// Zeroed tables (as kiln_gpt_zero_grad leaves them), then two backward passes: the second adds to bf16 values
+// Zeroed tables (as kiln_model_zero_grad leaves them), then two backward passes: the second adds to bf16 values
 static void test_bf16_gradients_of_embedding_backward_match_cpu(void **state) {
     struct env *e = *state;
     struct kiln_backend *g = &e->gpu_bf16g;

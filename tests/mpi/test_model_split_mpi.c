@@ -1,7 +1,7 @@
 // The model's seams for tensor parallelism, proved on the CPU under mpirun (ctest: 2, 3 and 4 ranks; label
 // mpi): a model split over the ranks (model/config.h's struct kiln_model_split: each rank holds its share of
 // the heads, of the MLP's width and, in one case, of the vocabulary), with the linear-layer and vocabulary
-// hooks of model/gpt.h filled in by this file, gives the single-process model's loss and gradients. Nothing
+// hooks of model/model.h filled in by this file, gives the single-process model's loss and gradients. Nothing
 // in src/model/ knows of ranks: this test is the strategy. It is Megatron's tensor parallelism in its plain
 // form (no sequence parallelism, no overlap), written against the hooks:
 //   column-parallel (qkv, mlp_in, a parallel block's fused input): the input is whole on every rank, each
@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "core/backend.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "parallel/comm/comm.h"
 #include "parallel/comm/env.h"
 
@@ -41,7 +41,7 @@ static void check(int ok, const char *what) {
 struct tp {
     struct kiln_comm *c;
     struct kiln_backend *be;
-    struct kiln_gpt_linear next; // what was installed before (the backend's op here)
+    struct kiln_model_linear next; // what was installed before (the backend's op here)
     int v0, Vp_local;            // the vocabulary rows this rank holds
     int calls[KILN_LINEARS][2];  // forward and backward calls per kind, to see every layer went through here
 };
@@ -58,7 +58,7 @@ static void tp_forward(void *user, int l, enum kiln_linear k, const struct kiln_
     struct tp *t = user;
     t->calls[k][0]++;
     if (column_parallel(k) || k == KILN_LINEAR_HEAD) { // the head: the vocab hook's own local GEMM
-        kiln_gpt_linear_forward_with(&t->next, t->be, l, k, a);
+        kiln_model_linear_forward_with(&t->next, t->be, l, k, a);
         return;
     }
     // row-parallel: partial sums over this rank's input columns, the bias once, then summed over the ranks
@@ -69,7 +69,7 @@ static void tp_forward(void *user, int l, enum kiln_linear k, const struct kiln_
     p.accumulate = 0;
     if (t->c->rank != 0)
         p.bias = NULL;
-    kiln_gpt_linear_forward_with(&t->next, t->be, l, k, &p);
+    kiln_model_linear_forward_with(&t->next, t->be, l, k, &p);
     all_reduce(t, part, n);
     float *out = a->out;
     for (size_t i = 0; i < n; i++)
@@ -81,7 +81,7 @@ static void tp_backward(void *user, int l, enum kiln_linear k, const struct kiln
     struct tp *t = user;
     t->calls[k][1]++;
     if (!column_parallel(k) || !a->dinp) { // row-parallel: the input's gradient is this rank's columns
-        kiln_gpt_linear_backward_with(&t->next, t->be, l, k, a);
+        kiln_model_linear_backward_with(&t->next, t->be, l, k, a);
         return;
     }
     // column-parallel: this rank's output columns give a partial dL/dinput, summed over the ranks
@@ -91,7 +91,7 @@ static void tp_backward(void *user, int l, enum kiln_linear k, const struct kiln
     float *part = calloc(n, sizeof(float));
     p.dinp = part;
     p.dinp_accumulate = 0;
-    kiln_gpt_linear_backward_with(&t->next, t->be, l, k, &p);
+    kiln_model_linear_backward_with(&t->next, t->be, l, k, &p);
     all_reduce(t, part, n);
     float *dinp = a->dinp;
     for (size_t i = 0; i < n; i++)
@@ -137,7 +137,7 @@ static void tp_embed_backward(void *user, const struct kiln_embed_back_args *a) 
 
 // The vocabulary-parallel cross-entropy: each rank's logits are its columns; the max, the sum of
 // exponentials and the target's logit are reduced over the ranks per row.
-static void tp_head(void *user, const struct kiln_gpt_head_args *h) {
+static void tp_head(void *user, const struct kiln_model_head_args *h) {
     struct tp *t = user;
     KILN_ASSERT(h->z_loss == 0.0f);
     struct kiln_matmul_args mf = {
@@ -190,7 +190,7 @@ static void tp_head(void *user, const struct kiln_gpt_head_args *h) {
                                        .IC = h->C,
                                        .OC = Vl,
                                        .grad_assign = h->grad_assign};
-    kiln_gpt_linear_backward_with(&t->next, t->be, -1, KILN_LINEAR_HEAD, &mb);
+    kiln_model_linear_backward_with(&t->next, t->be, -1, KILN_LINEAR_HEAD, &mb);
     all_reduce(t, h->dx, (size_t)R * h->C);
 }
 
@@ -248,19 +248,19 @@ static void run_case(struct kiln_comm *c, struct kiln_backend *be, const struct 
         return;
     }
     int B = 2, T = 8, N = B * T, L = m->n_layer;
-    struct kiln_gpt_opts ow = {.B = B, .T = T, .recompute = KILN_RECOMPUTE_NONE, .training = 1};
-    struct kiln_gpt_opts os = ow;
+    struct kiln_model_opts ow = {.B = B, .T = T, .recompute = KILN_RECOMPUTE_NONE, .training = 1};
+    struct kiln_model_opts os = ow;
     os.split = split;
-    struct kiln_gpt *gw, *gs;
-    if (kiln_gpt_create(&gw, m, be, &ow, &err) || kiln_gpt_create(&gs, m, be, &os, &err)) {
+    struct kiln_model *gw, *gs;
+    if (kiln_model_create(&gw, m, be, &ow, &err) || kiln_model_create(&gs, m, be, &os, &err)) {
         fprintf(stderr, "[rank %d] create: %s\n", rank, err.msg);
         check(0, "create");
         return;
     }
-    const struct kiln_param_table *pw = kiln_gpt_params(gw), *ps = kiln_gpt_params(gs);
-    kiln_gpt_init_params(gw, 1234);
+    const struct kiln_param_table *pw = kiln_model_params(gw), *ps = kiln_model_params(gs);
+    kiln_model_init_params(gw, 1234);
     float *whole = malloc(pw->total * sizeof(float)), *local = calloc(ps->total, sizeof(float));
-    kiln_gpt_get_params(gw, whole);
+    kiln_model_get_params(gw, whole);
     // every tensor away from its init (biases start at zero, norms at one), so that each one carries signal
     uint64_t z = 0x2545F4914F6CDD1DULL;
     for (int i = 0; i < pw->n; i++)
@@ -269,7 +269,7 @@ static void run_case(struct kiln_comm *c, struct kiln_backend *be, const struct 
             whole[pw->p[i].offset + j] +=
                 0.1f * ((float)((z * 0x2545F4914F6CDD1DULL) >> 40) / 16777216.0f - 0.5f);
         }
-    kiln_gpt_set_params(gw, whole);
+    kiln_model_set_params(gw, whole);
     struct shape sh = {.n = n,
                        .r = c->rank,
                        .NH = m->n_head,
@@ -287,21 +287,21 @@ static void run_case(struct kiln_comm *c, struct kiln_backend *be, const struct 
             for (int64_t k = 0; k < cols; k++)
                 local[p->offset + (size_t)(r * cols + k)] = whole[whole_index(&sh, pw, p, r, k)];
     }
-    kiln_gpt_set_params(gs, local);
+    kiln_model_set_params(gs, local);
 
     struct tp t = {.c = c, .be = be};
     size_t vlo, vhi;
     kiln_comm_slice((size_t)sh.Vp, split_vocab ? n : 1, split_vocab ? c->rank : 0, &vlo, &vhi);
     t.v0 = (int)vlo;
     t.Vp_local = (int)(vhi - vlo);
-    struct kiln_gpt_linear lin = {.user = &t, .forward = tp_forward, .backward = tp_backward};
-    kiln_gpt_set_linear(gs, &lin, &t.next);
+    struct kiln_model_linear lin = {.user = &t, .forward = tp_forward, .backward = tp_backward};
+    kiln_model_set_linear(gs, &lin, &t.next);
     if (split_vocab) {
-        struct kiln_gpt_vocab voc = {.user = &t,
+        struct kiln_model_vocab voc = {.user = &t,
                                      .embed_forward = tp_embed_forward,
                                      .embed_backward = tp_embed_backward,
                                      .head = tp_head};
-        kiln_gpt_set_vocab(gs, &voc, NULL);
+        kiln_model_set_vocab(gs, &voc, NULL);
     }
 
     // the same batch on every rank
@@ -317,13 +317,13 @@ static void run_case(struct kiln_comm *c, struct kiln_backend *be, const struct 
     double lw = 0, ls = 0;
     for (int step = 0; step < 2; step++) { // the second micro-step accumulates onto the first's gradients
         if (step == 0) {
-            kiln_gpt_zero_grad(gw);
-            kiln_gpt_zero_grad(gs);
+            kiln_model_zero_grad(gw);
+            kiln_model_zero_grad(gs);
         }
-        lw = kiln_gpt_forward(gw, in, tgt, dloss, 0.0f);
-        kiln_gpt_backward(gw);
-        ls = kiln_gpt_forward(gs, in, tgt, dloss, 0.0f);
-        kiln_gpt_backward(gs);
+        lw = kiln_model_forward(gw, in, tgt, dloss, 0.0f);
+        kiln_model_backward(gw);
+        ls = kiln_model_forward(gs, in, tgt, dloss, 0.0f);
+        kiln_model_backward(gs);
         char msg[160];
         snprintf(msg, sizeof(msg), "%s: micro-step %d's loss %.7f equals the whole model's %.7f", what, step,
                  ls, lw);
@@ -340,8 +340,8 @@ static void run_case(struct kiln_comm *c, struct kiln_backend *be, const struct 
             fprintf(stderr, "[rank %d] split: %s\n", rank, err.msg);
             check(0, "the key/value head's group");
         } else {
-            struct kiln_gpt_buffers bu; // the CPU's gradients are host memory
-            kiln_gpt_buffers(gs, &bu);
+            struct kiln_model_buffers bu; // the CPU's gradients are host memory
+            kiln_model_buffers(gs, &bu);
             for (int l = 0; l < L; l++)
                 for (int w = KILN_QKV_W; w <= KILN_QKV_B; w++) {
                     int i = ps->layer[l][w];
@@ -357,7 +357,7 @@ static void run_case(struct kiln_comm *c, struct kiln_backend *be, const struct 
     }
     // every linear layer went through the hooks, forward and backward
     int fused_fwd, fused_bwd;
-    kiln_gpt_fused_projection(gs, &fused_fwd, &fused_bwd);
+    kiln_model_fused_projection(gs, &fused_fwd, &fused_bwd);
     check(t.calls[KILN_LINEAR_ATTN_OUT][0] == 2 * L && t.calls[KILN_LINEAR_ATTN_OUT][1] == 2 * L,
           "every attention output projection went through the linear hook");
     check(t.calls[KILN_LINEAR_MLP_OUT][0] == 2 * L && t.calls[KILN_LINEAR_MLP_OUT][1] == 2 * L,
@@ -372,8 +372,8 @@ static void run_case(struct kiln_comm *c, struct kiln_backend *be, const struct 
 
     // gradients: each split tensor's against the whole model's matching rows or columns
     float *gwh = malloc(pw->total * sizeof(float)), *gsp = malloc(ps->total * sizeof(float));
-    kiln_gpt_get_grads(gw, gwh);
-    kiln_gpt_get_grads(gs, gsp);
+    kiln_model_get_grads(gw, gwh);
+    kiln_model_get_grads(gs, gsp);
     for (int i = 0; i < ps->n; i++) {
         const struct kiln_param *p = &ps->p[i];
         int64_t cols = p->ndim == 2 ? p->shape[1] : 1;
@@ -396,8 +396,8 @@ static void run_case(struct kiln_comm *c, struct kiln_backend *be, const struct 
     free(tgt);
     free(whole);
     free(local);
-    kiln_gpt_free(gs);
-    kiln_gpt_free(gw);
+    kiln_model_free(gs);
+    kiln_model_free(gw);
 }
 
 static void base_config(struct kiln_model_config *m) {

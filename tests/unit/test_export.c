@@ -8,7 +8,7 @@
 #include "core/backend.h"
 #include "io/fsutil.h"
 #include "io/safetensors.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "run/options.h"
 #include "run/tuning.h"
 #include "interop/hf.h"
@@ -82,14 +82,14 @@ static double loss_of(const struct kiln_model_config *m, const float *params, co
     struct kiln_backend_opts bo = {0};
     struct kiln_error e;
     assert_int_equal(kiln_backend_open("cpu", &bo, &be, &e), 0);
-    struct kiln_gpt *g;
-    struct kiln_gpt_opts o = {.B = 2, .T = 8, .recompute = KILN_RECOMPUTE_NONE, .training = 0};
-    kiln_gpt_tuning_from_env(&o);
-    if (kiln_gpt_create(&g, m, &be, &o, &e))
+    struct kiln_model *g;
+    struct kiln_model_opts o = {.B = 2, .T = 8, .recompute = KILN_RECOMPUTE_NONE, .training = 0};
+    kiln_model_tuning_from_env(&o);
+    if (kiln_model_create(&g, m, &be, &o, &e))
         fail_msg("create: %s", e.msg);
-    kiln_gpt_set_params(g, params);
-    double loss = kiln_gpt_forward(g, in, tgt, 0.0f, 0.0f);
-    kiln_gpt_free(g);
+    kiln_model_set_params(g, params);
+    double loss = kiln_model_forward(g, in, tgt, 0.0f, 0.0f);
+    kiln_model_free(g);
     kiln_backend_close(&be);
     return loss;
 }

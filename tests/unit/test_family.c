@@ -1,6 +1,6 @@
 // The model family table (model/family.h): every family the options can name has a row whose entry points
 // are all there; a family's parameter table is what a model of that family allocates and what the generic
-// entry points (kiln_params_build, kiln_gpt_plan) give; --family takes the table's names and refuses others
+// entry points (kiln_params_build, kiln_model_plan) give; --family takes the table's names and refuses others
 // in one line.
 #include "test_util.h"
 
@@ -39,13 +39,13 @@ static void test_a_familys_table_is_what_its_model_allocates(void **state) {
     struct kiln_backend be;
     struct kiln_backend_opts bo = {.threads = 1};
     assert_int_equal(kiln_backend_open("cpu", &bo, &be, &e), 0);
-    struct kiln_gpt_opts o = {.B = 2, .T = 16, .training = 1};
-    struct kiln_gpt *g;
-    assert_int_equal(kiln_gpt_create(&g, &c.model, &be, &o, &e), 0);
+    struct kiln_model_opts o = {.B = 2, .T = 16, .training = 1};
+    struct kiln_model *g;
+    assert_int_equal(kiln_model_create(&g, &c.model, &be, &o, &e), 0);
     struct kiln_param_table direct, generic;
     kiln_model_family_of(&c.model)->params_build(&direct, &c.model, NULL);
     kiln_params_build(&generic, &c.model);
-    const struct kiln_param_table *held = kiln_gpt_params(g);
+    const struct kiln_param_table *held = kiln_model_params(g);
     assert_int_equal(direct.n, held->n);
     assert_int_equal(generic.n, held->n);
     assert_int_equal(direct.total, held->total);
@@ -55,14 +55,14 @@ static void test_a_familys_table_is_what_its_model_allocates(void **state) {
         assert_int_equal(generic.p[i].offset, held->p[i].offset);
     }
     struct kiln_mem_plan a, b;
-    kiln_gpt_plan(&c.model, &o, be.act_dtype, be.grad_dtype, be.weights_alias_master, &a);
+    kiln_model_plan(&c.model, &o, be.act_dtype, be.grad_dtype, be.weights_alias_master, &a);
     kiln_model_family_of(&c.model)->plan(&c.model, &o, be.act_dtype, be.grad_dtype, be.weights_alias_master,
                                          &b);
     assert_int_equal(a.total_bytes, b.total_bytes);
-    assert_int_equal(a.total_bytes, kiln_gpt_mem_plan(g)->total_bytes);
+    assert_int_equal(a.total_bytes, kiln_model_mem_plan(g)->total_bytes);
     kiln_params_free(&direct);
     kiln_params_free(&generic);
-    kiln_gpt_free(g);
+    kiln_model_free(g);
     kiln_backend_close(&be);
 }
 

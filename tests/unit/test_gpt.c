@@ -5,13 +5,13 @@
 #include "test_util.h"
 
 #include "core/backend.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "run/options.h"
 #include "run/tuning.h"
 
 struct fixture {
     struct kiln_backend be;
-    struct kiln_gpt *g;
+    struct kiln_model *g;
     struct kiln_model_config m;
     int B, T;
     int32_t *in, *tgt;
@@ -41,15 +41,15 @@ static void fixture_open(struct fixture *f, const struct kiln_model_config *m, e
     struct kiln_error e;
     struct kiln_backend_opts bo = {0};
     assert_int_equal(kiln_backend_open("cpu", &bo, &f->be, &e), 0);
-    struct kiln_gpt_opts o = {.B = f->B,
+    struct kiln_model_opts o = {.B = f->B,
                               .T = f->T,
                               .recompute = rc,
                               .training = 1,
                               .offload_activations = fixture_offload_activations};
-    kiln_gpt_tuning_from_env(&o);
-    if (kiln_gpt_create(&f->g, m, &f->be, &o, &e))
+    kiln_model_tuning_from_env(&o);
+    if (kiln_model_create(&f->g, m, &f->be, &o, &e))
         fail_msg("create: %s", e.msg);
-    kiln_gpt_init_params(f->g, seed);
+    kiln_model_init_params(f->g, seed);
     f->in = malloc(sizeof(int32_t) * f->B * f->T);
     f->tgt = malloc(sizeof(int32_t) * f->B * f->T);
     uint64_t s = test_seed() ^ seed;
@@ -61,7 +61,7 @@ static void fixture_open(struct fixture *f, const struct kiln_model_config *m, e
 }
 
 static void fixture_close(struct fixture *f) {
-    kiln_gpt_free(f->g);
+    kiln_model_free(f->g);
     kiln_backend_close(&f->be);
     free(f->in);
     free(f->tgt);
@@ -72,21 +72,21 @@ static void fixture_close(struct fixture *f) {
 static void check_gradients(const struct kiln_model_config *m, enum kiln_recompute rc, const char *what) {
     struct fixture f;
     fixture_open(&f, m, rc, 7);
-    const struct kiln_param_table *pt = kiln_gpt_params(f.g);
+    const struct kiln_param_table *pt = kiln_model_params(f.g);
     float *p = calloc(pt->total, sizeof(float)), *grad = calloc(pt->total, sizeof(float));
-    kiln_gpt_get_params(f.g, p);
+    kiln_model_get_params(f.g, p);
     uint64_t s = test_seed() + 99;
     for (int i = 0; i < pt->n; i++) {
         const struct kiln_param *q = &pt->p[i];
         for (size_t j = 0; j < q->count; j++)
             p[q->offset + j] += 0.3f * (test_rand_uniform(&s) - 0.5f);
     }
-    kiln_gpt_set_params(f.g, p);
+    kiln_model_set_params(f.g, p);
     int valid = f.B * f.T - 1;
-    kiln_gpt_zero_grad(f.g);
-    kiln_gpt_forward(f.g, f.in, f.tgt, 1.0f / (float)valid, 0.0f);
-    kiln_gpt_backward(f.g);
-    kiln_gpt_get_grads(f.g, grad);
+    kiln_model_zero_grad(f.g);
+    kiln_model_forward(f.g, f.in, f.tgt, 1.0f / (float)valid, 0.0f);
+    kiln_model_backward(f.g);
+    kiln_model_get_grads(f.g, grad);
 
     double num = 0, den = 0;
     const float eps = 1e-2f;
@@ -99,11 +99,11 @@ static void check_gradients(const struct kiln_model_config *m, enum kiln_recompu
                 continue; // padded vocab rows: both grads are exactly zero, checked below
             float orig = p[j];
             p[j] = orig + eps;
-            kiln_gpt_set_params(f.g, p);
-            double lp = kiln_gpt_forward(f.g, f.in, f.tgt, 0.0f, 0.0f);
+            kiln_model_set_params(f.g, p);
+            double lp = kiln_model_forward(f.g, f.in, f.tgt, 0.0f, 0.0f);
             p[j] = orig - eps;
-            kiln_gpt_set_params(f.g, p);
-            double lm = kiln_gpt_forward(f.g, f.in, f.tgt, 0.0f, 0.0f);
+            kiln_model_set_params(f.g, p);
+            double lm = kiln_model_forward(f.g, f.in, f.tgt, 0.0f, 0.0f);
             p[j] = orig;
             double fd = (lp - lm) / (2.0 * eps);
             num += (fd - grad[j]) * (fd - grad[j]);
@@ -189,9 +189,9 @@ static void parallel_config(struct kiln_model_config *m, enum par_variant v) {
     m->norm_rms = v == PAR_SWIGLU_GQA_ROPE;
 }
 
-static void expect_fusion(struct kiln_gpt *g, int fwd, int bwd, const char *what) {
+static void expect_fusion(struct kiln_model *g, int fwd, int bwd, const char *what) {
     int f, b;
-    kiln_gpt_fused_projection(g, &f, &b);
+    kiln_model_fused_projection(g, &f, &b);
     if (f != fwd || b != bwd)
         fail_msg("%s: fused projection forward %d backward %d, expected %d and %d", what, f, b, fwd, bwd);
 }
@@ -222,18 +222,18 @@ static double loss_and_grads(const struct kiln_model_config *m, enum kiln_recomp
     fixture_open(&f, m, rc, 21);
     unsetenv("KILN_PARALLEL_FUSED");
     expect_fusion(f.g, fused && rc != KILN_RECOMPUTE_MLP, fused, what);
-    const struct kiln_param_table *pt = kiln_gpt_params(f.g);
+    const struct kiln_param_table *pt = kiln_model_params(f.g);
     float *p = calloc(pt->total, sizeof(float));
-    kiln_gpt_get_params(f.g, p);
+    kiln_model_get_params(f.g, p);
     uint64_t s = 99;
     for (int i = 0; i < pt->n; i++)
         for (size_t j = 0; j < pt->p[i].count; j++)
             p[pt->p[i].offset + j] += 0.3f * (test_rand_uniform(&s) - 0.5f);
-    kiln_gpt_set_params(f.g, p);
-    kiln_gpt_zero_grad(f.g);
-    double loss = kiln_gpt_forward(f.g, f.in, f.tgt, 1.0f / (float)(f.B * f.T - 1), 0.0f);
-    kiln_gpt_backward(f.g);
-    kiln_gpt_get_grads(f.g, grad);
+    kiln_model_set_params(f.g, p);
+    kiln_model_zero_grad(f.g);
+    double loss = kiln_model_forward(f.g, f.in, f.tgt, 1.0f / (float)(f.B * f.T - 1), 0.0f);
+    kiln_model_backward(f.g);
+    kiln_model_get_grads(f.g, grad);
     free(p);
     fixture_close(&f);
     return loss;
@@ -303,12 +303,12 @@ static void check_recompute_identical(const struct kiln_model_config *m) {
     for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_SELECTIVE; rc++) {
         struct fixture f;
         fixture_open(&f, m, (enum kiln_recompute)rc, 3);
-        total = kiln_gpt_params(f.g)->total;
+        total = kiln_model_params(f.g)->total;
         float *grad = calloc(total, sizeof(float));
-        kiln_gpt_zero_grad(f.g);
-        kiln_gpt_forward(f.g, f.in, f.tgt, 0.01f, 0.0f);
-        kiln_gpt_backward(f.g);
-        kiln_gpt_get_grads(f.g, grad);
+        kiln_model_zero_grad(f.g);
+        kiln_model_forward(f.g, f.in, f.tgt, 0.01f, 0.0f);
+        kiln_model_backward(f.g);
+        kiln_model_get_grads(f.g, grad);
         if (!ref)
             ref = grad;
         else {
@@ -344,15 +344,15 @@ static void loss_and_grads_rows(const struct kiln_model_config *m, enum kiln_rec
     struct fixture f;
     fixture_open(&f, m, rc, 4);
     unsetenv("KILN_MLP_ROWS");
-    size_t total = kiln_gpt_params(f.g)->total;
+    size_t total = kiln_model_params(f.g)->total;
     for (int step = 0; step < 2; step++) {
-        kiln_gpt_zero_grad(f.g);
-        loss[step] = kiln_gpt_forward(f.g, f.in, f.tgt, 0.01f, 0.0f);
-        kiln_gpt_backward(f.g);
+        kiln_model_zero_grad(f.g);
+        loss[step] = kiln_model_forward(f.g, f.in, f.tgt, 0.01f, 0.0f);
+        kiln_model_backward(f.g);
     }
-    loss[2] = kiln_gpt_forward(f.g, f.in, f.tgt, 0.01f, 0.0f); // accumulated onto the second step's
-    kiln_gpt_backward(f.g);
-    kiln_gpt_get_grads(f.g, grad);
+    loss[2] = kiln_model_forward(f.g, f.in, f.tgt, 0.01f, 0.0f); // accumulated onto the second step's
+    kiln_model_backward(f.g);
+    kiln_model_get_grads(f.g, grad);
     (void)total;
     fixture_close(&f);
 }
@@ -428,11 +428,11 @@ static void test_offloaded_activations_change_no_number(void **state) {
     check_offload_activations(&m, KILN_RECOMPUTE_BLOCK, "-1", "parallel swiglu gqa rope, 5 layers");
     check_offload_activations(&m, KILN_RECOMPUTE_SELECTIVE, "-1",
                               "parallel swiglu gqa rope, 5 layers, selective");
-    struct kiln_gpt_opts o = {.B = 2, .T = 7, .recompute = KILN_RECOMPUTE_BLOCK, .training = 1};
+    struct kiln_model_opts o = {.B = 2, .T = 7, .recompute = KILN_RECOMPUTE_BLOCK, .training = 1};
     struct kiln_mem_plan kept, moved;
-    kiln_gpt_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &kept);
+    kiln_model_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &kept);
     o.offload_activations = 1;
-    kiln_gpt_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &moved);
+    kiln_model_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &moved);
     size_t x = (size_t)2 * 7 * m.n_embd * 2;                     // one layer input, bf16
     assert_int_equal(kept.acts_bytes - moved.acts_bytes, 3 * x); // 6 inputs kept, 3 on the device
     assert_int_equal(moved.host_bytes, 3 * x);
@@ -440,9 +440,9 @@ static void test_offloaded_activations_change_no_number(void **state) {
     // selective: 5 attention outputs too, 3 on the device (an output is as wide as an input here)
     o.recompute = KILN_RECOMPUTE_SELECTIVE;
     o.offload_activations = 0;
-    kiln_gpt_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &kept);
+    kiln_model_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &kept);
     o.offload_activations = 1;
-    kiln_gpt_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &moved);
+    kiln_model_plan(&m, &o, KILN_BF16, KILN_BF16, 0, &moved);
     size_t ao = (size_t)2 * 7 * m.n_head * (m.n_embd / m.n_head) * 2;
     assert_int_equal(kept.acts_bytes - moved.acts_bytes, 3 * x + 2 * ao);
     assert_int_equal(moved.host_bytes, 3 * x + 2 * ao);
@@ -485,21 +485,21 @@ static void check_decode(const struct kiln_model_config *mc) {
     struct fixture f;
     fixture_open(&f, &m, KILN_RECOMPUTE_NONE, 5);
     struct kiln_error e;
-    assert_int_equal(kiln_gpt_decode_begin(f.g, 1, m.block_size, &e), 0);
+    assert_int_equal(kiln_model_decode_begin(f.g, 1, m.block_size, &e), 0);
     // the full forward's per-position loss, for the target = each vocab id, recovers the log-softmax; instead
     // compare losses: run the full forward on sequence 0 with its targets, and the decode loss per position
     int T = f.T;
     int32_t *tg = malloc(sizeof(int32_t) * f.B * T);
     for (int i = 0; i < f.B * T; i++)
         tg[i] = f.tgt[i] < 0 ? 0 : f.tgt[i];
-    double full = kiln_gpt_forward(f.g, f.in, tg, 0.0f, 0.0f);
+    double full = kiln_model_forward(f.g, f.in, tg, 0.0f, 0.0f);
     (void)full;
     float *logits = malloc(sizeof(float) * m.vocab_size);
     double dec_sum = 0;
     for (int b = 0; b < f.B; b++) {
-        assert_int_equal(kiln_gpt_decode_begin(f.g, 1, m.block_size, &e), 0);
+        assert_int_equal(kiln_model_decode_begin(f.g, 1, m.block_size, &e), 0);
         for (int t = 0; t < T; t++) {
-            kiln_gpt_decode_step(f.g, &f.in[b * T + t], t, logits);
+            kiln_model_decode_step(f.g, &f.in[b * T + t], t, logits);
             double mx = -1e30, z = 0;
             for (int v = 0; v < m.vocab_size; v++)
                 mx = logits[v] > mx ? logits[v] : mx;
@@ -521,10 +521,10 @@ static void train_steps(const struct kiln_model_config *m, uint64_t seed, int st
     struct fixture f;
     fixture_open(&f, m, KILN_RECOMPUTE_NONE, seed);
     for (int s = 0; s < steps; s++) {
-        kiln_gpt_zero_grad(f.g);
-        losses[s] = kiln_gpt_forward(f.g, f.in, f.tgt, 1.0f / (f.B * f.T), 0.0f);
-        kiln_gpt_backward(f.g);
-        double norm = kiln_gpt_grad_norm(f.g);
+        kiln_model_zero_grad(f.g);
+        losses[s] = kiln_model_forward(f.g, f.in, f.tgt, 1.0f / (f.B * f.T), 0.0f);
+        kiln_model_backward(f.g);
+        double norm = kiln_model_grad_norm(f.g);
         struct kiln_adamw_hparams h = {.lr = 1e-2f,
                                        .beta1 = 0.9f,
                                        .beta2 = 0.95f,
@@ -533,20 +533,20 @@ static void train_steps(const struct kiln_model_config *m, uint64_t seed, int st
                                        .grad_clip = 1.0f,
                                        .grad_scale = 1.0f,
                                        .step = s + 1};
-        kiln_gpt_adamw(f.g, &h, norm);
+        kiln_model_adamw(f.g, &h, norm);
     }
-    kiln_gpt_get_params(f.g, params_out);
+    kiln_model_get_params(f.g, params_out);
     fixture_close(&f);
 }
 
-// kiln_gpt_zero_grad does not zero: the first micro-step's ops assign. A gradient some op forgot to assign
+// kiln_model_zero_grad does not zero: the first micro-step's ops assign. A gradient some op forgot to assign
 // would keep the previous step's value; so a step after another batch must give exactly the gradients of a
 // fresh model, and two accumulated micro-steps the sum of their separate gradients.
 static void grads_of(struct fixture *f, const int32_t *in, const int32_t *tgt, float *grad) {
-    kiln_gpt_zero_grad(f->g);
-    kiln_gpt_forward(f->g, in, tgt, 0.1f, 0.0f);
-    kiln_gpt_backward(f->g);
-    kiln_gpt_get_grads(f->g, grad);
+    kiln_model_zero_grad(f->g);
+    kiln_model_forward(f->g, in, tgt, 0.1f, 0.0f);
+    kiln_model_backward(f->g);
+    kiln_model_get_grads(f->g, grad);
 }
 
 static void check_no_stale_gradients(const struct kiln_model_config *m, const char *what, int fused) {
@@ -554,7 +554,7 @@ static void check_no_stale_gradients(const struct kiln_model_config *m, const ch
     fixture_open(&a, m, KILN_RECOMPUTE_NONE, 5);
     fixture_open(&b, m, KILN_RECOMPUTE_NONE, 5);
     expect_fusion(a.g, fused, fused, what);
-    size_t total = kiln_gpt_params(a.g)->total, n = (size_t)a.B * a.T;
+    size_t total = kiln_model_params(a.g)->total, n = (size_t)a.B * a.T;
     int32_t *in2 = malloc(n * sizeof(int32_t)), *tgt2 = malloc(n * sizeof(int32_t));
     for (size_t i = 0; i < n; i++) {
         in2[i] = (a.in[i] + 3) % m->vocab_size;
@@ -568,12 +568,12 @@ static void check_no_stale_gradients(const struct kiln_model_config *m, const ch
         if (memcmp(&ga[i], &gb[i], 4) != 0)
             fail_msg("%s: gradient %zu after another step %g, fresh %g", what, i, ga[i], gb[i]);
     // accumulation: batch 1 then batch 2 without zeroing in between
-    kiln_gpt_zero_grad(a.g);
-    kiln_gpt_forward(a.g, a.in, a.tgt, 0.1f, 0.0f);
-    kiln_gpt_backward(a.g);
-    kiln_gpt_forward(a.g, in2, tgt2, 0.1f, 0.0f);
-    kiln_gpt_backward(a.g);
-    kiln_gpt_get_grads(a.g, ga);
+    kiln_model_zero_grad(a.g);
+    kiln_model_forward(a.g, a.in, a.tgt, 0.1f, 0.0f);
+    kiln_model_backward(a.g);
+    kiln_model_forward(a.g, in2, tgt2, 0.1f, 0.0f);
+    kiln_model_backward(a.g);
+    kiln_model_get_grads(a.g, ga);
     for (size_t i = 0; i < total; i++)
         if (fabsf(ga[i] - (g1[i] + gb[i])) > 1e-5f * (1.0f + fabsf(g1[i]) + fabsf(gb[i])))
             fail_msg("%s: accumulated gradient %zu = %g, separate sum %g", what, i, ga[i], g1[i] + gb[i]);
@@ -691,28 +691,28 @@ static size_t scratch_run(const struct kiln_model_config *m, enum kiln_recompute
     struct fixture f;
     fixture_open(&f, m, rc, 17);
     expect_fusion(f.g, fused && rc != KILN_RECOMPUTE_MLP, fused, what);
-    const struct kiln_param_table *pt = kiln_gpt_params(f.g);
+    const struct kiln_param_table *pt = kiln_model_params(f.g);
     float *p = calloc(pt->total, sizeof(float));
-    kiln_gpt_get_params(f.g, p);
+    kiln_model_get_params(f.g, p);
     uint64_t s = 5;
     for (int i = 0; i < pt->n; i++) // off GPT-2's init, so that every path carries signal
         for (size_t j = 0; j < pt->p[i].count; j++)
             p[pt->p[i].offset + j] += 0.3f * (test_rand_uniform(&s) - 0.5f);
-    kiln_gpt_set_params(f.g, p);
+    kiln_model_set_params(f.g, p);
     int n = f.B * f.T;
     int32_t *in2 = malloc((size_t)n * sizeof(int32_t)), *tgt2 = malloc((size_t)n * sizeof(int32_t));
     for (int i = 0; i < n; i++) {
         in2[i] = (f.in[i] * 5 + 2) % m->vocab_size;
         tgt2[i] = (f.tgt[n - 1 - i] + 1) % m->vocab_size;
     }
-    kiln_gpt_zero_grad(f.g);
-    loss[0] = kiln_gpt_forward(f.g, f.in, f.tgt, 0.05f, 0.0f);
-    kiln_gpt_backward(f.g);
-    loss[1] = kiln_gpt_forward(f.g, in2, tgt2, 0.05f, 1e-3f);
-    kiln_gpt_backward(f.g);
-    loss[2] = kiln_gpt_forward(f.g, in2, f.tgt, 0.0f, 0.0f);
-    kiln_gpt_get_grads(f.g, grad);
-    size_t scratch = kiln_gpt_mem_plan(f.g)->scratch_bytes;
+    kiln_model_zero_grad(f.g);
+    loss[0] = kiln_model_forward(f.g, f.in, f.tgt, 0.05f, 0.0f);
+    kiln_model_backward(f.g);
+    loss[1] = kiln_model_forward(f.g, in2, tgt2, 0.05f, 1e-3f);
+    kiln_model_backward(f.g);
+    loss[2] = kiln_model_forward(f.g, in2, f.tgt, 0.0f, 0.0f);
+    kiln_model_get_grads(f.g, grad);
+    size_t scratch = kiln_model_mem_plan(f.g)->scratch_bytes;
     free(p);
     free(in2);
     free(tgt2);
@@ -800,23 +800,23 @@ static void test_plan_is_what_the_model_allocates(void **state) {
                         setenv("KILN_SCRATCH_SHARED", "0", 1);
                     if (apart & 2)
                         setenv("KILN_MLP_ROWS", "4", 1);
-                    struct kiln_gpt_opts o = {.B = 3,
+                    struct kiln_model_opts o = {.B = 3,
                                               .T = 5,
                                               .recompute = (enum kiln_recompute)rc,
                                               .training = training,
                                               .offload_activations = (apart & 4) != 0};
                     struct kiln_mem_plan plan;
-                    kiln_gpt_tuning_from_env(&o);
-                    kiln_gpt_plan(&m, &o, be.act_dtype, be.grad_dtype, be.weights_alias_master, &plan);
+                    kiln_model_tuning_from_env(&o);
+                    kiln_model_plan(&m, &o, be.act_dtype, be.grad_dtype, be.weights_alias_master, &plan);
                     allocated_bytes = 0;
                     live_allocations = 0;
-                    struct kiln_gpt *g;
-                    kiln_gpt_tuning_from_env(&o);
-                    if (kiln_gpt_create(&g, &m, &be, &o, &e))
+                    struct kiln_model *g;
+                    kiln_model_tuning_from_env(&o);
+                    if (kiln_model_create(&g, &m, &be, &o, &e))
                         fail_msg("create: %s", e.msg);
                     unsetenv("KILN_SCRATCH_SHARED");
                     unsetenv("KILN_MLP_ROWS");
-                    const struct kiln_mem_plan *own = kiln_gpt_mem_plan(g);
+                    const struct kiln_mem_plan *own = kiln_model_mem_plan(g);
                     if (allocated_bytes != plan.total_bytes || own->total_bytes != plan.total_bytes)
                         fail_msg(
                             "%s, recompute %d, training %d, apart %d: allocated %zu bytes, planned %zu (the "
@@ -824,7 +824,7 @@ static void test_plan_is_what_the_model_allocates(void **state) {
                             scratch_cases[c].name, rc, training, apart, allocated_bytes, plan.total_bytes,
                             own->total_bytes);
                     assert_true(plan.scratch_bytes > 0 && plan.scratch_bytes <= plan.acts_bytes);
-                    kiln_gpt_free(g);
+                    kiln_model_free(g);
                     assert_int_equal(live_allocations, 0);
                 }
     be.ops = real_ops;

@@ -1,4 +1,4 @@
-// The model's hook points for strategies that act inside a layer (model/gpt.h): the linear layers' hook and
+// The model's hook points for strategies that act inside a layer (model/model.h): the linear layers' hook and
 // the vocabulary's (embedding and LM head with its loss). A hook that hands every call on to what it wraps
 // changes nothing, bit for bit; every linear layer of every block shape reaches the hook, forward and
 // backward, with its identity; hooks compose (a second wraps the first); the parameter table of a split model
@@ -7,15 +7,15 @@
 #include "test_util.h"
 
 #include "core/backend.h"
-#include "model/gpt.h"
+#include "model/model.h"
 
 // ---- a pass-through strategy that counts ----------------------------------------------------------------
 
 struct counter {
     struct kiln_backend *be;
-    struct kiln_gpt_linear next;
-    struct kiln_gpt_vocab vnext;
-    struct kiln_gpt *g;
+    struct kiln_model_linear next;
+    struct kiln_model_vocab vnext;
+    struct kiln_model *g;
     int fwd[KILN_LINEARS], bwd[KILN_LINEARS];
     int layers_seen[KILN_LINEARS]; // bit l: layer l came through (the head: bit 0 with l = -1)
     int bad_layer;                 // a call whose l does not fit its kind
@@ -32,14 +32,14 @@ static void count_forward(void *user, int l, enum kiln_linear k, const struct ki
     struct counter *c = user;
     c->fwd[k]++;
     note(c, l, k);
-    kiln_gpt_linear_forward_with(&c->next, c->be, l, k, a);
+    kiln_model_linear_forward_with(&c->next, c->be, l, k, a);
 }
 
 static void count_backward(void *user, int l, enum kiln_linear k, const struct kiln_matmul_back_args *a) {
     struct counter *c = user;
     c->bwd[k]++;
     note(c, l, k);
-    kiln_gpt_linear_backward_with(&c->next, c->be, l, k, a);
+    kiln_model_linear_backward_with(&c->next, c->be, l, k, a);
 }
 
 static void count_embed_forward(void *user, const struct kiln_embed_args *a) {
@@ -54,10 +54,10 @@ static void count_embed_backward(void *user, const struct kiln_embed_back_args *
     c->be->ops->embed_backward(c->be->ctx, a);
 }
 
-static void count_head(void *user, const struct kiln_gpt_head_args *h) {
+static void count_head(void *user, const struct kiln_model_head_args *h) {
     struct counter *c = user;
     c->heads++;
-    kiln_gpt_head_default(c->g, h);
+    kiln_model_head_default(c->g, h);
 }
 
 // ---- models ---------------------------------------------------------------------------------------------
@@ -91,22 +91,22 @@ static void run_model(const struct kiln_model_config *m, enum kiln_recompute rc,
     struct kiln_error e;
     assert_int_equal(kiln_backend_open("cpu", &bo, &be, &e), 0);
     int B = 2, T = 9, N = B * T;
-    struct kiln_gpt_opts o = {.B = B, .T = T, .recompute = rc, .training = 1, .classifier_rows = 7};
-    struct kiln_gpt *g;
-    if (kiln_gpt_create(&g, m, &be, &o, &e))
+    struct kiln_model_opts o = {.B = B, .T = T, .recompute = rc, .training = 1, .classifier_rows = 7};
+    struct kiln_model *g;
+    if (kiln_model_create(&g, m, &be, &o, &e))
         fail_msg("create: %s", e.msg);
-    kiln_gpt_init_params(g, 77);
+    kiln_model_init_params(g, 77);
     if (c) {
         c->be = &be;
         c->g = g;
-        struct kiln_gpt_linear lin = {.user = c, .forward = count_forward, .backward = count_backward};
-        kiln_gpt_set_linear(g, &lin, &c->next);
+        struct kiln_model_linear lin = {.user = c, .forward = count_forward, .backward = count_backward};
+        kiln_model_set_linear(g, &lin, &c->next);
         if (vocab) {
-            struct kiln_gpt_vocab v = {.user = c,
+            struct kiln_model_vocab v = {.user = c,
                                        .embed_forward = count_embed_forward,
                                        .embed_backward = count_embed_backward,
                                        .head = count_head};
-            kiln_gpt_set_vocab(g, &v, &c->vnext);
+            kiln_model_set_vocab(g, &v, &c->vnext);
         }
     }
     int32_t in[18], tgt[18];
@@ -115,15 +115,15 @@ static void run_model(const struct kiln_model_config *m, enum kiln_recompute rc,
         tgt[i] = (i * 5 + 1) % m->vocab_size;
     }
     tgt[4] = -1;
-    kiln_gpt_zero_grad(g);
+    kiln_model_zero_grad(g);
     for (int s = 0; s < 2; s++) {
-        out->loss[s] = kiln_gpt_forward(g, in, tgt, 1.0f / (float)(N - 1), 1e-3f);
-        kiln_gpt_backward(g);
+        out->loss[s] = kiln_model_forward(g, in, tgt, 1.0f / (float)(N - 1), 1e-3f);
+        kiln_model_backward(g);
     }
-    out->n = kiln_gpt_params(g)->total;
+    out->n = kiln_model_params(g)->total;
     out->grads = malloc(out->n * sizeof(float));
-    kiln_gpt_get_grads(g, out->grads);
-    kiln_gpt_free(g);
+    kiln_model_get_grads(g, out->grads);
+    kiln_model_free(g);
     kiln_backend_close(&be);
 }
 
@@ -183,13 +183,13 @@ static void test_a_pass_through_hook_changes_nothing_and_sees_every_linear_layer
 }
 
 // a second strategy wraps the first: both see every call
-static struct kiln_gpt_linear inner_prev;
+static struct kiln_model_linear inner_prev;
 static int outer_calls;
 static struct kiln_backend *outer_be;
 static void outer_forward(void *user, int l, enum kiln_linear k, const struct kiln_matmul_args *a) {
     (void)user;
     outer_calls++;
-    kiln_gpt_linear_forward_with(&inner_prev, outer_be, l, k, a);
+    kiln_model_linear_forward_with(&inner_prev, outer_be, l, k, a);
 }
 
 static void test_linear_hooks_compose(void **state) {
@@ -200,29 +200,29 @@ static void test_linear_hooks_compose(void **state) {
     struct kiln_backend_opts bo = {.threads = 1};
     struct kiln_error e;
     assert_int_equal(kiln_backend_open("cpu", &bo, &be, &e), 0);
-    struct kiln_gpt_opts o = {.B = 1, .T = 8, .recompute = KILN_RECOMPUTE_NONE, .training = 1};
-    struct kiln_gpt *g;
-    assert_int_equal(kiln_gpt_create(&g, &m, &be, &o, &e), 0);
-    kiln_gpt_init_params(g, 3);
+    struct kiln_model_opts o = {.B = 1, .T = 8, .recompute = KILN_RECOMPUTE_NONE, .training = 1};
+    struct kiln_model *g;
+    assert_int_equal(kiln_model_create(&g, &m, &be, &o, &e), 0);
+    kiln_model_init_params(g, 3);
     struct counter c = {.be = &be, .g = g};
-    struct kiln_gpt_linear lin = {.user = &c, .forward = count_forward, .backward = count_backward};
-    kiln_gpt_set_linear(g, &lin, &c.next);
+    struct kiln_model_linear lin = {.user = &c, .forward = count_forward, .backward = count_backward};
+    kiln_model_set_linear(g, &lin, &c.next);
     outer_be = &be;
-    struct kiln_gpt_linear outer = {.forward = outer_forward};
-    kiln_gpt_set_linear(g, &outer, &inner_prev);
+    struct kiln_model_linear outer = {.forward = outer_forward};
+    kiln_model_set_linear(g, &outer, &inner_prev);
     assert_ptr_equal(inner_prev.user, &c);
     int32_t in[8] = {1, 2, 3, 4, 5, 6, 7, 8}, tgt[8] = {2, 3, 4, 5, 6, 7, 8, 9};
-    kiln_gpt_forward(g, in, tgt, 0.0f, 0.0f);
+    kiln_model_forward(g, in, tgt, 0.0f, 0.0f);
     int inner = 0;
     for (int k = 0; k < KILN_LINEARS; k++)
         inner += c.fwd[k];
     assert_true(outer_calls > 0);
     assert_int_equal(outer_calls, inner);       // the outer hook handed every call to the inner one
     assert_int_equal(inner, 4 * m.n_layer + 1); // qkv, attn_out, mlp_in, mlp_out per layer, and the head
-    kiln_gpt_set_linear(g, NULL, NULL);         // and off again: nothing more reaches either
-    kiln_gpt_forward(g, in, tgt, 0.0f, 0.0f);
+    kiln_model_set_linear(g, NULL, NULL);         // and off again: nothing more reaches either
+    kiln_model_forward(g, in, tgt, 0.0f, 0.0f);
     assert_int_equal(outer_calls, inner);
-    kiln_gpt_free(g);
+    kiln_model_free(g);
     kiln_backend_close(&be);
 }
 
@@ -299,15 +299,15 @@ static void test_what_cannot_be_split_is_refused_in_one_line(void **state) {
     struct kiln_backend be;
     struct kiln_backend_opts bo = {.threads = 1};
     assert_int_equal(kiln_backend_open("cpu", &bo, &be, &e), 0);
-    struct kiln_gpt_opts o = {.B = 1, .T = 8, .training = 1, .split = two};
-    struct kiln_gpt *g;
-    assert_int_equal(kiln_gpt_create(&g, &m, &be, &o, &e), KILN_ERR_USAGE);
+    struct kiln_model_opts o = {.B = 1, .T = 8, .training = 1, .split = two};
+    struct kiln_model *g;
+    assert_int_equal(kiln_model_create(&g, &m, &be, &o, &e), KILN_ERR_USAGE);
     assert_null(g);
     tiny(&m);
-    assert_int_equal(kiln_gpt_create(&g, &m, &be, &o, &e), 0);
-    assert_int_equal(kiln_gpt_decode_begin(g, 1, 8, &e), KILN_ERR_USAGE);
+    assert_int_equal(kiln_model_create(&g, &m, &be, &o, &e), 0);
+    assert_int_equal(kiln_model_decode_begin(g, 1, 8, &e), KILN_ERR_USAGE);
     assert_non_null(strstr(e.msg, "split"));
-    kiln_gpt_free(g);
+    kiln_model_free(g);
     kiln_backend_close(&be);
 }
 

@@ -26,7 +26,7 @@
 // ----------------------------------------------------------------------------
 // forward
 
-void gpt_norm_fwd(struct kiln_gpt *g, void *out, float *mean, float *rstd, void *res_out, const void *inp,
+void gpt_norm_fwd(struct kiln_model *g, void *out, float *mean, float *rstd, void *res_out, const void *inp,
                   const void *res_in, int wi, int bi, int N) {
     struct kiln_norm_args a = {.out = out,
                                .mean = g->cfg.norm_rms ? NULL : mean,
@@ -43,8 +43,8 @@ void gpt_norm_fwd(struct kiln_gpt *g, void *out, float *mean, float *rstd, void 
     g->ops->norm_forward(g->ctx, &a);
 }
 
-void gpt_matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp, int wi, int bi, int N, int IC,
-                    int OC, enum kiln_act act, int accumulate) {
+void gpt_matmul_fwd(struct kiln_model *g, void *out, void *pre, const void *inp, int wi, int bi, int N,
+                    int IC, int OC, enum kiln_act act, int accumulate) {
     struct kiln_matmul_args a = {.out = out,
                                  .pre = pre,
                                  .inp = inp,
@@ -58,24 +58,24 @@ void gpt_matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp, i
     gpt_linear_fwd(g, wi, &a);
 }
 
-// ---- linear layers: the backend's GEMM, or the hook a strategy put in its place (model/gpt.h)
+// ---- linear layers: the backend's GEMM, or the hook a strategy put in its place (model/model.h)
 
-void gpt_linear_fwd(struct kiln_gpt *g, int wi, const struct kiln_matmul_args *a) {
+void gpt_linear_fwd(struct kiln_model *g, int wi, const struct kiln_matmul_args *a) {
     int l;
     enum kiln_linear k = linear_of(g, wi, a->OC, &l);
-    kiln_gpt_linear_forward_with(&g->linear, g->be, l, k, a);
+    kiln_model_linear_forward_with(&g->linear, g->be, l, k, a);
 }
 
-void gpt_linear_bwd(struct kiln_gpt *g, int wi, const struct kiln_matmul_back_args *a) {
+void gpt_linear_bwd(struct kiln_model *g, int wi, const struct kiln_matmul_back_args *a) {
     int l;
     enum kiln_linear k = linear_of(g, wi, a->OC, &l);
-    kiln_gpt_linear_backward_with(&g->linear, g->be, l, k, a);
+    kiln_model_linear_backward_with(&g->linear, g->be, l, k, a);
 }
 
 // The MLP of layer l after its input projection: fc_act = act(fc_pre) (rows of fc_pre `stride` elements
 // apart, 0 = FCO), then out = (or +=) self.c_proj(fc_act).
 // fc_act = SwiGLU or GELU of fc_pre (rows stride apart, 0 = dense)
-void gpt_mlp_activation(struct kiln_gpt *g, const struct dims *d, const void *fc_pre, int stride,
+void gpt_mlp_activation(struct kiln_model *g, const struct dims *d, const void *fc_pre, int stride,
                         void *fc_act, int N) {
     if (g->cfg.mlp_swiglu) {
         struct kiln_swiglu_args s = {.out = fc_act, .inp = fc_pre, .N = N, .H = d->H, .inp_stride = stride};
@@ -86,7 +86,7 @@ void gpt_mlp_activation(struct kiln_gpt *g, const struct dims *d, const void *fc
     }
 }
 
-void gpt_mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *fc_pre, int stride,
+void gpt_mlp_act_fwd(struct kiln_model *g, const struct dims *d, int l, const void *fc_pre, int stride,
                      void *fc_act, void *out, int accumulate, int N) {
     const int *ix = g->pt.layer[l];
     gpt_mlp_activation(g, d, fc_pre, stride, fc_act, N);
@@ -96,7 +96,7 @@ void gpt_mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void
 }
 
 // the MLP's hidden activation of N rows of `inp` (N, C): fc_pre, and fc_act from it
-static void mlp_hidden(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre,
+static void mlp_hidden(struct kiln_model *g, const struct dims *d, int l, const void *inp, void *fc_pre,
                        void *fc_act, int N) {
     const int *ix = g->pt.layer[l];
     if (g->cfg.mlp_swiglu) {
@@ -111,8 +111,8 @@ static void mlp_hidden(struct kiln_gpt *g, const struct dims *d, int l, const vo
 // the MLP of layer l on input `inp` (N, C): fc_pre, fc_act, and (accumulated into) out = self.c_proj(fc_act),
 // in chunks of g->mlp_rows rows (fc_pre and fc_act then hold the last chunk's). out NULL: the hidden
 // activations alone (the backward's recompute: the MLP's backward never reads its output).
-void gpt_mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre, void *fc_act,
-                 void *out, int accumulate, int N) {
+void gpt_mlp_fwd(struct kiln_model *g, const struct dims *d, int l, const void *inp, void *fc_pre,
+                 void *fc_act, void *out, int accumulate, int N) {
     const int *ix = g->pt.layer[l];
     for (int r0 = 0; r0 < N; r0 += g->mlp_rows) {
         int n = N - r0 < g->mlp_rows ? N - r0 : g->mlp_rows;
@@ -125,7 +125,7 @@ void gpt_mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *in
 }
 
 // QK-norm: qkv = raw with its q and k slices normalized (v copied as is). N rows of stride QKV.
-void gpt_qk_norm_forward(struct kiln_gpt *g, const struct dims *d, int l, void *qkv, const void *raw, int N,
+void gpt_qk_norm_forward(struct kiln_model *g, const struct dims *d, int l, void *qkv, const void *raw, int N,
                          float *meanq, float *rstdq, float *meank, float *rstdk) {
     const int *ix = g->pt.layer[l];
     g->ops->copy(g->ctx, qkv, raw, (size_t)N * d->QKV * kiln_dtype_bytes(g->be->act_dtype));
@@ -156,7 +156,7 @@ void gpt_qk_norm_forward(struct kiln_gpt *g, const struct dims *d, int l, void *
 }
 
 // Its backward: draw = dqkv with the q and k slices taken back through their norms.
-static void qk_norm_backward(struct kiln_gpt *g, const struct dims *d, int l, void *draw, const void *dqkv,
+static void qk_norm_backward(struct kiln_model *g, const struct dims *d, int l, void *draw, const void *dqkv,
                              const void *raw, const float *meanq, const float *rstdq, const float *meank,
                              const float *rstdk) {
     const int *ix = g->pt.layer[l];
@@ -194,7 +194,7 @@ static void qk_norm_backward(struct kiln_gpt *g, const struct dims *d, int l, vo
 }
 
 // y = softmax(q k^T / sqrt(HS) + mask) v over qkv (rows `stride` apart, 0 = QKV); ao = self.c_proj(y)
-static void attn_core_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *qkv, int stride) {
+static void attn_core_fwd(struct kiln_model *g, const struct dims *d, int l, const void *qkv, int stride) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     struct kiln_attn_args at = {.out = buf_at(&a->atty, l),
@@ -222,7 +222,7 @@ static void attn_core_fwd(struct kiln_gpt *g, const struct dims *d, int l, const
                    d->C, KILN_ACT_NONE, 0);
 }
 
-static void attn_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
+static void attn_fwd(struct kiln_model *g, const struct dims *d, int l) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     // qkv = self.c_attn(ln1), then attention
@@ -243,7 +243,7 @@ static void attn_fwd(struct kiln_gpt *g, const struct dims *d, int l) {
 // A parallel block's branches from one projection: [qkv | fc_pre] = ln1 @ [W_qkv; W_fc]^T + [b_qkv; b_fc];
 // attention reads the first QKV columns of each row, the MLP's activation the other FCO, and the MLP output
 // accumulates onto the attention output in ao.
-static void parallel_fused_fwd(struct kiln_gpt *g, const struct dims *d, int l, int tail) {
+static void parallel_fused_fwd(struct kiln_model *g, const struct dims *d, int l, int tail) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     void *pre = buf_at(&a->pre, l);
@@ -257,7 +257,7 @@ static void parallel_fused_fwd(struct kiln_gpt *g, const struct dims *d, int l, 
 
 // Layer l, from ln1[l] (already computed) up to the branch outputs. With tail set, it also produces x[l+1]
 // and its normalization ln1[l+1] (the next layer's norm1, or the final norm after the last layer).
-void gpt_layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int tail) {
+void gpt_layer_forward(struct kiln_model *g, const struct dims *d, int l, int tail) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     // the backward's recompute (no tail) leaves a chunked MLP to mlp_bwd, which recomputes it chunk by chunk
@@ -300,7 +300,7 @@ void gpt_layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int tail
 // dres is the residual stream's gradient. The projections that add into the stream there have dres as their
 // output gradient, so their biases' gradients (parameter indices rb0, rb1; -1: none) are dres's column sums:
 // the norm backward adds them as it leaves dres, and those projections' backward skips them (no extra pass).
-void gpt_norm_bwd(struct kiln_gpt *g, void *dres, const void *dout, const void *inp, const float *mean,
+void gpt_norm_bwd(struct kiln_model *g, void *dres, const void *dout, const void *inp, const float *mean,
                   const float *rstd, int wi, int bi, int N, int dinp_assign, int rb0, int rb1) {
     struct kiln_norm_back_args a = {.dinp = dres,
                                     .dweight = G(g, wi),
@@ -322,12 +322,12 @@ void gpt_norm_bwd(struct kiln_gpt *g, void *dres, const void *dout, const void *
 // The output-projection biases of layer l (-1 where there is no such layer): what the norm backward below
 // the layer's output fills in. Parallel blocks have two; a sequential block's MLP projection alone adds
 // there.
-void gpt_proj_biases(const struct kiln_gpt *g, int l, int *rb0, int *rb1) {
+void gpt_proj_biases(const struct kiln_model *g, int l, int *rb0, int *rb1) {
     *rb0 = l < 0 ? -1 : g->pt.layer[l][KILN_MLPO_B];
     *rb1 = l < 0 || !g->cfg.parallel_block ? -1 : g->pt.layer[l][KILN_ATTNO_B];
 }
 
-static void matmul_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const void *inp, int wi, int bi,
+static void matmul_bwd(struct kiln_model *g, void *dinp, const void *dout, const void *inp, int wi, int bi,
                        int N, int IC, int OC, const void *gelu_pre, int dinp_accumulate) {
     struct kiln_matmul_back_args a = {.dinp = dinp,
                                       .dweight = G(g, wi),
@@ -347,8 +347,9 @@ static void matmul_bwd(struct kiln_gpt *g, void *dinp, const void *dout, const v
 // Backward of gpt_mlp_act_fwd, given dout = dL/d(mlp output): dfc = dL/d(fc_pre), rows dfc_stride apart
 // (fc_pre's pre_stride; 0 = FCO). The projection bias's gradient comes from the norm backward that left dout
 // (norm_bwd).
-static void mlp_act_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, const void *fc_pre,
-                        int pre_stride, const void *fc_act, void *dfc, int dfc_stride, int N) {
+static void mlp_act_bwd(struct kiln_model *g, const struct dims *d, int l, const void *dout,
+                        const void *fc_pre, int pre_stride, const void *fc_act, void *dfc, int dfc_stride,
+                        int N) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     if (g->cfg.mlp_swiglu) {
@@ -382,7 +383,7 @@ static void mlp_act_bwd(struct kiln_gpt *g, const struct dims *d, int l, const v
 // Backward of the MLP of layer l, given dout = dL/d(mlp output); writes dL/d(mlp input) into dinp. A chunked
 // MLP (g->mlp_rows < N) recomputes each chunk's hidden activation first (the recompute left it out), and its
 // weights' gradients add up over the chunks.
-void gpt_mlp_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, const void *dout,
+void gpt_mlp_bwd(struct kiln_model *g, const struct dims *d, int l, const void *inp, const void *dout,
                  void *dinp, int dinp_accumulate) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
@@ -403,8 +404,8 @@ void gpt_mlp_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *in
 
 // Backward of attn_core_fwd, given dout = dL/d(ao): dqkv (rows dqkv_stride apart) from qkv (rows qkv_stride
 // apart) as the forward read it.
-static void attn_core_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, const void *qkv,
-                          int qkv_stride, void *dqkv, int dqkv_stride) {
+static void attn_core_bwd(struct kiln_model *g, const struct dims *d, int l, const void *dout,
+                          const void *qkv, int qkv_stride, void *dqkv, int dqkv_stride) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     // the bias's gradient comes from the norm backward that left dout (norm_bwd)
@@ -430,7 +431,7 @@ static void attn_core_bwd(struct kiln_gpt *g, const struct dims *d, int l, const
 }
 
 // Backward of the attention of layer l, given dout = dL/d(attention branch output); writes dL/d(ln1) to dinp.
-void gpt_attn_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, void *dinp,
+void gpt_attn_bwd(struct kiln_model *g, const struct dims *d, int l, const void *dout, void *dinp,
                   int dinp_accumulate) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
@@ -448,7 +449,7 @@ void gpt_attn_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *d
 // Backward of a fused parallel block, given dout = dL/d(both branches' sum): both branches write their input
 // gradients into one [dqkv | dfc] buffer, then one GEMM gives dinp = dL/dln1 (overwritten) and another
 // d[W_qkv; W_fc] (and d[b_qkv; b_fc]).
-void gpt_parallel_fused_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, void *dinp) {
+void gpt_parallel_fused_bwd(struct kiln_model *g, const struct dims *d, int l, const void *dout, void *dinp) {
     struct acts *a = &g->a;
     const int *ix = g->pt.layer[l];
     // the forward kept [qkv | fc_pre] rows of S, or (--recompute=mlp: two GEMMs) dense qkv and fc_pre (ks 0)

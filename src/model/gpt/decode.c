@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error *err) {
+int gpt_decode_begin(struct kiln_model *g, int B, int maxT, struct kiln_error *err) {
     KILN_ASSERT(!g->opts.sharded_params); // decoding runs on one process, over whole weights
     const struct kiln_model_split *sp = &g->opts.split;
     if (sp->heads > 1 || sp->kv_heads > 1 || sp->hidden > 1 || sp->vocab > 1)
@@ -51,7 +51,7 @@ int gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error *err
     return 0;
 }
 
-void gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, float *logits) {
+void gpt_decode_step(struct kiln_model *g, const int32_t *tokens, int pos, float *logits) {
     struct decode *dc = &g->dec;
     KILN_ASSERT(dc->x.p && pos >= 0 && pos < dc->maxT);
     struct dims d = dims_of(&g->cfg, &g->opts.split, dc->B, 1);

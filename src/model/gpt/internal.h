@@ -1,11 +1,11 @@
 // The GPT's insides, shared by the files of model/gpt/: layout.c (memory plan and activation layout),
 // state.c (creation, buffers, windows), block.c (one block's forward and backward), model.c (the whole
 // forward and backward), recompute.c (recompute and activation offload), decode.c (KV-cache decoding).
-// Not an interface: model/gpt.h is.
+// Not an interface: model/model.h is.
 #ifndef KILN_MODEL_GPT_INTERNAL_H
 #define KILN_MODEL_GPT_INTERNAL_H
 
-#include "model/gpt.h"
+#include "model/model.h"
 #include "util/error.h"
 
 // ----------------------------------------------------------------------------
@@ -86,9 +86,9 @@ struct fusion {
     int fwd; // the training and evaluation forward fuses too
 };
 
-struct kiln_gpt {
+struct kiln_model {
     struct kiln_model_config cfg;
-    struct kiln_gpt_opts opts;
+    struct kiln_model_opts opts;
     struct kiln_backend *be;
     const struct kiln_ops *ops;
     void *ctx;
@@ -117,21 +117,21 @@ struct kiln_gpt {
     int32_t *tokens_host; // (N) last inputs, for the embedding backward
     float *losses_host;
     int has_grad_forward; // the last forward ran the classifier backward
-    int grads_fresh;      // set by kiln_gpt_zero_grad: the next gradient writes assign instead of adding
+    int grads_fresh;      // set by kiln_model_zero_grad: the next gradient writes assign instead of adding
     int recomputing;      // inside the backward's recompute of a layer (selective skips the attention there)
 
     struct kiln_param_span *spans;
     int n_spans;
     size_t optim_elems; // of m and v each
 
-    struct kiln_gpt_hooks hooks;         // all NULL with one process
-    struct kiln_gpt_attention attn_impl; // sequence parallelism's attention (NULL functions: the op's)
-    struct kiln_gpt_linear linear;       // the linear layers' hook (NULL functions: the op's)
-    struct kiln_gpt_vocab vocab; // the embedding's and the LM head's (NULL functions: the model's own)
-    int pos0, pos_split, pos1;   // kiln_gpt_set_positions
-    const void **wwin;           // (L + 2) where each segment's weights are read: its range of the compute
-                                 // copy, or a stand-in that a hook put there (kiln_gpt_set_weight_window)
-    void **gwin;       // (L + 2) where each segment's gradients are written (kiln_gpt_grad_segments)
+    struct kiln_model_hooks hooks;         // all NULL with one process
+    struct kiln_model_attention attn_impl; // sequence parallelism's attention (NULL functions: the op's)
+    struct kiln_model_linear linear;       // the linear layers' hook (NULL functions: the op's)
+    struct kiln_model_vocab vocab; // the embedding's and the LM head's (NULL functions: the model's own)
+    int pos0, pos_split, pos1;     // kiln_model_set_positions
+    const void **wwin;             // (L + 2) where each segment's weights are read: its range of the compute
+                                   // copy, or a stand-in that a hook put there (kiln_model_set_weight_window)
+    void **gwin;       // (L + 2) where each segment's gradients are written (kiln_model_grad_segments)
     size_t *seg_begin; // (L + 3) each segment's first element, then the table's total
 
     struct decode dec;
@@ -174,19 +174,19 @@ static inline struct dims dims_of(const struct kiln_model_config *m, const struc
     return d;
 }
 
-static inline void *act_at(const struct kiln_gpt *g, const void *base, size_t elems) {
+static inline void *act_at(const struct kiln_model *g, const void *base, size_t elems) {
     return (char *)base + elems * kiln_dtype_bytes(g->be->act_dtype);
 }
 
-// the segment of parameter i (kiln_gpt_grad_segments): 0 before layer 0, 1 + l for layer l, L + 1 after
-static inline int segment_of(const struct kiln_gpt *g, int i) {
+// the segment of parameter i (kiln_model_grad_segments): 0 before layer 0, 1 + l for layer l, L + 1 after
+static inline int segment_of(const struct kiln_model *g, int i) {
     const struct kiln_param *p = &g->pt.p[i];
     return p->layer >= 0 ? 1 + p->layer : p->offset < g->seg_begin[1] ? 0 : g->cfg.n_layer + 1;
 }
 
 // the compute copy of parameter i (act dtype), or NULL for an absent tensor (index -1), read through its
 // segment's window
-static inline const void *W(const struct kiln_gpt *g, int i) {
+static inline const void *W(const struct kiln_model *g, int i) {
     if (i < 0)
         return NULL;
     int s = segment_of(g, i);
@@ -195,7 +195,7 @@ static inline const void *W(const struct kiln_gpt *g, int i) {
 }
 
 // the gradient of parameter i (grad dtype), or NULL, through its segment's window
-static inline void *G(const struct kiln_gpt *g, int i) {
+static inline void *G(const struct kiln_model *g, int i) {
     if (i < 0)
         return NULL;
     int s = segment_of(g, i);
@@ -203,9 +203,9 @@ static inline void *G(const struct kiln_gpt *g, int i) {
     return (char *)g->gwin[s] + (g->pt.p[i].offset - g->seg_begin[s]) * kiln_dtype_bytes(g->be->grad_dtype);
 }
 
-// Which linear layer weight i is (model/gpt.h's enum kiln_linear) and of which layer: the LM head for a
+// Which linear layer weight i is (model/model.h's enum kiln_linear) and of which layer: the LM head for a
 // tensor outside the layers, a parallel block's fused [qkv | fc] where the GEMM is wider than W_qkv.
-static inline enum kiln_linear linear_of(const struct kiln_gpt *g, int wi, int OC, int *l) {
+static inline enum kiln_linear linear_of(const struct kiln_model *g, int wi, int OC, int *l) {
     const struct kiln_param *p = &g->pt.p[wi];
     *l = p->layer;
     if (p->layer < 0)
@@ -226,55 +226,56 @@ void gpt_params_build(struct kiln_param_table *t, const struct kiln_model_config
                       const struct kiln_model_split *split);
 void gpt_params_init(const struct kiln_param_table *t, const struct kiln_model_config *m, float *params,
                      uint64_t seed);
-void gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
+void gpt_plan(const struct kiln_model_config *m, const struct kiln_model_opts *o, enum kiln_dtype act,
               enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan);
-double gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss, float z_loss);
-void gpt_backward(struct kiln_gpt *g);
-int gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error *err);
-void gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, float *logits);
+double gpt_forward(struct kiln_model *g, const int32_t *inputs, const int32_t *targets, float dloss,
+                   float z_loss);
+void gpt_backward(struct kiln_model *g);
+int gpt_decode_begin(struct kiln_model *g, int B, int maxT, struct kiln_error *err);
+void gpt_decode_step(struct kiln_model *g, const int32_t *tokens, int pos, float *logits);
 
 // ---- shared between the files of model/gpt/
 // a linear layer's forward and backward, through the linear hook when one is set
-void gpt_linear_fwd(struct kiln_gpt *g, int wi, const struct kiln_matmul_args *a);
-void gpt_linear_bwd(struct kiln_gpt *g, int wi, const struct kiln_matmul_back_args *a);
-void gpt_offl_init(struct kiln_gpt *g, struct offl *o, struct buf *b, int n, char **host);
-void gpt_offl_free(struct kiln_gpt *g, struct offl *o);
+void gpt_linear_fwd(struct kiln_model *g, int wi, const struct kiln_matmul_args *a);
+void gpt_linear_bwd(struct kiln_model *g, int wi, const struct kiln_matmul_back_args *a);
+void gpt_offl_init(struct kiln_model *g, struct offl *o, struct buf *b, int n, char **host);
+void gpt_offl_free(struct kiln_model *g, struct offl *o);
 int gpt_offl_has(const struct offl *o, int l);
-void gpt_offl_copy(struct kiln_gpt *g, const struct offl *o, int l, int to_host);
-void gpt_offl_wait(struct kiln_gpt *g, const struct offl *o, int l, int to_host);
-void gpt_offl_claim(struct kiln_gpt *g, const struct offl *o, int e);
-void gpt_recompute_layer(struct kiln_gpt *g, const struct dims *d, int l);
-int gpt_mlp_rows_for(const struct dims *d, const struct kiln_gpt_opts *o, size_t act_bytes);
+void gpt_offl_copy(struct kiln_model *g, const struct offl *o, int l, int to_host);
+void gpt_offl_wait(struct kiln_model *g, const struct offl *o, int l, int to_host);
+void gpt_offl_claim(struct kiln_model *g, const struct offl *o, int e);
+void gpt_recompute_layer(struct kiln_model *g, const struct dims *d, int l);
+int gpt_mlp_rows_for(const struct dims *d, const struct kiln_model_opts *o, size_t act_bytes);
 struct fusion gpt_fusion_of(const struct kiln_model_config *m, const struct kiln_param_table *pt,
-                            const struct kiln_gpt_opts *o, size_t act_bytes);
+                            const struct kiln_model_opts *o, size_t act_bytes);
 int gpt_recomputes_blocks(enum kiln_recompute r);
-size_t gpt_acts_layout(struct acts *a, int *rows, const struct dims *d, const struct kiln_gpt_opts *o,
+size_t gpt_acts_layout(struct acts *a, int *rows, const struct dims *d, const struct kiln_model_opts *o,
                        const struct fusion *fu, size_t ab);
-void gpt_mlp_activation(struct kiln_gpt *g, const struct dims *d, const void *fc_pre, int stride,
+void gpt_mlp_activation(struct kiln_model *g, const struct dims *d, const void *fc_pre, int stride,
                         void *fc_act, int N);
-void gpt_layer_forward(struct kiln_gpt *g, const struct dims *d, int l, int tail);
-void gpt_norm_bwd(struct kiln_gpt *g, void *dres, const void *dout, const void *inp, const float *mean,
+void gpt_layer_forward(struct kiln_model *g, const struct dims *d, int l, int tail);
+void gpt_norm_bwd(struct kiln_model *g, void *dres, const void *dout, const void *inp, const float *mean,
                   const float *rstd, int wi, int bi, int N, int dinp_assign, int rb0, int rb1);
-void gpt_proj_biases(const struct kiln_gpt *g, int l, int *rb0, int *rb1);
-void gpt_mlp_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, const void *dout,
+void gpt_proj_biases(const struct kiln_model *g, int l, int *rb0, int *rb1);
+void gpt_mlp_bwd(struct kiln_model *g, const struct dims *d, int l, const void *inp, const void *dout,
                  void *dinp, int dinp_accumulate);
-void gpt_attn_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, void *dinp,
+void gpt_attn_bwd(struct kiln_model *g, const struct dims *d, int l, const void *dout, void *dinp,
                   int dinp_accumulate);
-void gpt_parallel_fused_bwd(struct kiln_gpt *g, const struct dims *d, int l, const void *dout, void *dinp);
+void gpt_parallel_fused_bwd(struct kiln_model *g, const struct dims *d, int l, const void *dout, void *dinp);
 
-int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_error *err);
-void gpt_free_buf(struct kiln_gpt *g, struct buf *b);
-void gpt_norm_fwd(struct kiln_gpt *g, void *out, float *mean, float *rstd, void *res_out, const void *inp,
+int gpt_alloc(struct kiln_model *g, void **p, size_t bytes, struct kiln_error *err);
+void gpt_free_buf(struct kiln_model *g, struct buf *b);
+void gpt_norm_fwd(struct kiln_model *g, void *out, float *mean, float *rstd, void *res_out, const void *inp,
                   const void *res_in, int wi, int bi, int N);
-void gpt_matmul_fwd(struct kiln_gpt *g, void *out, void *pre, const void *inp, int wi, int bi, int N, int IC,
-                    int OC, enum kiln_act act, int accumulate);
-void gpt_qk_norm_forward(struct kiln_gpt *g, const struct dims *d, int l, void *qkv, const void *raw, int N,
+void gpt_matmul_fwd(struct kiln_model *g, void *out, void *pre, const void *inp, int wi, int bi, int N,
+                    int IC, int OC, enum kiln_act act, int accumulate);
+void gpt_qk_norm_forward(struct kiln_model *g, const struct dims *d, int l, void *qkv, const void *raw, int N,
                          float *meanq, float *rstdq, float *meank, float *rstdk);
 // out NULL (both): the MLP's hidden activations without its output projection, for the backward's recompute
-void gpt_mlp_act_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *fc_pre, int stride,
+void gpt_mlp_act_fwd(struct kiln_model *g, const struct dims *d, int l, const void *fc_pre, int stride,
                      void *fc_act, void *out, int accumulate, int N);
-void gpt_mlp_fwd(struct kiln_gpt *g, const struct dims *d, int l, const void *inp, void *fc_pre, void *fc_act,
-                 void *out, int accumulate, int N);
-int gpt_head_index(const struct kiln_gpt *g);
+void gpt_mlp_fwd(struct kiln_model *g, const struct dims *d, int l, const void *inp, void *fc_pre,
+                 void *fc_act, void *out, int accumulate, int N);
+int gpt_head_index(const struct kiln_model *g);
 
 #endif

@@ -36,7 +36,7 @@ static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t fr
 // largest per-layer buffers at long T: 8 GiB at the 1.3B shape and 512k tokens) and their gradients exist
 // for one chunk at a time: chunks of at most 1 GiB of hidden activations, spread evenly. Every token's
 // result is the same; the weight gradients are summed chunk by chunk. N (one chunk) otherwise.
-int gpt_mlp_rows_for(const struct dims *d, const struct kiln_gpt_opts *o, size_t act_bytes) {
+int gpt_mlp_rows_for(const struct dims *d, const struct kiln_model_opts *o, size_t act_bytes) {
     int recomputed =
         o->training && (o->recompute == KILN_RECOMPUTE_BLOCK || o->recompute == KILN_RECOMPUTE_MLP ||
                         o->recompute == KILN_RECOMPUTE_SELECTIVE);
@@ -54,7 +54,7 @@ static int adjacent(const struct kiln_param_table *pt, int first, int second) {
 }
 
 struct fusion gpt_fusion_of(const struct kiln_model_config *m, const struct kiln_param_table *pt,
-                            const struct kiln_gpt_opts *o, size_t act_bytes) {
+                            const struct kiln_model_opts *o, size_t act_bytes) {
     struct fusion f = {0, 0};
     // a chunked MLP runs its own input projection chunk by chunk, apart from attention's
     struct dims d = dims_of(m, &o->split, o->B, o->T);
@@ -152,17 +152,17 @@ int gpt_recomputes_blocks(enum kiln_recompute r) {
     return r == KILN_RECOMPUTE_BLOCK || r == KILN_RECOMPUTE_SELECTIVE;
 }
 
-static int offloads_acts(const struct kiln_gpt_opts *o) {
+static int offloads_acts(const struct kiln_model_opts *o) {
     return o->training && o->offload_activations && gpt_recomputes_blocks(o->recompute);
 }
 
 // the device's slots for the residual stream's layer inputs x[0..L] in training
-static int x_slots(const struct dims *d, const struct kiln_gpt_opts *o) {
+static int x_slots(const struct dims *d, const struct kiln_model_opts *o) {
     return offloads_acts(o) && d->L + 1 > X_RING ? X_RING : d->L + 1;
 }
 
 // An offloaded buffer of n entries (struct offl): its host part from *host on, and its events.
-size_t gpt_acts_layout(struct acts *a, int *rows, const struct dims *d, const struct kiln_gpt_opts *o,
+size_t gpt_acts_layout(struct acts *a, int *rows, const struct dims *d, const struct kiln_model_opts *o,
                        const struct fusion *fu, size_t ab) {
     memset(a, 0, sizeof(*a));
     int L = d->L, training = o->training;
@@ -225,8 +225,8 @@ size_t gpt_acts_layout(struct acts *a, int *rows, const struct dims *d, const st
     return o->scratch_apart ? scratch_apart(a) : end;
 }
 
-void gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
-                   enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan) {
+void gpt_plan(const struct kiln_model_config *m, const struct kiln_model_opts *o, enum kiln_dtype act,
+              enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan) {
     struct kiln_param_table pt;
     gpt_params_build(&pt, m, &o->split);
     struct dims d = dims_of(m, &o->split, o->B, o->T);

@@ -8,13 +8,13 @@
 
 #include "util/error.h"
 
-int gpt_head_index(const struct kiln_gpt *g) {
+int gpt_head_index(const struct kiln_model *g) {
     return g->cfg.tie_embeddings ? g->pt.wte : g->pt.lm_head;
 }
 
 // One chunk of the LM head and its loss, as the model runs it without a vocab hook: logits = x @ W^T (through
 // the linear hooks), the cross-entropy (dlogits in place), then dx = dlogits @ W and dW.
-void kiln_gpt_head_default(struct kiln_gpt *g, const struct kiln_gpt_head_args *h) {
+void kiln_model_head_default(struct kiln_model *g, const struct kiln_model_head_args *h) {
     int head = gpt_head_index(g);
     struct kiln_matmul_args mf = {
         .out = h->logits, .inp = h->x, .weight = h->weight, .N = h->rows, .IC = h->C, .OC = h->Vp};
@@ -43,35 +43,35 @@ void kiln_gpt_head_default(struct kiln_gpt *g, const struct kiln_gpt_head_args *
 }
 
 // logits = lnf @ wte^T chunk by chunk; cross-entropy; with dloss, dlogits -> dlnf and dW_head.
-static void classifier(struct kiln_gpt *g, const struct dims *d, float dloss, float z_loss) {
+static void classifier(struct kiln_model *g, const struct dims *d, float dloss, float z_loss) {
     struct acts *a = &g->a;
     int head = gpt_head_index(g);
     const void *lnf = buf_at(&a->ln1, d->L);
     for (int r0 = 0; r0 < d->N; r0 += g->classifier_rows) {
         int rows = d->N - r0 < g->classifier_rows ? d->N - r0 : g->classifier_rows;
-        struct kiln_gpt_head_args h = {.x = act_at(g, lnf, (size_t)r0 * d->C),
-                                       .weight = W(g, head),
-                                       .dweight = dloss != 0.0f ? G(g, head) : NULL,
-                                       .logits = a->logits.p,
-                                       .losses = (float *)a->losses.p + r0,
-                                       .targets = (const int32_t *)a->targets.p + r0,
-                                       .dx = dloss != 0.0f ? act_at(g, a->dln.p, (size_t)r0 * d->C) : NULL,
-                                       .rows = rows,
-                                       .C = d->C,
-                                       .V = d->V,
-                                       .Vp = d->Vp,
-                                       .dloss = dloss,
-                                       .z_loss = z_loss,
-                                       .grad_assign = g->grads_fresh && r0 == 0};
+        struct kiln_model_head_args h = {.x = act_at(g, lnf, (size_t)r0 * d->C),
+                                         .weight = W(g, head),
+                                         .dweight = dloss != 0.0f ? G(g, head) : NULL,
+                                         .logits = a->logits.p,
+                                         .losses = (float *)a->losses.p + r0,
+                                         .targets = (const int32_t *)a->targets.p + r0,
+                                         .dx = dloss != 0.0f ? act_at(g, a->dln.p, (size_t)r0 * d->C) : NULL,
+                                         .rows = rows,
+                                         .C = d->C,
+                                         .V = d->V,
+                                         .Vp = d->Vp,
+                                         .dloss = dloss,
+                                         .z_loss = z_loss,
+                                         .grad_assign = g->grads_fresh && r0 == 0};
         if (g->vocab.head)
             g->vocab.head(g->vocab.user, &h);
         else
-            kiln_gpt_head_default(g, &h);
+            kiln_model_head_default(g, &h);
     }
 }
 
-double gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
-                        float z_loss) {
+double gpt_forward(struct kiln_model *g, const int32_t *inputs, const int32_t *targets, float dloss,
+                   float z_loss) {
     KILN_ASSERT(g->opts.training || dloss == 0.0f);
     // a split vocabulary is the vocab hooks' to gather and reduce (the model's own embedding would index
     // its slice with global token ids)
@@ -132,7 +132,7 @@ double gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *tar
     return count ? sum / (double)count : 0.0;
 }
 
-void gpt_backward(struct kiln_gpt *g) {
+void gpt_backward(struct kiln_model *g) {
     KILN_ASSERT(g->has_grad_forward);
     struct dims d = dims_of(&g->cfg, &g->opts.split, g->opts.B, g->opts.T);
     struct acts *a = &g->a;

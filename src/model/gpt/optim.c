@@ -10,26 +10,26 @@
 // ----------------------------------------------------------------------------
 // optimizer
 
-double kiln_gpt_grad_norm(struct kiln_gpt *g) {
+double kiln_model_grad_norm(struct kiln_model *g) {
     KILN_ASSERT(g->grads);
     return sqrt(g->ops->sum_squares(g->ctx, g->grads, g->pt.total));
 }
 
-void kiln_gpt_adamw(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm) {
+void kiln_model_adamw(struct kiln_model *g, const struct kiln_adamw_hparams *h, double grad_norm) {
     KILN_ASSERT(g->optim_elems == g->pt.total);
-    kiln_gpt_adamw_spans(g, h, grad_norm, g->spans, g->n_spans);
+    kiln_model_adamw_spans(g, h, grad_norm, g->spans, g->n_spans);
 }
 
-static void adamw_over(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+static void adamw_over(struct kiln_model *g, const struct kiln_adamw_hparams *h, double grad_norm,
                        const struct kiln_param_span *spans, int n_spans, const void *grads, int compact);
 
-void kiln_gpt_adamw_spans(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+void kiln_model_adamw_spans(struct kiln_model *g, const struct kiln_adamw_hparams *h, double grad_norm,
                           const struct kiln_param_span *spans, int n_spans) {
     KILN_ASSERT(g->grads && !g->opts.sharded_params);
     adamw_over(g, h, grad_norm, spans, n_spans, g->grads, 0);
 }
 
-void kiln_gpt_adamw_shard(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+void kiln_model_adamw_shard(struct kiln_model *g, const struct kiln_adamw_hparams *h, double grad_norm,
                           const struct kiln_param_span *spans, int n_spans, const void *grads) {
     adamw_over(g, h, grad_norm, spans, n_spans, grads, 1);
 }
@@ -50,7 +50,7 @@ void kiln_adamw_args_from(const struct kiln_adamw_hparams *h, double grad_norm, 
     a->seed = h->seed ^ ((uint64_t)h->step * 0x9E3779B97F4A7C15ULL);
 }
 
-static void adamw_over(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+static void adamw_over(struct kiln_model *g, const struct kiln_adamw_hparams *h, double grad_norm,
                        const struct kiln_param_span *spans, int n_spans, const void *grads, int compact) {
     KILN_ASSERT(!g->opts.offload_optimizer); // the data-parallel layer runs AdamW on the host
     struct kiln_adamw_args a = {.params = g->params,

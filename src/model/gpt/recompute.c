@@ -9,7 +9,7 @@
 
 #include "util/error.h"
 
-void gpt_offl_init(struct kiln_gpt *g, struct offl *o, struct buf *b, int n, char **host) {
+void gpt_offl_init(struct kiln_model *g, struct offl *o, struct buf *b, int n, char **host) {
     o->b = b;
     o->n = n;
     if (b->slots >= n)
@@ -24,7 +24,7 @@ void gpt_offl_init(struct kiln_gpt *g, struct offl *o, struct buf *b, int n, cha
     }
 }
 
-void gpt_offl_free(struct kiln_gpt *g, struct offl *o) {
+void gpt_offl_free(struct kiln_model *g, struct offl *o) {
     for (int l = 0; o->out && l < o->n; l++) {
         g->ops->event_destroy(g->ctx, o->out[l]);
         g->ops->event_destroy(g->ctx, o->in[l]);
@@ -44,7 +44,7 @@ int gpt_offl_has(const struct offl *o, int l) {
 }
 
 // entry l to or from its host copy, beside the compute
-void gpt_offl_copy(struct kiln_gpt *g, const struct offl *o, int l, int to_host) {
+void gpt_offl_copy(struct kiln_model *g, const struct offl *o, int l, int to_host) {
     size_t bytes = o->b->elems * o->b->elem_bytes;
     void *dev = buf_at(o->b, l), *host = (char *)o->host + (size_t)l * bytes;
     void **evs = to_host ? o->out : o->in;
@@ -52,20 +52,20 @@ void gpt_offl_copy(struct kiln_gpt *g, const struct offl *o, int l, int to_host)
 }
 
 // the compute stream waits for entry l's copy out (to_host) or back, where the backend has streams
-void gpt_offl_wait(struct kiln_gpt *g, const struct offl *o, int l, int to_host) {
+void gpt_offl_wait(struct kiln_model *g, const struct offl *o, int l, int to_host) {
     void **evs = to_host ? o->out : o->in;
     if (evs && g->ops->stream_wait)
         g->ops->stream_wait(g->ctx, evs[l]);
 }
 
 // before entry e is written into its slot: the entry that slot held must have reached the host
-void gpt_offl_claim(struct kiln_gpt *g, const struct offl *o, int e) {
+void gpt_offl_claim(struct kiln_model *g, const struct offl *o, int e) {
     if (o->host && gpt_offl_has(o, e - o->b->slots))
         gpt_offl_wait(g, o, e - o->b->slots, 1);
 }
 
 // Re-runs what backward needs but recompute did not keep.
-void gpt_recompute_layer(struct kiln_gpt *g, const struct dims *d, int l) {
+void gpt_recompute_layer(struct kiln_model *g, const struct dims *d, int l) {
     struct acts *a = &g->a;
     if (gpt_recomputes_blocks(g->opts.recompute)) {
         gpt_norm_fwd(g, buf_at(&a->ln1, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), NULL,

@@ -11,7 +11,7 @@
 // ----------------------------------------------------------------------------
 // creation
 
-int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_error *err) {
+int gpt_alloc(struct kiln_model *g, void **p, size_t bytes, struct kiln_error *err) {
     if (!bytes) {
         *p = NULL;
         return 0;
@@ -30,7 +30,7 @@ int gpt_alloc(struct kiln_gpt *g, void **p, size_t bytes, struct kiln_error *err
         pl->optim_bytes / 1073741824.0, pl->acts_bytes / 1073741824.0);
 }
 
-static void build_spans(struct kiln_gpt *g) {
+static void build_spans(struct kiln_model *g) {
     // one span per tensor; adjacent tensors with the same decay setting merge, padding excluded
     g->spans = kiln_xcalloc((size_t)g->pt.n, sizeof(*g->spans));
     g->n_spans = 0;
@@ -40,21 +40,21 @@ static void build_spans(struct kiln_gpt *g) {
     }
 }
 
-int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, struct kiln_backend *be,
-                    const struct kiln_gpt_opts *o, struct kiln_error *err) {
+int kiln_model_create(struct kiln_model **out, const struct kiln_model_config *m, struct kiln_backend *be,
+                    const struct kiln_model_opts *o, struct kiln_error *err) {
     int src = kiln_model_split_check(m, &o->split, err);
     if (src) {
         *out = NULL;
         return src;
     }
-    struct kiln_gpt *g = kiln_xcalloc(1, sizeof(*g));
+    struct kiln_model *g = kiln_xcalloc(1, sizeof(*g));
     g->cfg = *m;
     g->opts = *o;
     g->be = be;
     g->ops = be->ops;
     g->ctx = be->ctx;
     kiln_params_build_split(&g->pt, m, &o->split);
-    kiln_gpt_plan(m, o, be->act_dtype, be->grad_dtype, be->weights_alias_master, &g->plan);
+    kiln_model_plan(m, o, be->act_dtype, be->grad_dtype, be->weights_alias_master, &g->plan);
     struct dims d = dims_of(m, &o->split, o->B, o->T);
     g->fuse = gpt_fusion_of(m, &g->pt, o, kiln_dtype_bytes(be->act_dtype));
     g->optim_elems = o->optim_elems ? o->optim_elems : g->pt.total;
@@ -88,7 +88,7 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
             bufs[i].p = (char *)g->arena + bufs[i].offset;
     }
     if (rc) {
-        kiln_gpt_free(g);
+        kiln_model_free(g);
         *out = NULL;
         return rc;
     }
@@ -99,8 +99,8 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
         g->seg_begin[1 + l] = g->pt.layer_begin[l];
     g->seg_begin[m->n_layer + 2] = g->pt.total;
     for (int s = 0; s < m->n_layer + 2; s++) {
-        kiln_gpt_set_weight_window(g, s, NULL);
-        kiln_gpt_set_grad_window(g, s, NULL);
+        kiln_model_set_weight_window(g, s, NULL);
+        kiln_model_set_grad_window(g, s, NULL);
     }
     g->tokens_host = kiln_xcalloc((size_t)d.N, sizeof(int32_t));
     g->losses_host = kiln_xcalloc((size_t)d.N, sizeof(float));
@@ -110,7 +110,7 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
         g->host_acts = g->ops->host_alloc ? g->ops->host_alloc(g->ctx, g->plan.host_bytes) : NULL;
         if (!g->host_acts) {
             int sel = g->opts.recompute == KILN_RECOMPUTE_SELECTIVE;
-            kiln_gpt_free(g);
+            kiln_model_free(g);
             *out = NULL;
             return kiln_errorf(
                 err, KILN_ERR_RUNTIME,
@@ -126,13 +126,13 @@ int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, st
     return 0;
 }
 
-void gpt_free_buf(struct kiln_gpt *g, struct buf *b) {
+void gpt_free_buf(struct kiln_model *g, struct buf *b) {
     if (b->p)
         g->ops->free(g->ctx, b->p);
     b->p = NULL;
 }
 
-void kiln_gpt_free(struct kiln_gpt *g) {
+void kiln_model_free(struct kiln_model *g) {
     if (!g)
         return;
     struct buf *bufs = (struct buf *)&g->a;
@@ -167,31 +167,31 @@ void kiln_gpt_free(struct kiln_gpt *g) {
     free(g);
 }
 
-int kiln_gpt_grad_segments(const struct kiln_gpt *g, const size_t **begins) {
+int kiln_model_grad_segments(const struct kiln_model *g, const size_t **begins) {
     *begins = g->seg_begin;
     return g->cfg.n_layer + 2;
 }
 
-void kiln_gpt_set_grad_window(struct kiln_gpt *g, int seg, void *base) {
+void kiln_model_set_grad_window(struct kiln_model *g, int seg, void *base) {
     KILN_ASSERT(seg >= 0 && seg < g->cfg.n_layer + 2);
     size_t gb = kiln_dtype_bytes(g->be->grad_dtype);
     g->gwin[seg] = base ? base : g->grads ? (char *)g->grads + g->seg_begin[seg] * gb : NULL;
 }
 
-void kiln_gpt_set_attention(struct kiln_gpt *g, const struct kiln_gpt_attention *a) {
+void kiln_model_set_attention(struct kiln_model *g, const struct kiln_model_attention *a) {
     if (a)
         g->attn_impl = *a;
     else
         memset(&g->attn_impl, 0, sizeof(g->attn_impl));
 }
 
-void kiln_gpt_set_positions(struct kiln_gpt *g, int pos0, int split, int pos1) {
+void kiln_model_set_positions(struct kiln_model *g, int pos0, int split, int pos1) {
     g->pos0 = pos0;
     g->pos_split = split;
     g->pos1 = pos1;
 }
 
-void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h) {
+void kiln_model_set_hooks(struct kiln_model *g, const struct kiln_model_hooks *h) {
     if (h)
         g->hooks = *h;
     else
@@ -204,7 +204,7 @@ const char *kiln_linear_name(enum kiln_linear k) {
     return k >= 0 && k < KILN_LINEARS ? names[k] : "unknown";
 }
 
-void kiln_gpt_set_linear(struct kiln_gpt *g, const struct kiln_gpt_linear *h, struct kiln_gpt_linear *prev) {
+void kiln_model_set_linear(struct kiln_model *g, const struct kiln_model_linear *h, struct kiln_model_linear *prev) {
     if (prev)
         *prev = g->linear;
     if (h)
@@ -213,7 +213,7 @@ void kiln_gpt_set_linear(struct kiln_gpt *g, const struct kiln_gpt_linear *h, st
         memset(&g->linear, 0, sizeof(g->linear));
 }
 
-void kiln_gpt_linear_forward_with(const struct kiln_gpt_linear *h, const struct kiln_backend *be, int l,
+void kiln_model_linear_forward_with(const struct kiln_model_linear *h, const struct kiln_backend *be, int l,
                                   enum kiln_linear k, const struct kiln_matmul_args *a) {
     if (h && h->forward)
         h->forward(h->user, l, k, a);
@@ -221,7 +221,7 @@ void kiln_gpt_linear_forward_with(const struct kiln_gpt_linear *h, const struct 
         be->ops->matmul_forward(be->ctx, a);
 }
 
-void kiln_gpt_linear_backward_with(const struct kiln_gpt_linear *h, const struct kiln_backend *be, int l,
+void kiln_model_linear_backward_with(const struct kiln_model_linear *h, const struct kiln_backend *be, int l,
                                    enum kiln_linear k, const struct kiln_matmul_back_args *a) {
     if (h && h->backward)
         h->backward(h->user, l, k, a);
@@ -229,7 +229,7 @@ void kiln_gpt_linear_backward_with(const struct kiln_gpt_linear *h, const struct
         be->ops->matmul_backward(be->ctx, a);
 }
 
-void kiln_gpt_set_vocab(struct kiln_gpt *g, const struct kiln_gpt_vocab *v, struct kiln_gpt_vocab *prev) {
+void kiln_model_set_vocab(struct kiln_model *g, const struct kiln_model_vocab *v, struct kiln_model_vocab *prev) {
     if (prev)
         *prev = g->vocab;
     if (v)
@@ -238,18 +238,18 @@ void kiln_gpt_set_vocab(struct kiln_gpt *g, const struct kiln_gpt_vocab *v, stru
         memset(&g->vocab, 0, sizeof(g->vocab));
 }
 
-void kiln_gpt_set_weight_window(struct kiln_gpt *g, int seg, const void *base) {
+void kiln_model_set_weight_window(struct kiln_model *g, int seg, const void *base) {
     KILN_ASSERT(seg >= 0 && seg < g->cfg.n_layer + 2);
     g->wwin[seg] = base ? base : g->opts.sharded_params ? NULL : act_at(g, g->weights, g->seg_begin[seg]);
 }
 
-void kiln_gpt_set_layer_window(struct kiln_gpt *g, int l, const void *base) {
+void kiln_model_set_layer_window(struct kiln_model *g, int l, const void *base) {
     KILN_ASSERT(l >= 0 && l < g->cfg.n_layer);
-    kiln_gpt_set_weight_window(g, 1 + l, base);
+    kiln_model_set_weight_window(g, 1 + l, base);
 }
 
-void kiln_gpt_buffers(const struct kiln_gpt *g, struct kiln_gpt_buffers *out) {
-    *out = (struct kiln_gpt_buffers){.params = g->params,
+void kiln_model_buffers(const struct kiln_model *g, struct kiln_model_buffers *out) {
+    *out = (struct kiln_model_buffers){.params = g->params,
                                      .weights = g->weights,
                                      .grads = g->grads,
                                      .m = g->m,
@@ -257,29 +257,29 @@ void kiln_gpt_buffers(const struct kiln_gpt *g, struct kiln_gpt_buffers *out) {
                                      .optim_elems = g->optim_elems};
 }
 
-const struct kiln_param_span *kiln_gpt_spans(const struct kiln_gpt *g, int *n) {
+const struct kiln_param_span *kiln_model_spans(const struct kiln_model *g, int *n) {
     *n = g->n_spans;
     return g->spans;
 }
 
-const struct kiln_param_table *kiln_gpt_params(const struct kiln_gpt *g) {
+const struct kiln_param_table *kiln_model_params(const struct kiln_model *g) {
     return &g->pt;
 }
 
-const struct kiln_model_config *kiln_gpt_config(const struct kiln_gpt *g) {
+const struct kiln_model_config *kiln_model_get_config(const struct kiln_model *g) {
     return &g->cfg;
 }
 
-const struct kiln_mem_plan *kiln_gpt_mem_plan(const struct kiln_gpt *g) {
+const struct kiln_mem_plan *kiln_model_mem_plan(const struct kiln_model *g) {
     return &g->plan;
 }
 
-size_t kiln_gpt_mem_peak(const struct kiln_gpt *g) {
+size_t kiln_model_mem_peak(const struct kiln_model *g) {
     size_t peak = g->ops->mem_peak ? g->ops->mem_peak(g->ctx) : 0;
     return peak > g->plan.total_bytes ? peak : g->plan.total_bytes;
 }
 
-void kiln_gpt_fused_projection(const struct kiln_gpt *g, int *fwd, int *bwd) {
+void kiln_model_fused_projection(const struct kiln_model *g, int *fwd, int *bwd) {
     *fwd = g->fuse.fwd;
     *bwd = g->fuse.on;
 }
@@ -287,7 +287,7 @@ void kiln_gpt_fused_projection(const struct kiln_gpt *g, int *fwd, int *bwd) {
 // ----------------------------------------------------------------------------
 // parameters
 
-void kiln_gpt_set_params(struct kiln_gpt *g, const float *host) {
+void kiln_model_set_params(struct kiln_model *g, const float *host) {
     if (g->opts.sharded_params || g->opts.offload_optimizer) {
         KILN_ASSERT(g->hooks.params_set);
         g->hooks.params_set(g->hooks.user, host);
@@ -298,7 +298,7 @@ void kiln_gpt_set_params(struct kiln_gpt *g, const float *host) {
         g->ops->upload_f32(g->ctx, g->weights, g->be->act_dtype, host, g->pt.total);
 }
 
-void kiln_gpt_get_params(struct kiln_gpt *g, float *host) {
+void kiln_model_get_params(struct kiln_model *g, float *host) {
     if (g->opts.sharded_params || g->opts.offload_optimizer) {
         KILN_ASSERT(g->hooks.params_get);
         g->hooks.params_get(g->hooks.user, host);
@@ -307,12 +307,12 @@ void kiln_gpt_get_params(struct kiln_gpt *g, float *host) {
     g->ops->download(g->ctx, host, g->params, g->pt.total * sizeof(float));
 }
 
-void kiln_gpt_get_grads(struct kiln_gpt *g, float *host) {
+void kiln_model_get_grads(struct kiln_model *g, float *host) {
     KILN_ASSERT(g->grads);
     g->ops->download_f32(g->ctx, host, g->grads, g->be->grad_dtype, g->pt.total);
 }
 
-void kiln_gpt_get_optim(struct kiln_gpt *g, float *m_host, float *v_host) {
+void kiln_model_get_optim(struct kiln_model *g, float *m_host, float *v_host) {
     if (g->opts.offload_optimizer) {
         KILN_ASSERT(g->hooks.optim_get);
         g->hooks.optim_get(g->hooks.user, m_host, v_host);
@@ -322,7 +322,7 @@ void kiln_gpt_get_optim(struct kiln_gpt *g, float *m_host, float *v_host) {
     g->ops->download(g->ctx, v_host, g->v, g->optim_elems * sizeof(float));
 }
 
-void kiln_gpt_set_optim(struct kiln_gpt *g, const float *m_host, const float *v_host) {
+void kiln_model_set_optim(struct kiln_model *g, const float *m_host, const float *v_host) {
     if (g->opts.offload_optimizer) {
         KILN_ASSERT(g->hooks.optim_set);
         g->hooks.optim_set(g->hooks.user, m_host, v_host);
@@ -332,11 +332,11 @@ void kiln_gpt_set_optim(struct kiln_gpt *g, const float *m_host, const float *v_
     g->ops->upload(g->ctx, g->v, v_host, g->optim_elems * sizeof(float));
 }
 
-void kiln_gpt_init_params(struct kiln_gpt *g, uint64_t seed) {
+void kiln_model_init_params(struct kiln_model *g, uint64_t seed) {
     float *own = g->hooks.params_buffer ? g->hooks.params_buffer(g->hooks.user) : NULL;
     float *host = own ? own : kiln_xmalloc(g->pt.total * sizeof(float));
     kiln_params_init(&g->pt, &g->cfg, host, seed);
-    kiln_gpt_set_params(g, host);
+    kiln_model_set_params(g, host);
     if (!own)
         free(host);
 }
@@ -346,7 +346,7 @@ void kiln_gpt_init_params(struct kiln_gpt *g, uint64_t seed) {
 // Only the embedding tables are zeroed here: their backward scatters into the rows the tokens hit. With tied
 // embeddings the classifier's backward writes the whole table first, in the forward pass. The padding
 // between tensors is zeroed once at creation and never written.
-void kiln_gpt_zero_grad(struct kiln_gpt *g) {
+void kiln_model_zero_grad(struct kiln_model *g) {
     g->grads_fresh = 1;
     size_t gb = kiln_dtype_bytes(g->be->grad_dtype);
     if (g->pt.wpe >= 0)

@@ -1,6 +1,8 @@
-// The GPT model: forward, backward and KV-cache decoding, written once against the ops table.
-#ifndef KILN_MODEL_GPT_H
-#define KILN_MODEL_GPT_H
+// The model as every layer above model/ sees it: its state (the flat buffers the parameter table carves, and
+// the windows onto them), the hooks through which strategies enter, and the passes of its family
+// (model/family.h: the GPT's are in model/gpt/), written once against the ops table.
+#ifndef KILN_MODEL_MODEL_H
+#define KILN_MODEL_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -23,14 +25,14 @@ struct kiln_mem_plan {
     size_t total_bytes;
 };
 
-struct kiln_gpt_opts {
+struct kiln_model_opts {
     int B, T;                     // activation shapes to plan for
     enum kiln_recompute recompute;
     int training;                 // 0: no gradients or optimizer state (sampling, eval-only)
     size_t optim_elems;           // AdamW moments to hold, each of m and v (0: one per parameter element, the
-                                  // table's total). A ZeRO rank holds its shard's only (kiln_gpt_adamw_spans)
+                                  // table's total). A ZeRO rank holds its shard's only (kiln_model_adamw_spans)
     // Tuning knobs for tests and measurements (0 = the default). model/ reads no environment: train/'s
-    // kiln_gpt_tuning_from_env maps KILN_CLASSIFIER_ROWS, KILN_MLP_ROWS, KILN_PARALLEL_FUSED=0 and
+    // kiln_model_tuning_from_env maps KILN_CLASSIFIER_ROWS, KILN_MLP_ROWS, KILN_PARALLEL_FUSED=0 and
     // KILN_SCRATCH_SHARED=0 here.
     int classifier_rows;          // rows per LM-head chunk (0: planned from the free scratch)
     int mlp_rows;                 // rows per MLP chunk (0: planned: chunks of at most 1 GiB of hidden
@@ -39,11 +41,11 @@ struct kiln_gpt_opts {
     int no_parallel_fusion;       // parallel blocks run two input GEMMs instead of one
     int scratch_apart;            // every scratch buffer in a range of its own
     int external_grads;           // allocate no gradient buffer: every segment's gradients are written where
-                                  // kiln_gpt_set_grad_window points (ZeRO-2's staging buffers), set before use
+                                  // kiln_model_set_grad_window points (ZeRO-2's staging buffers), set before use
     int sharded_params;           // ZeRO-3: the model holds optim_elems elements of the master weights and of
                                   // their compute copy only, compact at the spans' state offsets (a rank's
                                   // shard); every weight is read through a window the hooks set
-                                  // (kiln_gpt_set_weight_window), and get/set_params go through the hooks
+                                  // (kiln_model_set_weight_window), and get/set_params go through the hooks
     int offload_activations;      // --recompute=block's layer inputs go to pinned host memory during the forward
                                   // and come back, prefetched a layer ahead, during the backward: the model
                                   // holds 3 of them instead of L + 1
@@ -55,11 +57,11 @@ struct kiln_gpt_opts {
                                    // model runs at the rank's sizes, and the hooks below do what crosses ranks
 };
 
-struct kiln_gpt;
+struct kiln_model;
 
 // ---- hooks: where parallelism enters (train/ fills them in on top of parallel/comm/; with one process all are NULL) --
 // The model calls them at fixed points of a step and never calls communication code itself.
-struct kiln_gpt_hooks {
+struct kiln_model_hooks {
     void *user;
     // before layer l's forward, and before its recompute in the backward (recompute = 1): its weights must be
     // in place (ZeRO-3 gathers them here and may point the layer's window at the gathered copy)
@@ -78,14 +80,14 @@ struct kiln_gpt_hooks {
     void (*params_get)(void *user, float *host);
     void (*params_set)(void *user, const float *host);
     // where the hooks keep the whole master weights in host memory anyway (DDP with the optimizer offloaded):
-    // that buffer, which kiln_gpt_init_params fills in place (a second copy would not fit a 8B model's host);
+    // that buffer, which kiln_model_init_params fills in place (a second copy would not fit a 8B model's host);
     // NULL otherwise
     float *(*params_buffer)(void *user);
     // offload_optimizer: AdamW's moments (optim_elems each) from and to where they live
     void (*optim_get)(void *user, float *m, float *v);
     void (*optim_set)(void *user, const float *m, const float *v);
 };
-void kiln_gpt_set_hooks(struct kiln_gpt *g, const struct kiln_gpt_hooks *h);
+void kiln_model_set_hooks(struct kiln_model *g, const struct kiln_model_hooks *h);
 
 // ---- linear layers: where tensor parallelism splits a projection and FP8 casts it ----
 // Every linear layer of the model has an identity: which projection of which layer (-1 for the LM head).
@@ -100,33 +102,33 @@ enum kiln_linear {
     KILN_LINEAR_MLP_IN,   // c_fc: GELU's input, or SwiGLU's [gate | up] (column-parallel)
     KILN_LINEAR_MLP_OUT,  // the MLP's output projection (row-parallel)
     KILN_LINEAR_FUSED_IN, // a parallel block's [qkv | fc] in one GEMM (column-parallel)
-    KILN_LINEAR_HEAD,     // the LM head, with l = -1 (vocab-parallel); see also struct kiln_gpt_vocab
+    KILN_LINEAR_HEAD,     // the LM head, with l = -1 (vocab-parallel); see also struct kiln_model_vocab
     KILN_LINEARS
 };
 const char *
 kiln_linear_name(enum kiln_linear k); // "qkv", "attn_out", "mlp_in", "mlp_out", "fused_in", "head"
 
-struct kiln_gpt_linear {
+struct kiln_model_linear {
     void *user;
     void (*forward)(void *user, int l, enum kiln_linear k, const struct kiln_matmul_args *a);
     void (*backward)(void *user, int l, enum kiln_linear k, const struct kiln_matmul_back_args *a);
 };
 // Installs h (NULL: none, the backend's op for every layer). Where prev is not NULL it gets what was
 // installed before, so that strategies compose: tensor parallelism's hook can run its local GEMMs through
-// FP8's with kiln_gpt_linear_forward_with(prev, ...).
-void kiln_gpt_set_linear(struct kiln_gpt *g, const struct kiln_gpt_linear *h, struct kiln_gpt_linear *prev);
+// FP8's with kiln_model_linear_forward_with(prev, ...).
+void kiln_model_set_linear(struct kiln_model *g, const struct kiln_model_linear *h, struct kiln_model_linear *prev);
 // Runs a linear layer through h, or through the backend's op where h has no such function: how a hook calls
 // the one it wraps.
-void kiln_gpt_linear_forward_with(const struct kiln_gpt_linear *h, const struct kiln_backend *be, int l,
+void kiln_model_linear_forward_with(const struct kiln_model_linear *h, const struct kiln_backend *be, int l,
                                   enum kiln_linear k, const struct kiln_matmul_args *a);
-void kiln_gpt_linear_backward_with(const struct kiln_gpt_linear *h, const struct kiln_backend *be, int l,
+void kiln_model_linear_backward_with(const struct kiln_model_linear *h, const struct kiln_backend *be, int l,
                                    enum kiln_linear k, const struct kiln_matmul_back_args *a);
 
 // ---- the vocabulary: the embedding and the LM head with its loss (vocab-parallel) ----
 // One chunk of rows of the LM head and its cross-entropy, with (dloss != 0) its backward: logits = x @ W^T,
 // losses, then dx = dlogits @ W and dW (+=, or = with grad_assign). A vocab-parallel loss (Megatron's) takes
 // this over whole, since the softmax's max and sum cross the ranks that hold the vocabulary's slices.
-struct kiln_gpt_head_args {
+struct kiln_model_head_args {
     const void *x;          // act (rows, C): the final norm's output
     const void *weight;     // act (Vp, C): the head (the rank's rows of the padded vocabulary under a split)
     void *dweight;          // grad (Vp, C), or NULL without a backward
@@ -138,86 +140,86 @@ struct kiln_gpt_head_args {
     float dloss, z_loss;
     int grad_assign; // dweight = instead of += (the step's first write)
 };
-struct kiln_gpt_vocab {
+struct kiln_model_vocab {
     void *user;
     void (*embed_forward)(void *user, const struct kiln_embed_args *a);
     void (*embed_backward)(void *user, const struct kiln_embed_back_args *a);
-    void (*head)(void *user, const struct kiln_gpt_head_args *a);
+    void (*head)(void *user, const struct kiln_model_head_args *a);
 };
-// Installs v (NULL: none), as kiln_gpt_set_linear. A model whose vocabulary is split needs all three.
-void kiln_gpt_set_vocab(struct kiln_gpt *g, const struct kiln_gpt_vocab *v, struct kiln_gpt_vocab *prev);
+// Installs v (NULL: none), as kiln_model_set_linear. A model whose vocabulary is split needs all three.
+void kiln_model_set_vocab(struct kiln_model *g, const struct kiln_model_vocab *v, struct kiln_model_vocab *prev);
 // The LM head chunk as the model runs it without a vocab hook: the head's GEMM through the linear hooks
 // (KILN_LINEAR_HEAD), the backend's cross-entropy, the head's backward. For a vocab hook that wraps it.
-void kiln_gpt_head_default(struct kiln_gpt *g, const struct kiln_gpt_head_args *a);
+void kiln_model_head_default(struct kiln_model *g, const struct kiln_model_head_args *a);
 
 // Sequence parallelism: the attention core of every layer is computed by the caller (parallel/sp.c), which sees
 // the rank's share of each sequence and talks to the other ranks of its group. The arguments are the model's
 // own call's (its T columns, its buffers); forward must fill out and lse, backward dqkv's columns. NULL
 // functions: the backend's attention op.
-struct kiln_gpt_attention {
+struct kiln_model_attention {
     void *user;
     void (*forward)(void *user, int l, const struct kiln_attn_args *a);
     void (*backward)(void *user, int l, const struct kiln_attn_back_args *a);
 };
-void kiln_gpt_set_attention(struct kiln_gpt *g, const struct kiln_gpt_attention *a);
+void kiln_model_set_attention(struct kiln_model *g, const struct kiln_model_attention *a);
 // The global positions of the T columns, for learned position embeddings (sequence parallelism): column
 // t < split sits at pos0 + t, the others at pos1 + (t - split). The default is pos0 = 0, split = T.
-void kiln_gpt_set_positions(struct kiln_gpt *g, int pos0, int split, int pos1);
+void kiln_model_set_positions(struct kiln_model *g, int pos0, int split, int pos1);
 
 // Gradients are written through windows too, one per segment of the flat buffer: segment 0 is what comes
 // before layer 0 (the embeddings), segment 1 + l is layer l, segment L + 1 what follows the last layer (the
 // final norm and the LM head). *begins gets the segments' first elements (n + 1 entries, the last the table's
 // total); returns n = L + 2. A window points at a copy of its segment, laid out as in the flat buffer from the
 // segment's first element, in the grad dtype; NULL restores the model's own buffer.
-int kiln_gpt_grad_segments(const struct kiln_gpt *g, const size_t **begins);
-void kiln_gpt_set_grad_window(struct kiln_gpt *g, int seg, void *base);
+int kiln_model_grad_segments(const struct kiln_model *g, const size_t **begins);
+void kiln_model_set_grad_window(struct kiln_model *g, int seg, void *base);
 
 // Weights are read through windows too, one per segment as above (the compute copy by default): base points
 // at a copy of the segment's tensors laid out as in the flat buffer from the segment's first element, in the
 // act dtype; NULL restores the default (none with sharded_params: a window must be set before use).
-void kiln_gpt_set_weight_window(struct kiln_gpt *g, int seg, const void *base);
+void kiln_model_set_weight_window(struct kiln_model *g, int seg, const void *base);
 // Layer l's window: segment 1 + l.
-void kiln_gpt_set_layer_window(struct kiln_gpt *g, int l, const void *base);
+void kiln_model_set_layer_window(struct kiln_model *g, int l, const void *base);
 
 // Plans memory without allocating (act_bytes/grad_bytes from the backend's dtypes).
-void kiln_gpt_plan(const struct kiln_model_config *m, const struct kiln_gpt_opts *o, enum kiln_dtype act,
+void kiln_model_plan(const struct kiln_model_config *m, const struct kiln_model_opts *o, enum kiln_dtype act,
                    enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan);
 
-struct kiln_gpt;
+struct kiln_model;
 
 // Allocates everything on the backend. Out of memory is an error that quotes the plan.
-int kiln_gpt_create(struct kiln_gpt **out, const struct kiln_model_config *m, struct kiln_backend *be,
-                    const struct kiln_gpt_opts *o, struct kiln_error *err);
-void kiln_gpt_free(struct kiln_gpt *g);
+int kiln_model_create(struct kiln_model **out, const struct kiln_model_config *m, struct kiln_backend *be,
+                    const struct kiln_model_opts *o, struct kiln_error *err);
+void kiln_model_free(struct kiln_model *g);
 
-const struct kiln_param_table *kiln_gpt_params(const struct kiln_gpt *g);
-const struct kiln_model_config *kiln_gpt_config(const struct kiln_gpt *g);
-const struct kiln_mem_plan *kiln_gpt_mem_plan(const struct kiln_gpt *g);
+const struct kiln_param_table *kiln_model_params(const struct kiln_model *g);
+const struct kiln_model_config *kiln_model_get_config(const struct kiln_model *g);
+const struct kiln_mem_plan *kiln_model_mem_plan(const struct kiln_model *g);
 // Peak memory so far, in bytes: the most the backend has held at once (the plan's buffers, and on CUDA its
 // scratch and library workspaces too), or the plan's total if that is larger or the backend does not count.
-size_t kiln_gpt_mem_peak(const struct kiln_gpt *g);
+size_t kiln_model_mem_peak(const struct kiln_model *g);
 // Whether parallel blocks run their attention and MLP input projections as one GEMM: in the backward and
 // decoding (*bwd) and in the forward (*fwd). Both 0 for sequential blocks; gpt.c's struct fusion says when.
-void kiln_gpt_fused_projection(const struct kiln_gpt *g, int *fwd, int *bwd);
+void kiln_model_fused_projection(const struct kiln_model *g, int *fwd, int *bwd);
 
 // Master weights <-> host f32 (t->total floats, padding included). Setting refreshes the compute copy. With
 // sharded_params these are the params_get/params_set hooks (the data-parallel layer's gather and scatter).
-void kiln_gpt_set_params(struct kiln_gpt *g, const float *host);
-void kiln_gpt_get_params(struct kiln_gpt *g, float *host);
-void kiln_gpt_get_grads(struct kiln_gpt *g, float *host);       // for tests and checkpoints
+void kiln_model_set_params(struct kiln_model *g, const float *host);
+void kiln_model_get_params(struct kiln_model *g, float *host);
+void kiln_model_get_grads(struct kiln_model *g, float *host);       // for tests and checkpoints
 // AdamW moments <-> host (optim_elems floats each)
-void kiln_gpt_get_optim(struct kiln_gpt *g, float *m_host, float *v_host);
-void kiln_gpt_set_optim(struct kiln_gpt *g, const float *m_host, const float *v_host);
-void kiln_gpt_init_params(struct kiln_gpt *g, uint64_t seed);
+void kiln_model_get_optim(struct kiln_model *g, float *m_host, float *v_host);
+void kiln_model_set_optim(struct kiln_model *g, const float *m_host, const float *v_host);
+void kiln_model_init_params(struct kiln_model *g, uint64_t seed);
 
 // Forward over a (B, T) batch of token ids (host memory). Returns the mean cross-entropy over targets >= 0.
-// With dloss != 0 (training) it also runs the classifier's backward, so that kiln_gpt_backward can follow;
+// With dloss != 0 (training) it also runs the classifier's backward, so that kiln_model_backward can follow;
 // dloss scales the summed per-token loss (1 / (tokens per optimizer step) for a mean).
-double kiln_gpt_forward(struct kiln_gpt *g, const int32_t *inputs, const int32_t *targets, float dloss,
+double kiln_model_forward(struct kiln_model *g, const int32_t *inputs, const int32_t *targets, float dloss,
                         float z_loss);
 // Accumulates parameter gradients (+=) for the last forward.
-void kiln_gpt_backward(struct kiln_gpt *g);
-void kiln_gpt_zero_grad(struct kiln_gpt *g);
+void kiln_model_backward(struct kiln_model *g);
+void kiln_model_zero_grad(struct kiln_model *g);
 
 // AdamW step over all parameters (decay on 2-D weights). Returns the global gradient norm before clipping
 // (grad_scale is applied to the raw gradients first). NaN/Inf norms skip nothing here; the trainer decides.
@@ -232,35 +234,35 @@ struct kiln_adamw_hparams {
 // The hyperparameters of an AdamW step (learning rate, the clipping scale from grad_norm, the rounding seed)
 // into a, whose buffers and spans the caller sets (an offloaded optimizer's host buffers).
 void kiln_adamw_args_from(const struct kiln_adamw_hparams *h, double grad_norm, struct kiln_adamw_args *a);
-double kiln_gpt_grad_norm(struct kiln_gpt *g);
-void kiln_gpt_adamw(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm);
+double kiln_model_grad_norm(struct kiln_model *g);
+void kiln_model_adamw(struct kiln_model *g, const struct kiln_adamw_hparams *h, double grad_norm);
 // AdamW over the given spans only (each with its state_offset into the optimizer state the model holds):
-// a ZeRO rank updates its shard. kiln_gpt_adamw is this over every tensor, with state_offset = offset.
-void kiln_gpt_adamw_spans(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+// a ZeRO rank updates its shard. kiln_model_adamw is this over every tensor, with state_offset = offset.
+void kiln_model_adamw_spans(struct kiln_model *g, const struct kiln_adamw_hparams *h, double grad_norm,
                           const struct kiln_param_span *spans, int n_spans);
 // AdamW over a ZeRO-2 rank's shard: grads holds the reduced gradients of the spans, compact, at each span's
 // state_offset (as the moments). With sharded_params (ZeRO-3) the master weights and their compute copy are
 // compact there too.
-void kiln_gpt_adamw_shard(struct kiln_gpt *g, const struct kiln_adamw_hparams *h, double grad_norm,
+void kiln_model_adamw_shard(struct kiln_model *g, const struct kiln_adamw_hparams *h, double grad_norm,
                           const struct kiln_param_span *spans, int n_spans, const void *grads);
 // The spans of every tensor (padding excluded), for callers that shard them; *n gets the count.
-const struct kiln_param_span *kiln_gpt_spans(const struct kiln_gpt *g, int *n);
+const struct kiln_param_span *kiln_model_spans(const struct kiln_model *g, int *n);
 
 // The model's buffers, for the data-parallel layer (parallel/dp.c): the flat master weights (f32), their compute
 // copy (act dtype; == params where they alias) and the gradients (grad dtype), all pt->total elements, and
 // the AdamW moments (optim_elems each). Backend memory.
-struct kiln_gpt_buffers {
+struct kiln_model_buffers {
     float *params;
     void *weights;
     void *grads;
     float *m, *v;
     size_t optim_elems;
 };
-void kiln_gpt_buffers(const struct kiln_gpt *g, struct kiln_gpt_buffers *out);
+void kiln_model_buffers(const struct kiln_model *g, struct kiln_model_buffers *out);
 
 // KV-cache decoding for sampling: prepares caches for B sequences of up to maxT tokens, then each step feeds
 // one token per sequence at position pos and returns the logits (B, V) in host f32.
-int kiln_gpt_decode_begin(struct kiln_gpt *g, int B, int maxT, struct kiln_error *err);
-void kiln_gpt_decode_step(struct kiln_gpt *g, const int32_t *tokens, int pos, float *logits);
+int kiln_model_decode_begin(struct kiln_model *g, int B, int maxT, struct kiln_error *err);
+void kiln_model_decode_step(struct kiln_model *g, const int32_t *tokens, int pos, float *logits);
 
 #endif
