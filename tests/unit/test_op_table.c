@@ -1,0 +1,422 @@
+// Every row of the op table (tests/ops/op_table.c) on the CPU backend, the reference of every op:
+//  - its forward against the row's double-precision reference (every output, statistics included; NaN
+//    written into the outputs beforehand, so that an element left unwritten fails);
+//  - each gradient of a differentiable input against central finite differences of the row's loss
+//    (L in double over the fp32 op: (L(x + h) - L(x - h)) / (x + h - (x - h)), the steps as rounded to f32),
+//    at every element of the small shapes (a random 512 of larger tensors); a gradient the op adds into
+//    (+=) starts from random values, which are subtracted again;
+//  - bitwise repeatability: a second run gives the same bits, and so does OpenMP's default thread count
+//    against one thread.
+// And that every op of struct kiln_ops is a row's or listed as having no numerics.
+// Fresh random inputs every run (KILN_TEST_SEED=N replays one); KILN_OP_TABLE_ROWS=name,name runs some rows;
+// KILN_OP_TABLE_FD_STEP=h takes that step in every row (to choose a new row's: the errors fall as h grows
+// while the outputs' rounding dominates, and rise again once the truncation does).
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#include "core/backend.h"
+#include "ops/op_table.h"
+
+#define FD_MAX_ELEMS 512
+
+static struct kiln_backend g_cpu1; // one thread: the finite differences (thousands of tiny forwards)
+static struct kiln_backend g_cpu;  // OpenMP's default thread count
+static int g_failures;
+
+static void report(const char *row, const char *shape, const char *check, const char *tensor, double err,
+                   double tol) {
+    int ok = err <= tol;
+    printf("%-16s %-50s %-5s %-12s rel_err %.2e  tol %.0e  %s\n", row, shape, check, tensor, err, tol,
+           ok ? "PASS" : "FAIL");
+    if (!ok)
+        g_failures++;
+}
+
+// The row's loss after input `changed` took its current host values: sum over the DOUT tensors of
+// weights . output
+static double loss_at(struct opt_on *on, int changed) {
+    const struct opt_inst *in = on->in;
+    opt_on_forward_changed(on, changed);
+    double L = 0;
+    for (int d = 0; d < in->nt; d++) {
+        if (in->t[d].role != OPT_DOUT || in->t[d].n == 0)
+            continue;
+        const float *w = in->host[d];
+        float *out = opt_on_get(on, in->t[d].of);
+        for (size_t i = 0; i < in->t[d].n; i++)
+            L += (double)w[i] * out[i];
+        free(out);
+    }
+    return L;
+}
+
+// dL/dx at one element x of an input by central differences, with Richardson's extrapolation: D(h) =
+// (L(x + h) - L(x - h)) / 2h has the error h^2 f'''/6 + O(h^4), so (4 D(h) - D(2h)) / 3 has O(h^4) and allows
+// a step large enough that the outputs' f32 rounding, over 2h, stays small. The steps are taken as rounded to
+// f32, where the op sees them.
+static double central_difference(struct opt_on *on, int i, float *x, double h) {
+    float x0 = *x;
+    double d[2];
+    for (int k = 0; k < 2; k++) {
+        float xp = (float)(x0 + (k + 1) * h), xm = (float)(x0 - (k + 1) * h);
+        *x = xp;
+        double lp = loss_at(on, i);
+        *x = xm;
+        double lm = loss_at(on, i);
+        d[k] = (lp - lm) / ((double)xp - (double)xm);
+    }
+    *x = x0;
+    return (4 * d[0] - d[1]) / 3;
+}
+
+// The forward's outputs against the reference's
+static void check_reference(const struct opt_inst *in, struct opt_on *on, const char *shape) {
+    double *v[OPT_MAX_TENSORS] = {0};
+    for (int i = 0; i < in->nt; i++) {
+        const struct opt_tensor *t = &in->t[i];
+        if (t->n == 0)
+            continue;
+        v[i] = calloc(t->n, sizeof(double));
+        assert_non_null(v[i]);
+        if (in->host[i] && t->role != OPT_DOUT && t->role != OPT_DIN)
+            for (size_t k = 0; k < t->n; k++)
+                v[i][k] = t->dtype == OPT_I32 ? (double)((const int32_t *)in->host[i])[k]
+                                              : (double)((const float *)in->host[i])[k];
+    }
+    in->row->reference(&in->c, v);
+    opt_on_forward(on);
+    for (int i = 0; i < in->nt; i++) {
+        const struct opt_tensor *t = &in->t[i];
+        if (t->n && (t->role == OPT_OUT || t->role == OPT_SAVED || t->role == OPT_INOUT)) {
+            float *got = opt_on_get(on, i);
+            report(in->row->name, shape, "ref", t->name, opt_rel_err_d(got, v[i], t->n), in->row->tol.ref);
+            free(got);
+        }
+    }
+    for (int i = 0; i < in->nt; i++)
+        free(v[i]);
+}
+
+// The gradient tensor of input i
+static int grad_of(const struct opt_inst *in, int i) {
+    for (int g = 0; g < in->nt; g++)
+        if (in->t[g].role == OPT_DIN && in->t[g].n && (in->t[g].of == i || in->t[g].of2 == i))
+            return g;
+    return -1;
+}
+
+// Every differentiable input's gradient against central differences of the loss
+static void check_gradients(struct opt_inst *in, struct opt_on *on, const char *shape, uint64_t *rng) {
+    const struct opt_tol *tol = &in->row->tol;
+    opt_on_forward(on);
+    opt_on_backward(on);
+    float *an[OPT_MAX_TENSORS] = {0}; // the op's gradients, less what they started from
+    for (int g = 0; g < in->nt; g++) {
+        if (in->t[g].role != OPT_DIN || in->t[g].n == 0)
+            continue;
+        an[g] = opt_on_get(on, g);
+        if (in->t[g].accum)
+            for (size_t k = 0; k < in->t[g].n; k++)
+                an[g][k] -= ((const float *)in->host[g])[k];
+    }
+    for (int i = 0; i < in->nt; i++) {
+        const struct opt_tensor *t = &in->t[i];
+        if (t->role != OPT_IN || !t->diff || t->n == 0)
+            continue;
+        int g = grad_of(in, i);
+        if (g < 0)
+            fail_msg("%s: input %s is differentiable but has no gradient tensor", in->row->name, t->name);
+        size_t n = t->n < FD_MAX_ELEMS ? t->n : FD_MAX_ELEMS;
+        size_t *idx = malloc(sizeof(size_t) * t->n);
+        for (size_t k = 0; k < t->n; k++)
+            idx[k] = k;
+        for (size_t k = 0; k < n && n < t->n; k++) { // a random sample: the first n of a shuffle
+            size_t j = k + test_rand_u64(rng) % (t->n - k), s = idx[k];
+            idx[k] = idx[j];
+            idx[j] = s;
+        }
+        float *fd = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+        const char *step_env = getenv("KILN_OP_TABLE_FD_STEP"); // calibrating a row: one step for all
+        double step = step_env ? atof(step_env) : tol->fd_step;
+        opt_on_forward(on); // every input as drawn
+        float *x = in->host[i];
+        for (size_t k = 0; k < n; k++) {
+            fd[k] = (float)central_difference(on, i, &x[idx[k]], step);
+            got[k] = an[g][idx[k]];
+        }
+        char what[64];
+        snprintf(what, sizeof(what), "d%s", t->name);
+        report(in->row->name, shape, "fd", what, test_rel_err(got, fd, n), tol->fd);
+        free(idx);
+        free(fd);
+        free(got);
+    }
+    for (int g = 0; g < in->nt; g++)
+        free(an[g]);
+}
+
+// Outputs and gradients of one run, for bitwise comparisons
+struct run {
+    float *t[OPT_MAX_TENSORS];
+};
+
+static int compared(const struct opt_tensor *t) {
+    return t->n && t->role != OPT_IN && t->role != OPT_DOUT && t->role != OPT_SCRATCH;
+}
+
+static void run_once(const struct opt_inst *in, const struct kiln_backend *be, struct run *r) {
+    struct opt_on on;
+    opt_on_open(&on, in, be);
+    opt_on_forward(&on);
+    if (in->row->backward)
+        opt_on_backward(&on);
+    for (int i = 0; i < in->nt; i++)
+        r->t[i] = compared(&in->t[i]) ? opt_on_get(&on, i) : NULL;
+    opt_on_close(&on);
+}
+
+static void run_free(const struct opt_inst *in, struct run *r) {
+    for (int i = 0; i < in->nt; i++)
+        free(r->t[i]);
+}
+
+static void check_repeatable(const struct opt_inst *in, const char *shape) {
+    struct run one, a, b;
+    run_once(in, &g_cpu1, &one);
+    run_once(in, &g_cpu, &a);
+    run_once(in, &g_cpu, &b);
+    for (int i = 0; i < in->nt; i++) {
+        if (!a.t[i])
+            continue;
+        size_t bytes = in->t[i].n * sizeof(float);
+        int same = memcmp(a.t[i], b.t[i], bytes) == 0, threads = memcmp(a.t[i], one.t[i], bytes) == 0;
+        report(in->row->name, shape, "bits", in->t[i].name, same && threads ? 0.0 : 1.0, 0.0);
+    }
+    run_free(in, &one);
+    run_free(in, &a);
+    run_free(in, &b);
+}
+
+static void test_row(void **state) {
+    const struct opt_row *row = *state;
+    uint64_t seed = test_seed();
+    printf("%s: %s\n", row->name, row->about);
+    for (int k = 0; k < row->n_fd; k++) {
+        // each row and case draws from a seed of its own, so that one can be replayed alone
+        uint64_t case_seed = seed * 1000003u + (uint64_t)k;
+        for (const char *p = row->name; *p; p++)
+            case_seed = case_seed * 31u + (uint8_t)*p;
+        uint64_t rng = case_seed | 1;
+        struct opt_inst in;
+        opt_inst_init(&in, row, &row->fd_cases[k], case_seed, NULL);
+        char shape[160];
+        opt_describe(&in.c, shape, sizeof(shape));
+        struct opt_on on;
+        opt_on_open(&on, &in, &g_cpu1);
+        check_reference(&in, &on, shape);
+        if (row->backward)
+            check_gradients(&in, &on, shape, &rng);
+        opt_on_close(&on);
+        check_repeatable(&in, shape);
+        opt_inst_free(&in);
+    }
+    fflush(stdout);
+    if (g_failures) {
+        int f = g_failures;
+        g_failures = 0;
+        fail_msg("%s: %d check(s) failed (the FAIL lines above)", row->name, f);
+    }
+}
+
+// ---- every op is a row, or has no numerics ----------------------------------------------------------------
+// A spy table: the CPU's ops, each numerical one counting its calls. Running every row's forward and backward
+// through it shows which ops the rows reach; the ops without numerics are listed by name. A new op in
+// struct kiln_ops changes the table's size, and this test then asks for its row (and its line below).
+
+static const struct kiln_ops *g_real;
+static void *g_real_ctx;
+static int g_calls[64];
+
+#define SPY(slot, id, argtype)                                                                               \
+    static void spy_##slot(void *ctx, const argtype *a) {                                                    \
+        g_calls[id]++;                                                                                       \
+        g_real->slot(g_real_ctx, a);                                                                         \
+    }
+SPY(embed_forward, 0, struct kiln_embed_args)
+SPY(embed_backward, 1, struct kiln_embed_back_args)
+SPY(norm_forward, 2, struct kiln_norm_args)
+SPY(norm_backward, 3, struct kiln_norm_back_args)
+SPY(matmul_forward, 4, struct kiln_matmul_args)
+SPY(matmul_backward, 5, struct kiln_matmul_back_args)
+SPY(attention_forward, 6, struct kiln_attn_args)
+SPY(attention_backward, 7, struct kiln_attn_back_args)
+SPY(attention_decode, 8, struct kiln_attn_decode_args)
+SPY(attention_block_forward, 9, struct kiln_attn_block_args)
+SPY(attention_block_backward, 10, struct kiln_attn_block_back_args)
+SPY(swiglu_forward, 11, struct kiln_swiglu_args)
+SPY(swiglu_backward, 12, struct kiln_swiglu_back_args)
+SPY(gelu_forward, 13, struct kiln_gelu_args)
+SPY(cross_entropy, 14, struct kiln_xent_args)
+SPY(adamw, 15, struct kiln_adamw_args)
+static void spy_add(void *ctx, void *out, const void *a, const void *b, size_t n) {
+    g_calls[16]++;
+    g_real->add(g_real_ctx, out, a, b, n);
+}
+static double spy_sum_squares(void *ctx, const void *grads, size_t n) {
+    g_calls[17]++;
+    return g_real->sum_squares(g_real_ctx, grads, n);
+}
+static void spy_accumulate_f32(void *ctx, float *out, const float *x, size_t n) {
+    g_calls[18]++;
+    g_real->accumulate_f32(g_real_ctx, out, x, n);
+}
+#undef SPY
+
+static void test_every_op_of_the_table_is_a_row_or_has_no_numerics(void **state) {
+    static const char *numeric[] = {"embed_forward",
+                                    "embed_backward",
+                                    "norm_forward",
+                                    "norm_backward",
+                                    "matmul_forward",
+                                    "matmul_backward",
+                                    "attention_forward",
+                                    "attention_backward",
+                                    "attention_decode",
+                                    "attention_block_forward",
+                                    "attention_block_backward",
+                                    "swiglu_forward",
+                                    "swiglu_backward",
+                                    "gelu_forward",
+                                    "cross_entropy",
+                                    "adamw",
+                                    "add",
+                                    "sum_squares",
+                                    "accumulate_f32"};
+    // memory, copies, events, streams: no arithmetic of their own (op_table.c's header)
+    static const char *no_numerics[] = {"alloc",
+                                        "free",
+                                        "zero",
+                                        "copy",
+                                        "upload",
+                                        "download",
+                                        "upload_f32",
+                                        "download_f32",
+                                        "synchronize",
+                                        "host_alloc",
+                                        "host_free",
+                                        "mem_peak",
+                                        "mem_free",
+                                        "event_create",
+                                        "event_destroy",
+                                        "event_record",
+                                        "event_synchronize",
+                                        "native_stream",
+                                        "copy_2d",
+                                        "copy_async",
+                                        "stream_wait",
+                                        "copy_side"};
+    int n_numeric = (int)(sizeof(numeric) / sizeof(numeric[0]));
+    int n_slots = (int)(sizeof(struct kiln_ops) / sizeof(void (*)(void)));
+    int n_listed = n_numeric + (int)(sizeof(no_numerics) / sizeof(no_numerics[0]));
+    if (n_slots != n_listed)
+        fail_msg(
+            "struct kiln_ops has %d ops, this test knows %d: give a new op its row in tests/ops/op_table.c "
+            "and its spy here (or list it under no_numerics, with the reason in op_table.c)",
+            n_slots, n_listed);
+
+    struct kiln_ops spy = *g_cpu1.ops;
+    spy.embed_forward = spy_embed_forward;
+    spy.embed_backward = spy_embed_backward;
+    spy.norm_forward = spy_norm_forward;
+    spy.norm_backward = spy_norm_backward;
+    spy.matmul_forward = spy_matmul_forward;
+    spy.matmul_backward = spy_matmul_backward;
+    spy.attention_forward = spy_attention_forward;
+    spy.attention_backward = spy_attention_backward;
+    spy.attention_decode = spy_attention_decode;
+    spy.attention_block_forward = spy_attention_block_forward;
+    spy.attention_block_backward = spy_attention_block_backward;
+    spy.swiglu_forward = spy_swiglu_forward;
+    spy.swiglu_backward = spy_swiglu_backward;
+    spy.gelu_forward = spy_gelu_forward;
+    spy.cross_entropy = spy_cross_entropy;
+    spy.adamw = spy_adamw;
+    spy.add = spy_add;
+    spy.sum_squares = spy_sum_squares;
+    spy.accumulate_f32 = spy_accumulate_f32;
+    g_real = g_cpu1.ops;
+    g_real_ctx = g_cpu1.ctx;
+    struct kiln_backend be = g_cpu1;
+    be.ops = &spy;
+    memset(g_calls, 0, sizeof(g_calls));
+    for (int r = 0; r < opt_n_rows; r++)
+        for (int k = 0; k < opt_rows[r]->n_fd; k++) {
+            struct opt_inst in;
+            struct opt_on on;
+            opt_inst_init(&in, opt_rows[r], &opt_rows[r]->fd_cases[k], 1, NULL);
+            opt_on_open(&on, &in, &be);
+            opt_on_forward(&on);
+            if (opt_rows[r]->backward)
+                opt_on_backward(&on);
+            opt_on_close(&on);
+            opt_inst_free(&in);
+        }
+    for (int i = 0; i < n_numeric; i++)
+        if (!g_calls[i])
+            fail_msg("no row of tests/ops/op_table.c runs %s", numeric[i]);
+}
+
+// ---- main -------------------------------------------------------------------------------------------------
+
+static int setup(void **state) {
+    struct kiln_error err;
+    struct kiln_backend_opts one = {.threads = 1}, all = {0};
+    if (kiln_cpu_backend_open(&one, &g_cpu1, &err) || kiln_cpu_backend_open(&all, &g_cpu, &err)) {
+        fprintf(stderr, "cpu backend: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    kiln_backend_close(&g_cpu1);
+    kiln_backend_close(&g_cpu);
+    return 0;
+}
+
+// KILN_OP_TABLE_ROWS: a comma-separated list of row names (all when unset)
+static int row_selected(const char *name) {
+    const char *sel = getenv("KILN_OP_TABLE_ROWS");
+    if (!sel || !*sel)
+        return 1;
+    size_t len = strlen(name);
+    for (const char *p = sel; *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n == len && strncmp(p, name, n) == 0)
+            return 1;
+        p += n + (end ? 1 : 0);
+    }
+    return 0;
+}
+
+int main(void) {
+    static struct CMUnitTest tests[64];
+    static char names[64][96];
+    int n = 0;
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_every_op_of_the_table_is_a_row_or_has_no_numerics);
+    for (int r = 0; r < opt_n_rows && n < 64; r++) {
+        if (!row_selected(opt_rows[r]->name))
+            continue;
+        snprintf(names[n], sizeof(names[n]), "%s_matches_its_reference_and_finite_differences",
+                 opt_rows[r]->name);
+        tests[n] = (struct CMUnitTest){
+            .name = names[n], .test_func = test_row, .initial_state = (void *)opt_rows[r]};
+        n++;
+    }
+    return _cmocka_run_group_tests("op_table", tests, (size_t)n, setup, teardown);
+}
