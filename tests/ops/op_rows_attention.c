@@ -165,6 +165,7 @@ static const struct opt_case attention_gpu[] = {
 };
 const struct opt_row opt_row_attention = {
     .name = "attention",
+    .ops = {OPT_OP(attention_forward), OPT_OP(attention_backward)},
     .about = "attention_forward + attention_backward: causal, GQA/MQA, RoPE, ALiBi",
     .fd_cases = attention_fd,
     .n_fd = OPT_COUNT(attention_fd),
@@ -271,6 +272,7 @@ static const struct opt_case decode_gpu[] = {
 };
 const struct opt_row opt_row_attention_decode = {
     .name = "attention_decode",
+    .ops = {OPT_OP(attention_decode)},
     .about = "attention_decode: KV-cache step, GQA, RoPE, ALiBi (no backward)",
     .fd_cases = decode_fd,
     .n_fd = OPT_COUNT(decode_fd),
@@ -491,6 +493,7 @@ static const struct opt_case block_gpu[] = {
 };
 const struct opt_row opt_row_attention_block = {
     .name = "attention_block",
+    .ops = {OPT_OP(attention_block_forward), OPT_OP(attention_block_backward)},
     .about = "attention_block_forward + _backward: global positions, merge by lse, ALiBi head offsets",
     .fd_cases = block_fd,
     .n_fd = OPT_COUNT(block_fd),

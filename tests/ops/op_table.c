@@ -132,6 +132,7 @@ static const struct opt_case matmul_gpu[] = {
 };
 static const struct opt_row row_matmul = {
     .name = "matmul",
+    .ops = {OPT_OP(matmul_forward), OPT_OP(matmul_backward)},
     .about = "matmul_forward + matmul_backward: bias, out +=, dinp +=, dweight/dbias = or +=",
     .fd_cases = matmul_fd,
     .n_fd = OPT_COUNT(matmul_fd),
@@ -271,6 +272,7 @@ static const struct opt_case matmul_gelu_gpu[] = {
 };
 static const struct opt_row row_matmul_gelu = {
     .name = "matmul_gelu",
+    .ops = {OPT_OP(matmul_forward), OPT_OP(matmul_backward)},
     .about = "matmul_forward's GELU epilogue and matmul_backward's DGELU (dinp_gelu_pre): an MLP",
     .fd_cases = matmul_gelu_fd,
     .n_fd = OPT_COUNT(matmul_gelu_fd),
@@ -339,6 +341,7 @@ static const struct opt_case gelu_fd[] = {{.N = 6, .H = 9}, {.N = 64, .H = 1100}
 static const struct opt_case gelu_gpu[] = {{.N = 512, .H = 1024}, {.N = 37, .H = 100}};
 static const struct opt_row row_gelu = {
     .name = "gelu",
+    .ops = {OPT_OP(gelu_forward), OPT_OP(matmul_backward)},
     .about = "gelu_forward, its derivative through matmul_backward's DGELU",
     .fd_cases = gelu_fd,
     .n_fd = OPT_COUNT(gelu_fd),
@@ -515,6 +518,7 @@ static const struct opt_case norm_gpu[] = {
 };
 static const struct opt_row row_norm = {
     .name = "norm",
+    .ops = {OPT_OP(norm_forward), OPT_OP(norm_backward), OPT_OP(add)},
     .about = "norm_forward + norm_backward: LayerNorm, RMSNorm, fused residual add, dres_bias, = and +=",
     .fd_cases = norm_fd,
     .n_fd = OPT_COUNT(norm_fd),
@@ -614,6 +618,7 @@ static const struct opt_case embed_gpu[] = {
 };
 static const struct opt_row row_embed = {
     .name = "embedding",
+    .ops = {OPT_OP(embed_forward), OPT_OP(embed_backward)},
     .about = "embed_forward + embed_backward: padded table, learned positions in one or two runs",
     .fd_cases = embed_fd,
     .n_fd = OPT_COUNT(embed_fd),
@@ -669,6 +674,7 @@ static const struct opt_case swiglu_fd[] = {{.N = 4, .H = 6}, {.N = 3, .H = 9}, 
 static const struct opt_case swiglu_gpu[] = {{.N = 512, .H = 2048}, {.N = 100, .H = 100}, {.N = 7, .H = 36}};
 static const struct opt_row row_swiglu = {
     .name = "swiglu",
+    .ops = {OPT_OP(swiglu_forward), OPT_OP(swiglu_backward)},
     .about = "swiglu_forward + swiglu_backward",
     .fd_cases = swiglu_fd,
     .n_fd = OPT_COUNT(swiglu_fd),
@@ -763,6 +769,7 @@ static const struct opt_case xent_gpu[] = {
 };
 static const struct opt_row row_xent = {
     .name = "cross_entropy",
+    .ops = {OPT_OP(cross_entropy)},
     .about = "cross_entropy: padded vocab, z-loss, ignored targets; dloss mode as its backward",
     .fd_cases = xent_fd,
     .n_fd = OPT_COUNT(xent_fd),
@@ -806,6 +813,7 @@ static const struct opt_case add_fd[] = {{.P = 37}, {.P = 100000}};
 static const struct opt_case add_gpu[] = {{.P = 1 << 22}, {.P = 1001}};
 static const struct opt_row row_add = {
     .name = "add",
+    .ops = {OPT_OP(add)},
     .about = "add (no backward)",
     .fd_cases = add_fd,
     .n_fd = OPT_COUNT(add_fd),
@@ -843,6 +851,7 @@ static const struct opt_case accumulate_fd[] = {{.P = 37}, {.P = 100000}};
 static const struct opt_case accumulate_gpu[] = {{.P = (1 << 22) + 3}};
 static const struct opt_row row_accumulate = {
     .name = "accumulate_f32",
+    .ops = {OPT_OP(accumulate_f32)},
     .about = "accumulate_f32 (no backward)",
     .fd_cases = accumulate_fd,
     .n_fd = OPT_COUNT(accumulate_fd),
@@ -883,6 +892,7 @@ static const struct opt_case sum_squares_fd[] = {{.P = 1000}, {.P = 200000}};
 static const struct opt_case sum_squares_gpu[] = {{.P = 100000}, {.P = 3}, {.P = 1 << 24}};
 static const struct opt_row row_sum_squares = {
     .name = "sum_squares",
+    .ops = {OPT_OP(sum_squares)},
     .about = "sum_squares (no backward)",
     .fd_cases = sum_squares_fd,
     .n_fd = OPT_COUNT(sum_squares_fd),
@@ -980,6 +990,7 @@ static const struct opt_case adamw_gpu[] = {
 };
 static const struct opt_row row_adamw = {
     .name = "adamw",
+    .ops = {OPT_OP(adamw)},
     .about = "adamw over spans, with the compute copy (no backward)",
     .fd_cases = adamw_fd,
     .n_fd = OPT_COUNT(adamw_fd),
@@ -1011,3 +1022,30 @@ const struct opt_row *const opt_rows[] = {
     &row_adamw,                // adamw
 };
 const int opt_n_rows = OPT_COUNT(opt_rows);
+
+// Memory, copies, events and streams: no arithmetic of their own (this file's header)
+const struct opt_op opt_no_numerics[] = {
+    OPT_OP(alloc),
+    OPT_OP(free),
+    OPT_OP(zero),
+    OPT_OP(copy),
+    OPT_OP(upload),
+    OPT_OP(download),
+    OPT_OP(upload_f32),
+    OPT_OP(download_f32),
+    OPT_OP(synchronize),
+    OPT_OP(host_alloc),
+    OPT_OP(host_free),
+    OPT_OP(mem_peak),
+    OPT_OP(mem_free),
+    OPT_OP(event_create),
+    OPT_OP(event_destroy),
+    OPT_OP(event_record),
+    OPT_OP(event_synchronize),
+    OPT_OP(native_stream),
+    OPT_OP(copy_2d),
+    OPT_OP(copy_async),
+    OPT_OP(stream_wait),
+    OPT_OP(copy_side),
+};
+const int opt_n_no_numerics = OPT_COUNT(opt_no_numerics);

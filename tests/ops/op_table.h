@@ -111,8 +111,20 @@ struct opt_tol {
 // top of the f32 gradients' summation order
 #define OPT_NMSE_BF16_GRAD 1e-4
 
+// An op of struct kiln_ops, named so that the compiler checks the name: OPT_OP(matmul_forward)
+struct opt_op {
+    size_t offset; // of its slot in struct kiln_ops
+    const char *name;
+};
+#define OPT_OP(slot)                                                                                         \
+    { offsetof(struct kiln_ops, slot), #slot }
+#define OPT_MAX_OPS 4
+
 struct opt_row {
-    const char *name;  // short, e.g. "matmul" (KILN_OP_TABLE_ROWS selects rows by it)
+    const char *name; // short, e.g. "matmul" (KILN_OP_TABLE_ROWS selects rows by it)
+    // the ops its callbacks call, besides those without numerics (memory, copies): what test_op_table's
+    // completeness check counts, and all the CPU lets the row call in its tests
+    struct opt_op ops[OPT_MAX_OPS];
     const char *about; // one line: the ops it runs and what its cases cover
     // the CPU's checks (reference, finite differences, repeatability): small shapes, and one large enough
     // that the CPU backend runs it threaded
@@ -198,9 +210,11 @@ static inline void *opt_act_at(const struct opt_args *x, void *p, size_t elems) 
 // Rows kept beside op_table.c, one file per family of ops
 extern const struct opt_row opt_row_attention, opt_row_attention_decode, opt_row_attention_block; // attention
 
-// every row, and the ops of struct kiln_ops that are not rows (op_table.c says why)
+// Every row, and the ops of struct kiln_ops without numerics, which no row needs (op_table.c says why)
 extern const struct opt_row *const opt_rows[];
 extern const int opt_n_rows;
+extern const struct opt_op opt_no_numerics[];
+extern const int opt_n_no_numerics;
 
 // ---- one case, instantiated -------------------------------------------------------------------------------
 
