@@ -310,6 +310,30 @@ void opt_describe(const struct opt_case *c, char *buf, size_t cap) {
 #undef FIELD
 }
 
+// ---- selecting rows, seeding cases ------------------------------------------------------------------------
+
+int opt_row_selected(const struct opt_row *row) {
+    const char *sel = getenv("KILN_OP_TABLE_ROWS");
+    if (!sel || !*sel)
+        return 1;
+    size_t len = strlen(row->name);
+    for (const char *p = sel; *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n == len && strncmp(p, row->name, n) == 0)
+            return 1;
+        p += n + (end ? 1 : 0);
+    }
+    return 0;
+}
+
+uint64_t opt_case_seed(uint64_t run_seed, const struct opt_row *row, int k) {
+    uint64_t s = run_seed * 1000003u + (uint64_t)k;
+    for (const char *p = row->name; *p; p++)
+        s = s * 31u + (uint8_t)*p;
+    return splitmix64(s);
+}
+
 // ---- metrics ----------------------------------------------------------------------------------------------
 
 double opt_nmse(const float *a, const float *b, size_t n) {

@@ -135,7 +135,9 @@ struct opt_row {
     // fills t[0 .. count) and returns count (fixed per row: a tensor a case lacks has n == 0)
     int (*tensors)(const struct opt_case *c, struct opt_tensor *t);
     void (*forward)(const struct opt_args *x);
-    void (*backward)(const struct opt_args *x); // NULL: an op without a backward (the reference checks it)
+    // NULL: an op without a backward (the reference checks it). It leaves the forward's outputs as they are:
+    // the GPU program compares the CPU's after it
+    void (*backward)(const struct opt_args *x);
     // the forward in double on host values: v[i] holds tensor i (inputs as uploaded, accumulated outputs
     // prefilled as the op sees them, every other output 0); it writes the OUT, SAVED and INOUT tensors
     void (*reference)(const struct opt_case *c, double *const *v);
@@ -256,6 +258,13 @@ float *opt_on_get(const struct opt_on *on, int i);
 enum kiln_dtype opt_dtype_on(const struct kiln_backend *be, enum opt_dtype d);
 // A case in one line for the logs: its nonzero fields
 void opt_describe(const struct opt_case *c, char *buf, size_t cap);
+
+// ---- selecting rows, seeding cases ------------------------------------------------------------------------
+
+// The rows that KILN_OP_TABLE_ROWS (name,name,...) names; every row when it is unset
+int opt_row_selected(const struct opt_row *row);
+// Case k of a row draws from a seed of its own, so that a run's seed replays any one of them alone
+uint64_t opt_case_seed(uint64_t run_seed, const struct opt_row *row, int k);
 
 // ---- metrics ----------------------------------------------------------------------------------------------
 

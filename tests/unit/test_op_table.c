@@ -263,11 +263,7 @@ static void test_row(void **state) {
     restrict_to_row(row, &g_cpu1, &ops1, &cpu1);
     restrict_to_row(row, &g_cpu, &ops, &cpu);
     for (int k = 0; k < row->n_fd; k++) {
-        // each row and case draws from a seed of its own, so that one can be replayed alone
-        uint64_t case_seed = seed * 1000003u + (uint64_t)k;
-        for (const char *p = row->name; *p; p++)
-            case_seed = case_seed * 31u + (uint8_t)*p;
-        uint64_t rng = case_seed | 1;
+        uint64_t case_seed = opt_case_seed(seed, row, k), rng = case_seed | 1;
         struct opt_inst in;
         opt_inst_init(&in, row, &row->fd_cases[k], case_seed, NULL);
         char shape[160];
@@ -307,29 +303,13 @@ static int teardown(void **state) {
     return 0;
 }
 
-// KILN_OP_TABLE_ROWS: a comma-separated list of row names (all when unset)
-static int row_selected(const char *name) {
-    const char *sel = getenv("KILN_OP_TABLE_ROWS");
-    if (!sel || !*sel)
-        return 1;
-    size_t len = strlen(name);
-    for (const char *p = sel; *p;) {
-        const char *end = strchr(p, ',');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        if (n == len && strncmp(p, name, n) == 0)
-            return 1;
-        p += n + (end ? 1 : 0);
-    }
-    return 0;
-}
-
 int main(void) {
     static struct CMUnitTest tests[64];
     static char names[64][96];
     int n = 0;
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_every_op_of_the_table_is_a_row_or_has_no_numerics);
     for (int r = 0; r < opt_n_rows && n < 64; r++) {
-        if (!row_selected(opt_rows[r]->name))
+        if (!opt_row_selected(opt_rows[r]))
             continue;
         snprintf(names[n], sizeof(names[n]), "%s_matches_its_reference_and_finite_differences",
                  opt_rows[r]->name);
