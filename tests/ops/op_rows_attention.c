@@ -132,7 +132,7 @@ static void attention_ref(const struct opt_case *c, double *const *v) {
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
                 const double *base = rot + (size_t)b * T * W;
-                int kvh = h / (NH / NKV);
+                int kvh = h * NKV / NH; // = h / (NH / NKV): the kv head of h's group
                 v[AT_LSE][((size_t)b * NH + h) * T + t] = attend_d(
                     base + (size_t)t * W + h * HS, base + (NH + kvh) * HS, base + (NH + NKV + kvh) * HS, W,
                     t + 1, HS, c->pos == KILN_POS_ALIBI ? slopes[h] : 0.0, t, 0,
@@ -235,7 +235,7 @@ static void decode_ref(const struct opt_case *c, double *const *v) {
             memcpy(q, row + h * HS, sizeof(double) * HS);
             if (c->pos == KILN_POS_ROPE)
                 rotate_d(q, HS, p, c->rope_theta);
-            int kvh = h / (NH / NKV);
+            int kvh = h * NKV / NH;
             attend_d(q, kc + kvh * HS, vc + kvh * HS, KW, p + 1, HS,
                      c->pos == KILN_POS_ALIBI ? slopes[h] : 0.0, p, 0,
                      v[DE_OUT] + (size_t)b * NH * HS + h * HS);
@@ -376,7 +376,7 @@ static void block_ref(const struct opt_case *c, double *const *v) {
                 memcpy(q, v[AB_Q] + qi, sizeof(double) * HS);
                 if (c->pos == KILN_POS_ROPE)
                     rotate_d(q, HS, c->q0 + i, c->rope_theta);
-                int n = c->q0 + i - c->k0 + 1, kvh = h / (NH / NKV);
+                int n = c->q0 + i - c->k0 + 1, kvh = h * NKV / NH;
                 n = n < 0 ? 0 : n > c->Tk ? c->Tk : n;
                 double slope = c->pos == KILN_POS_ALIBI ? slopes[c->head0 + h] : 0.0;
                 const double *kb = k + (size_t)b * c->Tk * kw + kvh * HS;

@@ -746,12 +746,13 @@ static void xent_ref(const struct opt_case *c, double *const *v) {
     for (int n = 0; n < c->N; n++) {
         const double *row = v[XE_LOGITS] + (size_t)n * c->Vp;
         int tgt = (int)v[XE_TGT][n];
-        double m = -INFINITY, s = 0;
+        int jmax = 0; // logsumexp over the real vocab, around its largest logit (whose own term is 1)
+        for (int j = 1; j < c->V; j++)
+            jmax = row[j] > row[jmax] ? j : jmax;
+        double s = 1.0;
         for (int j = 0; j < c->V; j++)
-            m = row[j] > m ? row[j] : m;
-        for (int j = 0; j < c->V; j++)
-            s += exp(row[j] - m);
-        double lse = m + log(s);
+            s += j == jmax ? 0.0 : exp(row[j] - row[jmax]);
+        double lse = row[jmax] + log(s);
         v[XE_LOSSES][n] = tgt < 0 ? 0.0 : lse - row[tgt] + c->z_loss * lse * lse;
     }
 }

@@ -129,8 +129,10 @@ static void check_gradients(struct opt_inst *in, struct opt_on *on, const char *
         if (t->role != OPT_IN || !t->diff || t->n == 0)
             continue;
         int g = grad_of(in, i);
-        if (g < 0)
+        if (g < 0 || !an[g]) {
             fail_msg("%s: input %s is differentiable but has no gradient tensor", in->row->name, t->name);
+            return;
+        }
         size_t n = t->n < FD_MAX_ELEMS ? t->n : FD_MAX_ELEMS;
         size_t *idx = malloc(sizeof(size_t) * t->n);
         for (size_t k = 0; k < t->n; k++)
@@ -187,12 +189,12 @@ static void run_free(const struct opt_inst *in, struct run *r) {
 
 static void check_repeatable(const struct opt_inst *in, const struct kiln_backend *cpu1,
                              const struct kiln_backend *cpu, const char *shape) {
-    struct run one, a, b;
+    struct run one = {0}, a = {0}, b = {0};
     run_once(in, cpu1, &one);
     run_once(in, cpu, &a);
     run_once(in, cpu, &b);
     for (int i = 0; i < in->nt; i++) {
-        if (!a.t[i])
+        if (!a.t[i] || !b.t[i] || !one.t[i])
             continue;
         size_t bytes = in->t[i].n * sizeof(float);
         int same = memcmp(a.t[i], b.t[i], bytes) == 0, threads = memcmp(a.t[i], one.t[i], bytes) == 0;
