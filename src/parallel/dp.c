@@ -1,15 +1,14 @@
 // Data parallelism: buckets, overlapped reductions, ZeRO-1/2. See dp.h.
 #include "parallel/dp.h"
 
+#include "optim/adamw.h"
+#include "optim/offload.h"
 #include "parallel/comm/flight.h"
-#include "util/progress.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 // ZeRO-2/3's staging buffers shared by the buckets between the top and the bottom one. A layer's backward
 // holds two (its own and, for the biases its norm writes, the layer below's), so with two the backward waits
@@ -18,9 +17,6 @@
 // from 136.9 to 138.2 ms at the 1.3B shape: the reduction then runs beside the compute and takes SMs from
 // it. Two it is, until it is measured on several GPUs (issue 17).
 #define STAGING_SLOTS 2
-
-// elements a chunk of the offloaded optimizer's pipeline (offload_adamw), unless kiln_dp_opts says
-#define OFFLOAD_CHUNK ((size_t)1 << 25)
 
 struct bucket {
     size_t lo, hi;   // flat elements
@@ -53,15 +49,6 @@ struct slot {
     int bucket; // whose gradients it holds now, -1: none
 };
 
-// --offload=optimizer: a chunk of the optimizer step's pipeline (offload_adamw)
-struct ochunk {
-    const void *grads;  // backend: the chunk's reduced gradients (grad dtype)
-    void *weights;      // backend: where its updated compute weights go (act dtype)
-    size_t so, n;       // state offsets [so, so + n)
-    int span0, n_spans; // its spans in dp->c_spans (cut to the chunk)
-    int order;          // when the forward first reads it (seg_order); the chunks are sorted by it
-};
-
 struct kiln_dp {
     struct kiln_comm *comm;
     struct kiln_backend *be;
@@ -76,6 +63,8 @@ struct kiln_dp {
     size_t optim_elems;
     struct kiln_param_span *spans; // AdamW's spans over the ranges (ZeRO), with shard-local state offsets
     int n_spans;
+    struct kiln_param_span *all_spans; // DDP's: every tensor, state offset = offset
+    int n_all_spans;
     int reducing; // this backward is the last micro-step: reduce buckets as they complete
     // ZeRO-2: the gradients live in staging buffers for one micro-step, then in the shard
     const size_t *seg_begin; // the model's gradient segments (kiln_model_grad_segments)
@@ -105,40 +94,23 @@ struct kiln_dp {
     const size_t *layer_begin;     // the model's (L + 1), for windows into a gathered bucket
     float *host_master; // (the table's total) the whole master weights, after kiln_dp_gather_master
     // --offload=optimizer: this rank's part (optim_elems, at the spans' state offsets) of the f32 master
-    // weights, AdamW's moments, the reduced gradients and the updated compute weights (act dtype) in host
-    // memory
+    // weights and AdamW's moments live in host memory, where the optimizer's pipeline updates them
     int offload, host_threads;
-    float *h_master, *h_m, *h_v;
-    void *h_gstage[2]; // (host_alloc 0-1) a chunk's gradients on the way down
-    void *h_wstage[2]; // (host_alloc 2-3) a chunk's updated weights on the way up
-    unsigned h_pinned;
-    double host_s;      // seconds the offloaded optimizer's steps took so far (their wall time)
-    double host_wait_s; // seconds the training thread waited for them
-    double copy_s;      // seconds their copies took, and their bytes (both directions)
-    double copy_bytes;
-    struct opipe *pipe; // the step running beside the training thread, or NULL
+    size_t chunk; // elements a chunk of the pipeline (0: its default)
+    int delay_us; // tests: the host's AdamW sleeps this long before each chunk
+    struct kiln_offload *off;
     // ZeRO-1/2 with the optimizer on the device: the updated compute weights' gathers, one a bucket, issued
     // after AdamW in the forward's order (bottom bucket first) and waited for by the next forward as it
     // reaches each bucket (the compute stream waits, not the host), so that they run under it; NULL once
     // waited. gather_wait: all waited for at once, right after AdamW (KILN_ZERO_GATHER=wait, a baseline)
     struct kiln_comm_work **wg;
     int gather_wait;
-    int delay_us;          // tests: the host's AdamW sleeps this long before each chunk
-    int poison;            // tests: staging filled with NaN before each use (kiln_dp_opts)
-    size_t chunk;          // elements a chunk
-    struct ochunk *chunks; // the update ranges, cut into the pipeline's chunks
-    int n_chunks;
-    struct kiln_param_span *c_spans;       // AdamW's spans cut to the chunks
-    const struct kiln_param_span *o_spans; // AdamW's (DDP: the model's, with state offset = offset)
-    int o_n_spans;
+    int poison; // tests: staging filled with NaN before each use (kiln_dp_opts)
 };
 
 static void gather_weights(struct kiln_dp *dp, int master);
 static void weights_through(struct kiln_dp *dp, size_t limit);
-static void offload_params_set(struct kiln_dp *dp, const float *host);
-static void offload_wait(struct kiln_dp *dp, int chunks);
-static void offload_settle(struct kiln_dp *dp);
-static int chunks_through(const struct kiln_dp *dp, int order);
+static int seg_order(const struct kiln_dp *dp, int s);
 
 int kiln_dp_external_grads(const struct kiln_dp *dp) {
     return dp->zero >= 2 && !dp->whole;
@@ -246,7 +218,7 @@ static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const st
     dp->zero = o->zero;
     dp->offload = o->offload;
     dp->host_threads = o->host_threads;
-    dp->chunk = o->offload_chunk ? o->offload_chunk : OFFLOAD_CHUNK;
+    dp->chunk = o->offload_chunk;
     dp->delay_us = o->offload_delay_us;
     dp->poison = o->poison_staging;
     dp->gather_wait = o->gather_wait;
@@ -273,6 +245,7 @@ static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const st
         owned += dp->ranges[r].hi - dp->ranges[r].lo;
     dp->optim_elems = dp->zero ? (owned ? owned : 1) : pt->total;
     plan_spans(dp, pt);
+    dp->all_spans = kiln_adamw_table_spans(pt, &dp->n_all_spans);
 }
 
 void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_backend *be,
@@ -315,32 +288,13 @@ void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp
     }
     if (dp.zero == 3 && !dp.in_place) // the gathered top and bottom buckets, and the ring of layers
         out->gathered = (top + bottom + (size_t)dp.K * mid) * ab;
-    if (dp.offload) { // master and moments in f32, and the pipeline's staging (two chunks each way)
-        size_t chunk = n < dp.chunk ? n : dp.chunk;
-        out->host = n * 3 * sizeof(float) + 2 * chunk * (gb + ab);
-    }
+    if (dp.offload) // master and moments in f32, and the pipeline's staging (two chunks each way)
+        out->host = kiln_offload_host_bytes(n, dp.chunk, grad, act);
     free(dp.b);
     free(dp.bounds);
     free(dp.ranges);
     free(dp.spans);
-}
-
-// Page-locked host memory where the backend has it (copies at the link's speed), else malloc'd: bit k of
-// dp->h_pinned says which, for staging buffer k of the offload's.
-static void *host_alloc(struct kiln_dp *dp, size_t bytes, int k) {
-    void *p = dp->be->ops->host_alloc ? dp->be->ops->host_alloc(dp->be->ctx, bytes ? bytes : 16) : NULL;
-    if (p)
-        dp->h_pinned |= 1u << k;
-    else
-        p = kiln_xcalloc(1, bytes ? bytes : 16);
-    return p;
-}
-
-static void host_free(struct kiln_dp *dp, void *p, int k) {
-    if (p && (dp->h_pinned >> k & 1u))
-        dp->be->ops->host_free(dp->be->ctx, p);
-    else
-        free(p);
+    free(dp.all_spans);
 }
 
 static void unit_free(struct kiln_dp *dp, struct unit *u) {
@@ -354,7 +308,7 @@ static void unit_free(struct kiln_dp *dp, struct unit *u) {
 void kiln_dp_free(struct kiln_dp *dp) {
     if (!dp)
         return;
-    offload_settle(dp);
+    kiln_offload_free(dp->off); // (a running step settles first)
     for (int i = 0; dp->wg && i < dp->nb; i++)
         kiln_comm_wait(dp->comm, dp->wg[i]);
     free(dp->wg);
@@ -380,19 +334,12 @@ void kiln_dp_free(struct kiln_dp *dp) {
     free(dp->top_w);
     free(dp->slots);
     free(dp->host_master);
-    free(dp->h_master);
-    free(dp->h_m);
-    free(dp->h_v);
-    void *stage[] = {dp->h_gstage[0], dp->h_gstage[1], dp->h_wstage[0], dp->h_wstage[1]};
-    for (int k = 0; k < 4; k++)
-        host_free(dp, stage[k], k);
-    free(dp->chunks);
-    free(dp->c_spans);
     free(dp->gaps);
     free(dp->b);
     free(dp->bounds);
     free(dp->ranges);
     free(dp->spans);
+    free(dp->all_spans);
     free(dp);
 }
 
@@ -547,16 +494,13 @@ static void *alloc_or_die(struct kiln_dp *dp, size_t bytes, const char *what) {
 
 // ---- ZeRO-3: gathering the compute weights ----
 
-// With the optimizer offloaded: the chunks through the last one that holds part of bucket i's slice.
-static int bucket_chunks(const struct kiln_dp *dp, int i) {
+// With the optimizer offloaded: the running step has taken bucket i's slice up (the host waits).
+static void bucket_updated(struct kiln_dp *dp, int i) {
+    if (!kiln_offload_running(dp->off))
+        return;
     size_t lo, hi;
     kiln_comm_slice(dp->b[i].hi - dp->b[i].lo, dp->comm->size, dp->comm->rank, &lo, &hi);
-    size_t so = dp->b[i].state_offset;
-    int need = 0;
-    for (int k = 0; k < dp->n_chunks; k++)
-        if (dp->chunks[k].so < so + (hi - lo) && dp->chunks[k].so + dp->chunks[k].n > so)
-            need = k + 1;
-    return need;
+    kiln_offload_wait(dp->off, kiln_offload_chunks_over(dp->off, dp->b[i].state_offset, hi - lo));
 }
 
 // Issues the gather of bucket i's compute weights into u (nothing when u holds them already). It is ordered
@@ -570,8 +514,8 @@ static void unit_gather(struct kiln_dp *dp, struct unit *u, int i) {
         u->valid = 1;
         return;
     }
-    if (dp->pipe) // the offloaded step has taken this bucket's shard up
-        offload_wait(dp, bucket_chunks(dp, i));
+    // an offloaded step has taken this bucket's shard up
+    bucket_updated(dp, i);
     kiln_comm_wait_stream(dp->comm, u->work); // a gather never waited for (a slot is only reused once read)
     const struct bucket *b = &dp->b[i];
     size_t ab = kiln_dtype_bytes(dp->be->act_dtype), lo, hi;
@@ -600,8 +544,7 @@ static void unit_use(struct kiln_dp *dp, struct unit *u) {
     size_t ab = kiln_dtype_bytes(dp->be->act_dtype);
     char *at = u->p;
     if (dp->in_place) {
-        if (dp->pipe)
-            offload_wait(dp, bucket_chunks(dp, u->bucket));
+        bucket_updated(dp, u->bucket);
         at = (char *)dp->buf.weights + b->state_offset * ab;
     }
     for (int s = 0; s < dp->n_seg; s++)
@@ -678,8 +621,8 @@ static void invalidate_units(struct kiln_dp *dp) {
 static void on_params_set(void *user, const float *host) {
     struct kiln_dp *dp = user;
     if (dp->offload) {
-        offload_settle(dp);
-        offload_params_set(dp, host);
+        kiln_offload_set_master(dp->off, host);
+        invalidate_units(dp);
         return;
     }
     const struct kiln_ops *ops = dp->be->ops;
@@ -699,9 +642,9 @@ static void on_params_set(void *user, const float *host) {
 // (the caller has its own; a 7B model's would be 28 GB held between checkpoints).
 static void on_params_get(void *user, float *host) {
     struct kiln_dp *dp = user;
-    offload_settle(dp);
+    kiln_offload_settle(dp->off);
     if (dp->offload && !dp->zero) { // the host master is whole
-        memcpy(host, dp->h_master, dp->bounds[0] * sizeof(float));
+        memcpy(host, kiln_offload_master(dp->off), dp->bounds[0] * sizeof(float));
         return;
     }
     KILN_ASSERT(dp->host_master); // kiln_dp_gather_master first: a collective, which this is not
@@ -724,7 +667,7 @@ static void gather_master_host(struct kiln_dp *dp) {
         float *at = dp->host_master + b->lo;
         size_t so = b->state_offset;
         if (dp->offload)
-            memcpy(at + lo, dp->h_master + so, (hi - lo) * sizeof(float));
+            memcpy(at + lo, kiln_offload_master(dp->off) + so, (hi - lo) * sizeof(float));
         else
             dp->be->ops->download(dp->be->ctx, at + lo, dp->buf.params + so, (hi - lo) * sizeof(float));
         struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER,
@@ -740,7 +683,7 @@ static void gather_master_host(struct kiln_dp *dp) {
     free(w);
 }
 
-// ---- --offload=optimizer: AdamW on the host ----
+// ---- --offload=optimizer: AdamW on the host (optim/offload.h) ----
 
 // The ranges of the flat buffer this rank updates, with their place in the host buffers: its slices under
 // ZeRO, everything (state offset = offset) under DDP.
@@ -755,230 +698,63 @@ static const struct kiln_dp_range *update_ranges(const struct kiln_dp *dp, int *
     return all;
 }
 
-// Host f32 to the backend's compute copy, a chunk at a time (the backend converts through a staging buffer of
-// the size it is given).
-static void upload_weights(struct kiln_dp *dp, void *dst, const float *src, size_t n) {
-    size_t ab = kiln_dtype_bytes(dp->be->act_dtype);
-    for (size_t at = 0; at < n; at += dp->chunk)
-        dp->be->ops->upload_f32(dp->be->ctx, (char *)dst + at * ab, dp->be->act_dtype, src + at,
-                                n - at < dp->chunk ? n - at : dp->chunk);
-}
-
-// The whole master weights (host) to the host master and the backend's compute copy.
-static void offload_params_set(struct kiln_dp *dp, const float *host) {
-    struct kiln_dp_range all;
-    int n;
-    const struct kiln_dp_range *q = update_ranges(dp, &n, &all);
-    size_t ab = kiln_dtype_bytes(dp->be->act_dtype);
-    for (int r = 0; r < n; r++) {
-        if (dp->h_master + q[r].state_offset != host + q[r].lo) // (not when initialized in place)
-            memcpy(dp->h_master + q[r].state_offset, host + q[r].lo, (q[r].hi - q[r].lo) * sizeof(float));
-        if (dp->zero == 3) // the compute copy is a shard too
-            upload_weights(dp, (char *)dp->buf.weights + q[r].state_offset * ab, host + q[r].lo,
-                           q[r].hi - q[r].lo);
-    }
-    if (dp->zero != 3)
-        upload_weights(dp, dp->buf.weights, host, dp->bounds[0]);
-    invalidate_units(dp);
-}
-
 // DDP's offloaded master weights are whole: the model initializes them in place.
 static float *on_params_buffer(void *user) {
     struct kiln_dp *dp = user;
-    return dp->offload && !dp->zero ? dp->h_master : NULL;
+    return dp->offload && !dp->zero ? kiln_offload_master(dp->off) : NULL;
 }
 
 static void on_optim_get(void *user, float *m, float *v) {
     struct kiln_dp *dp = user;
-    offload_settle(dp);
-    memcpy(m, dp->h_m, dp->optim_elems * sizeof(float));
-    memcpy(v, dp->h_v, dp->optim_elems * sizeof(float));
+    float *hm, *hv;
+    kiln_offload_settle(dp->off);
+    kiln_offload_moments(dp->off, &hm, &hv);
+    memcpy(m, hm, dp->optim_elems * sizeof(float));
+    memcpy(v, hv, dp->optim_elems * sizeof(float));
 }
 
 static void on_optim_set(void *user, const float *m, const float *v) {
     struct kiln_dp *dp = user;
-    offload_settle(dp);
-    memcpy(dp->h_m, m, dp->optim_elems * sizeof(float));
-    memcpy(dp->h_v, v, dp->optim_elems * sizeof(float));
-}
-
-// The optimizer step streams through the host in chunks of at most CHUNK elements: while the host runs AdamW
-// on chunk k, a copy thread brings chunk k+1's gradients down and takes chunk k-1's updated weights up (two
-// staging buffers each way), so the copies hide behind the host's arithmetic, and host memory holds the
-// master weights and moments only, not a second copy of the gradients or of the weights.
-//
-// The step runs beside the training thread: kiln_dp_adamw starts it and returns, and the next forward waits,
-// layer by layer, for the chunks it reads (offload_wait from the hooks), so the host's AdamW overlaps the
-// next forward. The chunks go in the order that forward reads them: the embeddings, the final norm and head,
-// then the layers upwards (ZeRO-3: its buckets in the order they are gathered).
-
-// One step's pipeline: a stepper thread runs AdamW over the chunks, a copier thread moves them.
-struct opipe {
-    struct kiln_dp *dp;
-    struct kiln_adamw_args a;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int grads_in, adam_done, weights_out; // chunks done by each stage, in order
-    pthread_t stepper, copier;
-    double t0;     // when the training thread started it
-    double busy_s; // the step's wall time, from its start to its last chunk's weights up (so every wait for
-                   // it lies within)
-    double copy_s; // the copies' own time (the backend's, as link_bench times the link) and their bytes
-    size_t copy_bytes;
-};
-
-static void opipe_wait(struct opipe *p, const int *counter, int at_least) {
-    pthread_mutex_lock(&p->mu);
-    while (*counter < at_least)
-        pthread_cond_wait(&p->cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
-}
-
-static void opipe_bump(struct opipe *p, int *counter) {
-    pthread_mutex_lock(&p->mu);
-    (*counter)++;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-}
-
-// The copy thread: chunk k's gradients down into staging k % 2 once AdamW is done with what it held (chunk
-// k - 2), then chunk k - 1's weights up once AdamW wrote them. Its copies are not ordered after the compute
-// stream's work: the step starts after the gradient norm, which waited for the backward, and the forward
-// waits for a chunk's weights before it reads them.
-static void *offload_copier(void *arg) {
-    struct opipe *p = arg;
-    struct kiln_dp *dp = p->dp;
-    const struct kiln_ops *ops = dp->be->ops;
-    size_t gb = kiln_dtype_bytes(dp->be->grad_dtype), ab = kiln_dtype_bytes(dp->be->act_dtype);
-    for (int k = 0; k <= dp->n_chunks; k++) {
-        if (k < dp->n_chunks) {
-            opipe_wait(p, &p->adam_done, k - 1);
-            const struct ochunk *c = &dp->chunks[k];
-            p->copy_s += ops->copy_side(dp->be->ctx, dp->h_gstage[k % 2], c->grads, c->n * gb);
-            p->copy_bytes += c->n * gb;
-            opipe_bump(p, &p->grads_in);
-        }
-        if (k > 0) {
-            opipe_wait(p, &p->adam_done, k);
-            const struct ochunk *c = &dp->chunks[k - 1];
-            p->copy_s += ops->copy_side(dp->be->ctx, c->weights, dp->h_wstage[(k - 1) % 2], c->n * ab);
-            p->copy_bytes += c->n * ab;
-            opipe_bump(p, &p->weights_out);
-        }
-    }
-    return NULL;
-}
-
-static void start_thread(pthread_t *t, void *(*fn)(void *), void *arg) {
-    if (pthread_create(t, NULL, fn, arg)) {
-        fprintf(stderr, "kiln: cannot start the offloaded optimizer's threads\n");
-        kiln_comm_abort_job(1);
-    }
-}
-
-// The stepper thread: AdamW on each chunk as its gradients arrive, into the staging its weights leave from.
-static void *offload_stepper(void *arg) {
-    struct opipe *p = arg;
-    struct kiln_dp *dp = p->dp;
-    start_thread(&p->copier, offload_copier, p);
-    struct kiln_adamw_args a = p->a;
-    for (int k = 0; k < dp->n_chunks; k++) {
-        const struct ochunk *c = &dp->chunks[k];
-        opipe_wait(p, &p->grads_in, k + 1);
-        opipe_wait(p, &p->weights_out, k - 1); // staging k % 2 was taken up
-        if (dp->delay_us) // tests: a slow host, so that the forward must wait for every chunk it reads
-            usleep((useconds_t)dp->delay_us);
-        a.grads = dp->h_gstage[k % 2];
-        a.weights = dp->h_wstage[k % 2];
-        a.spans = dp->c_spans + c->span0;
-        a.n_spans = c->n_spans;
-        kiln_adamw_host(&a, dp->be->grad_dtype, dp->be->act_dtype, c->so, dp->host_threads);
-        opipe_bump(p, &p->adam_done);
-    }
-    pthread_join(p->copier, NULL);
-    p->busy_s = kiln_now_s() - p->t0;
-    return NULL;
-}
-
-// Waits until the running step (if any) has taken the first `chunks` chunks' weights up; with all of them,
-// the step is over and its threads are joined.
-static void offload_wait(struct kiln_dp *dp, int chunks) {
-    struct opipe *p = dp->pipe;
-    if (!p)
-        return;
-    double t0 = kiln_now_s();
-    if (chunks >= dp->n_chunks) {
-        pthread_join(p->stepper, NULL);
-        dp->host_s += p->busy_s;
-        dp->copy_s += p->copy_s;
-        dp->copy_bytes += (double)p->copy_bytes;
-        pthread_mutex_destroy(&p->mu);
-        pthread_cond_destroy(&p->cv);
-        free(p);
-        dp->pipe = NULL;
-    } else {
-        opipe_wait(p, &p->weights_out, chunks);
-    }
-    dp->host_wait_s += kiln_now_s() - t0;
-}
-
-// Everything that reads or writes the host state, or the gradients, outside the forward settles the step
-// first.
-static void offload_settle(struct kiln_dp *dp) {
-    offload_wait(dp, dp->n_chunks);
-}
-
-// The chunks up to forward order `order`, which the forward needs before it reads that part (seg_order).
-static int chunks_through(const struct kiln_dp *dp, int order) {
-    int k = 0;
-    while (k < dp->n_chunks && dp->chunks[k].order <= order)
-        k++;
-    return k;
+    float *hm, *hv;
+    kiln_offload_settle(dp->off);
+    kiln_offload_moments(dp->off, &hm, &hv);
+    memcpy(hm, m, dp->optim_elems * sizeof(float));
+    memcpy(hv, v, dp->optim_elems * sizeof(float));
 }
 
 // The step's reduced gradients of this rank's ranges to the host, AdamW there, and the updated compute
 // weights back to the backend (then, under ZeRO-1/2, gathered from their owners as without offload), started
-// here and left running.
+// here and left running: the next forward waits, layer by layer, for the chunks it reads (the hooks), so the
+// host's AdamW overlaps it.
 static void offload_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm) {
-    offload_settle(dp);
-    struct opipe *p = kiln_xcalloc(1, sizeof(*p));
-    p->dp = dp;
-    p->a = (struct kiln_adamw_args){
-        .params = dp->h_master, .grads_compact = 1, .params_compact = 1, .m = dp->h_m, .v = dp->h_v};
-    kiln_adamw_args_from(h, grad_norm, &p->a);
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
-    dp->pipe = p;
-    p->t0 = kiln_now_s();
-    start_thread(&p->stepper, offload_stepper, p);
+    if (kiln_offload_step(dp->off, h, grad_norm)) {
+        fprintf(stderr, "kiln: cannot start the offloaded optimizer's threads\n");
+        kiln_comm_abort_job(1);
+    }
     if (dp->zero == 3) {
         invalidate_units(dp); // each gather waits for its bucket's chunks (unit_gather)
     } else if (dp->zero) {    // the owners' weights are gathered by a collective of the training thread's
-        offload_settle(dp);
+        kiln_offload_settle(dp->off);
         gather_weights(dp, 0);
     }
 }
 
 // When the forward first reads segment s (segment 0: the embeddings, 1 + l: layer l, the last: the final norm
 // and head): the embeddings first, then the layers in turn, and the top last, after the last layer; under
-// ZeRO-3 the top second, since it is gathered with the embeddings at the forward's start.
+// ZeRO-3 the top second, since it is gathered with the embeddings at the forward's start. The offloaded
+// step's chunks go in this order.
 static int seg_order(const struct kiln_dp *dp, int s) {
     int n = dp->n_seg;
     return s == 0 ? 0 : s < n - 1 ? s + 1 : dp->zero == 3 ? 1 : n;
 }
 
-// The pieces of the flat buffer this rank updates, in the forward's order: the segments (DDP: the whole
-// buffer), or the owned ranges (ZeRO), each ordered by the first segment the forward reads in it.
-struct piece {
-    size_t lo, hi, so;
-    int order;
-};
-
-static int plan_pieces(const struct kiln_dp *dp, struct piece **out) {
+// The pieces of the flat buffer this rank updates, with the order the forward reads them in: the segments
+// (DDP: the whole buffer), or the owned ranges (ZeRO), each first read at its least segment's order.
+static int plan_pieces(const struct kiln_dp *dp, struct kiln_offload_piece **out) {
     struct kiln_dp_range all;
     int n;
     const struct kiln_dp_range *q = update_ranges(dp, &n, &all);
-    struct piece *pc = kiln_xcalloc((size_t)(n + dp->n_seg) + 1, sizeof(*pc));
+    struct kiln_offload_piece *pc = kiln_xcalloc((size_t)(n + dp->n_seg) + 1, sizeof(*pc));
     int np = 0;
     for (int r = 0; r < n; r++)
         for (int s = 0; s < dp->n_seg; s++) {
@@ -994,53 +770,10 @@ static int plan_pieces(const struct kiln_dp *dp, struct piece **out) {
                 pc[np - 1].order = o < pc[np - 1].order ? o : pc[np - 1].order;
                 continue;
             }
-            pc[np++] = (struct piece){lo, hi, q[r].state_offset + (lo - q[r].lo), o};
-        }
-    for (int i = 1; i < np; i++) // a stable sort by order
-        for (int j = i; j > 0 && pc[j - 1].order > pc[j].order; j--) {
-            struct piece t = pc[j];
-            pc[j] = pc[j - 1];
-            pc[j - 1] = t;
+            pc[np++] = (struct kiln_offload_piece){lo, hi, q[r].state_offset + (lo - q[r].lo), o};
         }
     *out = pc;
     return np;
-}
-
-// Cuts the pieces into chunks, and AdamW's spans to them.
-static void plan_chunks(struct kiln_dp *dp) {
-    struct piece *pc;
-    int n = plan_pieces(dp, &pc);
-    size_t gb = kiln_dtype_bytes(dp->be->grad_dtype), ab = kiln_dtype_bytes(dp->be->act_dtype);
-    int cap = 0;
-    for (int r = 0; r < n; r++)
-        cap += (int)((pc[r].hi - pc[r].lo + dp->chunk - 1) / dp->chunk);
-    dp->chunks = kiln_xcalloc((size_t)cap + 1, sizeof(*dp->chunks));
-    dp->c_spans = kiln_xcalloc((size_t)(dp->o_n_spans + cap) + 1, sizeof(*dp->c_spans));
-    int ns = 0;
-    for (int r = 0; r < n; r++)
-        for (size_t at = pc[r].lo; at < pc[r].hi; at += dp->chunk) {
-            size_t len = pc[r].hi - at < dp->chunk ? pc[r].hi - at : dp->chunk;
-            size_t so = pc[r].so + (at - pc[r].lo);
-            // the gradients: the shard (ZeRO-2/3, compact) or the flat buffer; the weights: the compute
-            // copy's shard (ZeRO-3) or the flat copy
-            const char *g =
-                dp->zero >= 2 ? (const char *)dp->shard + so * gb : (const char *)dp->buf.grads + at * gb;
-            char *w = dp->zero == 3 ? (char *)dp->buf.weights + so * ab : (char *)dp->buf.weights + at * ab;
-            struct ochunk *c = &dp->chunks[dp->n_chunks++];
-            *c = (struct ochunk){
-                .grads = g, .weights = w, .so = so, .n = len, .span0 = ns, .order = pc[r].order};
-            for (int i = 0; i < dp->o_n_spans; i++) { // the spans' parts in [so, so + len)
-                const struct kiln_param_span *sp = &dp->o_spans[i];
-                size_t lo = sp->state_offset > so ? sp->state_offset : so;
-                size_t hi = sp->state_offset + sp->count < so + len ? sp->state_offset + sp->count : so + len;
-                if (lo >= hi)
-                    continue;
-                dp->c_spans[ns++] =
-                    (struct kiln_param_span){sp->offset + (lo - sp->state_offset), hi - lo, sp->decay, lo};
-            }
-            c->n_spans = ns - c->span0;
-        }
-    free(pc);
 }
 
 // DDP with offload: the forward's start reads the embeddings and layer 0's first norm; layer l's forward its
@@ -1048,37 +781,39 @@ static void plan_chunks(struct kiln_dp *dp) {
 static void on_forward_begin_offload(void *user) {
     struct kiln_dp *dp = user;
     kiln_flight_set_layer(-1);
-    offload_wait(dp, chunks_through(dp, seg_order(dp, 1)));
+    kiln_offload_wait(dp->off, kiln_offload_chunks_through(dp->off, seg_order(dp, 1)));
 }
 
 static void on_layer_begin_offload(void *user, int l, int recompute) {
     struct kiln_dp *dp = user;
     kiln_flight_set_layer(l);
     if (!recompute)
-        offload_wait(dp, chunks_through(dp, seg_order(dp, 2 + l)));
+        kiln_offload_wait(dp->off, kiln_offload_chunks_through(dp->off, seg_order(dp, 2 + l)));
 }
 
 static void attach_offload(struct kiln_dp *dp, struct kiln_model_hooks *h) {
-    size_t n = dp->optim_elems;
-    // only the staging buffers are copied to and from the device, so only they are page-locked
-    dp->h_master = kiln_xmalloc(n * sizeof(float));
-    dp->h_m = kiln_xcalloc(n, sizeof(float));
-    dp->h_v = kiln_xcalloc(n, sizeof(float));
-    size_t chunk = n < dp->chunk ? n : dp->chunk;
-    for (int k = 0; k < 2; k++) {
-        dp->h_gstage[k] = host_alloc(dp, chunk * kiln_dtype_bytes(dp->be->grad_dtype), k);
-        dp->h_wstage[k] = host_alloc(dp, chunk * kiln_dtype_bytes(dp->be->act_dtype), 2 + k);
-    }
-    if (dp->zero) {
-        dp->o_spans = dp->spans;
-        dp->o_n_spans = dp->n_spans;
-    } else {
-        dp->o_spans = kiln_model_spans(dp->g, &dp->o_n_spans); // state offset = offset
+    if (!dp->zero) {
         h->forward_begin = on_forward_begin_offload;
         h->layer_begin = on_layer_begin_offload;
     }
     dp->n_seg = kiln_model_grad_segments(dp->g, &dp->seg_begin);
-    plan_chunks(dp);
+    struct kiln_offload_piece *pieces;
+    int n_pieces = plan_pieces(dp, &pieces);
+    struct kiln_offload_opts o = {.elems = dp->optim_elems,
+                                  .total = dp->bounds[0],
+                                  .pieces = pieces,
+                                  .n_pieces = n_pieces,
+                                  .spans = dp->zero ? dp->spans : dp->all_spans,
+                                  .n_spans = dp->zero ? dp->n_spans : dp->n_all_spans,
+                                  .grads = dp->zero >= 2 ? dp->shard : dp->buf.grads,
+                                  .grads_compact = dp->zero >= 2,
+                                  .weights = dp->buf.weights,
+                                  .weights_compact = dp->zero == 3,
+                                  .chunk = dp->chunk,
+                                  .host_threads = dp->host_threads,
+                                  .delay_us = dp->delay_us};
+    kiln_offload_create(&dp->off, dp->be, &o);
+    free(pieces);
     h->params_buffer = on_params_buffer;
     h->params_get = on_params_get;
     h->params_set = on_params_set;
@@ -1216,12 +951,11 @@ void kiln_dp_attach(struct kiln_dp *dp, struct kiln_model *g) {
 
 void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum) {
     dp->micro = micro;
-    if (dp->pipe && micro == 0) { // zero_grad is next: the embeddings' gradients must have gone down (DDP)
-        struct opipe *p = dp->pipe;
-        opipe_wait(p, &p->grads_in, chunks_through(dp, seg_order(dp, 0)));
-    }
+    // zero_grad is next: the embeddings' gradients must have gone down (DDP)
+    if (kiln_offload_running(dp->off) && micro == 0)
+        kiln_offload_wait_grads(dp->off, kiln_offload_chunks_through(dp->off, seg_order(dp, 0)));
     if (micro > 0)
-        offload_settle(dp); // (the forward before settled it)
+        kiln_offload_settle(dp->off); // (the forward before settled it)
     if (dp->zero < 2 || dp->whole) {
         dp->reducing = micro == accum - 1;
         return;
@@ -1244,7 +978,7 @@ void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum) {
 }
 
 void kiln_dp_after_backward(struct kiln_dp *dp) {
-    offload_settle(dp); // (the forward settled it: the last layer's waits for every chunk)
+    kiln_offload_settle(dp->off); // (the forward settled it: the last layer's waits for every chunk)
     if (!dp->reducing)
         return;
     for (int i = 0; i < dp->nb; i++) {
@@ -1284,14 +1018,20 @@ void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, doubl
         offload_adamw(dp, h, grad_norm);
         return;
     }
+    // DDP updates every tensor; ZeRO its slices, with ZeRO-2/3's reduced gradients compact in the shard, and
+    // ZeRO-3's weights too
+    struct kiln_adamw_buffers b = {.params = dp->buf.params,
+                                   .weights = dp->buf.weights,
+                                   .grads = dp->zero >= 2 ? dp->shard : dp->buf.grads,
+                                   .m = dp->buf.m,
+                                   .v = dp->buf.v,
+                                   .grads_compact = dp->zero >= 2,
+                                   .params_compact = dp->zero == 3};
     if (!dp->zero) {
-        kiln_model_adamw(dp->g, h, grad_norm);
+        kiln_adamw_step(dp->be, &b, dp->all_spans, dp->n_all_spans, h, grad_norm);
         return;
     }
-    if (dp->zero >= 2)
-        kiln_model_adamw_shard(dp->g, h, grad_norm, dp->spans, dp->n_spans, dp->shard);
-    else
-        kiln_model_adamw_spans(dp->g, h, grad_norm, dp->spans, dp->n_spans);
+    kiln_adamw_step(dp->be, &b, dp->spans, dp->n_spans, h, grad_norm);
     if (dp->zero == 3) { // gathered again as the next forward needs them
         invalidate_units(dp);
         return;
@@ -1302,7 +1042,7 @@ void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, doubl
 }
 
 void kiln_dp_gather_master(struct kiln_dp *dp) {
-    offload_settle(dp);
+    kiln_offload_settle(dp->off);
     weights_through(dp, SIZE_MAX);
     if (dp->offload && dp->zero)
         gather_master_host(dp);
@@ -1325,8 +1065,11 @@ const size_t *kiln_dp_bucket_bounds(const struct kiln_dp *dp, int *n_buckets) {
 }
 
 int kiln_dp_host_moments(const struct kiln_dp *dp, const float **m, const float **v) {
-    *m = dp->h_m;
-    *v = dp->h_v;
+    float *hm = NULL, *hv = NULL;
+    if (dp->off)
+        kiln_offload_moments(dp->off, &hm, &hv);
+    *m = hm;
+    *v = hv;
     return dp->offload;
 }
 
@@ -1334,21 +1077,29 @@ int kiln_dp_zero(const struct kiln_dp *dp) {
     return dp->zero;
 }
 
+static struct kiln_offload_stats offload_stats(const struct kiln_dp *dp) {
+    struct kiln_offload_stats st = {0};
+    if (dp->off)
+        kiln_offload_stats(dp->off, &st);
+    return st;
+}
+
 double kiln_dp_offload_s(const struct kiln_dp *dp) {
-    return dp->host_s;
+    return offload_stats(dp).busy_s;
 }
 
 double kiln_dp_offload_wait_s(const struct kiln_dp *dp) {
-    return dp->host_wait_s;
+    return offload_stats(dp).wait_s;
 }
 
 double kiln_dp_offload_copies(const struct kiln_dp *dp, double *seconds) {
-    *seconds = dp->copy_s;
-    return dp->copy_bytes;
+    struct kiln_offload_stats st = offload_stats(dp);
+    *seconds = st.copy_s;
+    return st.copy_bytes;
 }
 
 void kiln_dp_settle(struct kiln_dp *dp) {
-    offload_settle(dp);
+    kiln_offload_settle(dp->off);
     weights_through(dp, SIZE_MAX);
 }
 

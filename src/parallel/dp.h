@@ -32,6 +32,7 @@
 #include "parallel/comm/comm.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "optim/adamw.h"
 
 struct kiln_dp_opts {
     int zero;         // 0, 1, 2 or 3
