@@ -20,7 +20,7 @@ struct ochunk {
 
 // One step: a stepper thread runs AdamW over the chunks, a copier thread moves them.
 struct opipe {
-    struct kiln_offload *o;
+    struct kiln_offload_pipe *o;
     struct kiln_adamw_args a;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -34,7 +34,7 @@ struct opipe {
     size_t copy_bytes;
 };
 
-struct kiln_offload {
+struct kiln_offload_pipe {
     struct kiln_backend *be;
     size_t elems, total, chunk;
     int host_threads, delay_us;
@@ -65,7 +65,7 @@ size_t kiln_offload_host_bytes(size_t elems, size_t chunk, enum kiln_dtype grad,
 
 // Page-locked host memory where the backend has it (copies at the link's speed), else malloc'd: bit k of
 // o->pinned says which, for staging buffer k.
-static void *host_alloc(struct kiln_offload *o, size_t bytes, int k) {
+static void *host_alloc(struct kiln_offload_pipe *o, size_t bytes, int k) {
     void *p = o->be->ops->host_alloc ? o->be->ops->host_alloc(o->be->ctx, bytes ? bytes : 16) : NULL;
     if (p)
         o->pinned |= 1u << k;
@@ -74,7 +74,7 @@ static void *host_alloc(struct kiln_offload *o, size_t bytes, int k) {
     return p;
 }
 
-static void host_free(struct kiln_offload *o, void *p, int k) {
+static void host_free(struct kiln_offload_pipe *o, void *p, int k) {
     if (p && (o->pinned >> k & 1u))
         o->be->ops->host_free(o->be->ctx, p);
     else
@@ -82,7 +82,7 @@ static void host_free(struct kiln_offload *o, void *p, int k) {
 }
 
 // Cuts the pieces (sorted by order) into chunks, and AdamW's spans to them.
-static void plan_chunks(struct kiln_offload *o) {
+static void plan_chunks(struct kiln_offload_pipe *o) {
     size_t gb = kiln_dtype_bytes(o->be->grad_dtype), ab = kiln_dtype_bytes(o->be->act_dtype);
     int cap = 0;
     for (int r = 0; r < o->n_pieces; r++)
@@ -114,9 +114,9 @@ static void plan_chunks(struct kiln_offload *o) {
     }
 }
 
-void kiln_offload_create(struct kiln_offload **out, struct kiln_backend *be,
+void kiln_offload_create(struct kiln_offload_pipe **out, struct kiln_backend *be,
                          const struct kiln_offload_opts *opts) {
-    struct kiln_offload *o = kiln_xcalloc(1, sizeof(*o));
+    struct kiln_offload_pipe *o = kiln_xcalloc(1, sizeof(*o));
     o->be = be;
     o->elems = opts->elems;
     o->total = opts->total;
@@ -153,7 +153,7 @@ void kiln_offload_create(struct kiln_offload **out, struct kiln_backend *be,
     *out = o;
 }
 
-void kiln_offload_free(struct kiln_offload *o) {
+void kiln_offload_free(struct kiln_offload_pipe *o) {
     if (!o)
         return;
     kiln_offload_settle(o);
@@ -171,25 +171,25 @@ void kiln_offload_free(struct kiln_offload *o) {
     free(o);
 }
 
-float *kiln_offload_master(struct kiln_offload *o) {
+float *kiln_offload_master(struct kiln_offload_pipe *o) {
     return o->master;
 }
 
-void kiln_offload_moments(struct kiln_offload *o, float **m, float **v) {
+void kiln_offload_moments(struct kiln_offload_pipe *o, float **m, float **v) {
     *m = o->m;
     *v = o->v;
 }
 
 // Host f32 to the backend's compute copy, a chunk at a time (the backend converts through a staging buffer of
 // the size it is given).
-static void upload_weights(struct kiln_offload *o, void *dst, const float *src, size_t n) {
+static void upload_weights(struct kiln_offload_pipe *o, void *dst, const float *src, size_t n) {
     size_t ab = kiln_dtype_bytes(o->be->act_dtype);
     for (size_t at = 0; at < n; at += o->chunk)
         o->be->ops->upload_f32(o->be->ctx, (char *)dst + at * ab, o->be->act_dtype, src + at,
                                n - at < o->chunk ? n - at : o->chunk);
 }
 
-void kiln_offload_set_master(struct kiln_offload *o, const float *host) {
+void kiln_offload_set_master(struct kiln_offload_pipe *o, const float *host) {
     kiln_offload_settle(o);
     size_t ab = kiln_dtype_bytes(o->be->act_dtype);
     for (int r = 0; r < o->n_pieces; r++) {
@@ -229,7 +229,7 @@ static void opipe_bump(struct opipe *p, int *counter) {
 // them.
 static void *offload_copier(void *arg) {
     struct opipe *p = arg;
-    struct kiln_offload *o = p->o;
+    struct kiln_offload_pipe *o = p->o;
     const struct kiln_ops *ops = o->be->ops;
     size_t gb = kiln_dtype_bytes(o->be->grad_dtype), ab = kiln_dtype_bytes(o->be->act_dtype);
     for (int k = 0; k <= o->n_chunks; k++) {
@@ -256,7 +256,7 @@ static void *offload_copier(void *arg) {
 // The stepper thread: AdamW on each chunk as its gradients arrive, into the staging its weights leave from.
 static void *offload_stepper(void *arg) {
     struct opipe *p = arg;
-    struct kiln_offload *o = p->o;
+    struct kiln_offload_pipe *o = p->o;
     struct kiln_adamw_args a = p->a;
     for (int k = 0; k < o->n_chunks; k++) {
         const struct ochunk *c = &o->chunks[k];
@@ -282,7 +282,7 @@ static void opipe_free(struct opipe *p) {
     free(p);
 }
 
-int kiln_offload_step(struct kiln_offload *o, const struct kiln_adamw_hparams *h, double grad_norm) {
+int kiln_offload_step(struct kiln_offload_pipe *o, const struct kiln_adamw_hparams *h, double grad_norm) {
     kiln_offload_settle(o);
     struct opipe *p = kiln_xcalloc(1, sizeof(*p));
     p->o = o;
@@ -309,11 +309,11 @@ int kiln_offload_step(struct kiln_offload *o, const struct kiln_adamw_hparams *h
     return 0;
 }
 
-int kiln_offload_running(const struct kiln_offload *o) {
+int kiln_offload_running(const struct kiln_offload_pipe *o) {
     return o && o->pipe;
 }
 
-void kiln_offload_wait(struct kiln_offload *o, int chunks) {
+void kiln_offload_wait(struct kiln_offload_pipe *o, int chunks) {
     struct opipe *p = o ? o->pipe : NULL;
     if (!p)
         return;
@@ -332,28 +332,28 @@ void kiln_offload_wait(struct kiln_offload *o, int chunks) {
     o->stats.wait_s += kiln_now_s() - t0;
 }
 
-void kiln_offload_wait_grads(struct kiln_offload *o, int chunks) {
+void kiln_offload_wait_grads(struct kiln_offload_pipe *o, int chunks) {
     if (o && o->pipe)
         opipe_wait(o->pipe, &o->pipe->grads_in, chunks);
 }
 
-void kiln_offload_settle(struct kiln_offload *o) {
+void kiln_offload_settle(struct kiln_offload_pipe *o) {
     if (o)
         kiln_offload_wait(o, o->n_chunks);
 }
 
-int kiln_offload_chunks(const struct kiln_offload *o) {
+int kiln_offload_chunks(const struct kiln_offload_pipe *o) {
     return o->n_chunks;
 }
 
-int kiln_offload_chunks_through(const struct kiln_offload *o, int order) {
+int kiln_offload_chunks_through(const struct kiln_offload_pipe *o, int order) {
     int k = 0;
     while (k < o->n_chunks && o->chunks[k].order <= order)
         k++;
     return k;
 }
 
-int kiln_offload_chunks_over(const struct kiln_offload *o, size_t so, size_t n) {
+int kiln_offload_chunks_over(const struct kiln_offload_pipe *o, size_t so, size_t n) {
     int need = 0;
     for (int k = 0; k < o->n_chunks; k++)
         if (o->chunks[k].so < so + n && o->chunks[k].so + o->chunks[k].n > so)
@@ -361,6 +361,6 @@ int kiln_offload_chunks_over(const struct kiln_offload *o, size_t so, size_t n) 
     return need;
 }
 
-void kiln_offload_stats(const struct kiln_offload *o, struct kiln_offload_stats *out) {
+void kiln_offload_stats(const struct kiln_offload_pipe *o, struct kiln_offload_stats *out) {
     *out = o->stats;
 }

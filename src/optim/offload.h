@@ -47,51 +47,51 @@ struct kiln_offload_opts {
     int delay_us; // tests: the host sleeps this long before each chunk's AdamW, so that readers must wait
 };
 
-struct kiln_offload;
+struct kiln_offload_pipe;
 
 // Plans the chunks and allocates the host state (master weights unset, moments zero) and the staging.
-void kiln_offload_create(struct kiln_offload **out, struct kiln_backend *be,
+void kiln_offload_create(struct kiln_offload_pipe **out, struct kiln_backend *be,
                          const struct kiln_offload_opts *o);
-void kiln_offload_free(struct kiln_offload *o); // settles a running step first; NULL is fine
+void kiln_offload_free(struct kiln_offload_pipe *o); // settles a running step first; NULL is fine
 // Host memory the pipeline holds for elems elements in chunks of chunk (0: the default): the master weights,
 // the moments, and two staging chunks each way (the data-parallel layer's memory plan).
 size_t kiln_offload_host_bytes(size_t elems, size_t chunk, enum kiln_dtype grad, enum kiln_dtype act);
 
 // The host state, at state offsets (elems each): the master weights, and the moments. Settle before reading
 // or writing them while a step may run.
-float *kiln_offload_master(struct kiln_offload *o);
-void kiln_offload_moments(struct kiln_offload *o, float **m, float **v);
+float *kiln_offload_master(struct kiln_offload_pipe *o);
+void kiln_offload_moments(struct kiln_offload_pipe *o, float **m, float **v);
 // The whole flat master weights (host, opts.total) into the host master (each piece's part; nothing to copy
 // where host is the master itself, laid out flat) and the compute copy (each piece's part where it is
 // compact, else all of it). Settles first.
-void kiln_offload_set_master(struct kiln_offload *o, const float *host);
+void kiln_offload_set_master(struct kiln_offload_pipe *o, const float *host);
 
 // Starts a step: AdamW over the spans with these hyperparameters, the gradients read from the backend chunk
 // by chunk and the updated compute weights written back; returns at once (a step still running is settled
 // first). -1: its threads could not be started (nothing runs then).
-int kiln_offload_step(struct kiln_offload *o, const struct kiln_adamw_hparams *h, double grad_norm);
+int kiln_offload_step(struct kiln_offload_pipe *o, const struct kiln_adamw_hparams *h, double grad_norm);
 // Whether a step is running (started and not yet settled). NULL: 0.
-int kiln_offload_running(const struct kiln_offload *o);
+int kiln_offload_running(const struct kiln_offload_pipe *o);
 // Waits until the running step (if any) has taken the first `chunks` chunks' weights up; with all of them the
 // step is over and settled. NULL is fine.
-void kiln_offload_wait(struct kiln_offload *o, int chunks);
+void kiln_offload_wait(struct kiln_offload_pipe *o, int chunks);
 // Waits until the running step (if any) has brought the first `chunks` chunks' gradients down: before they
 // are overwritten. NULL is fine.
-void kiln_offload_wait_grads(struct kiln_offload *o, int chunks);
+void kiln_offload_wait_grads(struct kiln_offload_pipe *o, int chunks);
 // Waits for the whole running step. NULL is fine.
-void kiln_offload_settle(struct kiln_offload *o);
+void kiln_offload_settle(struct kiln_offload_pipe *o);
 
 // Chunks: their count, the chunks up to order `order` (what a reader of that part must wait for), and the
 // chunks through the last one that holds part of the state offsets [so, so + n).
-int kiln_offload_chunks(const struct kiln_offload *o);
-int kiln_offload_chunks_through(const struct kiln_offload *o, int order);
-int kiln_offload_chunks_over(const struct kiln_offload *o, size_t so, size_t n);
+int kiln_offload_chunks(const struct kiln_offload_pipe *o);
+int kiln_offload_chunks_through(const struct kiln_offload_pipe *o, int order);
+int kiln_offload_chunks_over(const struct kiln_offload_pipe *o, size_t so, size_t n);
 
 // Seconds the steps took so far (their wall time, from the start to the last chunk's weights up), seconds
 // the callers waited for them, and the copies' own seconds and bytes (both directions).
 struct kiln_offload_stats {
     double busy_s, wait_s, copy_s, copy_bytes;
 };
-void kiln_offload_stats(const struct kiln_offload *o, struct kiln_offload_stats *out);
+void kiln_offload_stats(const struct kiln_offload_pipe *o, struct kiln_offload_stats *out);
 
 #endif

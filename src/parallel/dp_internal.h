@@ -83,7 +83,7 @@ struct kiln_dp {
     int offload, host_threads;
     size_t chunk; // elements a chunk of the pipeline (0: its default)
     int delay_us; // tests: the host's AdamW sleeps this long before each chunk
-    struct kiln_offload *off;
+    struct kiln_offload_pipe *off;
     // ZeRO-1/2 with the optimizer on the device: the updated compute weights' gathers, one a bucket, issued
     // after AdamW in the forward's order (bottom bucket first) and waited for by the next forward as it
     // reaches each bucket (the compute stream waits, not the host), so that they run under it; NULL once
