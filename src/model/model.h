@@ -30,7 +30,7 @@ struct kiln_model_opts {
     enum kiln_recompute recompute;
     int training;                 // 0: no gradients or optimizer state (sampling, eval-only)
     size_t optim_elems;           // AdamW moments to hold, each of m and v (0: one per parameter element, the
-                                  // table's total). A ZeRO rank holds its shard's only (kiln_model_adamw_spans)
+                                  // table's total). A ZeRO rank holds its shard's only (optim/adamw.h's spans)
     // Tuning knobs for tests and measurements (0 = the default). model/ reads no environment: train/'s
     // kiln_model_tuning_from_env maps KILN_CLASSIFIER_ROWS, KILN_MLP_ROWS, KILN_PARALLEL_FUSED=0 and
     // KILN_SCRATCH_SHARED=0 here.
@@ -220,33 +220,6 @@ double kiln_model_forward(struct kiln_model *g, const int32_t *inputs, const int
 // Accumulates parameter gradients (+=) for the last forward.
 void kiln_model_backward(struct kiln_model *g);
 void kiln_model_zero_grad(struct kiln_model *g);
-
-// AdamW step over all parameters (decay on 2-D weights). Returns the global gradient norm before clipping
-// (grad_scale is applied to the raw gradients first). NaN/Inf norms skip nothing here; the trainer decides.
-struct kiln_adamw_hparams {
-    float lr, beta1, beta2, eps, weight_decay;
-    float grad_clip;   // 0 = off
-    float grad_scale;  // multiplies raw gradients (1 / accumulation when dloss did not already average)
-    int step;          // 1-based
-    int stochastic_rounding; // round the bf16 weight copy stochastically (mixed-precision backends)
-    uint64_t seed;     // with step, seeds the rounding so that runs stay repeatable
-};
-// The hyperparameters of an AdamW step (learning rate, the clipping scale from grad_norm, the rounding seed)
-// into a, whose buffers and spans the caller sets (an offloaded optimizer's host buffers).
-void kiln_adamw_args_from(const struct kiln_adamw_hparams *h, double grad_norm, struct kiln_adamw_args *a);
-double kiln_model_grad_norm(struct kiln_model *g);
-void kiln_model_adamw(struct kiln_model *g, const struct kiln_adamw_hparams *h, double grad_norm);
-// AdamW over the given spans only (each with its state_offset into the optimizer state the model holds):
-// a ZeRO rank updates its shard. kiln_model_adamw is this over every tensor, with state_offset = offset.
-void kiln_model_adamw_spans(struct kiln_model *g, const struct kiln_adamw_hparams *h, double grad_norm,
-                          const struct kiln_param_span *spans, int n_spans);
-// AdamW over a ZeRO-2 rank's shard: grads holds the reduced gradients of the spans, compact, at each span's
-// state_offset (as the moments). With sharded_params (ZeRO-3) the master weights and their compute copy are
-// compact there too.
-void kiln_model_adamw_shard(struct kiln_model *g, const struct kiln_adamw_hparams *h, double grad_norm,
-                          const struct kiln_param_span *spans, int n_spans, const void *grads);
-// The spans of every tensor (padding excluded), for callers that shard them; *n gets the count.
-const struct kiln_param_span *kiln_model_spans(const struct kiln_model *g, int *n);
 
 // The model's buffers, for the data-parallel layer (parallel/dp.c): the flat master weights (f32), their compute
 // copy (act dtype; == params where they alias) and the gradients (grad dtype), all pt->total elements, and

@@ -32,6 +32,8 @@
 #include "parallel/comm/comm.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "optim/adamw.h"
+#include "parallel/shard.h" // struct kiln_dp_range: one contiguous range of the flat buffer a rank owns
 
 struct kiln_dp_opts {
     int zero;         // 0, 1, 2 or 3
@@ -51,12 +53,6 @@ struct kiln_dp_opts {
                           // (to trace the prefetch's overlap on one GPU)
     int gather_wait;      // measurements: ZeRO-1/2 wait for the updated weights' gathers right after AdamW,
                           // instead of letting the next forward wait for each bucket as it reaches it
-};
-
-// One contiguous range of the flat parameter buffer that this rank owns, and where its AdamW moments sit.
-struct kiln_dp_range {
-    size_t lo, hi;       // flat elements [lo, hi)
-    size_t state_offset; // its first element's index in the rank's moments
 };
 
 struct kiln_dp;

@@ -20,6 +20,7 @@
 #include "data/tokenizer.h"
 #include "io/fsutil.h"
 #include "model/model.h"
+#include "optim/adamw.h"
 #include "run/model_io.h"
 #include "run/sampler.h"
 #include "run/embedded.h"
@@ -503,6 +504,8 @@ struct run {
     int be_open;
     struct kiln_model *g;
     const struct kiln_param_table *pt;
+    struct kiln_param_span *spans; // AdamW's over every tensor, without data parallelism (dp has its own)
+    int n_spans;
     struct kiln_guards guards;
     struct kiln_train_state st;
     struct kiln_ckpt_writer *writer;
@@ -716,6 +719,8 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     r->pt = kiln_model_params(r->g);
     if (r->dp) // planned on a table built from the same config: the model's is the same layout
         kiln_dp_attach(r->dp, r->g);
+    else
+        r->spans = kiln_adamw_table_spans(r->pt, &r->n_spans);
     if (r->sp_lo.sp > 1 &&
         (rc = kiln_sp_create(&r->sp, &r->sp_lo, r->comm, &r->be, r->g, &cfg->model, cfg->batch_size, err)))
         return rc;
@@ -815,7 +820,9 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
         norm = kiln_dp_grad_norm(r->dp, &loss);
         loss /= r->env.world;
     } else {
-        norm = kiln_model_grad_norm(r->g);
+        struct kiln_model_buffers b;
+        kiln_model_buffers(r->g, &b);
+        norm = kiln_adamw_grad_norm(&r->be, b.grads, r->pt->total);
     }
     if (in_step_list(r->nan_steps, step + 1))
         loss = norm = NAN;
@@ -832,10 +839,15 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
                                        .step = (int)r->st.opt_step,
                                        .stochastic_rounding = cfg->stochastic_rounding,
                                        .seed = cfg->seed};
-        if (r->dp)
+        if (r->dp) {
             kiln_dp_adamw(r->dp, &h, norm);
-        else
-            kiln_model_adamw(r->g, &h, norm);
+        } else {
+            struct kiln_model_buffers b;
+            kiln_model_buffers(r->g, &b);
+            struct kiln_adamw_buffers ab = {.params = b.params, .weights = b.weights, .grads = b.grads,
+                                            .m = b.m, .v = b.v};
+            kiln_adamw_step(&r->be, &ab, r->spans, r->n_spans, &h, norm);
+        }
     }
     r->st.step = step + 1;
     r->st.tokens += (uint64_t)r->tokens_per_step;
@@ -1066,6 +1078,7 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     kiln_metrics_close(r->metrics);
     kiln_guards_free(&r->guards);
     kiln_dp_free(r->dp);
+    free(r->spans);
     kiln_model_free(r->g);
     // after an error the other ranks may be inside a collective that this one will never join: closing the
     // communicators (MPI_Finalize waits for them) would hang, so cmd/ ends the job instead

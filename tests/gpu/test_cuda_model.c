@@ -7,6 +7,7 @@
 
 #include "core/backend.h"
 #include "model/model.h"
+#include "optim/adamw.h"
 #include "run/options.h"
 #include "run/tuning.h"
 #include "run/embedded.h"
@@ -177,6 +178,11 @@ static void train(struct kiln_backend *be, const struct kiln_model_config *m, in
                   float *params_out) {
     int B = 8, T = 64;
     struct kiln_model *g = make(be, m, B, T);
+    struct kiln_model_buffers b;
+    kiln_model_buffers(g, &b);
+    struct kiln_adamw_buffers ab = {.params = b.params, .weights = b.weights, .grads = b.grads, .m = b.m, .v = b.v};
+    int n_spans;
+    struct kiln_param_span *spans = kiln_adamw_table_spans(kiln_model_params(g), &n_spans);
     int32_t *in = malloc(sizeof(int32_t) * B * T), *tgt = malloc(sizeof(int32_t) * B * T);
     uint64_t s = 42; // the same batches on every backend and run
     for (int step = 0; step < steps; step++) {
@@ -184,11 +190,12 @@ static void train(struct kiln_backend *be, const struct kiln_model_config *m, in
         kiln_model_zero_grad(g);
         losses[step] = kiln_model_forward(g, in, tgt, 1.0f / (B * T), 0.0f);
         kiln_model_backward(g);
-        double norm = kiln_model_grad_norm(g);
+        double norm = kiln_adamw_grad_norm(be, b.grads, kiln_model_params(g)->total);
         struct kiln_adamw_hparams h = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f,
                                        .weight_decay = 0.1f, .grad_clip = 1.0f, .grad_scale = 1.0f, .step = step + 1};
-        kiln_model_adamw(g, &h, norm);
+        kiln_adamw_step(be, &ab, spans, n_spans, &h, norm);
     }
+    free(spans);
     if (params_out)
         kiln_model_get_params(g, params_out);
     free(in);

@@ -6,6 +6,7 @@
 
 #include "core/backend.h"
 #include "model/model.h"
+#include "optim/adamw.h"
 #include "run/options.h"
 #include "run/tuning.h"
 
@@ -520,11 +521,16 @@ static void train_steps(const struct kiln_model_config *m, uint64_t seed, int st
                         float *params_out) {
     struct fixture f;
     fixture_open(&f, m, KILN_RECOMPUTE_NONE, seed);
+    struct kiln_model_buffers b;
+    kiln_model_buffers(f.g, &b);
+    struct kiln_adamw_buffers ab = {.params = b.params, .weights = b.weights, .grads = b.grads, .m = b.m, .v = b.v};
+    int n_spans;
+    struct kiln_param_span *spans = kiln_adamw_table_spans(kiln_model_params(f.g), &n_spans);
     for (int s = 0; s < steps; s++) {
         kiln_model_zero_grad(f.g);
         losses[s] = kiln_model_forward(f.g, f.in, f.tgt, 1.0f / (f.B * f.T), 0.0f);
         kiln_model_backward(f.g);
-        double norm = kiln_model_grad_norm(f.g);
+        double norm = kiln_adamw_grad_norm(&f.be, b.grads, kiln_model_params(f.g)->total);
         struct kiln_adamw_hparams h = {.lr = 1e-2f,
                                        .beta1 = 0.9f,
                                        .beta2 = 0.95f,
@@ -533,8 +539,9 @@ static void train_steps(const struct kiln_model_config *m, uint64_t seed, int st
                                        .grad_clip = 1.0f,
                                        .grad_scale = 1.0f,
                                        .step = s + 1};
-        kiln_model_adamw(f.g, &h, norm);
+        kiln_adamw_step(&f.be, &ab, spans, n_spans, &h, norm);
     }
+    free(spans);
     kiln_model_get_params(f.g, params_out);
     fixture_close(&f);
 }

@@ -120,8 +120,6 @@ struct kiln_model {
     int grads_fresh;      // set by kiln_model_zero_grad: the next gradient writes assign instead of adding
     int recomputing;      // inside the backward's recompute of a layer (selective skips the attention there)
 
-    struct kiln_param_span *spans;
-    int n_spans;
     size_t optim_elems; // of m and v each
 
     struct kiln_model_hooks hooks;         // all NULL with one process

@@ -30,16 +30,6 @@ int gpt_alloc(struct kiln_model *g, void **p, size_t bytes, struct kiln_error *e
         pl->optim_bytes / 1073741824.0, pl->acts_bytes / 1073741824.0);
 }
 
-static void build_spans(struct kiln_model *g) {
-    // one span per tensor; adjacent tensors with the same decay setting merge, padding excluded
-    g->spans = kiln_xcalloc((size_t)g->pt.n, sizeof(*g->spans));
-    g->n_spans = 0;
-    for (int i = 0; i < g->pt.n; i++) {
-        const struct kiln_param *p = &g->pt.p[i];
-        g->spans[g->n_spans++] = (struct kiln_param_span){p->offset, p->count, p->decay, p->offset};
-    }
-}
-
 int kiln_model_create(struct kiln_model **out, const struct kiln_model_config *m, struct kiln_backend *be,
                     const struct kiln_model_opts *o, struct kiln_error *err) {
     int src = kiln_model_split_check(m, &o->split, err);
@@ -104,7 +94,6 @@ int kiln_model_create(struct kiln_model **out, const struct kiln_model_config *m
     }
     g->tokens_host = kiln_xcalloc((size_t)d.N, sizeof(int32_t));
     g->losses_host = kiln_xcalloc((size_t)d.N, sizeof(float));
-    build_spans(g);
     // the offloaded layer inputs (and attention outputs), and an event each way for each
     if (g->plan.host_bytes) {
         g->host_acts = g->ops->host_alloc ? g->ops->host_alloc(g->ctx, g->plan.host_bytes) : NULL;
@@ -160,7 +149,6 @@ void kiln_model_free(struct kiln_model *g) {
     kiln_params_free(&g->pt);
     free(g->tokens_host);
     free(g->losses_host);
-    free(g->spans);
     free(g->wwin);
     free(g->gwin);
     free(g->seg_begin);
@@ -255,11 +243,6 @@ void kiln_model_buffers(const struct kiln_model *g, struct kiln_model_buffers *o
                                      .m = g->m,
                                      .v = g->v,
                                      .optim_elems = g->optim_elems};
-}
-
-const struct kiln_param_span *kiln_model_spans(const struct kiln_model *g, int *n) {
-    *n = g->n_spans;
-    return g->spans;
 }
 
 const struct kiln_param_table *kiln_model_params(const struct kiln_model *g) {
