@@ -199,7 +199,7 @@ const struct kiln_mem_plan *kiln_model_mem_plan(const struct kiln_model *g);
 // scratch and library workspaces too), or the plan's total if that is larger or the backend does not count.
 size_t kiln_model_mem_peak(const struct kiln_model *g);
 // Whether parallel blocks run their attention and MLP input projections as one GEMM: in the backward and
-// decoding (*bwd) and in the forward (*fwd). Both 0 for sequential blocks; gpt.c's struct fusion says when.
+// decoding (*bwd) and in the forward (*fwd). Both 0 for sequential blocks; gpt/internal.h's struct fusion says when.
 void kiln_model_fused_projection(const struct kiln_model *g, int *fwd, int *bwd);
 
 // Master weights <-> host f32 (t->total floats, padding included). Setting refreshes the compute copy. With

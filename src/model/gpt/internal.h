@@ -106,7 +106,7 @@ struct kiln_model {
     int classifier_rows; // rows per classifier chunk
     int mlp_rows;        // rows per MLP chunk (mlp_rows_for; N: one chunk)
     // activation offload: the layer inputs x[0 .. L] and, under selective recompute, the attention outputs
-    // atty[0 .. L - 1] (gpt.c's struct offl)
+    // atty[0 .. L - 1] (recompute.c's struct offl)
     struct offl {
         struct buf *b;    // the device buffer (in a), whose last b->slots entries never leave it
         int n;            // entries

@@ -32,9 +32,9 @@ void gpt_params_build(struct kiln_param_table *t, const struct kiln_model_config
         ix[KILN_QKV_W] = kiln_params_add(t, NAME("attn.c_attn.weight"), QKV, C, l);
         if (m->parallel_block) {
             // Both projections read ln_1: c_fc's weight (and bias) follow c_attn's, so that [W_qkv; W_fc] is
-            // one (QKV + FCO, C) matrix for a single GEMM (gpt.c). They touch only where the 64-element
+            // one (QKV + FCO, C) matrix for a single GEMM (gpt/block.c). They touch only where the 64-element
             // alignment adds no padding (QKV * C, and QKV with biases, multiples of 64: every real shape);
-            // gpt.c checks the offsets and runs two GEMMs otherwise.
+            // gpt/layout.c checks the offsets and runs two GEMMs otherwise.
             ix[KILN_FC_W] = kiln_params_add(t, NAME("mlp.c_fc.weight"), FCO, C, l);
             if (m->bias) {
                 ix[KILN_QKV_B] = kiln_params_add(t, NAME("attn.c_attn.bias"), QKV, 0, l);
