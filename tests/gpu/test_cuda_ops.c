@@ -23,6 +23,7 @@
 #include "test_util.h"
 
 #include "core/backend.h"
+#include "run/knobs.h"
 
 #define TOL_BF16 1e-2
 #define TOL_ATTN 2e-2
@@ -184,7 +185,17 @@ static double now_ms(void) {
 static int setup(void **state) {
     struct env *e = calloc(1, sizeof(*e));
     struct kiln_error err;
-    struct kiln_backend_opts o = {0}; // the default kernels; tests switch them with set_kernel
+    // the kernel knobs from the environment, once (KILN_ATTN=ref test_cuda_ops runs the reference kernels
+    // wherever a test does not choose its own); tests switch them with set_kernel
+    struct kiln_knobs knobs;
+    if (kiln_knobs_read(&knobs, NULL, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        return -1;
+    }
+    for (int k = 0; k < KILN_KERNEL_COUNT; k++)
+        e->kernel[k] = knobs.kernel[k] ? kiln_kernel_values[k].values[knobs.kernel[k]] : NULL;
+    struct kiln_backend_opts o = {0};
+    kiln_knobs_backend_opts(&knobs, &o);
     if (kiln_backend_open("cpu", &o, &e->cpu, &err) || kiln_backend_open("cuda", &o, &e->gpu, &err)) {
         fprintf(stderr, "cannot open backends: %s\n", err.msg);
         return -1;
@@ -195,6 +206,7 @@ static int setup(void **state) {
         return -1;
     }
     struct kiln_backend_opts ob = {.grad_dtype = KILN_BF16};
+    kiln_knobs_backend_opts(&knobs, &ob);
     if (kiln_backend_open("cuda", &ob, &e->gpu_bf16g, &err) || e->gpu_bf16g.grad_dtype != KILN_BF16) {
         fprintf(stderr, "cannot open the cuda backend with bf16 gradients: %s\n", err.msg);
         return -1;
