@@ -82,12 +82,18 @@ static double max_rel(const std::vector<float> &a, const std::vector<float> &b, 
     return mr > 0 ? md / mr : md;
 }
 
-static void set_path(const char *attn, const char *variant) {
-    if (attn)
-        setenv("KILN_ATTN", attn, 1);
-    else
-        unsetenv("KILN_ATTN");
-    setenv("KILN_FA_VARIANT", variant, 1);
+// A kernel knob's value (NULL: its default) on the context, for the calls that follow (kiln_cuda_set_kernel:
+// the paths compared on the same inputs in one process).
+static void set_kernel(void *ctx, const char *knob, const char *value) {
+    if (kiln_cuda_set_kernel(ctx, knob, value)) {
+        fprintf(stderr, "attn_bench: %s=%s: not a kernel choice\n", knob, value ? value : "");
+        exit(2);
+    }
+}
+
+static void set_path(void *ctx, const char *attn, const char *variant) {
+    set_kernel(ctx, "KILN_ATTN", attn);
+    set_kernel(ctx, "KILN_FA_VARIANT", variant);
 }
 
 // Runs the reference path (KILN_ATTN=ref) and the new one (variants 0 and 1) on the same inputs: times of
@@ -156,15 +162,9 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
     std::vector<float> nan_fill(n_qkv, NAN);
     float ref_f = 0, ref_b = 0, det_b = 0, new_f = 0, new_b = 0;
     for (int k = 0; k < n_paths; k++) {
-        set_path(attn[k], var[k]);
-        if (dqm[k])
-            setenv("KILN_WGMMA_DQ", dqm[k], 1);
-        else
-            unsetenv("KILN_WGMMA_DQ");
-        if (k == 7)
-            setenv("KILN_WGMMA_FWD", "overlap", 1);
-        else
-            unsetenv("KILN_WGMMA_FWD");
+        set_path(be->ctx, attn[k], var[k]);
+        set_kernel(be->ctx, "KILN_WGMMA_DQ", dqm[k]);
+        set_kernel(be->ctx, "KILN_WGMMA_FWD", k == 7 ? "overlap" : NULL);
         c->deterministic = det[k];
         ops->upload_f32(be->ctx, dqkv, KILN_BF16, nan_fill.data(), n_qkv); // every element must be written
         ops->attention_forward(be->ctx, &fa);
@@ -209,9 +209,9 @@ static int bench_one(struct kiln_backend *be, int B, int T, int NH, int NKV, int
         printf("\n");
         fflush(stdout);
     }
-    set_path(NULL, "0");
-    unsetenv("KILN_WGMMA_DQ");
-    unsetenv("KILN_WGMMA_FWD");
+    set_path(be->ctx, NULL, "0");
+    set_kernel(be->ctx, "KILN_WGMMA_DQ", NULL);
+    set_kernel(be->ctx, "KILN_WGMMA_FWD", NULL);
     c->deterministic = 0;
     ops->free(be->ctx, qkv);
     ops->free(be->ctx, dqkv);
@@ -262,7 +262,7 @@ static void bench_block(struct kiln_backend *be, int T, int NH, int HS) {
         double fl = 4.0 * S * S * HS * NH * (kind ? 0.5 : 1.0);
         float err = 0;
         for (int tc = 0; tc < 2; tc++) {
-            setenv("KILN_ATTN_BLOCK", tc ? "tc" : "ref", 1);
+            set_kernel(be->ctx, "KILN_ATTN_BLOCK", tc ? "tc" : "ref");
             cudaEvent_t e0, e1, e2;
             CUDA_CHECK(cudaEventCreate(&e0));
             CUDA_CHECK(cudaEventCreate(&e1));
@@ -312,7 +312,7 @@ static void bench_block(struct kiln_backend *be, int T, int NH, int HS) {
             CUDA_CHECK(cudaEventDestroy(e2));
         }
     }
-    unsetenv("KILN_ATTN_BLOCK");
+    set_kernel(be->ctx, "KILN_ATTN_BLOCK", NULL);
     ops->free(be->ctx, qkv);
     ops->free(be->ctx, dqkv);
     ops->free(be->ctx, out);

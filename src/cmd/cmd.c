@@ -6,12 +6,13 @@
 
 #include "core/backend.h"
 #include "parallel/comm/comm.h"
+#include "run/knobs.h"
 #include "run/options.h"
 #include "util/build_info.h"
 
 struct command {
     const char *name;
-    int (*run)(int argc, char **argv);
+    int (*run)(int argc, char **argv, const struct kiln_knobs *knobs);
     const char *summary;
 };
 
@@ -61,7 +62,7 @@ static const char *const INFO_OPTS[] = {
     "bucket-mb", "sp", "sp-mode", "sp-ulysses", NULL};
 // clang-format on
 
-int cmd_help(int argc, char **argv) {
+int cmd_help(int argc, char **argv, const struct kiln_knobs *knobs) {
     if (argc == 0) {
         usage(stdout);
         return 0;
@@ -81,7 +82,11 @@ int cmd_help(int argc, char **argv) {
             "  what it computes, --world=N (default 1) plans one rank of an N-rank job, --strategies adds\n"
             "  each data-parallel strategy's per-rank GPU memory under each recompute mode, and\n"
             "  --lengths=T1,T2,... each sequence length's under each recompute mode and activation "
-            "offload:\n\n");
+            "offload.\n"
+            "kiln info --knobs\n"
+            "  lists the KILN_* knobs, environment variables for tests, comparisons and measurements\n"
+            "  that kiln reads once at start-up: each one's value, whether it came from the environment\n"
+            "  or is the default, the layer that reads it, what it does and the values it takes.\n\n");
         kiln_config_print_help_only(stdout, INFO_OPTS);
         return 0;
     }
@@ -92,7 +97,7 @@ int cmd_help(int argc, char **argv) {
     for (size_t i = 0; i < N_COMMANDS; i++)
         if (!strcmp(c, COMMANDS[i].name)) {
             char *h[] = {"--help"};
-            return COMMANDS[i].run(1, h);
+            return COMMANDS[i].run(1, h, knobs);
         }
     fprintf(stderr,
             "error: unknown command '%s' (kiln help): there is no such command; see kiln help for the "
@@ -107,13 +112,21 @@ int kiln_cmd_main(int argc, char **argv) {
         return 2;
     }
     const char *name = argv[1];
+    // The knobs, read once for the whole process: a bad value stops every command but help before it
+    // starts (help and --version work whatever the environment holds).
+    struct kiln_knobs knobs;
+    kiln_knobs_defaults(&knobs);
     if (!strcmp(name, "--help") || !strcmp(name, "-h"))
-        return cmd_help(0, NULL);
+        return cmd_help(0, NULL, &knobs);
     if (!strcmp(name, "--version") || !strcmp(name, "-V"))
         return print_version();
     for (size_t i = 0; i < N_COMMANDS; i++)
-        if (!strcmp(name, COMMANDS[i].name))
-            return COMMANDS[i].run(argc - 2, argv + 2);
+        if (!strcmp(name, COMMANDS[i].name)) {
+            struct kiln_error err = {0};
+            if (COMMANDS[i].run != cmd_help && kiln_knobs_read(&knobs, NULL, &err))
+                return kiln_error_print(&err);
+            return COMMANDS[i].run(argc - 2, argv + 2, &knobs);
+        }
     fprintf(stderr,
             "error: unknown command '%s' (kiln): there is no such command; see kiln help for the "
             "commands\n",

@@ -1,22 +1,25 @@
-// Subcommands. Each takes the arguments after its name and returns the process exit status
-// (0 ok, 1 runtime error, 2 usage error). Only cmd/ prints errors and decides exit codes.
+// Subcommands. Each takes the arguments after its name and the KILN_* knobs (run/knobs.h), which
+// kiln_cmd_main reads from the environment once, before any command runs, and returns the process exit
+// status (0 ok, 1 runtime error, 2 usage error). Only cmd/ prints errors and decides exit codes.
 #ifndef KILN_CMD_CMD_H
 #define KILN_CMD_CMD_H
 
+struct kiln_knobs;
+
 int kiln_cmd_main(int argc, char **argv);
 
-int cmd_train(int argc, char **argv);
-int cmd_sample(int argc, char **argv);
-int cmd_info(int argc, char **argv);
-int cmd_help(int argc, char **argv);
-int cmd_tokenize(int argc, char **argv);
-int cmd_encode(int argc, char **argv);
-int cmd_decode(int argc, char **argv);
-int cmd_export(int argc, char **argv);
-int cmd_import(int argc, char **argv);
-int cmd_launch(int argc, char **argv);
-int cmd_logits(int argc, char **argv);
-int cmd_doctor(int argc, char **argv); // cmd/doctor.c
-int cmd_plot(int argc, char **argv);   // cmd/plot.c
+int cmd_train(int argc, char **argv, const struct kiln_knobs *knobs);
+int cmd_sample(int argc, char **argv, const struct kiln_knobs *knobs);
+int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs);
+int cmd_help(int argc, char **argv, const struct kiln_knobs *knobs);
+int cmd_tokenize(int argc, char **argv, const struct kiln_knobs *knobs);
+int cmd_encode(int argc, char **argv, const struct kiln_knobs *knobs);
+int cmd_decode(int argc, char **argv, const struct kiln_knobs *knobs);
+int cmd_export(int argc, char **argv, const struct kiln_knobs *knobs);
+int cmd_import(int argc, char **argv, const struct kiln_knobs *knobs);
+int cmd_launch(int argc, char **argv, const struct kiln_knobs *knobs);
+int cmd_logits(int argc, char **argv, const struct kiln_knobs *knobs);
+int cmd_doctor(int argc, char **argv, const struct kiln_knobs *knobs); // cmd/doctor.c
+int cmd_plot(int argc, char **argv, const struct kiln_knobs *knobs);   // cmd/plot.c
 
 #endif

@@ -52,7 +52,8 @@ static double mtime(const char *path) {
     return stat(path, &st) == 0 ? (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9 : 0;
 }
 
-int cmd_doctor(int argc, char **argv) {
+int cmd_doctor(int argc, char **argv, const struct kiln_knobs *knobs) {
+    (void)knobs; // (it reads a run's reports, nothing the knobs tune)
     const char *run = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {

@@ -8,6 +8,7 @@
 #include "cmd/cmd.h"
 #include "data/textread.h"
 #include "data/tokenizer.h"
+#include "run/knobs.h"
 #include "util/error.h"
 
 struct enc_args {
@@ -173,7 +174,7 @@ static int decode_line(struct kiln_tokenizer *t, const struct enc_args *a, const
     return rc;
 }
 
-static int run_lines(const char *cmd, int argc, char **argv, line_fn fn) {
+static int run_lines(const char *cmd, int argc, char **argv, line_fn fn, const struct kiln_knobs *knobs) {
     struct kiln_error err = {0};
     struct enc_args a;
     int rc = parse_enc_args(cmd, &a, argc, argv, &err);
@@ -186,7 +187,7 @@ static int run_lines(const char *cmd, int argc, char **argv, line_fn fn) {
         return kiln_error_print(&err);
     }
     struct kiln_tokenizer *t;
-    rc = kiln_tokenizer_open(&t, a.tokenizer, a.vocab, &err);
+    rc = kiln_tokenizer_open_at(&t, a.tokenizer, a.vocab, kiln_knobs_source_dir(knobs), &err);
     if (rc) {
         if (in != stdin)
             fclose(in);
@@ -218,10 +219,10 @@ static int run_lines(const char *cmd, int argc, char **argv, line_fn fn) {
     return rc ? kiln_error_print(&err) : 0;
 }
 
-int cmd_encode(int argc, char **argv) {
-    return run_lines("encode", argc, argv, encode_line);
+int cmd_encode(int argc, char **argv, const struct kiln_knobs *knobs) {
+    return run_lines("encode", argc, argv, encode_line, knobs);
 }
 
-int cmd_decode(int argc, char **argv) {
-    return run_lines("decode", argc, argv, decode_line);
+int cmd_decode(int argc, char **argv, const struct kiln_knobs *knobs) {
+    return run_lines("decode", argc, argv, decode_line, knobs);
 }

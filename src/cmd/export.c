@@ -6,6 +6,7 @@
 #include "cmd/cmd.h"
 #include "model/params.h"
 #include "interop/hf.h"
+#include "run/knobs.h"
 #include "run/model_io.h"
 
 // --name=value arguments into the values of the allowed names (NULL when absent).
@@ -33,7 +34,7 @@ static int parse_named(int argc, char **argv, const char *cmd, const char *const
     return 0;
 }
 
-static int run_export(int argc, char **argv, struct kiln_error *err) {
+static int run_export(int argc, char **argv, const struct kiln_knobs *knobs, struct kiln_error *err) {
     static const char *const names[] = {"run", "format", "out", "dtype"};
     const char *v[4] = {NULL, "hf", NULL, "f32"};
     int rc = parse_named(argc, argv, "export", names, v, 4, err);
@@ -52,7 +53,7 @@ static int run_export(int argc, char **argv, struct kiln_error *err) {
                            "bad value '%s' for dtype (--dtype): allowed values are f32,bf16", v[3]);
     struct kiln_config cfg;
     struct kiln_run_tokenizer tok;
-    if ((rc = kiln_run_read_config(v[0], &cfg, &tok, err)))
+    if ((rc = kiln_run_read_config(v[0], &cfg, &tok, kiln_knobs_source_dir(knobs), err)))
         return rc;
     enum kiln_hf_arch arch;
     if ((rc = kiln_hf_arch_of(&cfg.model, &arch, err)))
@@ -107,7 +108,7 @@ static int run_import(int argc, char **argv, struct kiln_error *err) {
     return rc;
 }
 
-int cmd_export(int argc, char **argv) {
+int cmd_export(int argc, char **argv, const struct kiln_knobs *knobs) {
     if (argc == 1 && !strcmp(argv[0], "--help")) {
         printf("kiln export --run=DIR --format=hf --out=HF_DIR [--dtype=f32|bf16]\n"
                "  writes config.json + model.safetensors for GPT2LMHeadModel, LlamaForCausalLM or "
@@ -115,12 +116,13 @@ int cmd_export(int argc, char **argv) {
         return 0;
     }
     struct kiln_error err = {0};
-    if (run_export(argc, argv, &err))
+    if (run_export(argc, argv, knobs, &err))
         return kiln_error_print(&err);
     return 0;
 }
 
-int cmd_import(int argc, char **argv) {
+int cmd_import(int argc, char **argv, const struct kiln_knobs *knobs) {
+    (void)knobs; // (an import reads the Hugging Face directory alone)
     if (argc == 1 && !strcmp(argv[0], "--help")) {
         printf("kiln import --from=HF_DIR --out=DIR\n"
                "  reads a GPT2LMHeadModel, LlamaForCausalLM or OlmoForCausalLM directory into a kiln run "

@@ -12,6 +12,7 @@
 #include "run/plan.h"
 #include "parallel/sp.h"
 #include "run/embedded.h"
+#include "run/knobs.h"
 #include "run/tuning.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -33,11 +34,11 @@ static void print_plan(const char *label, const struct kiln_mem_plan *p, int tok
 
 // Data parallelism's share of rank 0's memory (the ranks' differ by an element a bucket at most): what the
 // model holds under --zero/--offload, and what dp.c adds. The sharded state is what falls as 1/N.
-static void print_rank_plan(const char *label, const struct kiln_config *cfg,
+static void print_rank_plan(const char *label, const struct kiln_config *cfg, const struct kiln_knobs *knobs,
                             const struct kiln_param_table *pt, int world, const struct kiln_sp_layout *sp,
                             enum kiln_dtype act, enum kiln_dtype grad, int alias) {
     struct kiln_rank_plan rp;
-    kiln_rank_plan(cfg, pt, world, sp, cfg->recompute, act, grad, alias, &rp);
+    kiln_rank_plan(cfg, knobs, pt, world, sp, cfg->recompute, act, grad, alias, &rp);
     const struct kiln_mem_plan *p = &rp.model;
     size_t state = p->params_bytes + p->weights_bytes + p->grads_bytes + p->optim_bytes + rp.dp.grad_shard;
     printf("per rank (%s; zero %d, %d ranks%s):\n", label, cfg->zero, world,
@@ -66,15 +67,15 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg,
 
 // Whether a rank's GPU plan fits GPU 0 here, by the budget --recompute=auto uses (its free memory less the
 // margin; KILN_MEM_BUDGET_MB stands in for it, as on a machine without a GPU). Nothing when there is neither.
-static void print_fit(size_t on_gpu) {
-    size_t free_b = kiln_backend_gpu_free(0), budget = kiln_recompute_budget(free_b);
+static void print_fit(size_t on_gpu, const struct kiln_knobs *knobs) {
+    size_t free_b = kiln_backend_gpu_free(0), budget = kiln_recompute_budget(free_b, knobs);
     if (!budget)
         return;
-    const char *env = getenv("KILN_MEM_BUDGET_MB");
+    int knob = knobs->mem_budget_mb > 0; // KILN_MEM_BUDGET_MB
     printf("\nfits %s: %s, %.3f GiB planned a rank of a %.3f GiB budget",
-           env && *env ? "KILN_MEM_BUDGET_MB" : "GPU 0", on_gpu <= budget ? "yes" : "no", on_gpu / GIB,
+           knob ? "KILN_MEM_BUDGET_MB" : "GPU 0", on_gpu <= budget ? "yes" : "no", on_gpu / GIB,
            budget / GIB);
-    if (!(env && *env))
+    if (!knob)
         printf(" (%.3f GiB free, less 4%% and 1 GiB)", free_b / GIB);
     printf("\n");
     if (on_gpu > budget)
@@ -85,21 +86,22 @@ static void print_fit(size_t on_gpu) {
 // --recompute=auto: each candidate's per-rank plan on a GPU; the trainer takes the first that fits the GPU's
 // free memory (less its margin, run/trainer.c), and act on the CPU, which states no limit. The rest of info
 // plans with the CPU's choice (selective with --offload=activations).
-static enum kiln_recompute print_auto(const struct kiln_config *cfg, const struct kiln_param_table *pt,
-                                      int world, const struct kiln_sp_layout *sp, enum kiln_dtype grad) {
+static enum kiln_recompute print_auto(const struct kiln_config *cfg, const struct kiln_knobs *knobs,
+                                      const struct kiln_param_table *pt, int world,
+                                      const struct kiln_sp_layout *sp, enum kiln_dtype grad) {
     const enum kiln_recompute *order = kiln_recompute_by_memory;
     printf(
         "\n--recompute=auto: the first of these whose plan fits the GPU's free memory (cuda, per rank):\n");
     int first = cfg->offload & KILN_OFFLOAD_ACTIVATIONS ? 3 : 0;
     for (int i = first; i < 5; i++) {
         struct kiln_rank_plan rp;
-        kiln_rank_plan(cfg, pt, world, sp, order[i], KILN_BF16, grad, 0, &rp);
+        kiln_rank_plan(cfg, knobs, pt, world, sp, order[i], KILN_BF16, grad, 0, &rp);
         printf("  %-10s %.3f GiB\n", kiln_recompute_name(order[i]), rp.total / GIB);
     }
     // with KILN_MEM_BUDGET_MB, what the trainer would take under it with this machine's CPU (f32) plans
-    size_t budget = kiln_recompute_budget(0), planned = 0;
+    size_t budget = kiln_recompute_budget(0, knobs), planned = 0;
     if (budget) {
-        enum kiln_recompute rc = kiln_recompute_auto(cfg, pt, world, sp, KILN_F32,
+        enum kiln_recompute rc = kiln_recompute_auto(cfg, knobs, pt, world, sp, KILN_F32,
                                                      kiln_config_grad_dtype(cfg, 0), 1, budget, &planned);
         printf("under KILN_MEM_BUDGET_MB (%zu bytes), on the cpu: %s (planned %zu bytes)\n", budget,
                kiln_recompute_name(rc), planned);
@@ -110,13 +112,13 @@ static enum kiln_recompute print_auto(const struct kiln_config *cfg, const struc
 
 // The first line of --strategies' and --lengths' tables; returns the budget their cells are marked against
 // (GPU 0's free memory less auto's margin, or KILN_MEM_BUDGET_MB; 0: none, no marks).
-static size_t print_table_head(const char *title, const struct kiln_config *cfg, int world,
-                               const char *what) {
-    size_t budget = kiln_recompute_budget(kiln_backend_gpu_free(0));
+static size_t print_table_head(const char *title, const struct kiln_config *cfg,
+                               const struct kiln_knobs *knobs, int world, const char *what) {
+    size_t budget = kiln_recompute_budget(kiln_backend_gpu_free(0), knobs);
     printf("\n%s (cuda, GiB a rank on the GPU at %d rank%s, B=%d%s", title, world, world > 1 ? "s" : "",
            cfg->batch_size, what);
     if (budget)
-        printf("; * fits %s's %.3f GiB", getenv("KILN_MEM_BUDGET_MB") ? "KILN_MEM_BUDGET_MB" : "GPU 0",
+        printf("; * fits %s's %.3f GiB", knobs->mem_budget_mb > 0 ? "KILN_MEM_BUDGET_MB" : "GPU 0",
                budget / GIB);
     printf("):\n");
     return budget;
@@ -128,8 +130,9 @@ static size_t print_table_head(const char *title, const struct kiln_config *cfg,
 // it fits GPU 0's budget (or KILN_MEM_BUDGET_MB's), as --recompute=auto judges it; the last column is the
 // offloaded optimizer's host memory. With --offload=activations only selective and block apply (a dash
 // elsewhere).
-static void print_strategies(const struct kiln_config *cfg, const struct kiln_param_table *pt, int world,
-                             const struct kiln_sp_layout *sp, enum kiln_dtype grad) {
+static void print_strategies(const struct kiln_config *cfg, const struct kiln_knobs *knobs,
+                             const struct kiln_param_table *pt, int world, const struct kiln_sp_layout *sp,
+                             enum kiln_dtype grad) {
     static const struct {
         const char *name;
         int zero, offload;
@@ -141,7 +144,7 @@ static void print_strategies(const struct kiln_config *cfg, const struct kiln_pa
     int act_off = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0;
     char what[64];
     snprintf(what, sizeof(what), ", T=%d", cfg->seq_len);
-    size_t budget = print_table_head("strategies", cfg, world, what);
+    size_t budget = print_table_head("strategies", cfg, knobs, world, what);
     printf("  %-28s", "strategy");
     for (int k = 0; k < 5; k++)
         printf(" %10s", kiln_recompute_name(kiln_recompute_by_memory[k]));
@@ -164,7 +167,7 @@ static void print_strategies(const struct kiln_config *cfg, const struct kiln_pa
                 continue;
             }
             struct kiln_rank_plan rp;
-            kiln_rank_plan(&c, pt, world, sp, rc, KILN_BF16, grad, 0, &rp);
+            kiln_rank_plan(&c, knobs, pt, world, sp, rc, KILN_BF16, grad, 0, &rp);
             printf(" %9.2f%s", rp.total / GIB, budget && rp.total <= budget ? "*" : " ");
             host = rp.dp.host; // the offloaded optimizer's (the same under every recompute mode)
         }
@@ -177,9 +180,9 @@ static void print_strategies(const struct kiln_config *cfg, const struct kiln_pa
 // takes in the last two columns), for this model, batch, --world and --sp: which mode a length needs on this
 // GPU (* where it fits the budget, as --recompute=auto judges). A length the layout cannot split (--sp) says
 // why.
-static void print_lengths(const struct kiln_config *cfg, const int *lengths, int n, int world,
-                          enum kiln_dtype grad) {
-    size_t budget = print_table_head("lengths", cfg, world, "");
+static void print_lengths(const struct kiln_config *cfg, const struct kiln_knobs *knobs, const int *lengths,
+                          int n, int world, enum kiln_dtype grad) {
+    size_t budget = print_table_head("lengths", cfg, knobs, world, "");
     printf("  %10s", "tokens");
     for (int k = 0; k < 5; k++)
         printf(" %10s", kiln_recompute_name(kiln_recompute_by_memory[k]));
@@ -203,7 +206,7 @@ static void print_lengths(const struct kiln_config *cfg, const int *lengths, int
                                          : kiln_recompute_by_memory[k];
             c.offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) | (off ? KILN_OFFLOAD_ACTIVATIONS : 0);
             struct kiln_rank_plan rp;
-            kiln_rank_plan(&c, &pt, world, &sp, rc, KILN_BF16, grad, 0, &rp);
+            kiln_rank_plan(&c, knobs, &pt, world, &sp, rc, KILN_BF16, grad, 0, &rp);
             printf(off ? " %13.2f%s" : " %9.2f%s", rp.total / GIB, budget && rp.total <= budget ? "*" : " ");
             if (off)
                 host[k - 5] = rp.model.host_bytes + rp.dp.host;
@@ -263,11 +266,22 @@ static int take_world(int *argc, char **argv, int *world, struct kiln_error *err
     return 0;
 }
 
-int cmd_info(int argc, char **argv) {
+int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help")) {
             char *h[] = {"info"};
-            return cmd_help(1, h);
+            return cmd_help(1, h, knobs);
+        }
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--knobs")) { // the knobs alone: they need no model
+            struct kiln_error err = {0};
+            if (argc > 1) {
+                kiln_errorf(&err, KILN_ERR_USAGE,
+                            "knobs (--knobs): kiln info --knobs takes no other option; run it on its own");
+                return kiln_error_print(&err);
+            }
+            kiln_knobs_print(knobs, stdout);
+            return 0;
         }
     struct kiln_config cfg;
     struct kiln_error err = {0};
@@ -294,7 +308,7 @@ int cmd_info(int argc, char **argv) {
         kiln_tokenizer_free(t);
     } else {
         struct kiln_tokenizer *t;
-        if (kiln_tokenizer_open(&t, cfg.tokenizer, NULL, &err))
+        if (kiln_tokenizer_open_at(&t, cfg.tokenizer, NULL, kiln_knobs_source_dir(knobs), &err))
             return kiln_error_print(&err);
         cfg.model.vocab_size = kiln_tokenizer_vocab_size(t);
         kiln_tokenizer_free(t);
@@ -308,7 +322,7 @@ int cmd_info(int argc, char **argv) {
     struct kiln_param_table pt;
     kiln_params_build(&pt, &cfg.model);
     if (cfg.recompute == KILN_RECOMPUTE_AUTO) {
-        cfg.recompute = print_auto(&cfg, &pt, world, &sp, kiln_config_grad_dtype(&cfg, 1));
+        cfg.recompute = print_auto(&cfg, knobs, &pt, world, &sp, kiln_config_grad_dtype(&cfg, 1));
         printf("(the plans below: --recompute=%s)\n", kiln_recompute_name(cfg.recompute));
     }
     const struct kiln_model_config *m = &cfg.model;
@@ -330,12 +344,12 @@ int cmd_info(int argc, char **argv) {
                                .offload_activations = (cfg.offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
     struct kiln_mem_plan plan;
     printf("\n");
-    kiln_model_tuning_from_env(&go);
+    kiln_model_tuning(&go, knobs);
     kiln_model_plan(m, &go, KILN_F32, KILN_F32, 1, &plan);
     print_plan("cpu: f32 everything", &plan, go.B * go.T);
     // the gradient dtype a CUDA run of this config gets (the trainer makes the same choice)
     enum kiln_dtype grad = kiln_config_grad_dtype(&cfg, 1);
-    kiln_model_tuning_from_env(&go);
+    kiln_model_tuning(&go, knobs);
     kiln_model_plan(m, &go, KILN_BF16, grad, 0, &plan);
     print_plan(grad == KILN_BF16 ? "cuda: bf16 weights, activations and gradients, f32 master and AdamW"
                                  : "cuda: bf16 weights and activations, f32 master, gradients and AdamW",
@@ -347,17 +361,17 @@ int cmd_info(int argc, char **argv) {
     size_t on_gpu = plan.total_bytes + ws; // what one rank holds on its GPU
     if (world > 1 || cfg.zero || (cfg.offload & KILN_OFFLOAD_OPTIMIZER)) {
         printf("\n");
-        print_rank_plan("cpu", &cfg, &pt, world, &sp, KILN_F32, kiln_config_grad_dtype(&cfg, 0), 1);
-        print_rank_plan("cuda", &cfg, &pt, world, &sp, KILN_BF16, grad, 0);
+        print_rank_plan("cpu", &cfg, knobs, &pt, world, &sp, KILN_F32, kiln_config_grad_dtype(&cfg, 0), 1);
+        print_rank_plan("cuda", &cfg, knobs, &pt, world, &sp, KILN_BF16, grad, 0);
         struct kiln_rank_plan rp;
-        kiln_rank_plan(&cfg, &pt, world, &sp, cfg.recompute, KILN_BF16, grad, 0, &rp);
+        kiln_rank_plan(&cfg, knobs, &pt, world, &sp, cfg.recompute, KILN_BF16, grad, 0, &rp);
         on_gpu = rp.total;
     }
-    print_fit(on_gpu);
+    print_fit(on_gpu, knobs);
     if (strategies)
-        print_strategies(&cfg, &pt, world, &sp, grad);
+        print_strategies(&cfg, knobs, &pt, world, &sp, grad);
     if (n_lengths)
-        print_lengths(&cfg, lengths, n_lengths, world, grad);
+        print_lengths(&cfg, knobs, lengths, n_lengths, world, grad);
     kiln_params_free(&pt);
     printf("\n");
     kiln_backends_describe(stdout);

@@ -995,7 +995,8 @@ static int parse_opts(int argc, char **argv, struct launch_opts *o, int *consume
     return 0;
 }
 
-int cmd_launch(int argc, char **argv) {
+int cmd_launch(int argc, char **argv, const struct kiln_knobs *knobs) {
+    (void)knobs; // the supervisor passes its environment, knobs and all, to the kiln train it starts
     if (argc > 0 && !strncmp(argv[0], "--relay=", 8))
         return launch_relay(argc, argv);
     struct launch_opts o = {.max_restarts = 3,

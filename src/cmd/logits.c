@@ -12,6 +12,7 @@
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
+#include "run/knobs.h"
 #include "run/tuning.h"
 #include "run/model_io.h"
 
@@ -70,10 +71,10 @@ static int parse_tokens(const char *s, int V, struct kiln_ids *ids, struct kiln_
     return 0;
 }
 
-static int run_logits(const struct logits_opts *o, struct kiln_error *err) {
+static int run_logits(const struct logits_opts *o, const struct kiln_knobs *knobs, struct kiln_error *err) {
     struct kiln_config cfg;
     struct kiln_run_tokenizer rt;
-    int rc = kiln_run_read_config(o->run, &cfg, &rt, err);
+    int rc = kiln_run_read_config(o->run, &cfg, &rt, kiln_knobs_source_dir(knobs), err);
     if (rc)
         return rc;
     int V = cfg.model.vocab_size;
@@ -85,7 +86,7 @@ static int run_logits(const struct logits_opts *o, struct kiln_error *err) {
         if (!strcmp(rt.name, "char"))
             tok = kiln_chartok_from_vocab(rt.chars, (size_t)rt.n_chars);
         else
-            rc = kiln_tokenizer_open(&tok, rt.name, NULL, err);
+            rc = kiln_tokenizer_open_at(&tok, rt.name, NULL, kiln_knobs_source_dir(knobs), err);
         if (!rc)
             rc = kiln_tokenizer_encode(tok, o->text, strlen(o->text), &ids, err);
         kiln_tokenizer_free(tok);
@@ -101,10 +102,11 @@ static int run_logits(const struct logits_opts *o, struct kiln_error *err) {
     struct kiln_backend_opts bo = {0};
     struct kiln_model *g = NULL;
     float *params = NULL, *logits = NULL;
+    kiln_knobs_backend_opts(knobs, &bo);
     if ((rc = kiln_backend_open(o->device, &bo, &be, err)))
         goto out_ids;
     struct kiln_model_opts go = {.B = 1, .T = 1, .recompute = KILN_RECOMPUTE_NONE, .training = 0};
-    kiln_model_tuning_from_env(&go);
+    kiln_model_tuning(&go, knobs);
     if ((rc = kiln_model_create(&g, &cfg.model, &be, &go, err)))
         goto out_be;
     const struct kiln_param_table *pt = kiln_model_params(g);
@@ -155,7 +157,7 @@ out_ids:
     return rc;
 }
 
-int cmd_logits(int argc, char **argv) {
+int cmd_logits(int argc, char **argv, const struct kiln_knobs *knobs) {
     if (argc == 1 && !strcmp(argv[0], "--help")) {
         printf("kiln logits --run=DIR (--tokens=ID,ID,... | --text=TEXT) [--device=cpu|cuda|auto]\n"
                "  prints {\"vocab_size\", \"tokens\", \"logits\": [[V floats] per position]} as JSON;\n"
@@ -164,7 +166,7 @@ int cmd_logits(int argc, char **argv) {
     }
     struct logits_opts o;
     struct kiln_error err = {0};
-    if (parse_opts(argc, argv, &o, &err) || run_logits(&o, &err))
+    if (parse_opts(argc, argv, &o, &err) || run_logits(&o, knobs, &err))
         return kiln_error_print(&err);
     return 0;
 }

@@ -502,7 +502,8 @@ static int run_plot(int argc, char **argv, struct kiln_error *err) {
     return rc;
 }
 
-int cmd_plot(int argc, char **argv) {
+int cmd_plot(int argc, char **argv, const struct kiln_knobs *knobs) {
+    (void)knobs; // (it reads metrics files, nothing the knobs tune)
     struct kiln_error err;
     int rc = run_plot(argc, argv, &err);
     return rc ? kiln_error_print(&err) : 0;

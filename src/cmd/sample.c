@@ -10,6 +10,7 @@
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
+#include "run/knobs.h"
 #include "run/tuning.h"
 #include "run/model_io.h"
 #include "run/sampler.h"
@@ -82,7 +83,7 @@ static int parse_opts(int argc, char **argv, struct sample_opts *o, struct kiln_
     return 0;
 }
 
-static int run_sample(const struct sample_opts *o, struct kiln_error *err) {
+static int run_sample(const struct sample_opts *o, const struct kiln_knobs *knobs, struct kiln_error *err) {
     char path[1200];
     snprintf(path, sizeof(path), "%s/config", o->run);
     if (access(path, R_OK) != 0)
@@ -106,7 +107,7 @@ static int run_sample(const struct sample_opts *o, struct kiln_error *err) {
         if (!n || !(tok = kiln_chartok_from_vocab(chars, n)))
             return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot read the char vocabulary (%s): is this a kiln run "
                                "directory?", path);
-    } else if ((rc = kiln_tokenizer_open(&tok, cfg.tokenizer, NULL, err))) {
+    } else if ((rc = kiln_tokenizer_open_at(&tok, cfg.tokenizer, NULL, kiln_knobs_source_dir(knobs), err))) {
         return rc;
     }
     cfg.model.vocab_size = kiln_tokenizer_vocab_size(tok);
@@ -117,10 +118,11 @@ static int run_sample(const struct sample_opts *o, struct kiln_error *err) {
     float *params = NULL, *logits = NULL;
     struct kiln_ids ids = {0};
     struct kiln_bytes text = {0};
+    kiln_knobs_backend_opts(knobs, &bo);
     if ((rc = kiln_backend_open(o->device, &bo, &be, err)))
         goto out_tok;
     struct kiln_model_opts go = {.B = 1, .T = 1, .recompute = KILN_RECOMPUTE_NONE, .training = 0};
-    kiln_model_tuning_from_env(&go);
+    kiln_model_tuning(&go, knobs);
     if ((rc = kiln_model_create(&g, &cfg.model, &be, &go, err)))
         goto out_be;
     const struct kiln_param_table *pt = kiln_model_params(g);
@@ -201,7 +203,7 @@ out_tok:
     return rc;
 }
 
-int cmd_sample(int argc, char **argv) {
+int cmd_sample(int argc, char **argv, const struct kiln_knobs *knobs) {
     if (argc == 1 && !strcmp(argv[0], "--help")) {
         printf("kiln sample --run=DIR [--prompt=TEXT] [--max-tokens=200] [--temperature=0.8] [--top-k=40] "
                "[--seed=1337] [--device=auto|cpu|cuda]\n");
@@ -209,7 +211,7 @@ int cmd_sample(int argc, char **argv) {
     }
     struct sample_opts o;
     struct kiln_error err = {0};
-    if (parse_opts(argc, argv, &o, &err) || run_sample(&o, &err))
+    if (parse_opts(argc, argv, &o, &err) || run_sample(&o, knobs, &err))
         return kiln_error_print(&err);
     return 0;
 }

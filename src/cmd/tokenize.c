@@ -24,6 +24,7 @@
 #include "data/shards.h"
 #include "data/textread.h"
 #include "data/tokenizer.h"
+#include "run/knobs.h"
 #include "io/fsutil.h"
 #include "util/error.h"
 
@@ -334,12 +335,12 @@ static int remove_stale(const char *dir, const char *split, int keep) {
     return removed;
 }
 
-static int run_tokenize(struct tok_args *a, struct kiln_error *err) {
+static int run_tokenize(struct tok_args *a, const struct kiln_knobs *knobs, struct kiln_error *err) {
     int is_char = strcmp(a->tokenizer, "char") == 0;
     struct kiln_tokenizer **toks = kiln_xcalloc((size_t)a->threads, sizeof(*toks));
     int rc = 0, eot = -1, vocab_size = 256;
     if (!is_char) {
-        rc = kiln_tokenizer_open(&toks[0], "gpt2", a->vocab, err);
+        rc = kiln_tokenizer_open_at(&toks[0], "gpt2", a->vocab, kiln_knobs_source_dir(knobs), err);
         if (rc) {
             free(toks);
             return rc;
@@ -541,14 +542,14 @@ static int run_tokenize(struct tok_args *a, struct kiln_error *err) {
     return rc;
 }
 
-int cmd_tokenize(int argc, char **argv) {
+int cmd_tokenize(int argc, char **argv, const struct kiln_knobs *knobs) {
     struct kiln_error err = {0};
     struct tok_args a;
     int rc = parse_args(&a, argc, argv, &err);
     if (rc) {
         kiln_error_print(&err);
     } else {
-        rc = run_tokenize(&a, &err);
+        rc = run_tokenize(&a, knobs, &err);
         if (rc)
             kiln_error_print(&err);
     }

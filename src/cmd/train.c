@@ -57,11 +57,11 @@ static const char *signal_name(int sig) {
     return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
 }
 
-int cmd_train(int argc, char **argv) {
+int cmd_train(int argc, char **argv, const struct kiln_knobs *knobs) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             char *h[] = {"train"};
-            return cmd_help(1, h);
+            return cmd_help(1, h, knobs);
         }
     struct kiln_config cfg;
     struct kiln_error err = {0};
@@ -69,7 +69,7 @@ int cmd_train(int argc, char **argv) {
         return kiln_error_print(&err);
     install_stop_handlers();
     struct kiln_train_result res;
-    if (kiln_train(&cfg, &res, &err)) {
+    if (kiln_train(&cfg, knobs, &res, &err)) {
         if (res.world <= 1)
             return kiln_error_print(&err);
         // every rank's errors reach stderr, prefixed with its rank; then the whole job ends, so that no other

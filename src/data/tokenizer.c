@@ -116,6 +116,11 @@ static int char_vocab_from_manifest(struct kiln_chartok *c, const char *path, co
 
 int kiln_tokenizer_open(struct kiln_tokenizer **out, const char *name, const char *data_dir_or_vocab,
                         struct kiln_error *err) {
+    return kiln_tokenizer_open_at(out, name, data_dir_or_vocab, NULL, err);
+}
+
+int kiln_tokenizer_open_at(struct kiln_tokenizer **out, const char *name, const char *data_dir_or_vocab,
+                           const char *source_dir, struct kiln_error *err) {
     *out = NULL;
     if (!name || (strcmp(name, "gpt2") != 0 && strcmp(name, "char") != 0))
         return kiln_errorf(err, KILN_ERR_USAGE, "unknown tokenizer (\"%s\"): allowed values are gpt2, char",
@@ -126,8 +131,8 @@ int kiln_tokenizer_open(struct kiln_tokenizer **out, const char *name, const cha
         if (!dir) {
             dir = "data/gpt2";
             if (!is_dir(dir)) {
-                const char *src = getenv("KILN_SOURCE_DIR");
-                snprintf(fallback, sizeof(fallback), "%s/data/gpt2", src ? src : KILN_SOURCE_DIR);
+                snprintf(fallback, sizeof(fallback), "%s/data/gpt2",
+                         source_dir && *source_dir ? source_dir : KILN_SOURCE_DIR);
                 dir = fallback;
             }
         }

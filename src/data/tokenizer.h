@@ -30,10 +30,15 @@ void kiln_bytes_append(struct kiln_bytes *b, const void *p, size_t n);
 void kiln_bytes_free(struct kiln_bytes *b);
 
 // name "gpt2": data_dir_or_vocab is a directory holding encoder.json and vocab.bpe (NULL: data/gpt2, then
-// $KILN_SOURCE_DIR/data/gpt2). name "char": data_dir_or_vocab is a file; if it is a kiln tokenize manifest
-// (*.json) its saved char vocab is used, otherwise the sorted distinct bytes of the file's contents.
+// data/gpt2 in the source tree this kiln was built from). name "char": data_dir_or_vocab is a file; if it is
+// a kiln tokenize manifest (*.json) its saved char vocab is used, otherwise the sorted distinct bytes of the
+// file's contents.
 int kiln_tokenizer_open(struct kiln_tokenizer **out, const char *name, const char *data_dir_or_vocab,
                         struct kiln_error *err);
+// The same, with gpt2's fallback directory under source_dir (source_dir/data/gpt2; NULL or "": the build's
+// source tree). cmd/ and run/ pass the KILN_SOURCE_DIR knob (run/knobs.h): data/ reads no environment.
+int kiln_tokenizer_open_at(struct kiln_tokenizer **out, const char *name, const char *data_dir_or_vocab,
+                           const char *source_dir, struct kiln_error *err);
 // char tokenizer whose vocab is the sorted distinct bytes of text.
 struct kiln_tokenizer *kiln_chartok_from_text(const char *text, size_t n);
 // char tokenizer with id i = chars[i] (the inverse of kiln_tokenizer_vocab_string). NULL if chars repeats a

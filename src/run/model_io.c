@@ -119,7 +119,7 @@ int kiln_read_model_safetensors(const char *path, const struct kiln_param_table 
 // run directories
 
 int kiln_run_read_config(const char *dir, struct kiln_config *cfg, struct kiln_run_tokenizer *tok,
-                         struct kiln_error *err) {
+                         const char *source_dir, struct kiln_error *err) {
     char path[1200], arg[1220];
     memset(tok, 0, sizeof(*tok));
     snprintf(path, sizeof(path), "%s/config", dir);
@@ -148,7 +148,7 @@ int kiln_run_read_config(const char *dir, struct kiln_config *cfg, struct kiln_r
         return 0;
     }
     struct kiln_tokenizer *t;
-    if ((rc = kiln_tokenizer_open(&t, cfg->tokenizer, NULL, err)))
+    if ((rc = kiln_tokenizer_open_at(&t, cfg->tokenizer, NULL, source_dir, err)))
         return rc;
     cfg->model.vocab_size = kiln_tokenizer_vocab_size(t);
     kiln_tokenizer_free(t);

@@ -32,9 +32,11 @@ struct kiln_run_tokenizer {
     int n_chars;
 };
 
-// Reads DIR/config (and DIR/vocab.char for a char model) and sets cfg->model.vocab_size from the tokenizer.
+// Reads DIR/config (and DIR/vocab.char for a char model) and sets cfg->model.vocab_size from the tokenizer
+// (gpt2's vocabulary from data/gpt2, else source_dir/data/gpt2: the KILN_SOURCE_DIR knob; NULL: the build's
+// source tree).
 int kiln_run_read_config(const char *dir, struct kiln_config *cfg, struct kiln_run_tokenizer *tok,
-                         struct kiln_error *err);
+                         const char *source_dir, struct kiln_error *err);
 // The weights file of a run directory: RUN/model.safetensors, written when a run finishes, or, for a run that
 // was stopped or is still going, the newest complete checkpoint's model.safetensors (one process's or a group's:
 // both hold the whole f32 weights). path gets it; an error when the run has neither.

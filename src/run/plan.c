@@ -1,15 +1,14 @@
 // The per-rank memory plan and --recompute=auto (plan.h).
 #include "run/plan.h"
 
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "run/tuning.h"
 
-void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_param_table *pt, int world,
-                    const struct kiln_sp_layout *sp, enum kiln_recompute rc, enum kiln_dtype act,
-                    enum kiln_dtype grad, int alias, struct kiln_rank_plan *out) {
+void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
+                    const struct kiln_param_table *pt, int world, const struct kiln_sp_layout *sp,
+                    enum kiln_recompute rc, enum kiln_dtype act, enum kiln_dtype grad, int alias,
+                    struct kiln_rank_plan *out) {
     memset(out, 0, sizeof(*out));
     struct kiln_dp_opts o = {.zero = cfg->zero,
                              .bucket_mb = cfg->bucket_mb,
@@ -17,14 +16,14 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_param_table
                              .keep_gathered = !cfg->zero3_reshard,
                              .accumulate_whole = cfg->zero3_accumulate == KILN_ACCUMULATE_WHOLE,
                              .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0};
-    kiln_dp_tuning_from_env(&o);
+    kiln_dp_tuning(&o, k);
     out->dpo = o;
     struct kiln_model_opts go = {.B = cfg->batch_size,
                                .T = sp->T_local,
                                .recompute = rc,
                                .training = 1,
                                .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
-    kiln_model_tuning_from_env(&go);
+    kiln_model_tuning(&go, k);
     if (world > 1 || cfg->zero || o.offload)
         kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &out->dp);
     kiln_model_plan(&cfg->model, &go, act, grad, alias, &out->model);
@@ -47,14 +46,15 @@ const enum kiln_recompute kiln_recompute_by_memory[5] = {KILN_RECOMPUTE_NONE, KI
                                                          KILN_RECOMPUTE_MLP, KILN_RECOMPUTE_SELECTIVE,
                                                          KILN_RECOMPUTE_BLOCK};
 
-enum kiln_recompute kiln_recompute_auto(const struct kiln_config *cfg, const struct kiln_param_table *pt,
-                                        int world, const struct kiln_sp_layout *sp, enum kiln_dtype act,
+enum kiln_recompute kiln_recompute_auto(const struct kiln_config *cfg, const struct kiln_knobs *k,
+                                        const struct kiln_param_table *pt, int world,
+                                        const struct kiln_sp_layout *sp, enum kiln_dtype act,
                                         enum kiln_dtype grad, int alias, size_t budget, size_t *planned) {
     const enum kiln_recompute *order = kiln_recompute_by_memory;
     int first = cfg->offload & KILN_OFFLOAD_ACTIVATIONS ? 3 : 0; // the offload needs whole-block recompute
     struct kiln_rank_plan p;
     for (int i = first; i < 5; i++) {
-        kiln_rank_plan(cfg, pt, world, sp, order[i], act, grad, alias, &p);
+        kiln_rank_plan(cfg, k, pt, world, sp, order[i], act, grad, alias, &p);
         *planned = p.total;
         if (p.total <= budget || i == 4)
             return order[i];
@@ -67,15 +67,9 @@ const char *kiln_recompute_name(enum kiln_recompute rc) {
     return (unsigned)rc < sizeof(names) / sizeof(names[0]) ? names[rc] : "?";
 }
 
-size_t kiln_recompute_budget(size_t free_bytes) {
-    const char *env = getenv("KILN_MEM_BUDGET_MB");
-    if (env && *env) {
-        char *end;
-        double mb = strtod(env, &end);
-        if (!*end && mb > 0 && mb < 1e12)
-            return (size_t)(mb * 1048576.0);
-        fprintf(stderr, "kiln: KILN_MEM_BUDGET_MB=%s (environment) is not a number of MiB: ignored\n", env);
-    }
+size_t kiln_recompute_budget(size_t free_bytes, const struct kiln_knobs *k) {
+    if (k && k->mem_budget_mb > 0) // (run/knobs.c validated it: above 0, below 1e12)
+        return (size_t)(k->mem_budget_mb * 1048576.0);
     // The margin covers what the plan leaves out (cuBLASLt's workspace, the allocator's rounding). Measured
     // on H100s (2026-11-26, test_plan), with the attention workspace counted: the peaks run 0.0-1.2 GiB over
     // the plans, so 4% of the free memory (3.1 GiB of 78) and 1 GiB. (10% had kept --recompute=mlp out at 64k

@@ -3,6 +3,7 @@
 #ifndef KILN_RUN_PLAN_H
 #define KILN_RUN_PLAN_H
 
+#include "run/knobs.h"
 #include "run/options.h"
 #include "model/model.h"
 #include "model/params.h"
@@ -20,10 +21,12 @@ struct kiln_rank_plan {
 
 // Rank 0's plan (the ranks' differ by an element a bucket at most) with recompute rc, for a backend of these
 // dtypes (alias: the compute weights are the master, as on the CPU). Data parallelism is counted where the
-// trainer runs it: several ranks, --zero or --offload=optimizer.
-void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_param_table *pt, int world,
-                    const struct kiln_sp_layout *sp, enum kiln_recompute rc, enum kiln_dtype act,
-                    enum kiln_dtype grad, int alias, struct kiln_rank_plan *out);
+// trainer runs it: several ranks, --zero or --offload=optimizer. k: the knobs that tune the model and data
+// parallelism (run/tuning.h; NULL: the defaults).
+void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
+                    const struct kiln_param_table *pt, int world, const struct kiln_sp_layout *sp,
+                    enum kiln_recompute rc, enum kiln_dtype act, enum kiln_dtype grad, int alias,
+                    struct kiln_rank_plan *out);
 
 // What the CUDA backend's attention keeps in its own scratch for B sequences of T tokens (a rank's T under
 // sequence parallelism), beyond the model's plan: the backward's f32 dQ accumulator (B T NH HS), q and k
@@ -38,14 +41,15 @@ extern const enum kiln_recompute kiln_recompute_by_memory[5];
 // --recompute=auto: the fastest of none, act, mlp, selective and block (in that order, each holding less)
 // whose plan fits `budget` bytes; with --offload=activations only selective and block, which it takes.
 // block when none fits (the run then fails as it would have). *planned gets the choice's total.
-enum kiln_recompute kiln_recompute_auto(const struct kiln_config *cfg, const struct kiln_param_table *pt,
-                                        int world, const struct kiln_sp_layout *sp, enum kiln_dtype act,
+enum kiln_recompute kiln_recompute_auto(const struct kiln_config *cfg, const struct kiln_knobs *k,
+                                        const struct kiln_param_table *pt, int world,
+                                        const struct kiln_sp_layout *sp, enum kiln_dtype act,
                                         enum kiln_dtype grad, int alias, size_t budget, size_t *planned);
 const char *kiln_recompute_name(enum kiln_recompute rc);
-// auto's budget: KILN_MEM_BUDGET_MB where set (tests, kiln info; a bad value is named on stderr and
-// ignored), else a device's free bytes less what the plans do not count (4% of them and 1 GiB: cuBLASLt's
-// workspace, the allocator's rounding; H100s' peaks ran 0.0-1.2 GiB over the plans); 0: no limit (the CPU
-// states none).
-size_t kiln_recompute_budget(size_t free_bytes);
+// auto's budget: the KILN_MEM_BUDGET_MB knob where set (k->mem_budget_mb: tests, kiln info), else a device's
+// free bytes less what the plans do not count (4% of them and 1 GiB: cuBLASLt's workspace, the allocator's
+// rounding; H100s' peaks ran 0.0-1.2 GiB over the plans); 0: no limit (the CPU states none). k NULL: the
+// defaults (no KILN_MEM_BUDGET_MB).
+size_t kiln_recompute_budget(size_t free_bytes, const struct kiln_knobs *k);
 
 #endif

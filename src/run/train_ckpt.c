@@ -745,13 +745,15 @@ void kiln_ckpt_writer_create_group(struct kiln_ckpt_writer **out, const char *ru
     w->shard_elems = n ? r[n - 1].state_offset + (r[n - 1].hi - r[n - 1].lo) : 0;
     snprintf(w->shard_name, sizeof(w->shard_name), "optim-%05d-of-%05d.safetensors", w->grp.rank,
              w->grp.size);
-    const char *delay = getenv("KILN_CKPT_DELAY_MS"); // (run/tuning.h)
-    w->delay_ms = delay ? atoi(delay) : 0;
     // the moments' snapshot buffers hold total floats: the shard fits (it is at most the whole)
     w->shard[0] = (struct kiln_st_tensor){.name = "m", .dtype = KILN_ST_F32, .ndim = 1, .data = w->m};
     w->shard[0].shape[0] = (int64_t)w->shard_elems;
     w->shard[1] = (struct kiln_st_tensor){.name = "v", .dtype = KILN_ST_F32, .ndim = 1, .data = w->v};
     w->shard[1].shape[0] = (int64_t)w->shard_elems;
+}
+
+void kiln_ckpt_writer_set_delay(struct kiln_ckpt_writer *w, int delay_ms) {
+    w->delay_ms = delay_ms;
 }
 
 void kiln_ckpt_writer_free(struct kiln_ckpt_writer *w) {

@@ -69,6 +69,9 @@ struct kiln_comm;
 void kiln_ckpt_writer_create_group(struct kiln_ckpt_writer **out, const char *run_dir,
                                    const struct kiln_param_table *pt, const struct kiln_ckpt_policy *policy,
                                    struct kiln_backend *be, struct kiln_dp *dp, struct kiln_comm *ckpt_comm);
+// Tests (KILN_CKPT_DELAY_MS, run/knobs.h): a group writer's rank r waits (r + 1) delay_ms before its files,
+// so that the ranks' writes finish steps apart and the commit is seen to wait for the last.
+void kiln_ckpt_writer_set_delay(struct kiln_ckpt_writer *w, int delay_ms);
 // The whole AdamW moments (pt->total floats each, padding zero) of a checkpoint, from optim.safetensors (one
 // process) or from every rank's optim shard (any world size).
 int kiln_ckpt_read_optim(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *m, float *v,

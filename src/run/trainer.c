@@ -77,8 +77,9 @@ static int char_shards_tokenizer(const struct kiln_config *cfg, struct kiln_toke
     return kiln_tokenizer_open(tok, "char", manifest, err);
 }
 
-// The tokenizer, and loaders over shards (--data) or the embedded Tiny Shakespeare split 90/10.
-static int open_data(struct kiln_config *cfg, int rank, int world, struct run_data *d,
+// The tokenizer, and loaders over shards (--data) or the embedded Tiny Shakespeare split 90/10. source_dir:
+// where gpt2's vocabulary is looked for when the working directory has no data/gpt2 (KILN_SOURCE_DIR).
+static int open_data(struct kiln_config *cfg, int rank, int world, const char *source_dir, struct run_data *d,
                      struct kiln_error *err) {
     memset(d, 0, sizeof(*d));
     int rc;
@@ -91,7 +92,7 @@ static int open_data(struct kiln_config *cfg, int rank, int world, struct run_da
     } else if (strcmp(cfg->tokenizer, "char") == 0) {
         text = kiln_embedded_shakespeare(&n_text);
         d->tok = kiln_chartok_from_text(text, n_text);
-    } else if ((rc = kiln_tokenizer_open(&d->tok, cfg->tokenizer, NULL, err))) {
+    } else if ((rc = kiln_tokenizer_open_at(&d->tok, cfg->tokenizer, NULL, source_dir, err))) {
         return rc;
     }
     cfg->model.vocab_size = kiln_tokenizer_vocab_size(d->tok);
@@ -497,6 +498,7 @@ static void log_metrics(struct kiln_metrics *m, const struct step_log *s, const 
 
 struct run {
     struct kiln_config *cfg;
+    const struct kiln_knobs *knobs; // read once at start-up (run/knobs.h)
     struct kiln_train_result *res;
     struct run_data data;
     int64_t *nan_steps;
@@ -591,7 +593,7 @@ static void auto_offload_hint(const struct run *r, const struct kiln_config *cfg
     c.offload |= KILN_OFFLOAD_ACTIVATIONS;
     size_t planned = 0;
     enum kiln_recompute rc =
-        kiln_recompute_auto(&c, pt, r->env.world, &r->sp_lo, r->be.act_dtype, r->be.grad_dtype,
+        kiln_recompute_auto(&c, r->knobs, pt, r->env.world, &r->sp_lo, r->be.act_dtype, r->be.grad_dtype,
                             r->be.weights_alias_master, budget, &planned);
     if (planned <= budget)
         fprintf(stderr,
@@ -608,11 +610,11 @@ static void auto_offload_hint(const struct run *r, const struct kiln_config *cfg
 static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
                                    const struct kiln_param_table *pt) {
     size_t free_now = r->be.ops->mem_free(r->be.ctx);
-    size_t budget = kiln_recompute_budget(free_now), planned = 0;
+    size_t budget = kiln_recompute_budget(free_now, r->knobs), planned = 0;
     enum kiln_recompute rc = KILN_RECOMPUTE_ACT;
     if (budget)
-        rc = kiln_recompute_auto(cfg, pt, r->env.world, &r->sp_lo, r->be.act_dtype, r->be.grad_dtype,
-                                 r->be.weights_alias_master, budget, &planned);
+        rc = kiln_recompute_auto(cfg, r->knobs, pt, r->env.world, &r->sp_lo, r->be.act_dtype,
+                                 r->be.grad_dtype, r->be.weights_alias_master, budget, &planned);
     else if (cfg->offload & KILN_OFFLOAD_ACTIVATIONS)
         rc = KILN_RECOMPUTE_SELECTIVE;
     if (r->comm) { // the most recompute any rank chose: the furthest down kiln_recompute_by_memory
@@ -647,13 +649,14 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     r->rank0 = r->env.rank == 0;
     // the ranks of a sequence-parallel group read the same sequences: the loader partitions over groups
     int sp = cfg->sp > 0 && r->env.world % cfg->sp == 0 ? cfg->sp : 1;
-    if ((rc = open_data(cfg, r->env.rank / sp, r->env.world / sp, &r->data, err)))
+    if ((rc = open_data(cfg, r->env.rank / sp, r->env.world / sp, kiln_knobs_source_dir(r->knobs), &r->data,
+                        err)))
         return rc;
     if ((rc = kiln_config_validate(cfg, err)) ||
-        (rc = kiln_sp_plan(kiln_config_sp(cfg), r->env.world, r->env.rank, r->env.local_world, &r->sp_lo, err)) ||
+        (rc = kiln_sp_plan(kiln_config_sp(cfg), r->env.world, r->env.rank, r->env.local_world, &r->sp_lo,
+                           err)) ||
         (rc = parse_step_list(cfg->inject_nan, &r->nan_steps, err)) ||
-        (rc = parse_stall(cfg->inject_stall, r->env.world, &r->stall_rank, &r->stall_step, err)) ||
-        (rc = kiln_dp_tuning_check_env(err)))
+        (rc = parse_stall(cfg->inject_stall, r->env.world, &r->stall_rank, &r->stall_step, err)))
         return rc;
 
     const char *device = kiln_backend_resolve(cfg->device);
@@ -677,6 +680,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
                                    .deterministic = cfg->deterministic,
                                    .threads = cfg->threads,
                                    .grad_dtype = kiln_config_grad_dtype(cfg, gpu)};
+    kiln_knobs_backend_opts(r->knobs, &bo);
     if ((rc = kiln_backend_open(device, &bo, &r->be, err)))
         return rc;
     r->be_open = 1;
@@ -686,6 +690,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     if (r->env.world > 1 || kind != KILN_COMM_SINGLE || cfg->zero ||
         (cfg->offload & KILN_OFFLOAD_OPTIMIZER)) {
         struct kiln_comm_open_opts co = {.kind = kind, .device_is_gpu = gpu, .be = &r->be, .timeout_s = 300};
+        kiln_knobs_comm_opts(r->knobs, &co);
         if ((rc = kiln_comm_open_world(&r->env, &co, &r->comm, err)) ||
             (rc = kiln_comm_dup(r->comm, &r->ckpt_comm, err)))
             return rc;
@@ -699,7 +704,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
                                .recompute = cfg->recompute,
                                .training = 1,
                                .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
-    kiln_model_tuning_from_env(&go);
+    kiln_model_tuning(&go, r->knobs);
     if (r->comm) {
         struct kiln_dp_opts dpo = {.zero = cfg->zero,
                                    .bucket_mb = cfg->bucket_mb,
@@ -708,7 +713,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
                                    .accumulate_whole = cfg->zero3_accumulate == KILN_ACCUMULATE_WHOLE,
                                    .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0,
                                    .host_threads = cfg->threads};
-        kiln_dp_tuning_from_env(&dpo);
+        kiln_dp_tuning(&dpo, r->knobs);
         kiln_dp_create(&r->dp, r->comm, &r->be, &pt, &dpo);
         kiln_dp_model_opts(r->dp, &go); // what the model holds of the state: ZeRO shards it
     }
@@ -750,6 +755,8 @@ static int run_setup(struct run *r, struct kiln_error *err) {
             kiln_ckpt_writer_create_group(&r->writer, cfg->out, r->pt, &policy, &r->be, r->dp, r->ckpt_comm);
         else if (cfg->checkpoint)
             kiln_ckpt_writer_create(&r->writer, cfg->out, r->pt, &policy, &r->be);
+        if (r->writer && r->knobs)
+            kiln_ckpt_writer_set_delay(r->writer, r->knobs->ckpt_delay_ms);
     }
 
     int B = cfg->batch_size, T = cfg->seq_len;
@@ -1104,12 +1111,14 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     return rc;
 }
 
-int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct kiln_error *err) {
+int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct kiln_train_result *res,
+               struct kiln_error *err) {
     memset(res, 0, sizeof(*res));
     res->final_val_loss = NAN;
     struct run r;
     memset(&r, 0, sizeof(r));
     r.cfg = cfg;
+    r.knobs = knobs;
     r.res = res;
     r.lock_fd = -1;
     stop_requested = 0;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "run/knobs.h"
 #include "run/options.h"
 #include "util/error.h"
 
@@ -33,8 +34,11 @@ struct kiln_train_result {
 // cfg->out is set, and resumes from cfg->out's newest complete checkpoint (cfg->resume = auto), from a given
 // checkpoint directory, or not at all (never). Returns 0 (also when stopped by a signal: res->stop_signal),
 // or an error: usage errors (a context longer than the data, a checkpoint of another model) give
-// KILN_ERR_USAGE, and --max-bad-steps consecutive skipped steps give KILN_ERR_RUNTIME.
-int kiln_train(struct kiln_config *cfg, struct kiln_train_result *res, struct kiln_error *err);
+// KILN_ERR_USAGE, and --max-bad-steps consecutive skipped steps give KILN_ERR_RUNTIME. knobs: the KILN_*
+// knobs cmd/ read at start-up (run/knobs.h), passed down to the backend, the communicators, the model and
+// data parallelism; NULL: every knob at its default.
+int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct kiln_train_result *res,
+               struct kiln_error *err);
 
 // Asks a running kiln_train to finish its current step, save a checkpoint and return. Async-signal-safe:
 // meant to be called from a signal handler (cmd/train.c).

@@ -8,11 +8,15 @@
 #include "core/backend.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "run/knobs.h"
 #include "run/options.h"
 #include "run/tuning.h"
 #include "run/embedded.h"
 
 static struct kiln_backend cpu, gpu, gpu_bf16; // gpu_bf16: parameter gradients in bf16
+// The knobs, read from the environment once in main (so that KILN_ATTN=ref and the like choose the kernels
+// of a whole run, as for kiln train); tests change the model's tuning fields directly, and restore them.
+static struct kiln_knobs knobs;
 
 static void small_config(struct kiln_model_config *m, int variant) {
     struct kiln_config c;
@@ -81,7 +85,7 @@ static struct kiln_model *make_rc(struct kiln_backend *be, const struct kiln_mod
     struct kiln_model *g;
     struct kiln_error e;
     struct kiln_model_opts o = {.B = B, .T = T, .recompute = rc, .training = 1};
-    kiln_model_tuning_from_env(&o);
+    kiln_model_tuning(&o, &knobs);
     if (kiln_model_create(&g, m, be, &o, &e))
         fail_msg("create on %s: %s", be->name, e.msg);
     kiln_model_init_params(g, 1234);
@@ -335,14 +339,14 @@ static void test_shared_scratch_changes_no_number(void **state) {
         float *gs = malloc(pt.total * sizeof(float)), *ga = malloc(pt.total * sizeof(float));
         for (int rc = KILN_RECOMPUTE_NONE; rc <= KILN_RECOMPUTE_SELECTIVE; rc++)
             for (int chunked = 0; chunked < 2; chunked++) {
+                struct kiln_knobs was = knobs;
                 if (chunked)
-                    setenv("KILN_CLASSIFIER_ROWS", "150", 1); // 400 rows: 150 + 150 + 100
+                    knobs.classifier_rows = 150; // 400 rows: 150 + 150 + 100
                 double ls[2], la[2];
                 scratch_steps(v, (enum kiln_recompute)rc, ls, gs);
-                setenv("KILN_SCRATCH_SHARED", "0", 1);
+                knobs.scratch_shared = 0;
                 scratch_steps(v, (enum kiln_recompute)rc, la, ga);
-                unsetenv("KILN_SCRATCH_SHARED");
-                unsetenv("KILN_CLASSIFIER_ROWS");
+                knobs = was;
                 fprintf(stderr,
                         "[scratch] variant %d, recompute=%s, %d chunk(s): loss %.6f shared, %.6f apart\n", v,
                         rc_name[rc], chunked ? 3 : 1, ls[1], la[1]);
@@ -369,7 +373,7 @@ static void test_out_of_memory_is_a_clear_error(void **state) {
     c.model.vocab_size = 50257;
     struct kiln_model *g = NULL;
     struct kiln_model_opts o = {.B = 2048, .T = 1024, .recompute = KILN_RECOMPUTE_NONE, .training = 1};
-    kiln_model_tuning_from_env(&o);
+    kiln_model_tuning(&o, &knobs);
     int rc = kiln_model_create(&g, &c.model, &gpu, &o, &e);
     assert_int_equal(rc, KILN_ERR_RUNTIME);
     assert_null(g);
@@ -390,9 +394,15 @@ int main(void) {
         return 77;
     }
     struct kiln_error e;
+    if (kiln_knobs_read(&knobs, NULL, &e)) {
+        fprintf(stderr, "error: %s\n", e.msg);
+        return 2;
+    }
     // deterministic mode: the default may use atomics (faster attention backward); this mode must be bitwise
     // repeatable, which test_gpu_training_is_bitwise_repeatable checks
     struct kiln_backend_opts o = {.deterministic = 1}, ob = {.deterministic = 1, .grad_dtype = KILN_BF16};
+    kiln_knobs_backend_opts(&knobs, &o);
+    kiln_knobs_backend_opts(&knobs, &ob);
     if (kiln_backend_open("cpu", &o, &cpu, &e) || kiln_backend_open("cuda", &o, &gpu, &e) ||
         kiln_backend_open("cuda", &ob, &gpu_bf16, &e)) {
         fprintf(stderr, "error: %s\n", e.msg);

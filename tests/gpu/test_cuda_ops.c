@@ -23,6 +23,7 @@
 #include "test_util.h"
 
 #include "core/backend.h"
+#include "run/knobs.h"
 
 #define TOL_BF16 1e-2
 #define TOL_ATTN 2e-2
@@ -37,6 +38,8 @@ enum kind { ACT, GRAD, F32, I32 };
 struct env {
     struct kiln_backend cpu, gpu, gpu_det; // gpu_det: deterministic mode
     struct kiln_backend gpu_bf16g;         // parameter gradients in bf16
+    // each kernel knob's value on the GPU backends now (set_kernel; NULL: the default)
+    const char *kernel[KILN_KERNEL_COUNT];
     uint64_t rng;
     int failures;
 };
@@ -182,7 +185,17 @@ static double now_ms(void) {
 static int setup(void **state) {
     struct env *e = calloc(1, sizeof(*e));
     struct kiln_error err;
+    // the kernel knobs from the environment, once (KILN_ATTN=ref test_cuda_ops runs the reference kernels
+    // wherever a test does not choose its own); tests switch them with set_kernel
+    struct kiln_knobs knobs;
+    if (kiln_knobs_read(&knobs, NULL, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        return -1;
+    }
+    for (int k = 0; k < KILN_KERNEL_COUNT; k++)
+        e->kernel[k] = knobs.kernel[k] ? kiln_kernel_values[k].values[knobs.kernel[k]] : NULL;
     struct kiln_backend_opts o = {0};
+    kiln_knobs_backend_opts(&knobs, &o);
     if (kiln_backend_open("cpu", &o, &e->cpu, &err) || kiln_backend_open("cuda", &o, &e->gpu, &err)) {
         fprintf(stderr, "cannot open backends: %s\n", err.msg);
         return -1;
@@ -193,6 +206,7 @@ static int setup(void **state) {
         return -1;
     }
     struct kiln_backend_opts ob = {.grad_dtype = KILN_BF16};
+    kiln_knobs_backend_opts(&knobs, &ob);
     if (kiln_backend_open("cuda", &ob, &e->gpu_bf16g, &err) || e->gpu_bf16g.grad_dtype != KILN_BF16) {
         fprintf(stderr, "cannot open the cuda backend with bf16 gradients: %s\n", err.msg);
         return -1;
@@ -715,27 +729,27 @@ static const char *pos_name(enum kiln_pos p) {
                                  : "learned";
 }
 
-// Forward and backward on GPU backend g against the CPU. The backward runs twice on g: in deterministic mode
-// the two results must be bitwise identical; in the default mode (dQ summed with atomics in arrival order)
-// they must agree to rounding (rel_err 1e-2), which a missing barrier or a race would not.
-// Sets KILN_ATTN to `path` (NULL: unset) and returns what it was before (a copy, or NULL), for put_attn_path.
-static char *swap_attn_path(const char *path) {
-    const char *was = getenv("KILN_ATTN");
-    char *saved = was ? strdup(was) : NULL;
-    if (path)
-        setenv("KILN_ATTN", path, 1);
-    else
-        unsetenv("KILN_ATTN");
-    return saved;
-}
-
-static void put_attn_path(char *saved) {
-    swap_attn_path(saved);
-    free(saved);
+// Switches a kernel knob (KILN_ATTN, KILN_WGMMA_DQ, ...) on every GPU backend of the test at once, as
+// setting the environment variable did when the kernels read it on each call (kiln_cuda_set_kernel); value
+// NULL: its default. Returns the value it had (NULL: the default), for a later set_kernel to put back.
+static const char *set_kernel(struct env *e, const char *knob, const char *value) {
+    int which, index;
+    if (kiln_kernel_lookup(knob, value, &which, &index))
+        fail_msg("%s=%s: not a kernel knob and one of its values", knob, value ? value : "");
+    struct kiln_backend *g[3] = {&e->gpu, &e->gpu_det, &e->gpu_bf16g};
+    for (int i = 0; i < 3; i++)
+        if (kiln_cuda_set_kernel(g[i]->ctx, knob, value))
+            fail_msg("kiln_cuda_set_kernel(%s, %s) refused", knob, value ? value : "NULL");
+    const char *was = e->kernel[which];
+    e->kernel[which] = index ? kiln_kernel_values[which].values[index] : NULL;
+    return was;
 }
 
 // Forward and backward on g against the CPU. bwd_path: NULL runs both under the current KILN_ATTN; otherwise
-// the backward calls run with KILN_ATTN=bwd_path ("" for unset), the forward with the current setting.
+// the backward calls run with KILN_ATTN=bwd_path ("" for the default), the forward with the current setting.
+// The backward runs twice on g: in deterministic mode the two results must be bitwise identical; in the
+// default mode (dQ summed with atomics in arrival order) they must agree to rounding (rel_err 1e-2), which a
+// missing barrier or a race would not.
 static void attention_case_paths(struct env *e, struct kiln_backend *g, const char *bwd_path, int B, int T,
                                  int NH, int NKV, int HS, enum kiln_pos pos) {
     char sh[128];
@@ -763,7 +777,7 @@ static void attention_case_paths(struct env *e, struct kiln_backend *g, const ch
                                       NH,     NKV,    HS,    pos,   10000.0f, 0, 0};
     struct kiln_attn_back_args b_g = {dqkv.g, dout.g, qkv.g, out.g, lse.g,    B, T,
                                       NH,     NKV,    HS,    pos,   10000.0f, 0, 0};
-    char *fwd_path = bwd_path ? swap_attn_path(bwd_path[0] ? bwd_path : NULL) : NULL;
+    const char *fwd_path = bwd_path ? set_kernel(e, "KILN_ATTN", bwd_path[0] ? bwd_path : NULL) : NULL;
     t0 = now_ms();
     g->ops->attention_backward(g->ctx, &b_g);
     g->ops->synchronize(g->ctx);
@@ -813,7 +827,7 @@ static void attention_case_paths(struct env *e, struct kiln_backend *g, const ch
         free(h2);
     }
     if (bwd_path)
-        put_attn_path(fwd_path);
+        set_kernel(e, "KILN_ATTN", fwd_path);
     free(hc);
     free(hg);
     pair_free(&qkv);
@@ -861,10 +875,10 @@ static void test_attention_paths_match_cpu(void **state) {
     const char *attn[4] = {"ref", "fa2", "fa2", NULL}, *variant[4] = {"0", "0", "1", "0"};
     for (int k = 0; k < 4; k++) {
         if (attn[k])
-            setenv("KILN_ATTN", attn[k], 1);
+            set_kernel(e, "KILN_ATTN", attn[k]);
         else
-            unsetenv("KILN_ATTN");
-        setenv("KILN_FA_VARIANT", variant[k], 1);
+            set_kernel(e, "KILN_ATTN", NULL);
+        set_kernel(e, "KILN_FA_VARIANT", variant[k]);
         printf("attention path: %s, variant %s\n", attn[k] ? attn[k] : "default", variant[k]);
         attention_case(e, 2, 129, 4, 1, 64, KILN_POS_ROPE);
         attention_case(e, 1, 33, 2, 2, 128, KILN_POS_ALIBI);
@@ -877,8 +891,8 @@ static void test_attention_paths_match_cpu(void **state) {
         attention_case(e, 1, 257, 6, 2, 80, KILN_POS_ROPE);
         attention_case(e, 1, 300, 4, 1, 96, KILN_POS_ALIBI);
     }
-    unsetenv("KILN_ATTN");
-    unsetenv("KILN_FA_VARIANT");
+    set_kernel(e, "KILN_ATTN", NULL);
+    set_kernel(e, "KILN_FA_VARIANT", NULL);
     end_test(e);
 }
 
@@ -891,10 +905,10 @@ static void test_attention_backward_modes_match_cpu(void **state) {
     struct env *e = *state;
     struct kiln_backend *g[2] = {&e->gpu, &e->gpu_det};
     const char *variant[3] = {"0", "1", "2"};
-    setenv("KILN_ATTN", "fa2", 1);
+    set_kernel(e, "KILN_ATTN", "fa2");
     for (int m = 0; m < 2; m++)
         for (int v = 0; v < (m ? 2 : 3); v++) {
-            setenv("KILN_FA_VARIANT", variant[v], 1);
+            set_kernel(e, "KILN_FA_VARIANT", variant[v]);
             printf("attention backward: %s mode, variant %s\n", m ? "deterministic" : "default", variant[v]);
             attention_case_on(e, g[m], 1, 17, 4, 1, 64, KILN_POS_ALIBI);
             attention_case_on(e, g[m], 1, 17, 2, 2, 128, KILN_POS_ROPE);
@@ -911,8 +925,8 @@ static void test_attention_backward_modes_match_cpu(void **state) {
             attention_case_on(e, g[m], 1, 500, 4, 4, 80, KILN_POS_ALIBI);
             attention_case_on(e, g[m], 1, 300, 6, 3, 96, KILN_POS_ROPE);
         }
-    unsetenv("KILN_ATTN");
-    unsetenv("KILN_FA_VARIANT");
+    set_kernel(e, "KILN_ATTN", NULL);
+    set_kernel(e, "KILN_FA_VARIANT", NULL);
     end_test(e);
 }
 
@@ -1020,16 +1034,16 @@ static void test_strided_attention_matches_cpu(void **state) {
     const char *attn[3] = {NULL, "fa2", "ref"};
     for (int k = 0; k < 3; k++) {
         if (attn[k])
-            setenv("KILN_ATTN", attn[k], 1);
+            set_kernel(e, "KILN_ATTN", attn[k]);
         else
-            unsetenv("KILN_ATTN");
+            set_kernel(e, "KILN_ATTN", NULL);
         printf("strided attention: %s kernels\n", attn[k] ? attn[k] : "default");
         strided_attention_case(e, &e->gpu, 2, 129, 4, 1, 64, KILN_POS_ROPE, 384 + 1024, 384 + 1024);
         strided_attention_case(e, &e->gpu, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
         strided_attention_case(e, &e->gpu, 2, 65, 4, 2, 64, KILN_POS_NONE, 512 + 7, 512 + 3);   // odd strides
         strided_attention_case(e, &e->gpu, 1, 33, 4, 2, 32, KILN_POS_ROPE, 256 + 16, 256 + 16); // simple path
     }
-    unsetenv("KILN_ATTN");
+    set_kernel(e, "KILN_ATTN", NULL);
     printf("strided attention: deterministic mode (two-kernel backward)\n");
     strided_attention_case(e, &e->gpu_det, 2, 129, 6, 2, 64, KILN_POS_ROPE, 640 + 1024, 640 + 1024);
     strided_attention_case(e, &e->gpu_det, 1, 100, 2, 1, 128, KILN_POS_ALIBI, 512 + 256, 512 + 256);
@@ -1050,10 +1064,10 @@ static void test_attention_wgmma_matches_cpu(void **state) {
             "sm_90 device): skipped\n");
         skip(); // reported as skipped, not passed
     }
-    setenv("KILN_ATTN", "wgmma", 1);
+    set_kernel(e, "KILN_ATTN", "wgmma");
     // the forward both ways (KILN_WGMMA_FWD): each consumer on its own, and in turns (the default)
     for (int pp = 0; pp < 2; pp++) {
-        setenv("KILN_WGMMA_FWD", pp ? "pingpong" : "overlap", 1);
+        set_kernel(e, "KILN_WGMMA_FWD", pp ? "pingpong" : "overlap");
         printf("attention path: wgmma, forward %s\n",
                pp ? "ping-pong (KILN_WGMMA_FWD=pingpong, the default)" : "overlap");
         attention_case(e, 1, 17, 4, 1, 64, KILN_POS_ALIBI);
@@ -1069,8 +1083,8 @@ static void test_attention_wgmma_matches_cpu(void **state) {
         strided_attention_case(e, &e->gpu, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
         strided_attention_case(e, &e->gpu, 2, 65, 4, 2, 64, KILN_POS_NONE, 512 + 7, 512 + 3); // FA2 fallback
     }
-    unsetenv("KILN_WGMMA_FWD");
-    unsetenv("KILN_ATTN");
+    set_kernel(e, "KILN_WGMMA_FWD", NULL);
+    set_kernel(e, "KILN_ATTN", NULL);
     end_test(e);
 }
 
@@ -1107,9 +1121,9 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
         if (only && *only && strcmp(only, dq_modes[mode]))
             continue;
         ran++;
-        setenv("KILN_WGMMA_DQ", dq_modes[mode], 1);
+        set_kernel(e, "KILN_WGMMA_DQ", dq_modes[mode]);
         printf("dQ added by KILN_WGMMA_DQ=%s%s\n", dq_modes[mode], mode == 7 ? " (the default)" : "");
-        setenv("KILN_ATTN", "fa2", 1);
+        set_kernel(e, "KILN_ATTN", "fa2");
         printf("attention path: FA2 forward, wgmma backward\n");
         struct kiln_backend *g = &e->gpu;
         attention_case_paths(e, g, "wgmma", 1, 17, 4, 1, 64, KILN_POS_ALIBI);
@@ -1121,7 +1135,7 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
         attention_case_paths(e, g, "wgmma", 1, 1024, 6, 3, 64, KILN_POS_ALIBI);
         attention_case_paths(e, g, "wgmma", 1, 1024, 2, 2, 128, KILN_POS_ALIBI);
         attention_case_paths(e, g, "wgmma", 1, 300, 8, 2, 128, KILN_POS_NONE);
-        setenv("KILN_ATTN", "wgmma", 1);
+        set_kernel(e, "KILN_ATTN", "wgmma");
         printf("attention path: wgmma forward and backward, strided rows\n");
         strided_attention_case(e, g, 2, 129, 4, 1, 64, KILN_POS_ROPE, 384 + 1024, 384 + 1024);
         strided_attention_case(e, g, 1, 100, 2, 2, 128, KILN_POS_ALIBI, 768 + 256, 768 + 512);
@@ -1129,11 +1143,11 @@ static void test_attention_wgmma_backward_matches_cpu(void **state) {
     }
     if (!ran)
         fail_msg("KILN_TEST_DQ=%s: not one of the KILN_WGMMA_DQ modes", only);
-    unsetenv("KILN_WGMMA_DQ");
+    set_kernel(e, "KILN_WGMMA_DQ", NULL);
     printf(
         "attention path: KILN_ATTN=wgmma in deterministic mode (the backward must be FA2's two kernels)\n");
     attention_case_on(e, &e->gpu_det, 2, 129, 6, 2, 64, KILN_POS_ROPE);
-    unsetenv("KILN_ATTN");
+    set_kernel(e, "KILN_ATTN", NULL);
     end_test(e);
 }
 
@@ -2185,15 +2199,15 @@ static void test_attention_block_matches_cpu(void **state) {
         if (k >= 3)
             printf(", KILN_WGMMA_FWD=%s, KILN_WGMMA_DQ=%s", fwd[k], dq[k]);
         printf("\n");
-        setenv("KILN_ATTN_BLOCK", kernels[k], 1);
-        setenv("KILN_WGMMA_FWD", fwd[k], 1);
-        setenv("KILN_WGMMA_DQ", dq[k], 1);
+        set_kernel(e, "KILN_ATTN_BLOCK", kernels[k]);
+        set_kernel(e, "KILN_WGMMA_FWD", fwd[k]);
+        set_kernel(e, "KILN_WGMMA_DQ", dq[k]);
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
             if (k == 0 || cases[i].HS == 64 || cases[i].HS == 128)
                 block_attention_case(e, &cases[i]);
-        unsetenv("KILN_ATTN_BLOCK");
-        unsetenv("KILN_WGMMA_FWD");
-        unsetenv("KILN_WGMMA_DQ");
+        set_kernel(e, "KILN_ATTN_BLOCK", NULL);
+        set_kernel(e, "KILN_WGMMA_FWD", NULL);
+        set_kernel(e, "KILN_WGMMA_DQ", NULL);
     }
     end_test(e);
 }

@@ -10,7 +10,6 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "run/options.h"
-#include "run/tuning.h"
 #include "interop/hf.h"
 
 // A tiny model: vocab 11 padded to 16, so the dropped padding rows are visible.
@@ -84,7 +83,6 @@ static double loss_of(const struct kiln_model_config *m, const float *params, co
     assert_int_equal(kiln_backend_open("cpu", &bo, &be, &e), 0);
     struct kiln_model *g;
     struct kiln_model_opts o = {.B = 2, .T = 8, .recompute = KILN_RECOMPUTE_NONE, .training = 0};
-    kiln_model_tuning_from_env(&o);
     if (kiln_model_create(&g, m, &be, &o, &e))
         fail_msg("create: %s", e.msg);
     kiln_model_set_params(g, params);

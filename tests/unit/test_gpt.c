@@ -8,6 +8,7 @@
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "run/options.h"
+#include "run/knobs.h"
 #include "run/tuning.h"
 
 struct fixture {
@@ -32,6 +33,7 @@ static void tiny_config(struct kiln_model_config *m) {
 }
 
 static int fixture_offload_activations; // the next fixture_open's opts.offload_activations
+static struct kiln_knobs fixture_knobs; // and its tuning knobs (run/tuning.h; main sets the defaults)
 
 static void fixture_open(struct fixture *f, const struct kiln_model_config *m, enum kiln_recompute rc,
                          uint64_t seed) {
@@ -47,7 +49,7 @@ static void fixture_open(struct fixture *f, const struct kiln_model_config *m, e
                               .recompute = rc,
                               .training = 1,
                               .offload_activations = fixture_offload_activations};
-    kiln_model_tuning_from_env(&o);
+    kiln_model_tuning(&o, &fixture_knobs);
     if (kiln_model_create(&f->g, m, &f->be, &o, &e))
         fail_msg("create: %s", e.msg);
     kiln_model_init_params(f->g, seed);
@@ -214,14 +216,13 @@ static void test_parallel_fused_gradients_match_finite_differences(void **state)
 }
 
 // Loss and every gradient of a model, after moving its parameters off GPT-2's init so that every path carries
-// signal. KILN_PARALLEL_FUSED=0 in the environment turns the fusion off for the model created here.
+// signal. fused 0 turns the fusion off for the model created here (KILN_PARALLEL_FUSED=0).
 static double loss_and_grads(const struct kiln_model_config *m, enum kiln_recompute rc, int fused,
                              float *grad, const char *what) {
-    if (!fused)
-        setenv("KILN_PARALLEL_FUSED", "0", 1);
+    fixture_knobs.parallel_fused = fused;
     struct fixture f;
     fixture_open(&f, m, rc, 21);
-    unsetenv("KILN_PARALLEL_FUSED");
+    fixture_knobs.parallel_fused = 1;
     expect_fusion(f.g, fused && rc != KILN_RECOMPUTE_MLP, fused, what);
     const struct kiln_param_table *pt = kiln_model_params(f.g);
     float *p = calloc(pt->total, sizeof(float));
@@ -341,10 +342,12 @@ static void test_recompute_gives_identical_gradients(void **state) {
 // (the buffers hold the last step's gradients), and a third accumulates.
 static void loss_and_grads_rows(const struct kiln_model_config *m, enum kiln_recompute rc, const char *rows,
                                 float *grad, double *loss) {
-    setenv("KILN_MLP_ROWS", rows, 1);
+    struct kiln_error e;
+    if (kiln_knobs_set(&fixture_knobs, KILN_KNOB_MLP_ROWS, rows, &e)) // as KILN_MLP_ROWS=rows would
+        fail_msg("%s", e.msg);
     struct fixture f;
     fixture_open(&f, m, rc, 4);
-    unsetenv("KILN_MLP_ROWS");
+    kiln_knobs_set(&fixture_knobs, KILN_KNOB_MLP_ROWS, NULL, &e);
     size_t total = kiln_model_params(f.g)->total;
     for (int step = 0; step < 2; step++) {
         kiln_model_zero_grad(f.g);
@@ -742,15 +745,14 @@ static void test_shared_scratch_changes_no_number(void **state) {
                 char what[160];
                 snprintf(what, sizeof(what), "%s, recompute=%s, %s", scratch_cases[c].name, rc_name[rc],
                          chunked ? "3 classifier chunks" : "1 classifier chunk");
-                if (chunked)
-                    setenv("KILN_CLASSIFIER_ROWS", "5", 1); // 14 rows: 5 + 5 + 4
+                fixture_knobs.classifier_rows = chunked ? 5 : 0; // 14 rows: 5 + 5 + 4
                 double ls[3], la[3];
                 size_t shared =
                     scratch_run(&m, (enum kiln_recompute)rc, scratch_cases[c].fused, ls, gs, what);
-                setenv("KILN_SCRATCH_SHARED", "0", 1);
+                fixture_knobs.scratch_shared = 0;
                 size_t apart = scratch_run(&m, (enum kiln_recompute)rc, scratch_cases[c].fused, la, ga, what);
-                unsetenv("KILN_SCRATCH_SHARED");
-                unsetenv("KILN_CLASSIFIER_ROWS");
+                fixture_knobs.scratch_shared = 1;
+                fixture_knobs.classifier_rows = 0;
                 if (!(shared < apart))
                     fail_msg("%s: the shared scratch takes %zu bytes, apart %zu", what, shared, apart);
                 for (int k = 0; k < 3; k++)
@@ -803,26 +805,20 @@ static void test_plan_is_what_the_model_allocates(void **state) {
                 for (int apart = 0; apart < 8; apart++) { // 2, 3: the MLP in chunks of 4 rows; 4+: offload
                     struct kiln_model_config m;
                     scratch_cases[c].config(&m);
-                    if (apart & 1)
-                        setenv("KILN_SCRATCH_SHARED", "0", 1);
-                    if (apart & 2)
-                        setenv("KILN_MLP_ROWS", "4", 1);
                     struct kiln_model_opts o = {.B = 3,
-                                              .T = 5,
-                                              .recompute = (enum kiln_recompute)rc,
-                                              .training = training,
-                                              .offload_activations = (apart & 4) != 0};
+                                                .T = 5,
+                                                .recompute = (enum kiln_recompute)rc,
+                                                .training = training,
+                                                .offload_activations = (apart & 4) != 0,
+                                                .scratch_apart = (apart & 1) != 0, // KILN_SCRATCH_SHARED=0
+                                                .mlp_rows = apart & 2 ? 4 : 0};    // KILN_MLP_ROWS=4
                     struct kiln_mem_plan plan;
-                    kiln_model_tuning_from_env(&o);
                     kiln_model_plan(&m, &o, be.act_dtype, be.grad_dtype, be.weights_alias_master, &plan);
                     allocated_bytes = 0;
                     live_allocations = 0;
                     struct kiln_model *g;
-                    kiln_model_tuning_from_env(&o);
                     if (kiln_model_create(&g, &m, &be, &o, &e))
                         fail_msg("create: %s", e.msg);
-                    unsetenv("KILN_SCRATCH_SHARED");
-                    unsetenv("KILN_MLP_ROWS");
                     const struct kiln_mem_plan *own = kiln_model_mem_plan(g);
                     if (allocated_bytes != plan.total_bytes || own->total_bytes != plan.total_bytes)
                         fail_msg(
@@ -854,5 +850,6 @@ int main(void) {
         cmocka_unit_test(test_mlp_in_chunks_matches_the_whole_mlp),
         cmocka_unit_test(test_offloaded_activations_change_no_number),
     };
+    kiln_knobs_defaults(&fixture_knobs);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 // measured peak below is more than 1.2 GiB over its plan.
 #include "test_util.h"
 
+#include "run/knobs.h"
 #include "run/options.h"
 #include "model/params.h"
 #include "run/plan.h"
@@ -33,15 +34,15 @@ static enum kiln_recompute auto_at(int T, size_t budget, size_t *planned) {
         fail_msg("sp plan: %s", e.msg);
     struct kiln_param_table pt;
     kiln_params_build(&pt, &c.model);
-    return kiln_recompute_auto(&c, &pt, 1, &sp, KILN_BF16, kiln_config_grad_dtype(&c, 1), 0, budget, planned);
+    return kiln_recompute_auto(&c, NULL, &pt, 1, &sp, KILN_BF16, kiln_config_grad_dtype(&c, 1), 0, budget,
+                               planned);
 }
 
 // The measured cases: auto takes what ran (and fit) on the H100, and its choice's plan leaves room for the
 // largest overshoot measured.
 static void test_auto_takes_what_fit_the_h100(void **state) {
     (void)state;
-    unsetenv("KILN_MEM_BUDGET_MB");
-    size_t free_b = (size_t)(H100_FREE_GIB * GIB), budget = kiln_recompute_budget(free_b), planned = 0;
+    size_t free_b = (size_t)(H100_FREE_GIB * GIB), budget = kiln_recompute_budget(free_b, NULL), planned = 0;
     assert_true(budget < free_b);
     struct {
         int T;
@@ -113,8 +114,8 @@ static void test_long_context_plans_match_the_h100_peaks(void **state) {
         struct kiln_param_table pt;
         kiln_params_build(&pt, &c.model);
         struct kiln_rank_plan rp;
-        kiln_rank_plan(&c, &pt, runs[i].sp, &lo, c.recompute, KILN_BF16, kiln_config_grad_dtype(&c, 1), 0,
-                       &rp);
+        kiln_rank_plan(&c, NULL, &pt, runs[i].sp, &lo, c.recompute, KILN_BF16, kiln_config_grad_dtype(&c, 1),
+                       0, &rp);
         double peak = runs[i].peak_gib;
         if (runs[i].sp > 1) // (the copies the measured runs held: see above)
             peak -= 2.0 * runs[i].T * (16 + 2 * 16) / runs[i].sp * 128 * 2 / GIB;
@@ -156,8 +157,8 @@ static void test_zero3_plans_match_the_4_h100_peaks(void **state) {
         struct kiln_param_table pt;
         kiln_params_build(&pt, &c.model);
         struct kiln_rank_plan rp;
-        kiln_rank_plan(&c, &pt, 4, &sp, KILN_RECOMPUTE_SELECTIVE, KILN_BF16, kiln_config_grad_dtype(&c, 1), 0,
-                       &rp);
+        kiln_rank_plan(&c, NULL, &pt, 4, &sp, KILN_RECOMPUTE_SELECTIVE, KILN_BF16,
+                       kiln_config_grad_dtype(&c, 1), 0, &rp);
         double plan = rp.total / GIB, over = runs[i].peak_gib - plan;
         if (over < -0.05 || over > MAX_OVERSHOOT_GIB) // (the peaks were printed to 0.1 GiB)
             fail_msg("%s T=%d: plan %.2f GiB a rank, measured %.1f", runs[i].preset, runs[i].T, plan,
@@ -181,8 +182,8 @@ static void plan_1p3b(char *zero, char *bucket_mb, int world, struct kiln_rank_p
         fail_msg("%s: %s", zero, e.msg);
     struct kiln_param_table pt;
     kiln_params_build(&pt, &c.model);
-    kiln_rank_plan(&c, &pt, world, &sp, KILN_RECOMPUTE_SELECTIVE, KILN_BF16, kiln_config_grad_dtype(&c, 1), 0,
-                   rp);
+    kiln_rank_plan(&c, NULL, &pt, world, &sp, KILN_RECOMPUTE_SELECTIVE, KILN_BF16,
+                   kiln_config_grad_dtype(&c, 1), 0, rp);
     kiln_params_free(&pt);
 }
 
@@ -201,20 +202,21 @@ static void test_zero3_at_one_rank_plans_no_gathered_weights(void **state) {
 }
 
 // The margin: nothing under 1 GiB free, a budget that grows with the free memory, and KILN_MEM_BUDGET_MB in
-// its place (a bad value is ignored, with a line on stderr).
+// its place (a bad value is refused where the knobs are read: test_knobs).
 static void test_budget_margin_and_override(void **state) {
     (void)state;
-    unsetenv("KILN_MEM_BUDGET_MB");
-    assert_int_equal(kiln_recompute_budget(0), 0);
-    assert_int_equal(kiln_recompute_budget((size_t)(0.5 * GIB)), 0);
-    size_t a = kiln_recompute_budget((size_t)(40 * GIB)), b = kiln_recompute_budget((size_t)(80 * GIB));
+    struct kiln_knobs k;
+    kiln_knobs_defaults(&k);
+    assert_int_equal(kiln_recompute_budget(0, &k), 0);
+    assert_int_equal(kiln_recompute_budget((size_t)(0.5 * GIB), &k), 0);
+    size_t a = kiln_recompute_budget((size_t)(40 * GIB), &k),
+           b = kiln_recompute_budget((size_t)(80 * GIB), &k);
     assert_true(a > 0 && b > a);
     assert_true(b < (size_t)(80 * GIB) - (size_t)GIB); // at least the 1 GiB
-    setenv("KILN_MEM_BUDGET_MB", "1000", 1);
-    assert_int_equal(kiln_recompute_budget((size_t)(80 * GIB)), (size_t)1000 * 1048576);
-    setenv("KILN_MEM_BUDGET_MB", "lots", 1);
-    assert_int_equal(kiln_recompute_budget((size_t)(80 * GIB)), b);
-    unsetenv("KILN_MEM_BUDGET_MB");
+    assert_int_equal(kiln_recompute_budget((size_t)(80 * GIB), NULL), b); // NULL: the defaults
+    k.mem_budget_mb = 1000;                                               // KILN_MEM_BUDGET_MB=1000
+    assert_int_equal(kiln_recompute_budget((size_t)(80 * GIB), &k), (size_t)1000 * 1048576);
+    assert_int_equal(kiln_recompute_budget(0, &k), (size_t)1000 * 1048576); // also with no GPU
 }
 
 int main(void) {

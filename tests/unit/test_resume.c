@@ -51,7 +51,7 @@ static int train(const char *out, int max_steps, struct kiln_train_result *res, 
     int rc = kiln_config_parse(&cfg, argc, argv, err);
     if (rc)
         return rc;
-    return kiln_train(&cfg, res, err);
+    return kiln_train(&cfg, NULL, res, err); // every knob at its default
 }
 
 __attribute__((noinline)) static char *read_all(const char *path, size_t *n) {

@@ -457,6 +457,12 @@ extern "C" int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, stru
     c->device = dev;
     c->deterministic = opts ? opts->deterministic : 0;
     c->grad_dtype = grad_dtype;
+    for (int k = 0; k < KILN_KERNEL_COUNT; k++) {
+        int v = opts ? opts->kernel[k] : 0;
+        KILN_ASSERT(v >= 0 && v < kiln_kernel_values[k].n_values); // run/knobs.c validated it
+        c->kernel[k] = v;
+    }
+    c->gemm_sm_margin = opts ? opts->gemm_sm_margin : 0;
     CUDA_CHECK(cudaGetDeviceProperties(&c->prop, dev));
     if (c->prop.major < 8) {
         int major = c->prop.major, minor = c->prop.minor;
@@ -466,6 +472,14 @@ extern "C" int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, stru
             "GPU %d (sm_%d%d): kiln's bf16 kernels need compute capability 8.0 or newer (A100, "
             "H100); use --device=cpu",
             dev, major, minor);
+    }
+    if (c->gemm_sm_margin < 0 || c->gemm_sm_margin >= c->prop.multiProcessorCount) {
+        int margin = c->gemm_sm_margin, sms = c->prop.multiProcessorCount;
+        free(c);
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "KILN_GEMM_SM_MARGIN=%d (environment): not below GPU %d's %d SMs; leave at least "
+                           "one SM to the GEMMs, or unset it",
+                           margin, dev, sms);
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->side_stream, cudaStreamNonBlocking));
@@ -495,5 +509,27 @@ extern "C" int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, stru
     out->mem_free_bytes = fr;
     out->attention_fast = kiln_cuda_attention_fast;
     out->close = cuda_close;
+    return 0;
+}
+
+extern "C" int kiln_cuda_set_kernel(void *ctx, const char *knob, const char *value) {
+    struct cuda_ctx *c = cuda_ctx_of(ctx);
+    if (!strcmp(knob, "KILN_GEMM_SM_MARGIN")) {
+        char *end = NULL;
+        long v = value && *value ? strtol(value, &end, 10) : 0;
+        if ((value && *value && *end) || v < 0 || v >= c->prop.multiProcessorCount)
+            return -1;
+        c->gemm_sm_margin = (int)v; // (part of the GEMM cache's key: new plans for the new target)
+        return 0;
+    }
+    int which, index;
+    if (kiln_kernel_lookup(knob, value, &which, &index))
+        return -1;
+    if (which == KILN_KERNEL_GEMM_TUNE && c->kernel[which] != index) {
+        // whether to time the candidates is decided when a GEMM configuration is first planned: plan anew
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        kiln_cuda_matmul_cache_free(c);
+    }
+    c->kernel[which] = index;
     return 0;
 }

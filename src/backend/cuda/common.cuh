@@ -68,6 +68,10 @@ struct cuda_block {
 struct cuda_ctx {
     int device;
     int deterministic;
+    // which kernels run where there are several (struct kiln_backend_opts.kernel: indices into
+    // kiln_kernel_values, 0 the defaults), from the open's options; kiln_cuda_set_kernel switches them
+    int kernel[KILN_KERNEL_COUNT];
+    int gemm_sm_margin;         // GEMMs planned for this many fewer SMs than the device has (0: all)
     enum kiln_dtype grad_dtype; // of parameter gradients: KILN_F32 or KILN_BF16
     cudaStream_t stream;
     cudaDeviceProp prop;
@@ -108,26 +112,6 @@ struct cuda_ctx {
 
 static inline struct cuda_ctx *cuda_ctx_of(void *ctx) {
     return (struct cuda_ctx *)ctx;
-}
-
-// The kernels an environment variable asks for (KILN_ATTN, KILN_ATTN_BLOCK, KILN_WGMMA_DQ), read on every
-// call so that a test or benchmark can compare them on the same inputs in one process: the index of its
-// value in names, or 0 (names[0], the default) when it is unset or empty. An unknown value gives the default
-// and one line on stderr, the first time (*told counts).
-static inline int kiln_cuda_env_choice(const char *var, const char *const *names, int n, int *told) {
-    const char *s = getenv(var);
-    if (!s || !*s)
-        return 0;
-    for (int i = 0; i < n; i++)
-        if (!strcmp(s, names[i]))
-            return i;
-    if (!(*told)++) {
-        fprintf(stderr, "kiln: %s=%s: unknown (", var, s);
-        for (int i = 0; i < n; i++)
-            fprintf(stderr, "%s%s", names[i], i + 2 < n ? ", " : i + 1 < n ? " or " : "");
-        fprintf(stderr, "); the default kernels run\n");
-    }
-    return 0;
 }
 
 #ifdef __cplusplus

@@ -167,8 +167,8 @@ static void lt_entry_build(struct cuda_ctx *c, struct lt_entry *e, const struct 
         for (int i = 0; i < nres; i++)
             if (heur[i].state == CUBLAS_STATUS_SUCCESS)
                 e->algos[e->n_algos++] = heur[i].algo;
-        const char *tune = getenv("KILN_GEMM_TUNE"); // "0": the heuristic's first choice everywhere
-        e->tuned = c->deterministic || e->n_algos < 2 || (tune && !strcmp(tune, "0"));
+        // KILN_GEMM_TUNE=0 (kernel index 1): the heuristic's first choice everywhere
+        e->tuned = c->deterministic || e->n_algos < 2 || c->kernel[KILN_KERNEL_GEMM_TUNE] != 0;
         e->ok = 1;
     } else {
         if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED &&
@@ -228,25 +228,13 @@ static void lt_tune(struct cuda_ctx *c, struct lt_entry *e, const struct lt_gemm
     CUDA_CHECK(cudaEventDestroy(t1));
 }
 
-// KILN_GEMM_SM_MARGIN=N: plan every GEMM for N fewer SMs than the device has (cuBLASLt's SM count target), as
-// comm-overlapping stacks do for the SMs that NCCL's kernels hold while a reduction overlaps the backward. An
-// experiment for the DDP weak-scaling loss (docs/benchmarks.md, 4 H100s: the backward slowed beside NCCL's
-// kernels); unset or 0: the device's count. Read once.
+// KILN_GEMM_SM_MARGIN=N (the context's gemm_sm_margin): plan every GEMM for N fewer SMs than the device has
+// (cuBLASLt's SM count target), as comm-overlapping stacks do for the SMs that NCCL's kernels hold while a
+// reduction overlaps the backward. An experiment for the DDP weak-scaling loss (docs/benchmarks.md, 4 H100s:
+// the backward slowed beside NCCL's kernels); 0: the device's count. The open refuses a margin that leaves
+// no SM. The target is part of the cache key, so a margin switched between calls plans GEMMs anew.
 static int gemm_sm_target(const struct cuda_ctx *c) {
-    static int margin = -1;
-    if (margin < 0) {
-        const char *s = getenv("KILN_GEMM_SM_MARGIN");
-        char *end = NULL;
-        long v = s && *s ? strtol(s, &end, 10) : 0;
-        margin = 0;
-        if (s && *s && (*end || v < 0 || v >= c->prop.multiProcessorCount))
-            fprintf(stderr,
-                    "kiln: KILN_GEMM_SM_MARGIN=%s (environment) is not a number of SMs below %d: ignored\n",
-                    s, c->prop.multiProcessorCount);
-        else
-            margin = (int)v;
-    }
-    return margin > 0 ? c->prop.multiProcessorCount - margin : 0;
+    return c->gemm_sm_margin > 0 ? c->prop.multiProcessorCount - c->gemm_sm_margin : 0;
 }
 
 // Runs one cuBLASLt matmul; returns 0, or -1 when no algorithm supports this combination (then nothing ran).
@@ -451,16 +439,11 @@ static void grad_add(struct cuda_ctx *c, void *out, const void *x, int n) {
         kiln_cuda_add_f32(c, (float *)out, (const float *)x, n);
 }
 
-// Where a matmul's bias gradient comes from: kiln's column-sum kernel (default), or cuBLASLt's BGRADB
-// epilogue (KILN_BGRAD=lt), which runs as a separate reduction kernel over dout anyway (globalKernelBgradAB
-// in a profile), not fused into the GEMM.
-static int bgrad_from_lt(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *s = getenv("KILN_BGRAD");
-        v = s && strcmp(s, "lt") == 0;
-    }
-    return v;
+// Where a matmul's bias gradient comes from: kiln's column-sum kernel (default, KILN_BGRAD=colsum), or
+// cuBLASLt's BGRADB epilogue (KILN_BGRAD=lt, kernel index 1), which runs as a separate reduction kernel over
+// dout anyway (globalKernelBgradAB in a profile), not fused into the GEMM.
+static int bgrad_from_lt(const struct cuda_ctx *c) {
+    return c->kernel[KILN_KERNEL_BGRAD] == 1;
 }
 
 // dweight (+)= inp^T-ish GEMM (grad dtype), with dbias from kiln's column sums or the BGRADB epilogue
@@ -484,7 +467,7 @@ static void matmul_dweight(struct cuda_ctx *c, const struct kiln_matmul_back_arg
     g.beta = a->grad_assign ? 0.0f : 1.0f;
     g.epi = CUBLASLT_EPILOGUE_DEFAULT;
     void *bgrad = NULL;
-    if (a->dbias && bgrad_from_lt()) {
+    if (a->dbias && bgrad_from_lt(c)) {
         // BGRADB overwrites its output: straight into dbias when assigning, else into scratch, then added
         bgrad = a->grad_assign
                     ? a->dbias

@@ -168,9 +168,9 @@ int kiln_comm_open_world(const struct kiln_dist_env *env, const struct kiln_comm
     c->be = o->be;
     int rc;
     if (o->kind == KILN_COMM_MPI)
-        rc = kiln_comm_mpi_open(c, env, err);
+        rc = kiln_comm_mpi_open(c, env, o, err);
     else if (o->kind == KILN_COMM_NCCL)
-        rc = kiln_comm_nccl_open(c, env, o->timeout_s, err);
+        rc = kiln_comm_nccl_open(c, env, o, err);
     else
         rc = kiln_comm_single_open(c, err);
     if (rc) {

@@ -103,11 +103,25 @@ struct kiln_comm {
 // Where a process sits in the job, read from the environment of the launcher that started it (parallel/comm/env.h).
 struct kiln_dist_env;
 
+// NCCL's CTA policy (NCCL 2.27+), which trades collective speed for SMs left to the overlapped compute.
+enum kiln_nccl_cta_policy { KILN_NCCL_CTA_DEFAULT = 0, KILN_NCCL_CTA_EFFICIENCY, KILN_NCCL_CTA_ZERO };
+
 struct kiln_comm_open_opts {
     enum kiln_comm_kind kind;
     int device_is_gpu; // the backend holds tensors in device memory
     struct kiln_backend *be;
     double timeout_s; // rendezvous (the TCP store, NCCL's id exchange)
+    // For measurements and tests; all 0 (or NULL) are the defaults. run/knobs.c fills them from the
+    // environment (the knob each comment names), once at start-up; communicators split from this one
+    // inherit them.
+    // KILN_TRACE_COMM (nccl): a CSV trace of every device operation, written at close (comm_nccl.cu)
+    const char *trace_path;
+    enum kiln_nccl_cta_policy nccl_cta_policy; // KILN_NCCL_CTA_POLICY (nccl)
+    int nccl_max_ctas;    // KILN_NCCL_MAX_CTAS (nccl): at most this many CTAs (1..64; 0: NCCL's default)
+    int nccl_stream_high; // KILN_NCCL_STREAM_PRIORITY=high (nccl): the comm stream at the greatest priority
+    // KILN_COMM_DELAY_US (mpi): the worker sleeps this long before each operation (tests: collectives that
+    // complete late)
+    int mpi_delay_us;
 };
 
 // Opens the world communicator of kind o->kind (resolved from --comm by kiln_comm_choose). A transport that
@@ -158,10 +172,11 @@ void kiln_comm_barrier(struct kiln_comm *c);
 // ---- transports (for comm.c) --------------------------------------------------------------------
 int kiln_comm_single_open(struct kiln_comm *c, struct kiln_error *err);
 int kiln_comm_mpi_available(void); // a build with MPI
-int kiln_comm_mpi_open(struct kiln_comm *c, const struct kiln_dist_env *env, struct kiln_error *err);
+int kiln_comm_mpi_open(struct kiln_comm *c, const struct kiln_dist_env *env,
+                       const struct kiln_comm_open_opts *o, struct kiln_error *err);
 void kiln_comm_mpi_abort(int code); // MPI_Abort on the world, when MPI is up (brings every rank down)
 int kiln_comm_nccl_available(void); // a CUDA build with NCCL
-int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_env *env, double timeout_s,
-                        struct kiln_error *err);
+int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_env *env,
+                        const struct kiln_comm_open_opts *o, struct kiln_error *err);
 
 #endif

@@ -330,14 +330,14 @@ static void mpi_wait(void *impl, struct kiln_comm_work *w) {
     free(w);
 }
 
-static struct mpi_state *state_new(MPI_Comm comm, struct kiln_backend *be) {
+// delay_us: the open's mpi_delay_us (KILN_COMM_DELAY_US), which communicators split from this one inherit
+static struct mpi_state *state_new(MPI_Comm comm, struct kiln_backend *be, int delay_us) {
     struct mpi_state *s = kiln_xcalloc(1, sizeof(*s));
     s->comm = comm;
     MPI_Comm_rank(comm, &s->rank);
     MPI_Comm_size(comm, &s->size);
     s->be = be;
-    const char *delay = getenv("KILN_COMM_DELAY_US");
-    s->delay_us = delay ? atoi(delay) : 0;
+    s->delay_us = delay_us;
     s->counts = kiln_xcalloc((size_t)s->size, sizeof(int));
     s->displs = kiln_xcalloc((size_t)s->size, sizeof(int));
     pthread_mutex_init(&s->mu, NULL);
@@ -357,7 +357,7 @@ static int mpi_split(void *impl, int color, int key, void **out, int *rank, int 
     struct mpi_state *s = impl;
     struct kiln_comm_work w = {.op = OP_SPLIT, .color = color, .key = key};
     await(s, enqueue(s, &w));
-    struct mpi_state *d = state_new(w.split_out, s->be);
+    struct mpi_state *d = state_new(w.split_out, s->be, s->delay_us);
     *rank = d->rank;
     *size = d->size;
     *out = d;
@@ -399,7 +399,8 @@ static const struct kiln_comm_impl mpi_impl = {
     .close = mpi_close,
 };
 
-int kiln_comm_mpi_open(struct kiln_comm *c, const struct kiln_dist_env *env, struct kiln_error *err) {
+int kiln_comm_mpi_open(struct kiln_comm *c, const struct kiln_dist_env *env,
+                       const struct kiln_comm_open_opts *o, struct kiln_error *err) {
     pthread_mutex_lock(&init_mu);
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
@@ -428,7 +429,7 @@ int kiln_comm_mpi_open(struct kiln_comm *c, const struct kiln_dist_env *env, str
     MPI_Comm comm;
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     c->impl = &mpi_impl;
-    c->state = state_new(comm, c->be);
+    c->state = state_new(comm, c->be, o->mpi_delay_us);
     return 0;
 }
 

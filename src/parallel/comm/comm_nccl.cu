@@ -56,20 +56,18 @@ struct trace_rec {
     size_t bytes;
     cudaEvent_t t0, t1, w0, w1; // w0/w1 NULL: no stream wait
 };
+// One trace a process: the world communicator's open turns it on (FILE is kiln_comm_open_opts.trace_path,
+// from the knob), and every communicator records into it.
 static struct {
-    const char *path;
+    char *path;
     int on;
     struct trace_rec *r;
     size_t n, cap;
     pthread_mutex_t mu;
     int rank, world; // the world communicator's: with several ranks each writes FILE.rankN
-} trace = {NULL, -1, NULL, 0, 0, PTHREAD_MUTEX_INITIALIZER, 0, 1};
+} trace = {NULL, 0, NULL, 0, 0, PTHREAD_MUTEX_INITIALIZER, 0, 1};
 
 static int trace_on(void) {
-    if (trace.on < 0) {
-        trace.path = getenv("KILN_TRACE_COMM");
-        trace.on = trace.path && *trace.path;
-    }
     return trace.on;
 }
 
@@ -126,6 +124,7 @@ static void trace_write(void) {
 struct nccl_state {
     ncclComm_t comm;
     int rank, size, device;
+    int stream_high;      // the comm stream at the device's greatest priority (state_new)
     cudaStream_t stream;  // the comm stream
     cudaStream_t compute; // the backend's compute stream
     struct kiln_backend *be;
@@ -302,21 +301,21 @@ static void nccl_wait_stream(void *impl, struct kiln_comm_work *w) {
     free(w);
 }
 
-// KILN_NCCL_STREAM_PRIORITY=high: the comm stream at the device's greatest priority, so that NCCL's kernels
-// take SMs as soon as any free up rather than after the compute's queued blocks (the compute stream, like
-// every stream by default, has the least); default (unset): the default priority. Read at open (nccl_open).
-static int stream_priority_high;
-
+// stream_high (KILN_NCCL_STREAM_PRIORITY=high, the open's nccl_stream_high; a split inherits its parent's):
+// the comm stream at the device's greatest priority, so that NCCL's kernels take SMs as soon as any free up
+// rather than after the compute's queued blocks (the compute stream, like every stream by default, has the
+// least); 0: the default priority.
 static struct nccl_state *state_new(ncclComm_t comm, const struct nccl_state *like, struct kiln_backend *be,
-                                    int device) {
+                                    int device, int stream_high) {
     struct nccl_state *s = (struct nccl_state *)kiln_xcalloc(1, sizeof(*s));
     s->comm = comm;
     NCCL_CHECK(ncclCommUserRank(comm, &s->rank));
     NCCL_CHECK(ncclCommCount(comm, &s->size));
     s->device = like ? like->device : device;
+    s->stream_high = like ? like->stream_high : stream_high;
     s->be = be;
     s->compute = (cudaStream_t)be->ops->native_stream(be->ctx);
-    if (stream_priority_high) {
+    if (s->stream_high) {
         int least, greatest;
         CUDA_OK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
         CUDA_OK(cudaStreamCreateWithPriority(&s->stream, cudaStreamNonBlocking, greatest));
@@ -335,7 +334,7 @@ static int nccl_split(void *impl, int color, int key, void **out, int *rank, int
     struct nccl_state *s = (struct nccl_state *)impl;
     ncclComm_t comm;
     NCCL_CHECK(ncclCommSplit(s->comm, color, key, &comm, NULL));
-    struct nccl_state *d = state_new(comm, s, s->be, s->device);
+    struct nccl_state *d = state_new(comm, s, s->be, s->device, s->stream_high);
     *rank = d->rank;
     *size = d->size;
     *out = d;
@@ -366,48 +365,31 @@ static const struct kiln_comm_impl nccl_impl = {
     "nccl", nccl_submit, nccl_wait, nccl_wait_stream, nccl_split, nccl_close, nccl_abort,
 };
 
-extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_env *env, double timeout_s,
-                                   struct kiln_error *err) {
+extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_env *env,
+                                   const struct kiln_comm_open_opts *o, struct kiln_error *err) {
     if (!c->be || !c->be->device_memory || !c->be->ops->native_stream)
         return kiln_errorf(
             err, KILN_ERR_USAGE,
             "comm nccl (--comm): NCCL needs the cuda backend; use --device=cuda, or --comm=mpi");
-    // (before the rendezvous: a bad value stops every rank alike, none waits)
-    // KILN_NCCL_CTA_POLICY=efficiency|zero: NCCL 2.27+'s CTA policy, which trades collective speed for SMs
-    // left to the overlapped compute (issue 17's weak-scaling loss is the compute slowed beside the
-    // reduction); KILN_NCCL_MAX_CTAS=N caps the CTAs. Unset: NCCL's defaults. Split communicators inherit it.
+    // o->nccl_cta_policy (KILN_NCCL_CTA_POLICY=efficiency|zero): NCCL 2.27+'s CTA policy, which trades
+    // collective speed for SMs left to the overlapped compute (issue 17's weak-scaling loss is the compute
+    // slowed beside the reduction); o->nccl_max_ctas (KILN_NCCL_MAX_CTAS=N) caps the CTAs. 0: NCCL's
+    // defaults. Split communicators inherit it. (run/knobs.c validated both.)
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    const char *policy = getenv("KILN_NCCL_CTA_POLICY"), *max_ctas = getenv("KILN_NCCL_MAX_CTAS");
-    if (policy && *policy) {
-        if (!strcmp(policy, "efficiency"))
-            cfg.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY;
-        else if (!strcmp(policy, "zero"))
-            cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
-        else if (strcmp(policy, "default"))
-            return kiln_errorf(err, KILN_ERR_USAGE,
-                               "KILN_NCCL_CTA_POLICY=%s (environment): one of default, efficiency, zero",
-                               policy);
-    }
-    if (max_ctas && *max_ctas) {
-        char *end;
-        long n = strtol(max_ctas, &end, 10);
-        if (*end || n < 1 || n > 64)
-            return kiln_errorf(err, KILN_ERR_USAGE,
-                               "KILN_NCCL_MAX_CTAS=%s (environment): a whole number 1 to 64", max_ctas);
-        cfg.maxCTAs = (int)n;
-    }
-    const char *prio = getenv("KILN_NCCL_STREAM_PRIORITY");
-    if (prio && *prio && strcmp(prio, "default") && strcmp(prio, "high"))
-        return kiln_errorf(err, KILN_ERR_USAGE, "KILN_NCCL_STREAM_PRIORITY=%s (environment): default or high",
-                           prio);
-    stream_priority_high = prio && !strcmp(prio, "high");
+    if (o->nccl_cta_policy == KILN_NCCL_CTA_EFFICIENCY)
+        cfg.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY;
+    else if (o->nccl_cta_policy == KILN_NCCL_CTA_ZERO)
+        cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+    KILN_ASSERT(o->nccl_max_ctas >= 0 && o->nccl_max_ctas <= 64);
+    if (o->nccl_max_ctas > 0)
+        cfg.maxCTAs = o->nccl_max_ctas;
     int device = 0;
     CUDA_OK(cudaGetDevice(&device));
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     if (env->rank == 0)
         NCCL_CHECK(ncclGetUniqueId(&id));
-    int rc = kiln_rdzv_share(env, &id, sizeof(id), timeout_s, err);
+    int rc = kiln_rdzv_share(env, &id, sizeof(id), o->timeout_s, err);
     if (rc)
         return rc;
     ncclComm_t comm;
@@ -418,7 +400,11 @@ extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_e
             "NCCL (ncclCommInitRankConfig, rank %d of %d, GPU %d): %s; NCCL_DEBUG=INFO says more", env->rank,
             env->world, device, ncclGetErrorString(r));
     c->impl = &nccl_impl;
-    c->state = state_new(comm, NULL, c->be, device);
+    c->state = state_new(comm, NULL, c->be, device, o->nccl_stream_high);
+    if (o->trace_path && *o->trace_path && !trace.on) {
+        trace.path = kiln_xstrdup(o->trace_path);
+        trace.on = 1;
+    }
     trace.rank = env->rank, trace.world = env->world;
     return 0;
 }

@@ -6,11 +6,11 @@ int kiln_comm_nccl_available(void) {
     return 0;
 }
 
-int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_env *env, double timeout_s,
-                        struct kiln_error *err) {
+int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_env *env,
+                        const struct kiln_comm_open_opts *o, struct kiln_error *err) {
     (void)c;
     (void)env;
-    (void)timeout_s;
+    (void)o;
     return kiln_errorf(err, KILN_ERR_USAGE,
                        "comm nccl (--comm): this kiln was built without CUDA and NCCL; use --comm=mpi");
 }

@@ -652,14 +652,13 @@ static int attn_tiled(const struct attn_params *p) {
     return (p->HS == 64 || p->HS == 128) && p->rs % 8 == 0 && p->drs % 8 == 0;
 }
 
-// Which kernel family KILN_ATTN asks for, read on each call so that a benchmark or test can compare paths on
-// the same inputs: unset or "wgmma" the default (the Hopper kernels where they apply, else FA2), "fa2" the
-// FA2 kernels, "ref" these (first-generation) ones for every head size.
-enum attn_path { ATTN_DEFAULT, ATTN_FA2, ATTN_REF };
-static enum attn_path attn_path(void) {
-    static const char *const names[] = {"wgmma", "fa2", "ref"}; // in enum attn_path's order
-    static int told;
-    return (enum attn_path)kiln_cuda_env_choice("KILN_ATTN", names, 3, &told);
+// Which kernel family the context runs (KILN_ATTN, kernel[KILN_KERNEL_ATTN]; kiln_cuda_set_kernel switches
+// it between calls, so that a benchmark or test can compare paths on the same inputs): wgmma, the default
+// (the Hopper kernels where they apply, else FA2), fa2 the FA2 kernels, ref these (first-generation) ones for
+// every head size.
+enum attn_path { ATTN_DEFAULT, ATTN_FA2, ATTN_REF }; // in kiln_kernel_values[KILN_KERNEL_ATTN]'s order
+static enum attn_path attn_path(const struct cuda_ctx *c) {
+    return (enum attn_path)c->kernel[KILN_KERNEL_ATTN];
 }
 
 extern "C" void kiln_cuda_attention_forward(void *ctx, const struct kiln_attn_args *a) {
@@ -667,7 +666,7 @@ extern "C" void kiln_cuda_attention_forward(void *ctx, const struct kiln_attn_ar
     if (a->B * a->T == 0)
         return;
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0);
-    enum attn_path path = attn_path();
+    enum attn_path path = attn_path(c);
     if (path == ATTN_DEFAULT && kiln_cuda_wgmma_attention_forward(c, a)) // sm_90a build, sm_90 device
         return;
     if (path != ATTN_REF && kiln_cuda_fa2_forward(c, a))
@@ -699,7 +698,7 @@ extern "C" void kiln_cuda_attention_backward(void *ctx, const struct kiln_attn_b
     if (a->B * a->T == 0)
         return;
     KILN_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0);
-    enum attn_path path = attn_path();
+    enum attn_path path = attn_path(c);
     if (path == ATTN_DEFAULT && kiln_cuda_wgmma_attention_backward(c, a)) // as the forward; not deterministic
         return;
     if (path != ATTN_REF && kiln_cuda_fa2_backward(c, a))

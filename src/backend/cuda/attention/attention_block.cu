@@ -395,16 +395,15 @@ template <int NU> static void blk_backward_launch(struct cuda_ctx *c, const stru
     CUDA_CHECK_LAUNCH();
 }
 
-// Which kernels KILN_ATTN_BLOCK asks for, read on each call so that a test can compare them in one process:
+// Which kernels the context runs (KILN_ATTN_BLOCK, kernel[KILN_KERNEL_ATTN_BLOCK]; kiln_cuda_set_kernel
+// switches it between calls, so that a test can compare them in one process):
 // wgmma (the default: the Hopper kernels of attention_wgmma.cu for the blocks they take on an sm_90 device,
 // the tensor-core kernels for the rest and elsewhere), tc (tensor cores where HS is 64 or 128, these kernels
 // otherwise) or ref (these kernels). On 4 H100s (session 12) the ring at 128k ran 32,202 tok/s on the wgmma
 // blocks against 13,320 on the tensor-core ones, and matched one GPU as closely as the others.
-enum blk_kernels { BLK_WGMMA, BLK_TC, BLK_REF };
-static enum blk_kernels blk_want(void) {
-    static const char *const names[] = {"wgmma", "tc", "ref"};
-    static int told;
-    return (enum blk_kernels)kiln_cuda_env_choice("KILN_ATTN_BLOCK", names, 3, &told);
+enum blk_kernels { BLK_WGMMA, BLK_TC, BLK_REF }; // in kiln_kernel_values[KILN_KERNEL_ATTN_BLOCK]'s order
+static enum blk_kernels blk_want(const struct cuda_ctx *c) {
+    return (enum blk_kernels)c->kernel[KILN_KERNEL_ATTN_BLOCK];
 }
 
 extern "C" void kiln_cuda_attention_block_forward(void *ctx, const struct kiln_attn_block_args *a) {
@@ -415,7 +414,7 @@ extern "C" void kiln_cuda_attention_block_forward(void *ctx, const struct kiln_a
     p.out = (bf16 *)a->out;
     p.lse = a->lse;
     p.accumulate = a->accumulate;
-    enum blk_kernels want = blk_want();
+    enum blk_kernels want = blk_want(c);
     if (want != BLK_REF && blk_tc_forward(c, p, want == BLK_WGMMA))
         return;
     switch (blk_nu(a->HS)) {
@@ -447,7 +446,7 @@ extern "C" void kiln_cuda_attention_block_backward(void *ctx, const struct kiln_
     int rows = a->blk.B * a->blk.NH * a->blk.Tq;
     blk_dsum_kernel<<<KILN_CEIL_DIV(rows, 8), 256, 0, c->stream>>>(p, dsum);
     CUDA_CHECK_LAUNCH();
-    enum blk_kernels want = blk_want();
+    enum blk_kernels want = blk_want(c);
     if (want != BLK_REF && blk_tc_backward(c, p, want == BLK_WGMMA))
         return;
     switch (blk_nu(a->blk.HS)) {

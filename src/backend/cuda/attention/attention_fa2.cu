@@ -1,6 +1,6 @@
 // Causal attention, second generation (issue 4): the default path for HS in {32, 48, 64, 80, 96, 128} (the
 // Hopper kernels take 64 and 128 where they apply); attention.cu keeps the first kernels as the reference
-// path (env KILN_ATTN=ref) and handles every other head size.
+// path (KILN_ATTN=ref) and handles every other head size.
 //
 // Same math and conventions as attention.cu (scores s_ij = scale q_i.k_j + slope_h (j - i), log2 domain,
 // P rounded to bf16 before P.V, lse in natural log). What changed, and why (docs/perf_notes.md has numbers):
@@ -673,10 +673,10 @@ static __global__ void fa_dq_convert_kernel(bf16 *dqkv, const float *acc, long n
 // ---- launchers ------------------------------------------------------------------------------------------
 
 // Tile configuration: KILN_FA_VARIANT=1 (or 2: single-pass backward only, elsewhere as 1) picks alternative
-// shapes, so one benchmark run can compare them; 0 (default) is the one expected to be faster.
-static int fa_variant(void) {
-    const char *s = getenv("KILN_FA_VARIANT");
-    return s && (s[0] == '1' || s[0] == '2') ? s[0] - '0' : 0;
+// shapes, so one benchmark run can compare them (kiln_cuda_set_kernel); 0 (default) is the one expected to be
+// faster. The values are "0", "1", "2": the index is the variant.
+static int fa_variant(const struct cuda_ctx *c) {
+    return c->kernel[KILN_KERNEL_FA_VARIANT];
 }
 
 static int fa_al16(const void *p) {
@@ -815,7 +815,7 @@ extern "C" int kiln_cuda_fa2_forward(struct cuda_ctx *c, const struct kiln_attn_
         fa_setup(c, a->qkv, rs, a->B, a->T, a->NH, a->NKV, a->HS, a->pos, a->rope_theta, &ct, &st);
     p.out = (bf16 *)a->out;
     p.lse = a->lse;
-    int v = fa_variant();
+    int v = fa_variant(c);
     if (a->HS == 32) {
         // small models (shakespeare-char: 4 heads of 32): 64 queries per block, 4 blocks per SM (25 KiB of
         // shared memory each); variant 1: 128 queries, 2 blocks
@@ -895,7 +895,7 @@ extern "C" int kiln_cuda_fa2_backward(struct cuda_ctx *c, const struct kiln_attn
     p.dout = (const bf16 *)a->dout;
     p.dqkv = (bf16 *)a->dqkv;
     p.dsum = kiln_cuda_fa_dsum(c, a->dout, a->out, a->B, a->T, a->NH, a->HS);
-    int v = fa_variant();
+    int v = fa_variant(c);
     if (!c->deterministic) { // single pass, dQ by atomics (float sums in arrival order)
         size_t nq = (size_t)a->B * a->T * a->NH * a->HS * sizeof(float);
         p.dq_acc = (float *)kiln_cuda_scratch(c, SCR_ATTN_DQ, nq);

@@ -950,19 +950,18 @@ static void wg_launch_pp(struct cuda_ctx *c, const struct wg_params &p, int B) {
     CUDA_CHECK_LAUNCH();
 }
 
-// KILN_WGMMA_FWD (read on every call, so that a test or attn_bench can compare both in one process):
+// KILN_WGMMA_FWD (the context's kernel[KILN_KERNEL_WGMMA_FWD], which kiln_cuda_set_kernel switches between
+// calls, so that a test or attn_bench can compare both in one process):
 // pingpong (the default: the consumers' wgmmas in turns, FlashAttention-3's warp scheduling, so that one
 // consumer's softmax runs under the other's matrix products; on an H100 587/596 TFLOP/s against overlap's
 // 540/542 at 32k/64k, HS 128, session 12) or overlap (each consumer overlaps its softmax with its own P V, no
 // order between the consumers).
-static int wg_fwd_pingpong(void) {
-    static const char *const names[] = {"pingpong", "overlap"};
-    static int told;
-    return kiln_cuda_env_choice("KILN_WGMMA_FWD", names, 2, &told) == 0;
+static int wg_fwd_pingpong(const struct cuda_ctx *c) {
+    return c->kernel[KILN_KERNEL_WGMMA_FWD] == 0;
 }
 
 template <int HS, int BN> static void wg_launch(struct cuda_ctx *c, const struct wg_params &p, int B) {
-    if (wg_fwd_pingpong())
+    if (wg_fwd_pingpong(c))
         wg_launch_pp<HS, BN, true>(c, p, B);
     else
         wg_launch_pp<HS, BN, false>(c, p, B);
@@ -992,7 +991,8 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
     return r != CUDA_SUCCESS;
 }
 
-// KILN_WGMMA_DQ (read on every call, so that a test or attn_bench can compare them in one process):
+// KILN_WGMMA_DQ (the context's kernel[KILN_KERNEL_WGMMA_DQ], which kiln_cuda_set_kernel switches between
+// calls, so that a test or attn_bench can compare them in one process):
 // tma-dqpw (the default since session 16): at HS 128 the two consumers take a 64-column pass of every tile's
 // dQ each (SPLIT), staged in shared memory and added by the TMA unit, with each tile's dV products issued as
 // soon as their operands are in registers (EARLY) and dK after the dQ pass, so that it runs while the dQ is
@@ -1005,11 +1005,10 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
 // own keys, ran 4.4% slower than tma-split in session 13 and is gone.) HS 64 takes tma-early under
 // tma-early and tma-early2, tma otherwise.
 // *tma, *split, *early: the choice (*early 2: EARLY and DB; 3: EARLY and DQF; 4: EARLY and DQF 2).
-static void wb_dq_mode(int *tma, int *split, int *early) {
-    static const char *const names[] = {"tma-dqpw",  "tma",        "red",         "red-split",
-                                        "tma-early", "tma-early2", "tma-dqfirst", "tma-split"};
-    static int told;
-    int m = kiln_cuda_env_choice("KILN_WGMMA_DQ", names, 8, &told);
+// The modes in kiln_kernel_values[KILN_KERNEL_WGMMA_DQ]'s order: tma-dqpw, tma, red, red-split, tma-early,
+// tma-early2, tma-dqfirst, tma-split.
+static void wb_dq_mode(const struct cuda_ctx *c, int *tma, int *split, int *early) {
+    int m = c->kernel[KILN_KERNEL_WGMMA_DQ];
     *tma = m <= 1 || m >= 4;
     *split = m == 0 || m == 3 || m >= 4;
     *early = m == 0 ? 4 : m == 4 ? 1 : m == 5 ? 2 : m == 6 ? 3 : 0;
@@ -1142,7 +1141,7 @@ extern "C" int kiln_cuda_wgmma_attention_backward(struct cuda_ctx *c, const stru
     p.scale = 1.0f / sqrtf((float)HS);
     p.scale_log2 = p.scale * WG_LOG2E;
     int tma, split, early;
-    wb_dq_mode(&tma, &split, &early);
+    wb_dq_mode(c, &tma, &split, &early);
     if (tma && wb_dq_map(&p.tdq, p.dq_acc, HS, a->NH, a->T, a->B)) { // said once, so a run is not misread
         static int told;
         if (!told++)
@@ -1287,7 +1286,7 @@ int blk_wgmma_backward(struct cuda_ctx *c, const struct blk_params &p, const bf1
     }
     w.scale = p.scale;
     int tma, split, early;
-    wb_dq_mode(&tma, &split, &early);
+    wb_dq_mode(c, &tma, &split, &early);
     tma = tma && !wb_dq_map(&w.tdq, w.dq_acc, HS, p.NH, p.Tq, p.B);
     wb_run(c, w, p.B, HS, tma, split, early);
     size_t n = (size_t)p.B * p.Tq * p.NH * (HS / 2);
