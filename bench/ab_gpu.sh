@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 REF=${1:?usage: bench/ab_gpu.sh REF_TREE [ROUNDS]}
 ROUNDS=${2:-2}
 OUT=${OUT:-/tmp/kiln-ab}
-mkdir -p "$OUT"
+LOGS=/tmp/kiln-ab-logs # one log a run: kept off $OUT, which takes few files; a failed run's tail goes to ab.txt
+mkdir -p "$OUT" "$LOGS"
 export NCCL_NVLS_ENABLE=0
 # shellcheck source=bench/gpu_lib.sh
 . bench/gpu_lib.sh
@@ -44,9 +45,9 @@ for s in "${SHAPES[@]}"; do
     for t in a b; do
       dir=/tmp/ab_${t}_${name}_$r
       timeout 200 "build-ab-$t/kiln" train "$@" --data=random --max-steps=30 --warmup=10 --device=cuda \
-        --eval-every=0 --checkpoint=0 --save-model=0 --quiet --out="$dir" >"$OUT/${t}_${name}_$r.log" 2>&1 &&
+        --eval-every=0 --checkpoint=0 --save-model=0 --quiet --out="$dir" >"$LOGS/${t}_${name}_$r.log" 2>&1 &&
         echo "$name $t $r $(median "$dir/metrics.jsonl")" >>"$OUT/ab.txt" ||
-        echo "$name $t $r failed: $(tail -1 "$OUT/${t}_${name}_$r.log")" >>"$OUT/ab.txt"
+        echo "$name $t $r failed: $(tail -1 "$LOGS/${t}_${name}_$r.log")" >>"$OUT/ab.txt"
     done
   done
 done
