@@ -57,7 +57,7 @@ expect_error 2 "missing --from=HF_DIR" -- import --out="$T/y"
 expect_error 2 "bad token list" -- logits --run="$T/gpt2" --tokens=1,x
 expect_error 2 "exactly one of --tokens" -- logits --run="$T/gpt2"
 
-# kiln info prices the presets (counts derived in docs/models.md and tests/unit/test_presets.c)
+# kiln info prices the presets (counts derived in docs/models.md and tests/unit/run/test_presets.c)
 for pc in olmo-1b:1176832000 olmo-7b:6888361984 llama-1b:1179191296 llama-8b:7391678464; do
   p=${pc%%:*} n=${pc##*:}
   "$KILN" info --preset="$p" >"$T/info" 2>&1 || bad "kiln info --preset=$p failed"

@@ -1,6 +1,6 @@
 // The op table's rows: one per numerical op of struct kiln_ops (core/ops.h), here or, for a family of ops,
 // in a file beside it (op_rows_attention.c); opt_rows at the end lists them all. op_table.h says what a row
-// is; tests/unit/test_op_table.c and tests/gpu/test_op_table_gpu.c run them.
+// is; tests/unit/backend/test_op_table.c and tests/gpu/test_op_table_gpu.c run them.
 //
 // The ops of struct kiln_ops and their rows:
 //   embed_forward, embed_backward            embedding

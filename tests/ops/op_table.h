@@ -2,7 +2,7 @@
 // tests/test-backend-ops. A row says what an op is, once: its shapes, how to draw its inputs, which inputs
 // are differentiable, the scalar loss of its outputs, forward and backward callbacks that go through the ops
 // table of any backend, a double-precision reference of its forward, and its tolerances. Two programs run it:
-//   tests/unit/test_op_table.c      every row on the CPU backend: the forward against the reference, every
+//   tests/unit/backend/test_op_table.c      every row on the CPU backend: the forward against the reference, every
 //                                   gradient against central finite differences, and bitwise repeatability
 //   tests/gpu/test_op_table_gpu.c   every row on CUDA against the CPU on the same inputs (outputs and
 //                                   gradients, ggml's NMSE per tensor), and `--perf`: each row timed

@@ -1,4 +1,4 @@
-// Helpers shared by the CPU backend's op tests (tests/unit/test_cpu_*.c): the backend under test,
+// Helpers shared by the CPU backend's op tests (tests/unit/backend/test_cpu_*.c): the backend under test,
 // float/double conversion, and central finite differences of double-precision reference ops.
 #ifndef KILN_TESTS_CPU_COMMON_H
 #define KILN_TESTS_CPU_COMMON_H
