@@ -31,8 +31,8 @@ struct kiln_model_opts {
     int training;                 // 0: no gradients or optimizer state (sampling, eval-only)
     size_t optim_elems;           // AdamW moments to hold, each of m and v (0: one per parameter element, the
                                   // table's total). A ZeRO rank holds its shard's only (optim/adamw.h's spans)
-    // Tuning knobs for tests and measurements (0 = the default). model/ reads no environment: train/'s
-    // kiln_model_tuning_from_env maps KILN_CLASSIFIER_ROWS, KILN_MLP_ROWS, KILN_PARALLEL_FUSED=0 and
+    // Tuning knobs for tests and measurements (0 = the default). model/ reads no environment: run/tuning.c's
+    // kiln_model_tuning maps the knobs KILN_CLASSIFIER_ROWS, KILN_MLP_ROWS, KILN_PARALLEL_FUSED=0 and
     // KILN_SCRATCH_SHARED=0 here.
     int classifier_rows;          // rows per LM-head chunk (0: planned from the free scratch)
     int mlp_rows;                 // rows per MLP chunk (0: planned: chunks of at most 1 GiB of hidden
