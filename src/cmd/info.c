@@ -7,6 +7,7 @@
 #include "cmd/cmd.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
+#include "optim/state.h"
 #include "parallel/comm/comm.h"
 #include "parallel/dp.h"
 #include "run/plan.h"
@@ -343,14 +344,21 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
                                .training = 1,
                                .offload_activations = (cfg.offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
     struct kiln_mem_plan plan;
+    // one process: the optimizer's state holds the master weights and the moments of every element
+    struct kiln_optim_state_opts so = {.total = pt.total};
+    struct kiln_optim_plan op;
     printf("\n");
     kiln_model_tuning(&go, knobs);
     kiln_model_plan(m, &go, KILN_F32, KILN_F32, 1, &plan);
+    kiln_optim_state_plan(&so, KILN_F32, 1, &op);
+    kiln_plan_add_optim(&plan, &op);
     print_plan("cpu: f32 everything", &plan, go.B * go.T);
     // the gradient dtype a CUDA run of this config gets (the trainer makes the same choice)
     enum kiln_dtype grad = kiln_config_grad_dtype(&cfg, 1);
     kiln_model_tuning(&go, knobs);
     kiln_model_plan(m, &go, KILN_BF16, grad, 0, &plan);
+    kiln_optim_state_plan(&so, KILN_BF16, 0, &op);
+    kiln_plan_add_optim(&plan, &op);
     print_plan(grad == KILN_BF16 ? "cuda: bf16 weights, activations and gradients, f32 master and AdamW"
                                  : "cuda: bf16 weights and activations, f32 master, gradients and AdamW",
                &plan, go.B * go.T);

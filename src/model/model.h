@@ -12,12 +12,14 @@
 #include "model/config.h"
 #include "model/params.h"
 
-// Bytes the model needs on its backend, planned up front (kiln info, the out-of-memory message, metrics).
+// Bytes the model needs on its backend, planned up front (kiln info, the out-of-memory message, metrics). The
+// model holds no optimizer state: run/plan.c adds the optimizer's (optim/state.h: master weights, moments) to
+// the same fields for what a rank holds.
 struct kiln_mem_plan {
-    size_t params_bytes;  // f32 master weights
-    size_t weights_bytes; // compute copy in act dtype (0 when it aliases the master weights)
+    size_t params_bytes;  // f32 master weights: the model's compute copy where it is the master (f32 backends)
+    size_t weights_bytes; // compute copy in act dtype (0 when it is the master weights)
     size_t grads_bytes;
-    size_t optim_bytes;   // AdamW m and v
+    size_t optim_bytes;   // AdamW m and v (the optimizer's; 0 in the model's own plan)
     size_t acts_bytes;    // activations kept for backward, plus the scratch arena
     size_t scratch_bytes; // of acts_bytes: the arena, where one-slot buffers never live at once share memory
     size_t host_bytes;    // pinned host memory: the layer inputs of offload_activations (not in total_bytes)
@@ -28,9 +30,7 @@ struct kiln_mem_plan {
 struct kiln_model_opts {
     int B, T;                     // activation shapes to plan for
     enum kiln_recompute recompute;
-    int training;                 // 0: no gradients or optimizer state (sampling, eval-only)
-    size_t optim_elems;           // AdamW moments to hold, each of m and v (0: one per parameter element, the
-                                  // table's total). A ZeRO rank holds its shard's only (optim/adamw.h's spans)
+    int training;                 // 0: no gradients (sampling, eval-only)
     // Tuning knobs for tests and measurements (0 = the default). model/ reads no environment: run/tuning.c's
     // kiln_model_tuning maps the knobs KILN_CLASSIFIER_ROWS, KILN_MLP_ROWS, KILN_PARALLEL_FUSED=0 and
     // KILN_SCRATCH_SHARED=0 here.
@@ -42,19 +42,17 @@ struct kiln_model_opts {
     int scratch_apart;            // every scratch buffer in a range of its own
     int external_grads;           // allocate no gradient buffer: every segment's gradients are written where
                                   // kiln_model_set_grad_window points (ZeRO-2's staging buffers), set before use
-    int sharded_params;           // ZeRO-3: the model holds optim_elems elements of the master weights and of
-                                  // their compute copy only, compact at the spans' state offsets (a rank's
-                                  // shard); every weight is read through a window the hooks set
-                                  // (kiln_model_set_weight_window), and get/set_params go through the hooks
+    int external_weights;         // allocate no compute weights: every segment's weights are read where
+                                  // kiln_model_set_weight_window points (ZeRO-3's gathered copies), set before
+                                  // use; kiln_model_set_params and decoding do not apply
     int offload_activations;      // --recompute=block's layer inputs go to pinned host memory during the forward
                                   // and come back, prefetched a layer ahead, during the backward: the model
                                   // holds 3 of them instead of L + 1
-    int offload_optimizer;        // the f32 master weights and AdamW's moments live in host memory, with the
-                                  // data-parallel layer: the model holds neither (the compute copy only, which
-                                  // is the master on backends where they alias); get/set_params and
-                                  // get/set_optim go through the hooks
     struct kiln_model_split split; // what this rank holds of split dimensions (config.h; zeros: whole): the
                                    // model runs at the rank's sizes, and the hooks below do what crosses ranks
+    struct kiln_mem_plan beside;   // what is planned beside the model on its backend (the optimizer's state):
+                                   // the out-of-memory message quotes the sum, and kiln_model_mem_peak counts
+                                   // it in its floor
 };
 
 struct kiln_model;
@@ -76,16 +74,6 @@ struct kiln_model_hooks {
     // at the start of every forward, before the embedding: the weights read outside the layers (embeddings,
     // final norm, head) and layer 0's must be in place (ZeRO-3 gathers them here)
     void (*forward_begin)(void *user);
-    // sharded_params: the whole master weights (the table's total f32, host memory) from and to the shards
-    void (*params_get)(void *user, float *host);
-    void (*params_set)(void *user, const float *host);
-    // where the hooks keep the whole master weights in host memory anyway (DDP with the optimizer offloaded):
-    // that buffer, which kiln_model_init_params fills in place (a second copy would not fit a 8B model's host);
-    // NULL otherwise
-    float *(*params_buffer)(void *user);
-    // offload_optimizer: AdamW's moments (optim_elems each) from and to where they live
-    void (*optim_get)(void *user, float *m, float *v);
-    void (*optim_set)(void *user, const float *m, const float *v);
 };
 void kiln_model_set_hooks(struct kiln_model *g, const struct kiln_model_hooks *h);
 
@@ -176,7 +164,7 @@ void kiln_model_set_grad_window(struct kiln_model *g, int seg, void *base);
 
 // Weights are read through windows too, one per segment as above (the compute copy by default): base points
 // at a copy of the segment's tensors laid out as in the flat buffer from the segment's first element, in the
-// act dtype; NULL restores the default (none with sharded_params: a window must be set before use).
+// act dtype; NULL restores the default (none with external_weights: a window must be set before use).
 void kiln_model_set_weight_window(struct kiln_model *g, int seg, const void *base);
 // Layer l's window: segment 1 + l.
 void kiln_model_set_layer_window(struct kiln_model *g, int l, const void *base);
@@ -202,14 +190,15 @@ size_t kiln_model_mem_peak(const struct kiln_model *g);
 // decoding (*bwd) and in the forward (*fwd). Both 0 for sequential blocks; gpt/internal.h's struct fusion says when.
 void kiln_model_fused_projection(const struct kiln_model *g, int *fwd, int *bwd);
 
-// Master weights <-> host f32 (t->total floats, padding included). Setting refreshes the compute copy. With
-// sharded_params these are the params_get/params_set hooks (the data-parallel layer's gather and scatter).
+// The compute weights <-> host f32 (t->total floats, padding included; not with external_weights). The f32
+// master weights are the optimizer's (optim/state.h), which keeps this copy in step as it updates them; where
+// the compute weights are the master (f32 backends), these are the master. Reading them back on a backend of
+// narrower weights gives the rounded copy, not the master.
 void kiln_model_set_params(struct kiln_model *g, const float *host);
 void kiln_model_get_params(struct kiln_model *g, float *host);
-void kiln_model_get_grads(struct kiln_model *g, float *host);       // for tests and checkpoints
-// AdamW moments <-> host (optim_elems floats each)
-void kiln_model_get_optim(struct kiln_model *g, float *m_host, float *v_host);
-void kiln_model_set_optim(struct kiln_model *g, const float *m_host, const float *v_host);
+void kiln_model_get_grads(struct kiln_model *g, float *host); // for tests
+// Initializes the compute weights (kiln_params_init's, then kiln_model_set_params): sampling and tests. A
+// trainer initializes the optimizer's master weights, which set the compute copy.
 void kiln_model_init_params(struct kiln_model *g, uint64_t seed);
 
 // Forward over a (B, T) batch of token ids (host memory). Returns the mean cross-entropy over targets >= 0.
@@ -221,15 +210,12 @@ double kiln_model_forward(struct kiln_model *g, const int32_t *inputs, const int
 void kiln_model_backward(struct kiln_model *g);
 void kiln_model_zero_grad(struct kiln_model *g);
 
-// The model's buffers, for the data-parallel layer (parallel/dp.c): the flat master weights (f32), their compute
-// copy (act dtype; == params where they alias) and the gradients (grad dtype), all pt->total elements, and
-// the AdamW moments (optim_elems each). Backend memory.
+// The model's buffers, for the optimizer and the data-parallel layer: the compute weights (act dtype; NULL
+// with external_weights) and the gradients (grad dtype; NULL with external_grads or without training), both
+// pt->total elements. Backend memory.
 struct kiln_model_buffers {
-    float *params;
     void *weights;
     void *grads;
-    float *m, *v;
-    size_t optim_elems;
 };
 void kiln_model_buffers(const struct kiln_model *g, struct kiln_model_buffers *out);
 

@@ -1,6 +1,6 @@
-// Data parallelism: the struct's life, the model's hooks, the step's entry points, the master weights' hooks
-// and the offloaded optimizer's glue. ddp.c reduces the gradients, zero3.c gathers ZeRO-3's weights, shard.c
-// plans what each rank owns. See dp.h.
+// Data parallelism: the struct's life, the model's hooks, the step's entry points over the optimizer's state
+// (its master weights set, gathered and read), and the offloaded optimizer's glue. ddp.c reduces the
+// gradients, zero3.c gathers ZeRO-3's weights, shard.c plans what each rank owns. See dp.h.
 #include "parallel/dp_internal.h"
 
 #include <math.h>
@@ -18,10 +18,17 @@ int kiln_dp_external_grads(const struct kiln_dp *dp) {
 }
 
 void kiln_dp_model_opts(const struct kiln_dp *dp, struct kiln_model_opts *o) {
-    o->optim_elems = dp->optim_elems;
     o->external_grads = kiln_dp_external_grads(dp);
-    o->sharded_params = dp->zero == 3;
-    o->offload_optimizer = dp->offload;
+    o->external_weights = dp->zero == 3;
+}
+
+void kiln_dp_optim_opts(const struct kiln_dp *dp, struct kiln_optim_state_opts *o) {
+    o->total = dp->sh.bounds[0];
+    o->elems = dp->optim_elems;
+    o->held = dp->held;
+    o->n_held = dp->held ? dp->sh.n_ranges : 0;
+    o->master_compact = dp->zero == 3;
+    o->offload = dp->offload;
 }
 
 // Buckets, ranges and spans for rank `rank` of `world`, and what the options make of them (no backend
@@ -48,12 +55,24 @@ static void plan(struct kiln_dp *dp, const struct kiln_param_table *pt, const st
     dp->all_spans = kiln_adamw_table_spans(pt, &dp->n_all_spans);
 }
 
+// The ranges as the optimizer state's held runs (ZeRO: where a compact master sits), NULL under DDP
+static struct kiln_param_span *held_of(const struct kiln_shard_plan *sh, int zero) {
+    if (!zero)
+        return NULL;
+    struct kiln_param_span *h = kiln_xcalloc((size_t)sh->n_ranges + 1, sizeof(*h));
+    for (int r = 0; r < sh->n_ranges; r++)
+        h[r] = (struct kiln_param_span){sh->ranges[r].lo, sh->ranges[r].hi - sh->ranges[r].lo, 0,
+                                        sh->ranges[r].state_offset};
+    return h;
+}
+
 void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_backend *be,
                     const struct kiln_param_table *pt, const struct kiln_dp_opts *o) {
     struct kiln_dp *dp = kiln_xcalloc(1, sizeof(*dp));
     dp->comm = comm;
     dp->be = be;
     plan(dp, pt, o, comm->size, comm->rank);
+    dp->held = held_of(&dp->sh, dp->zero);
     dp->b = kiln_xcalloc((size_t)dp->nb, sizeof(*dp->b));
     for (int i = 0; i < dp->nb; i++)
         dp->b[i].event = be->ops->event_create ? be->ops->event_create(be->ctx) : NULL;
@@ -62,11 +81,12 @@ void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_ba
 
 void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world, int rank,
                          enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_model_opts *model,
-                         struct kiln_dp_mem *out) {
+                         struct kiln_optim_state_opts *optim, struct kiln_dp_mem *out) {
     struct kiln_backend be = {.act_dtype = act, .grad_dtype = grad};
     struct kiln_dp dp = {.be = &be};
     plan(&dp, pt, o, world, rank);
     kiln_dp_model_opts(&dp, model);
+    kiln_dp_optim_opts(&dp, optim); // (held NULL: planning counts elements only)
     size_t gb = kiln_dtype_bytes(grad), ab = kiln_dtype_bytes(act);
     const struct kiln_shard_bucket *b = dp.sh.b;
     size_t top = b[0].hi - b[0].lo, bottom = dp.nb > 1 ? b[dp.nb - 1].hi - b[dp.nb - 1].lo : 0;
@@ -100,7 +120,7 @@ void *dp_alloc_or_die(struct kiln_dp *dp, size_t bytes, const char *what) {
 void kiln_dp_free(struct kiln_dp *dp) {
     if (!dp)
         return;
-    kiln_offload_free(dp->off); // (a running step settles first)
+    kiln_offload_settle(dp->off); // (the state frees its pipeline)
     for (int i = 0; dp->wg && i < dp->nb; i++)
         kiln_comm_wait(dp->comm, dp->wg[i]);
     free(dp->wg);
@@ -118,6 +138,7 @@ void kiln_dp_free(struct kiln_dp *dp) {
             dp->be->ops->free(dp->be->ctx, bufs[i]);
     dp_free_zero3(dp);
     free(dp->host_master);
+    free(dp->held);
     free(dp->b);
     kiln_shard_plan_free(&dp->sh);
     free(dp->all_spans);
@@ -128,41 +149,24 @@ size_t kiln_dp_optim_elems(const struct kiln_dp *dp) {
     return dp->optim_elems;
 }
 
-// ---- the master weights, where the model does not hold them (ZeRO-3's shards, the offloaded optimizer) ----
+// ---- the master weights: the optimizer state's, gathered whole for a checkpoint ----
 
-// The whole master weights to where they live (init, resume): this rank's slices (ZeRO-3), or the host state
-// and the compute copy (offload).
-static void on_params_set(void *user, const float *host) {
-    struct kiln_dp *dp = user;
-    if (dp->offload) {
-        kiln_offload_set_master(dp->off, host);
-        dp_invalidate_units(dp);
-        return;
-    }
-    const struct kiln_ops *ops = dp->be->ops;
-    for (int r = 0; r < dp->sh.n_ranges; r++) {
-        const struct kiln_dp_range *q = &dp->sh.ranges[r];
-        size_t n = q->hi - q->lo;
-        ops->upload(dp->be->ctx, dp->buf.params + q->state_offset, host + q->lo, n * sizeof(float));
-        if (dp->buf.weights != dp->buf.params)
-            ops->upload_f32(dp->be->ctx,
-                            (char *)dp->buf.weights + q->state_offset * kiln_dtype_bytes(dp->be->act_dtype),
-                            dp->be->act_dtype, host + q->lo, n);
-    }
+void kiln_dp_set_master(struct kiln_dp *dp, const float *host) {
+    kiln_dp_settle(dp);
+    kiln_optim_state_set_master(dp->st, host);
     dp_invalidate_units(dp);
 }
 
 // The whole master weights, as the last kiln_dp_gather_master left them; the host copy goes with the call
 // (the caller has its own; a 7B model's would be 28 GB held between checkpoints).
-static void on_params_get(void *user, float *host) {
-    struct kiln_dp *dp = user;
+void kiln_dp_get_master(struct kiln_dp *dp, float *host) {
     size_t total = dp->sh.bounds[0];
     kiln_offload_settle(dp->off);
-    if (dp->offload && !dp->zero) { // the host master is whole
-        memcpy(host, kiln_offload_master(dp->off), total * sizeof(float));
+    if (!dp->host_master) { // whole in the state: flat on the backend, or an offloaded DDP's host master
+        KILN_ASSERT(dp->zero < 3 && !(dp->offload && dp->zero)); // else kiln_dp_gather_master first
+        kiln_optim_state_get_master(dp->st, 0, total, host);
         return;
     }
-    KILN_ASSERT(dp->host_master); // kiln_dp_gather_master first: a collective, which this is not
     memcpy(host, dp->host_master, total * sizeof(float));
     free(dp->host_master);
     dp->host_master = NULL;
@@ -179,10 +183,7 @@ static void gather_master_host(struct kiln_dp *dp) {
         const struct kiln_shard_bucket *sb = &dp->sh.b[i];
         size_t lo = sb->slice_lo, n = sb->slice_hi - sb->slice_lo, so = sb->state_offset;
         float *at = dp->host_master + sb->lo;
-        if (dp->offload)
-            memcpy(at + lo, kiln_offload_master(dp->off) + so, n * sizeof(float));
-        else
-            dp->be->ops->download(dp->be->ctx, at + lo, dp->buf.params + so, n * sizeof(float));
+        kiln_optim_state_get_master(dp->st, so, n, at + lo);
         struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER,
                               .send = at + lo,
                               .recv = at,
@@ -197,30 +198,6 @@ static void gather_master_host(struct kiln_dp *dp) {
 }
 
 // ---- --offload=optimizer: AdamW on the host (optim/offload.h) ----
-
-// DDP's offloaded master weights are whole: the model initializes them in place.
-static float *on_params_buffer(void *user) {
-    struct kiln_dp *dp = user;
-    return dp->offload && !dp->zero ? kiln_offload_master(dp->off) : NULL;
-}
-
-static void on_optim_get(void *user, float *m, float *v) {
-    struct kiln_dp *dp = user;
-    float *hm, *hv;
-    kiln_offload_settle(dp->off);
-    kiln_offload_moments(dp->off, &hm, &hv);
-    memcpy(m, hm, dp->optim_elems * sizeof(float));
-    memcpy(v, hv, dp->optim_elems * sizeof(float));
-}
-
-static void on_optim_set(void *user, const float *m, const float *v) {
-    struct kiln_dp *dp = user;
-    float *hm, *hv;
-    kiln_offload_settle(dp->off);
-    kiln_offload_moments(dp->off, &hm, &hv);
-    memcpy(hm, m, dp->optim_elems * sizeof(float));
-    memcpy(hv, v, dp->optim_elems * sizeof(float));
-}
 
 // The step's reduced gradients of this rank's ranges to the host, AdamW there, and the updated compute
 // weights back to the backend (then, under ZeRO-1/2, gathered from their owners as without offload), started
@@ -300,43 +277,43 @@ static void attach_offload(struct kiln_dp *dp, struct kiln_model_hooks *h) {
     dp->n_seg = kiln_model_grad_segments(dp->g, &dp->seg_begin);
     struct kiln_offload_piece *pieces;
     int n_pieces = plan_pieces(dp, &pieces);
-    struct kiln_offload_opts o = {.elems = dp->optim_elems,
-                                  .total = dp->sh.bounds[0],
-                                  .pieces = pieces,
+    struct kiln_offload_opts o = {.pieces = pieces,
                                   .n_pieces = n_pieces,
                                   .spans = dp->zero ? dp->sh.spans : dp->all_spans,
                                   .n_spans = dp->zero ? dp->sh.n_spans : dp->n_all_spans,
                                   .grads = dp->zero >= 2 ? dp->shard : dp->buf.grads,
                                   .grads_compact = dp->zero >= 2,
-                                  .weights = dp->buf.weights,
-                                  .weights_compact = dp->zero == 3,
                                   .chunk = dp->chunk,
                                   .host_threads = dp->host_threads,
                                   .delay_us = dp->delay_us};
-    kiln_offload_create(&dp->off, dp->be, &o);
+    kiln_optim_state_offload(dp->st, &o); // (elems, total and the compute copy: the state's)
+    dp->off = kiln_optim_state_pipe(dp->st);
     free(pieces);
-    h->params_buffer = on_params_buffer;
-    h->optim_get = on_optim_get;
-    h->optim_set = on_optim_set;
 }
 
 // ---- the step ----
 
-void kiln_dp_attach(struct kiln_dp *dp, struct kiln_model *g) {
+void kiln_dp_attach(struct kiln_dp *dp, struct kiln_model *g, struct kiln_optim_state *st) {
     dp->g = g;
-    kiln_model_buffers(g, &dp->buf);
-    KILN_ASSERT(dp->buf.optim_elems == dp->optim_elems);
+    dp->st = st;
+    struct kiln_model_buffers mb;
+    kiln_model_buffers(g, &mb);
+    KILN_ASSERT(kiln_optim_state_elems(st) == dp->optim_elems);
     KILN_ASSERT(kiln_model_params(g)->total == dp->sh.bounds[0]); // planned on this layout
+    dp->buf = (struct dp_buffers){.weights = kiln_optim_state_weights(st), .grads = mb.grads};
+    if (!dp->offload) {
+        struct kiln_adamw_buffers ab;
+        kiln_optim_state_buffers(st, &ab);
+        dp->buf.params = ab.params;
+        dp->buf.m = ab.m;
+        dp->buf.v = ab.v;
+    }
     struct kiln_model_hooks h = {.user = dp};
     dp_attach_reduce(dp, &h);
     if (dp->zero == 3)
         dp_attach_zero3(dp, &h);
     if (dp->offload)
         attach_offload(dp, &h);
-    if (dp->zero == 3 || dp->offload) { // the model holds no whole master weights
-        h.params_get = on_params_get;
-        h.params_set = on_params_set;
-    }
     kiln_model_set_hooks(g, &h);
 }
 
@@ -444,15 +421,6 @@ const struct kiln_dp_range *kiln_dp_ranges(const struct kiln_dp *dp, int *n) {
 const size_t *kiln_dp_bucket_bounds(const struct kiln_dp *dp, int *n_buckets) {
     *n_buckets = dp->nb;
     return dp->sh.bounds;
-}
-
-int kiln_dp_host_moments(const struct kiln_dp *dp, const float **m, const float **v) {
-    float *hm = NULL, *hv = NULL;
-    if (dp->off)
-        kiln_offload_moments(dp->off, &hm, &hv);
-    *m = hm;
-    *v = hv;
-    return dp->offload;
 }
 
 int kiln_dp_zero(const struct kiln_dp *dp) {

@@ -33,6 +33,7 @@
 #include "model/model.h"
 #include "model/params.h"
 #include "optim/adamw.h"
+#include "optim/state.h"
 #include "parallel/shard.h" // struct kiln_dp_range: one contiguous range of the flat buffer a rank owns
 
 struct kiln_dp_opts {
@@ -62,10 +63,11 @@ struct kiln_dp;
 void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_backend *be,
                     const struct kiln_param_table *pt, const struct kiln_dp_opts *o);
 void kiln_dp_free(struct kiln_dp *dp);
-// AdamW moments this rank holds (kiln_model_opts.optim_elems): every element under DDP, its slices' under ZeRO.
+// AdamW moments this rank holds (kiln_optim_state_opts.elems): every element under DDP, its slices' under ZeRO.
 size_t kiln_dp_optim_elems(const struct kiln_dp *dp);
-// Installs the model's hooks. The model must have been created with kiln_dp_optim_elems.
-void kiln_dp_attach(struct kiln_dp *dp, struct kiln_model *g);
+// Installs the model's hooks, and takes the optimizer's state to step (kept, not owned; offloaded: starts its
+// pipeline). The model must have been created with kiln_dp_model_opts, the state with kiln_dp_optim_opts.
+void kiln_dp_attach(struct kiln_dp *dp, struct kiln_model *g, struct kiln_optim_state *st);
 // The next backward is micro-step `micro` of `accum`: the last one reduces its buckets as they complete.
 void kiln_dp_micro_step(struct kiln_dp *dp, int micro, int accum);
 // After each micro-step's backward: where it reduced, every bucket's reduction is ordered before what the
@@ -76,11 +78,16 @@ void kiln_dp_after_backward(struct kiln_dp *dp);
 // onto the rank's shard as each bucket completes, and summed there over micro-steps. The trainer zeroes the
 // model's gradients before every micro-step then.
 int kiln_dp_external_grads(const struct kiln_dp *dp);
-// What the model holds of the state (kiln_model_opts): the moments of optim_elems elements (ZeRO-1 and up), no
-// gradient buffer (ZeRO-2 and up: external_grads), and a shard of the weights (ZeRO-3: sharded_params).
+// What the model holds (kiln_model_opts): no gradient buffer (ZeRO-2 and up: external_grads), and no compute
+// weights (ZeRO-3: external_weights, read through the gathered copies).
 void kiln_dp_model_opts(const struct kiln_dp *dp, struct kiln_model_opts *o);
+// What the optimizer's state holds (kiln_optim_state_opts; the caller sets weights): the moments of
+// kiln_dp_optim_elems elements at the ranges' state offsets (ZeRO-1 and up), the master weights compact with
+// a compute copy of their own (ZeRO-3), in host memory with --offload=optimizer. held points into dp.
+void kiln_dp_optim_opts(const struct kiln_dp *dp, struct kiln_optim_state_opts *o);
 // The plan of rank `rank` of `world` without creating anything (kiln info): what data parallelism adds to the
-// model's plan, and the model options it implies (*model: kiln_dp_model_opts; accum = micro-steps per step).
+// model's plan, and the model and optimizer-state options it implies (*model: kiln_dp_model_opts; *optim:
+// kiln_dp_optim_opts, without held; accum = micro-steps per step).
 struct kiln_dp_mem {
     size_t staging;    // backend: ZeRO-2/3's gradient staging buffers
     size_t grad_shard; // backend: the reduced gradients of the rank's slices (with accumulation, their addend)
@@ -90,7 +97,7 @@ struct kiln_dp_mem {
 };
 void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp_opts *o, int world, int rank,
                          enum kiln_dtype act, enum kiln_dtype grad, int accum, struct kiln_model_opts *model,
-                         struct kiln_dp_mem *out);
+                         struct kiln_optim_state_opts *optim, struct kiln_dp_mem *out);
 // The global gradient norm (the same value on every rank). *sum (may be NULL) is summed over the ranks in the
 // same reduction: the loss, so that the step pays one round trip for both.
 double kiln_dp_grad_norm(struct kiln_dp *dp, double *sum);
@@ -100,15 +107,18 @@ void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, doubl
 // ZeRO on a mixed-precision backend updates only its slices of the f32 master weights (the compute copy is
 // what is gathered every step): this gathers the master weights too, before they are saved.
 void kiln_dp_gather_master(struct kiln_dp *dp);
+// The whole master weights (host f32, the table's total) as the last kiln_dp_gather_master left them (not a
+// collective: every rank may call it, or only the one that writes them).
+void kiln_dp_get_master(struct kiln_dp *dp, float *host);
+// The whole master weights (host f32) into the optimizer's state (init, resume): this rank's part, and the
+// compute copies; gathered copies of the old ones are stale.
+void kiln_dp_set_master(struct kiln_dp *dp, const float *host);
 
 // The ranges this rank owns (DDP: its slices too, which is what it writes to a checkpoint) and the bucket
 // bounds (n_buckets + 1 flat offsets, descending from pt->total to 0), for checkpoints.
 const struct kiln_dp_range *kiln_dp_ranges(const struct kiln_dp *dp, int *n);
 const size_t *kiln_dp_bucket_bounds(const struct kiln_dp *dp, int *n_buckets);
 int kiln_dp_zero(const struct kiln_dp *dp);
-// With --offload=optimizer, AdamW's moments live in host memory, laid out as the model's would be (compact
-// under ZeRO, flat under DDP): *m and *v point at them and it returns 1; else 0.
-int kiln_dp_host_moments(const struct kiln_dp *dp, const float **m, const float **v);
 // Seconds the host spent waiting on the gradient reductions so far (the metrics' comm_wait_ms).
 double kiln_dp_wait_s(const struct kiln_dp *dp);
 // --offload=optimizer: the optimizer step runs on the host beside the training thread (kiln_dp_adamw starts it

@@ -7,6 +7,7 @@
 
 #include "parallel/dp.h"
 #include "parallel/shard.h"
+#include "optim/state.h"
 
 // ZeRO-2/3's staging buffers shared by the buckets between the top and the bottom one. A layer's backward
 // holds two (its own and, for the biases its norm writes, the layer below's), so with two the backward waits
@@ -40,11 +41,23 @@ struct slot {
     int bucket; // whose gradients it holds now, -1: none
 };
 
+// Where the step reads and writes, backend memory: the optimizer state's master weights (f32; NULL offloaded)
+// and compute copy (the model's, or under ZeRO-3 the state's compact one), the model's gradients (NULL under
+// ZeRO-2/3, which stage them), and the state's moments.
+struct dp_buffers {
+    float *params;
+    void *weights;
+    void *grads;
+    float *m, *v;
+};
+
 struct kiln_dp {
     struct kiln_comm *comm;
     struct kiln_backend *be;
     struct kiln_model *g;
-    struct kiln_model_buffers buf;
+    struct kiln_optim_state *st; // the optimizer's state: master weights and moments (the caller's)
+    struct dp_buffers buf;
+    struct kiln_param_span *held; // (sh.n_ranges) the ranges as the state's held runs (ZeRO), or NULL (DDP)
     int zero;
     struct kiln_shard_plan sh; // buckets (sh.b[0] is the last layers'), this rank's ranges and spans
     struct bucket *b;          // (sh.nb) the buckets' reductions
@@ -79,11 +92,12 @@ struct kiln_dp {
     struct unit *slots;            // (K) the layers' between, slot l % K for layer l
     float *host_master; // (the table's total) the whole master weights, after kiln_dp_gather_master
     // --offload=optimizer: this rank's part (optim_elems, at the spans' state offsets) of the f32 master
-    // weights and AdamW's moments live in host memory, where the optimizer's pipeline updates them
+    // weights and AdamW's moments live in host memory, where the optimizer's pipeline updates them (the
+    // state's: it starts the pipeline over its host memory, and frees it)
     int offload, host_threads;
-    size_t chunk; // elements a chunk of the pipeline (0: its default)
-    int delay_us; // tests: the host's AdamW sleeps this long before each chunk
-    struct kiln_offload_pipe *off;
+    size_t chunk;                  // elements a chunk of the pipeline (0: its default)
+    int delay_us;                  // tests: the host's AdamW sleeps this long before each chunk
+    struct kiln_offload_pipe *off; // the state's pipeline, once attached
     // ZeRO-1/2 with the optimizer on the device: the updated compute weights' gathers, one a bucket, issued
     // after AdamW in the forward's order (bottom bucket first) and waited for by the next forward as it
     // reaches each bucket (the compute stream waits, not the host), so that they run under it; NULL once

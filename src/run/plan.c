@@ -24,13 +24,24 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
                                .training = 1,
                                .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
     kiln_model_tuning(&go, k);
+    struct kiln_optim_state_opts so = {.total = pt->total}; // without data parallelism: every element, flat
     if (world > 1 || cfg->zero || o.offload)
-        kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &out->dp);
+        kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &so, &out->dp);
     kiln_model_plan(&cfg->model, &go, act, grad, alias, &out->model);
+    struct kiln_optim_plan op;
+    kiln_optim_state_plan(&so, act, alias, &op);
+    kiln_plan_add_optim(&out->model, &op);
     out->sp_bytes = kiln_sp_buffer_bytes(sp, &cfg->model, cfg->batch_size, act);
     out->attn_ws = alias ? 0 : kiln_attn_workspace_bytes(&cfg->model, cfg->batch_size, sp->T_local);
     out->total = out->model.total_bytes + out->dp.staging + out->dp.grad_shard + out->dp.gathered +
                  out->sp_bytes + out->attn_ws;
+}
+
+void kiln_plan_add_optim(struct kiln_mem_plan *p, const struct kiln_optim_plan *o) {
+    p->params_bytes += o->params_bytes;
+    p->weights_bytes += o->weights_bytes;
+    p->optim_bytes += o->optim_bytes;
+    p->total_bytes += o->total_bytes;
 }
 
 size_t kiln_attn_workspace_bytes(const struct kiln_model_config *m, int B, int T) {

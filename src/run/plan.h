@@ -7,11 +7,12 @@
 #include "run/options.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "optim/state.h"
 #include "parallel/dp.h"
 #include "parallel/sp.h"
 
 struct kiln_rank_plan {
-    struct kiln_mem_plan model; // what the model holds (ZeRO shards its state)
+    struct kiln_mem_plan model; // what the model and the optimizer's state hold (ZeRO shards the state)
     struct kiln_dp_mem dp;      // what data parallelism adds (zero when it is off)
     struct kiln_dp_opts dpo;    // the options it was planned with
     size_t sp_bytes;            // sequence parallelism's buffers
@@ -27,6 +28,10 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
                     const struct kiln_param_table *pt, int world, const struct kiln_sp_layout *sp,
                     enum kiln_recompute rc, enum kiln_dtype act, enum kiln_dtype grad, int alias,
                     struct kiln_rank_plan *out);
+
+// Adds the optimizer state's plan (master weights, a compact compute copy, moments) to p's fields and total:
+// what kiln info prints, --recompute=auto weighs and the model's out-of-memory message quotes.
+void kiln_plan_add_optim(struct kiln_mem_plan *p, const struct kiln_optim_plan *o);
 
 // What the CUDA backend's attention keeps in its own scratch for B sequences of T tokens (a rank's T under
 // sequence parallelism), beyond the model's plan: the backward's f32 dQ accumulator (B T NH HS), q and k

@@ -362,16 +362,16 @@ int kiln_ckpt_read_optim(const struct kiln_ckpt *ck, const struct kiln_param_tab
     return rc ? rc : copy_tensors(ck->optim, pt, "v.", v, err);
 }
 
-int kiln_ckpt_apply(const struct kiln_ckpt *ck, struct kiln_model *g, struct kiln_error *err) {
-    const struct kiln_param_table *pt = kiln_model_params(g);
+int kiln_ckpt_apply(const struct kiln_ckpt *ck, const struct kiln_param_table *pt,
+                    struct kiln_optim_state *st, struct kiln_error *err) {
     float *p = kiln_xmalloc(pt->total * sizeof(float)), *m = kiln_xmalloc(pt->total * sizeof(float)),
           *v = kiln_xmalloc(pt->total * sizeof(float));
     int rc = copy_tensors(ck->model, pt, "", p, err);
     if (!rc) // optim.safetensors, or the shards of a run of several ranks
         rc = kiln_ckpt_read_optim(ck, pt, m, v, err);
     if (!rc) {
-        kiln_model_set_params(g, p);
-        kiln_model_set_optim(g, m, v);
+        kiln_optim_state_set_master(st, p); // (and the model's compute copy)
+        kiln_optim_state_set_moments(st, m, v);
     }
     free(p);
     free(m);
@@ -379,16 +379,15 @@ int kiln_ckpt_apply(const struct kiln_ckpt *ck, struct kiln_model *g, struct kil
     return rc;
 }
 
-int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_model *g, struct kiln_dp *dp,
-                       struct kiln_error *err) {
-    const struct kiln_param_table *pt = kiln_model_params(g);
+int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, struct kiln_dp *dp,
+                       struct kiln_optim_state *st, struct kiln_error *err) {
     float *p = kiln_xmalloc(pt->total * sizeof(float)), *m = kiln_xmalloc(pt->total * sizeof(float)),
           *v = kiln_xmalloc(pt->total * sizeof(float));
     int rc = copy_tensors(ck->model, pt, "", p, err);
     if (!rc)
         rc = kiln_ckpt_read_optim(ck, pt, m, v, err);
     if (!rc) {
-        kiln_model_set_params(g, p);
+        kiln_dp_set_master(dp, p);
         if (kiln_dp_zero(dp)) { // this rank's ranges only, compact, as it holds them
             int n;
             const struct kiln_dp_range *r = kiln_dp_ranges(dp, &n);
@@ -399,11 +398,11 @@ int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_model *g, struct 
                 memcpy(cm + r[i].state_offset, m + r[i].lo, k * sizeof(float));
                 memcpy(cv + r[i].state_offset, v + r[i].lo, k * sizeof(float));
             }
-            kiln_model_set_optim(g, cm, cv);
+            kiln_optim_state_set_moments(st, cm, cv);
             free(cm);
             free(cv);
         } else {
-            kiln_model_set_optim(g, m, v);
+            kiln_optim_state_set_moments(st, m, v);
         }
     }
     free(p);
@@ -631,8 +630,8 @@ int kiln_ckpt_writer_join(struct kiln_ckpt_writer *w, double *wait_ms, struct ki
     return rc;
 }
 
-int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_model *g, int64_t step, cJSON *state,
-                           double *stall_ms, struct kiln_error *err) {
+int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_optim_state *st, int64_t step,
+                           cJSON *state, double *stall_ms, struct kiln_error *err) {
     double t0 = kiln_now_s();
     int rc = settle(w, 0, err);
     if (rc) {
@@ -643,23 +642,13 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_model *g, int
     if (w->dp) {
         // the weights (every rank's master copy is whole again after kiln_dp_gather_master), and this rank's
         // ranges of the moments, compact
-        kiln_model_get_params(g, w->params);
+        kiln_dp_get_master(w->dp, w->params);
         int n;
         const struct kiln_dp_range *r = kiln_dp_ranges(w->dp, &n);
-        struct kiln_model_buffers b;
-        kiln_model_buffers(g, &b);
         int zero = kiln_dp_zero(w->dp);
-        const float *hm, *hv; // an offloaded optimizer's moments, in host memory
-        int host = kiln_dp_host_moments(w->dp, &hm, &hv);
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < n; i++) { // the state holds them compact under ZeRO, flat under DDP
             size_t from = zero ? r[i].state_offset : r[i].lo, k = r[i].hi - r[i].lo;
-            if (host) {
-                memcpy(w->m + r[i].state_offset, hm + from, k * sizeof(float));
-                memcpy(w->v + r[i].state_offset, hv + from, k * sizeof(float));
-            } else {
-                w->be->ops->download(w->be->ctx, w->m + r[i].state_offset, b.m + from, k * sizeof(float));
-                w->be->ops->download(w->be->ctx, w->v + r[i].state_offset, b.v + from, k * sizeof(float));
-            }
+            kiln_optim_state_get_moments(st, from, k, w->m + r[i].state_offset, w->v + r[i].state_offset);
         }
         int nb;
         const size_t *bounds = kiln_dp_bucket_bounds(w->dp, &nb);
@@ -675,8 +664,9 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_model *g, int
         state_hash(state, hex);
         cJSON_AddStringToObject(state, "state_sha256", hex);
     } else {
-        kiln_model_get_params(g, w->params); // downloads synchronize: the snapshot is complete on return
-        kiln_model_get_optim(g, w->m, w->v);
+        // downloads synchronize: the snapshot is complete on return
+        kiln_optim_state_get_master(st, 0, w->pt->total, w->params);
+        kiln_optim_state_get_moments(st, 0, w->pt->total, w->m, w->v);
     }
     w->step = step;
     w->state = state;

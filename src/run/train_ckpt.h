@@ -13,6 +13,7 @@
 #include "io/checkpoint.h"
 #include "run/options.h"
 #include "model/model.h"
+#include "optim/state.h"
 #include "run/guards.h"
 #include "util/error.h"
 
@@ -40,9 +41,11 @@ int kiln_train_state_from_json(const cJSON *j, struct kiln_train_state *s, struc
 int kiln_resume_check_config(const cJSON *state, const struct kiln_config *cfg, char **changes,
                              struct kiln_error *err);
 
-// Copies model.safetensors and optim.safetensors of ck into g. A missing tensor or a wrong shape is an error
-// naming the tensor and file.
-int kiln_ckpt_apply(const struct kiln_ckpt *ck, struct kiln_model *g, struct kiln_error *err);
+// Copies model.safetensors and optim.safetensors of ck into the optimizer's state st (the master weights, and
+// with them the model's compute copy; the moments). A missing tensor or a wrong shape is an error naming the
+// tensor and file.
+int kiln_ckpt_apply(const struct kiln_ckpt *ck, const struct kiln_param_table *pt,
+                    struct kiln_optim_state *st, struct kiln_error *err);
 
 // The asynchronous writer. start() waits for the write in flight, copies weights and AdamW state to host
 // memory (the backend's download), then writes RUN/ckpt/step_N from a background thread; training may change
@@ -78,14 +81,14 @@ int kiln_ckpt_read_optim(const struct kiln_ckpt *ck, const struct kiln_param_tab
                          struct kiln_error *err);
 // kiln_ckpt_apply for a data-parallel rank: the weights, and the moments this rank holds (every element under
 // DDP, its ranges under ZeRO), from a checkpoint of any world size and --zero level.
-int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, struct kiln_model *g, struct kiln_dp *dp,
-                       struct kiln_error *err);
+int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, struct kiln_dp *dp,
+                       struct kiln_optim_state *st, struct kiln_error *err);
 // The whole f32 weights of a checkpoint (pt->total floats).
 int kiln_ckpt_read_params(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *params,
                           struct kiln_error *err);
 // Takes ownership of state.
-int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_model *g, int64_t step, cJSON *state,
-                           double *stall_ms, struct kiln_error *err);
+int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_optim_state *st, int64_t step,
+                           cJSON *state, double *stall_ms, struct kiln_error *err);
 // Waits for the write in flight (none: returns 0 at once); returns its result. wait_ms may be NULL. A group's
 // write is committed here: every rank must call it at the same point.
 int kiln_ckpt_writer_join(struct kiln_ckpt_writer *w, double *wait_ms, struct kiln_error *err);

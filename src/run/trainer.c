@@ -21,6 +21,7 @@
 #include "io/fsutil.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "optim/state.h"
 #include "run/model_io.h"
 #include "run/sampler.h"
 #include "run/embedded.h"
@@ -330,13 +331,15 @@ static int agree(struct kiln_comm *comm, int r, const char *dir, int *own, struc
     return cls == 2 ? -2 : err->code;
 }
 
-// Loads one checkpoint into the model, loader, guards and state. Returns 0, an error, or -2 after a usage
-// error (a different model), which must not fall back. With dp (several ranks) the moments this rank holds
-// are taken from a checkpoint of any world size. With comm (several ranks, all calling this on the same dir)
-// each rank hashes its share of the files, and nothing is applied unless every share verified.
-static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_model *g, struct kiln_dp *dp,
-                       struct kiln_loader *train, struct kiln_guards *guards, struct kiln_train_state *st,
-                       struct kiln_comm *comm, int verbose, int *own, struct kiln_error *err) {
+// Loads one checkpoint into the optimizer's state (and with it the model's weights), loader, guards and
+// state. Returns 0, an error, or -2 after a usage error (a different model), which must not fall back. With
+// dp (several ranks) the moments this rank holds are taken from a checkpoint of any world size. With comm
+// (several ranks, all calling this on the same dir) each rank hashes its share of the files, and nothing is
+// applied unless every share verified.
+static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_model *g,
+                       struct kiln_optim_state *os, struct kiln_dp *dp, struct kiln_loader *train,
+                       struct kiln_guards *guards, struct kiln_train_state *st, struct kiln_comm *comm,
+                       int verbose, int *own, struct kiln_error *err) {
     struct kiln_ckpt ck;
     memset(&ck, 0, sizeof(ck));
     int several = comm && comm->size > 1;
@@ -353,7 +356,8 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_mod
     if (!rc)
         rc = kiln_guards_from_json(guards, cJSON_GetObjectItemCaseSensitive(ck.state, "guards"), err);
     if (!rc)
-        rc = dp ? kiln_ckpt_apply_dp(&ck, g, dp, err) : kiln_ckpt_apply(&ck, g, err);
+        rc = dp ? kiln_ckpt_apply_dp(&ck, kiln_model_params(g), dp, os, err)
+                : kiln_ckpt_apply(&ck, kiln_model_params(g), os, err);
     if (!rc && (rc = kiln_loader_set_state(train, &st->loader, err)))
         rc = -2; // other data or T: falling back would not help
     rc = agree(comm, rc, dir, own, err);
@@ -403,9 +407,9 @@ static int list_checkpoints(const char *run_dir, struct kiln_comm *comm, char **
 // 0 = resumed, KILN_CKPT_NONE = start fresh, else an error. With several ranks (comm) all of them call this
 // and end on the same checkpoint, or on none: each verifies its share of a checkpoint's files, and a
 // checkpoint that fails any share is skipped (--resume=auto) or refused (--resume=PATH) by all.
-static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_dp *dp, struct kiln_comm *comm,
-                  struct kiln_loader *train, struct kiln_guards *guards, struct kiln_train_state *st,
-                  struct kiln_error *err) {
+static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_optim_state *os,
+                  struct kiln_dp *dp, struct kiln_comm *comm, struct kiln_loader *train,
+                  struct kiln_guards *guards, struct kiln_train_state *st, struct kiln_error *err) {
     int verbose = !comm || comm->rank == 0;
     if (!strcmp(cfg->resume, "auto") || !strcmp(cfg->resume, "never")) {
         if (!cfg->out[0])
@@ -421,7 +425,7 @@ static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_dp 
                              cfg->out, cfg->out);
         for (int i = 0; i < n && rc == KILN_CKPT_NONE; i++) {
             struct kiln_error e = {0};
-            int own, r = resume_from(paths[i], cfg, g, dp, train, guards, st, comm, verbose, &own, &e);
+            int own, r = resume_from(paths[i], cfg, g, os, dp, train, guards, st, comm, verbose, &own, &e);
             if (r == 0 || r == -2) {
                 rc = r ? e.code : 0;
                 *err = e;
@@ -442,7 +446,7 @@ static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_dp 
     if (!cfg->out[0])
         return kiln_errorf(err, KILN_ERR_USAGE, "--resume=%s needs --out, the run directory to continue in",
                            cfg->resume);
-    int own, r = resume_from(cfg->resume, cfg, g, dp, train, guards, st, comm, verbose, &own, err);
+    int own, r = resume_from(cfg->resume, cfg, g, os, dp, train, guards, st, comm, verbose, &own, err);
     return r == -2 ? err->code : r;
 }
 
@@ -505,6 +509,7 @@ struct run {
     struct kiln_backend be;
     int be_open;
     struct kiln_model *g;
+    struct kiln_optim_state *os; // the master weights and AdamW's moments (data parallelism shards them)
     const struct kiln_param_table *pt;
     struct kiln_param_span *spans; // AdamW's over every tensor, without data parallelism (dp has its own)
     int n_spans;
@@ -607,6 +612,21 @@ static void auto_offload_hint(const struct run *r, const struct kiln_config *cfg
                 kiln_recompute_name(rc), planned / 1073741824.0);
 }
 
+// The master weights' initial values, into the optimizer's state and with them the compute copy (data
+// parallelism's part of them: ZeRO-3 scatters them to the shards). An offloaded DDP's whole host master is
+// filled in place: a second copy of an 8B model's weights would not fit the host.
+static void init_master(struct run *r, uint64_t seed) {
+    float *own = kiln_optim_state_host_master(r->os);
+    float *host = own ? own : kiln_xmalloc(r->pt->total * sizeof(float));
+    kiln_params_init(r->pt, &r->cfg->model, host, seed);
+    if (r->dp)
+        kiln_dp_set_master(r->dp, host);
+    else
+        kiln_optim_state_set_master(r->os, host);
+    if (!own)
+        free(host);
+}
+
 static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
                                    const struct kiln_param_table *pt) {
     size_t free_now = r->be.ops->mem_free(r->be.ctx);
@@ -705,6 +725,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
                                .training = 1,
                                .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
     kiln_model_tuning(&go, r->knobs);
+    struct kiln_optim_state_opts so = {.total = pt.total}; // without data parallelism: every element, flat
     if (r->comm) {
         struct kiln_dp_opts dpo = {.zero = cfg->zero,
                                    .bucket_mb = cfg->bucket_mb,
@@ -715,21 +736,31 @@ static int run_setup(struct run *r, struct kiln_error *err) {
                                    .host_threads = cfg->threads};
         kiln_dp_tuning(&dpo, r->knobs);
         kiln_dp_create(&r->dp, r->comm, &r->be, &pt, &dpo);
-        kiln_dp_model_opts(r->dp, &go); // what the model holds of the state: ZeRO shards it
+        kiln_dp_model_opts(r->dp, &go); // what the model holds: ZeRO-2/3 no gradients, ZeRO-3 no weights
+        kiln_dp_optim_opts(r->dp, &so); // and the optimizer's state: ZeRO shards it, offload moves it
     }
+    struct kiln_optim_plan op; // quoted beside the model's own plan when memory runs out
+    kiln_optim_state_plan(&so, r->be.act_dtype, r->be.weights_alias_master, &op);
+    kiln_plan_add_optim(&go.beside, &op);
     rc = kiln_model_create(&r->g, &cfg->model, &r->be, &go, err);
     kiln_params_free(&pt);
     if (rc)
         return rc;
     r->pt = kiln_model_params(r->g);
+    struct kiln_model_buffers mb;
+    kiln_model_buffers(r->g, &mb);
+    so.weights = mb.weights; // a flat master updates the model's compute copy (on the CPU, is it)
+    so.beside_bytes = kiln_model_mem_plan(r->g)->total_bytes;
+    if ((rc = kiln_optim_state_create(&r->os, &r->be, &so, err)))
+        return rc;
     if (r->dp) // planned on a table built from the same config: the model's is the same layout
-        kiln_dp_attach(r->dp, r->g);
+        kiln_dp_attach(r->dp, r->g, r->os);
     else
         r->spans = kiln_adamw_table_spans(r->pt, &r->n_spans);
     if (r->sp_lo.sp > 1 &&
         (rc = kiln_sp_create(&r->sp, &r->sp_lo, r->comm, &r->be, r->g, &cfg->model, cfg->batch_size, err)))
         return rc;
-    kiln_model_init_params(r->g, cfg->seed); // after the hooks: ZeRO-3 scatters the weights to the shards
+    init_master(r, cfg->seed); // after attaching: ZeRO-3 scatters the weights to the shards
 
     kiln_guards_init(&r->guards, cfg->spike_z, cfg->spike_window, cfg->max_bad_steps);
     // One job owns the run directory (rank 0 for the group), before anything in it is read or cleaned up: a
@@ -738,7 +769,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     if (cfg->out[0] && r->rank0 &&
         ((rc = kiln_mkdir_p(cfg->out, err)) || (rc = kiln_dir_lock(cfg->out, "--out", &r->lock_fd, err))))
         return rc;
-    rc = resume(cfg, r->g, r->dp, r->comm, r->data.train, &r->guards, &r->st, err);
+    rc = resume(cfg, r->g, r->os, r->dp, r->comm, r->data.train, &r->guards, &r->st, err);
     if (rc == KILN_CKPT_NONE)
         rc = 0;
     if (rc)
@@ -851,8 +882,9 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
         } else {
             struct kiln_model_buffers b;
             kiln_model_buffers(r->g, &b);
-            struct kiln_adamw_buffers ab = {.params = b.params, .weights = b.weights, .grads = b.grads,
-                                            .m = b.m, .v = b.v};
+            struct kiln_adamw_buffers ab;
+            kiln_optim_state_buffers(r->os, &ab);
+            ab.grads = b.grads;
             kiln_adamw_step(&r->be, &ab, r->spans, r->n_spans, &h, norm);
         }
     }
@@ -997,7 +1029,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
             kiln_dp_gather_master(r->dp);
         kiln_loader_get_state(r->data.train, &r->st.loader);
         cJSON *state = kiln_train_state_to_json(&r->st, cfg, &r->guards, kiln_lr_at(cfg, (int)r->st.step));
-        int rc = kiln_ckpt_writer_start(r->writer, r->g, r->st.step, state, &sl->ckpt_stall_ms, err);
+        int rc = kiln_ckpt_writer_start(r->writer, r->os, r->st.step, state, &sl->ckpt_stall_ms, err);
         if (rc)
             return rc;
         sl->prev_ckpt_write_ms = kiln_ckpt_writer_last_write_ms(r->writer);
@@ -1056,7 +1088,10 @@ static int run_finish(struct run *r, struct kiln_error *err) {
     if (!r->rank0)
         return 0;
     float *host = kiln_xmalloc(r->pt->total * sizeof(float));
-    kiln_model_get_params(r->g, host);
+    if (r->dp)
+        kiln_dp_get_master(r->dp, host);
+    else
+        kiln_optim_state_get_master(r->os, 0, r->pt->total, host);
     char path[1200];
     snprintf(path, sizeof(path), "%s/model.safetensors", cfg->out);
     rc = kiln_write_model_safetensors(path, r->pt, host, cfg, err);
@@ -1084,7 +1119,8 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     free(r->nan_steps);
     kiln_metrics_close(r->metrics);
     kiln_guards_free(&r->guards);
-    kiln_dp_free(r->dp);
+    kiln_dp_free(r->dp); // (before the state: an offloaded step it started is the state's pipeline's)
+    kiln_optim_state_free(r->os);
     free(r->spans);
     kiln_model_free(r->g);
     // after an error the other ranks may be inside a collective that this one will never join: closing the

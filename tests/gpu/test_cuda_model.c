@@ -8,6 +8,7 @@
 #include "core/backend.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "optim/state.h"
 #include "run/knobs.h"
 #include "run/options.h"
 #include "run/tuning.h"
@@ -184,7 +185,20 @@ static void train(struct kiln_backend *be, const struct kiln_model_config *m, in
     struct kiln_model *g = make(be, m, B, T);
     struct kiln_model_buffers b;
     kiln_model_buffers(g, &b);
-    struct kiln_adamw_buffers ab = {.params = b.params, .weights = b.weights, .grads = b.grads, .m = b.m, .v = b.v};
+    // the optimizer's state: f32 master weights and moments, keeping the model's compute copy in step
+    size_t total = kiln_model_params(g)->total;
+    struct kiln_optim_state_opts so = {.total = total, .weights = b.weights};
+    struct kiln_optim_state *os;
+    struct kiln_error e;
+    if (kiln_optim_state_create(&os, be, &so, &e))
+        fail_msg("optimizer state on %s: %s", be->name, e.msg);
+    float *init = malloc(total * sizeof(float)); // the master from the model's initial weights (f32 on the host)
+    kiln_params_init(kiln_model_params(g), m, init, 1234);
+    kiln_optim_state_set_master(os, init);
+    free(init);
+    struct kiln_adamw_buffers ab;
+    kiln_optim_state_buffers(os, &ab);
+    ab.grads = b.grads;
     int n_spans;
     struct kiln_param_span *spans = kiln_adamw_table_spans(kiln_model_params(g), &n_spans);
     int32_t *in = malloc(sizeof(int32_t) * B * T), *tgt = malloc(sizeof(int32_t) * B * T);
@@ -201,7 +215,8 @@ static void train(struct kiln_backend *be, const struct kiln_model_config *m, in
     }
     free(spans);
     if (params_out)
-        kiln_model_get_params(g, params_out);
+        kiln_optim_state_get_master(os, 0, total, params_out);
+    kiln_optim_state_free(os);
     free(in);
     free(tgt);
     kiln_model_free(g);

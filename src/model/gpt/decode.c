@@ -7,7 +7,7 @@
 #include <string.h>
 
 int gpt_decode_begin(struct kiln_model *g, int B, int maxT, struct kiln_error *err) {
-    KILN_ASSERT(!g->opts.sharded_params); // decoding runs on one process, over whole weights
+    KILN_ASSERT(!g->opts.external_weights); // decoding runs on one process, over whole weights
     const struct kiln_model_split *sp = &g->opts.split;
     if (sp->heads > 1 || sp->kv_heads > 1 || sp->hidden > 1 || sp->vocab > 1)
         return kiln_errorf(

@@ -95,10 +95,8 @@ struct kiln_model {
     struct kiln_param_table pt;
     struct kiln_mem_plan plan;
 
-    float *params; // f32 (P) master weights
-    void *weights; // act (P) compute copy (== params on the CPU)
+    void *weights; // act (P) compute weights (NULL with external_weights); the optimizer's master on the CPU
     void *grads;   // grad (P)
-    float *m, *v;  // f32 (P) AdamW moments
 
     struct fusion fuse;
     struct acts a;
@@ -119,8 +117,6 @@ struct kiln_model {
     int has_grad_forward; // the last forward ran the classifier backward
     int grads_fresh;      // set by kiln_model_zero_grad: the next gradient writes assign instead of adding
     int recomputing;      // inside the backward's recompute of a layer (selective skips the attention there)
-
-    size_t optim_elems; // of m and v each
 
     struct kiln_model_hooks hooks;         // all NULL with one process
     struct kiln_model_attention attn_impl; // sequence parallelism's attention (NULL functions: the op's)
@@ -188,7 +184,7 @@ static inline const void *W(const struct kiln_model *g, int i) {
     if (i < 0)
         return NULL;
     int s = segment_of(g, i);
-    KILN_ASSERT(g->wwin[s]); // sharded parameters: the window must have been set
+    KILN_ASSERT(g->wwin[s]); // external weights: the window must have been set
     return act_at(g, g->wwin[s], g->pt.p[i].offset - g->seg_begin[s]);
 }
 

@@ -235,16 +235,13 @@ void gpt_plan(const struct kiln_model_config *m, const struct kiln_model_opts *o
     struct acts a;
     memset(plan, 0, sizeof(*plan));
     plan->scratch_bytes = gpt_acts_layout(&a, &plan->classifier_rows, &d, o, &fu, ab);
-    // ZeRO-3 holds a shard (optim_elems) of the master weights and of their compute copy
-    size_t held = o->sharded_params && o->optim_elems ? o->optim_elems : pt.total;
-    // an offloaded optimizer keeps the master weights in host memory, except where they are the compute copy
-    plan->params_bytes = o->offload_optimizer && !weights_alias_master ? 0 : held * sizeof(float);
+    // the compute weights (none where a strategy holds them); on backends where they are the f32 master
+    // weights (the CPU) they count as those, as the optimizer uses them so (optim/state.h)
+    size_t held = o->external_weights ? 0 : pt.total;
+    plan->params_bytes = weights_alias_master ? held * sizeof(float) : 0;
     plan->weights_bytes = weights_alias_master ? 0 : held * ab;
-    if (o->training) {
+    if (o->training)
         plan->grads_bytes = o->external_grads ? 0 : pt.total * kiln_dtype_bytes(grad);
-        plan->optim_bytes =
-            o->offload_optimizer ? 0 : 2 * (o->optim_elems ? o->optim_elems : pt.total) * sizeof(float);
-    }
     plan->acts_bytes = plan->scratch_bytes;
     if (o->training && a.x.slots < d.L + 1) // x[0 .. L - slots] live on the host
         plan->host_bytes = (size_t)(d.L + 1 - a.x.slots) * a.x.elems * ab;

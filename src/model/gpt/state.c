@@ -1,5 +1,6 @@
-// The GPT's state: creation and teardown, the parameter, gradient and optimizer buffers, the windows
-// through which the hooks point the model at weights and gradients held elsewhere, and the hook setters.
+// The GPT's state: creation and teardown, the compute weights and gradients, the windows through which the
+// hooks point the model at weights and gradients held elsewhere, and the hook setters. The master weights and
+// AdamW's moments are the optimizer's (optim/state.h), not the model's.
 #include "model/gpt/internal.h"
 
 #include <math.h>
@@ -19,15 +20,19 @@ int gpt_alloc(struct kiln_model *g, void **p, size_t bytes, struct kiln_error *e
     *p = g->ops->alloc(g->ctx, bytes);
     if (*p)
         return 0;
-    const struct kiln_mem_plan *pl = &g->plan;
+    // the model's plan and what is planned beside it (the optimizer's state): the numbers of the whole
+    const struct kiln_mem_plan *pl = &g->plan, *bs = &g->opts.beside;
     return kiln_errorf(
         err, KILN_ERR_RUNTIME,
         "out of memory on %s (%s) allocating %.2f GiB: the plan needs %.2f GiB (params %.2f, "
         "weights %.2f, grads %.2f, optimizer %.2f, activations %.2f); lower --batch or --seq, or use "
         "--recompute=block",
-        g->be->name, g->be->device_name, bytes / 1073741824.0, pl->total_bytes / 1073741824.0,
-        pl->params_bytes / 1073741824.0, pl->weights_bytes / 1073741824.0, pl->grads_bytes / 1073741824.0,
-        pl->optim_bytes / 1073741824.0, pl->acts_bytes / 1073741824.0);
+        g->be->name, g->be->device_name, bytes / 1073741824.0,
+        (pl->total_bytes + bs->total_bytes) / 1073741824.0,
+        (pl->params_bytes + bs->params_bytes) / 1073741824.0,
+        (pl->weights_bytes + bs->weights_bytes) / 1073741824.0,
+        (pl->grads_bytes + bs->grads_bytes) / 1073741824.0,
+        (pl->optim_bytes + bs->optim_bytes) / 1073741824.0, (pl->acts_bytes + bs->acts_bytes) / 1073741824.0);
 }
 
 int kiln_model_create(struct kiln_model **out, const struct kiln_model_config *m, struct kiln_backend *be,
@@ -47,26 +52,17 @@ int kiln_model_create(struct kiln_model **out, const struct kiln_model_config *m
     kiln_model_plan(m, o, be->act_dtype, be->grad_dtype, be->weights_alias_master, &g->plan);
     struct dims d = dims_of(m, &o->split, o->B, o->T);
     g->fuse = gpt_fusion_of(m, &g->pt, o, kiln_dtype_bytes(be->act_dtype));
-    g->optim_elems = o->optim_elems ? o->optim_elems : g->pt.total;
-    KILN_ASSERT(g->optim_elems <= g->pt.total);
     size_t arena_bytes =
         gpt_acts_layout(&g->a, &g->classifier_rows, &d, o, &g->fuse, kiln_dtype_bytes(be->act_dtype));
     g->mlp_rows = gpt_mlp_rows_for(&d, o, kiln_dtype_bytes(be->act_dtype));
     *out = g;
 
-    int rc = gpt_alloc(g, (void **)&g->params, g->plan.params_bytes, err);
-    if (!rc && !be->weights_alias_master)
-        rc = gpt_alloc(g, &g->weights, g->plan.weights_bytes, err);
-    else
-        g->weights = g->params;
+    // the compute weights (counted as the master's bytes where they are the master)
+    int rc = gpt_alloc(g, &g->weights, g->plan.params_bytes + g->plan.weights_bytes, err);
     if (!rc && o->training) {
         rc = gpt_alloc(g, &g->grads, g->plan.grads_bytes, err);
         if (!rc && g->grads)
             g->ops->zero(g->ctx, g->grads, g->plan.grads_bytes);
-        if (!rc)
-            rc = gpt_alloc(g, (void **)&g->m, g->plan.optim_bytes / 2, err);
-        if (!rc)
-            rc = gpt_alloc(g, (void **)&g->v, g->plan.optim_bytes / 2, err);
     }
     if (!rc)
         rc = gpt_alloc(g, &g->arena, arena_bytes, err);
@@ -136,10 +132,8 @@ void kiln_model_free(struct kiln_model *g) {
     for (size_t i = 0; i < sizeof(dec) / sizeof(dec[0]); i++)
         gpt_free_buf(g, dec[i]);
     free(g->dec.logits_host);
-    if (g->weights && g->weights != g->params)
-        g->ops->free(g->ctx, g->weights);
-    void *owned[] = {g->params, g->grads, g->m, g->v};
-    for (int i = 0; i < 4; i++)
+    void *owned[] = {g->weights, g->grads};
+    for (int i = 0; i < 2; i++)
         if (owned[i])
             g->ops->free(g->ctx, owned[i]);
     if (g->host_acts)
@@ -228,7 +222,7 @@ void kiln_model_set_vocab(struct kiln_model *g, const struct kiln_model_vocab *v
 
 void kiln_model_set_weight_window(struct kiln_model *g, int seg, const void *base) {
     KILN_ASSERT(seg >= 0 && seg < g->cfg.n_layer + 2);
-    g->wwin[seg] = base ? base : g->opts.sharded_params ? NULL : act_at(g, g->weights, g->seg_begin[seg]);
+    g->wwin[seg] = base ? base : g->weights ? act_at(g, g->weights, g->seg_begin[seg]) : NULL;
 }
 
 void kiln_model_set_layer_window(struct kiln_model *g, int l, const void *base) {
@@ -237,12 +231,7 @@ void kiln_model_set_layer_window(struct kiln_model *g, int l, const void *base) 
 }
 
 void kiln_model_buffers(const struct kiln_model *g, struct kiln_model_buffers *out) {
-    *out = (struct kiln_model_buffers){.params = g->params,
-                                     .weights = g->weights,
-                                     .grads = g->grads,
-                                     .m = g->m,
-                                     .v = g->v,
-                                     .optim_elems = g->optim_elems};
+    *out = (struct kiln_model_buffers){.weights = g->weights, .grads = g->grads};
 }
 
 const struct kiln_param_table *kiln_model_params(const struct kiln_model *g) {
@@ -258,8 +247,9 @@ const struct kiln_mem_plan *kiln_model_mem_plan(const struct kiln_model *g) {
 }
 
 size_t kiln_model_mem_peak(const struct kiln_model *g) {
-    size_t peak = g->ops->mem_peak ? g->ops->mem_peak(g->ctx) : 0;
-    return peak > g->plan.total_bytes ? peak : g->plan.total_bytes;
+    size_t peak = g->ops->mem_peak ? g->ops->mem_peak(g->ctx) : 0,
+           plan = g->plan.total_bytes + g->opts.beside.total_bytes;
+    return peak > plan ? peak : plan;
 }
 
 void kiln_model_fused_projection(const struct kiln_model *g, int *fwd, int *bwd) {
@@ -271,23 +261,13 @@ void kiln_model_fused_projection(const struct kiln_model *g, int *fwd, int *bwd)
 // parameters
 
 void kiln_model_set_params(struct kiln_model *g, const float *host) {
-    if (g->opts.sharded_params || g->opts.offload_optimizer) {
-        KILN_ASSERT(g->hooks.params_set);
-        g->hooks.params_set(g->hooks.user, host);
-        return;
-    }
-    g->ops->upload(g->ctx, g->params, host, g->pt.total * sizeof(float));
-    if (g->weights != g->params)
-        g->ops->upload_f32(g->ctx, g->weights, g->be->act_dtype, host, g->pt.total);
+    KILN_ASSERT(g->weights); // external weights are the strategy's to set
+    g->ops->upload_f32(g->ctx, g->weights, g->be->act_dtype, host, g->pt.total);
 }
 
 void kiln_model_get_params(struct kiln_model *g, float *host) {
-    if (g->opts.sharded_params || g->opts.offload_optimizer) {
-        KILN_ASSERT(g->hooks.params_get);
-        g->hooks.params_get(g->hooks.user, host);
-        return;
-    }
-    g->ops->download(g->ctx, host, g->params, g->pt.total * sizeof(float));
+    KILN_ASSERT(g->weights);
+    g->ops->download_f32(g->ctx, host, g->weights, g->be->act_dtype, g->pt.total);
 }
 
 void kiln_model_get_grads(struct kiln_model *g, float *host) {
@@ -295,33 +275,11 @@ void kiln_model_get_grads(struct kiln_model *g, float *host) {
     g->ops->download_f32(g->ctx, host, g->grads, g->be->grad_dtype, g->pt.total);
 }
 
-void kiln_model_get_optim(struct kiln_model *g, float *m_host, float *v_host) {
-    if (g->opts.offload_optimizer) {
-        KILN_ASSERT(g->hooks.optim_get);
-        g->hooks.optim_get(g->hooks.user, m_host, v_host);
-        return;
-    }
-    g->ops->download(g->ctx, m_host, g->m, g->optim_elems * sizeof(float));
-    g->ops->download(g->ctx, v_host, g->v, g->optim_elems * sizeof(float));
-}
-
-void kiln_model_set_optim(struct kiln_model *g, const float *m_host, const float *v_host) {
-    if (g->opts.offload_optimizer) {
-        KILN_ASSERT(g->hooks.optim_set);
-        g->hooks.optim_set(g->hooks.user, m_host, v_host);
-        return;
-    }
-    g->ops->upload(g->ctx, g->m, m_host, g->optim_elems * sizeof(float));
-    g->ops->upload(g->ctx, g->v, v_host, g->optim_elems * sizeof(float));
-}
-
 void kiln_model_init_params(struct kiln_model *g, uint64_t seed) {
-    float *own = g->hooks.params_buffer ? g->hooks.params_buffer(g->hooks.user) : NULL;
-    float *host = own ? own : kiln_xmalloc(g->pt.total * sizeof(float));
+    float *host = kiln_xmalloc(g->pt.total * sizeof(float));
     kiln_params_init(&g->pt, &g->cfg, host, seed);
     kiln_model_set_params(g, host);
-    if (!own)
-        free(host);
+    free(host);
 }
 
 // Every gradient is written by exactly one op per backward (the tied head/embedding excepted), so instead of

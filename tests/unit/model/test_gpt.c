@@ -7,6 +7,7 @@
 #include "core/backend.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "optim/state.h"
 #include "run/options.h"
 #include "run/knobs.h"
 #include "run/tuning.h"
@@ -526,7 +527,15 @@ static void train_steps(const struct kiln_model_config *m, uint64_t seed, int st
     fixture_open(&f, m, KILN_RECOMPUTE_NONE, seed);
     struct kiln_model_buffers b;
     kiln_model_buffers(f.g, &b);
-    struct kiln_adamw_buffers ab = {.params = b.params, .weights = b.weights, .grads = b.grads, .m = b.m, .v = b.v};
+    // the optimizer's state over the model's weights, which on the CPU are its master
+    struct kiln_optim_state_opts so = {.total = kiln_model_params(f.g)->total, .weights = b.weights};
+    struct kiln_optim_state *os;
+    struct kiln_error e;
+    if (kiln_optim_state_create(&os, &f.be, &so, &e))
+        fail_msg("optimizer state: %s", e.msg);
+    struct kiln_adamw_buffers ab;
+    kiln_optim_state_buffers(os, &ab);
+    ab.grads = b.grads;
     int n_spans;
     struct kiln_param_span *spans = kiln_adamw_table_spans(kiln_model_params(f.g), &n_spans);
     for (int s = 0; s < steps; s++) {
@@ -545,7 +554,8 @@ static void train_steps(const struct kiln_model_config *m, uint64_t seed, int st
         kiln_adamw_step(&f.be, &ab, spans, n_spans, &h, norm);
     }
     free(spans);
-    kiln_model_get_params(f.g, params_out);
+    kiln_optim_state_get_master(os, 0, kiln_model_params(f.g)->total, params_out);
+    kiln_optim_state_free(os);
     fixture_close(&f);
 }
 

@@ -480,7 +480,9 @@ static void test_ranges_for_agrees_with_dp_create(void **state) {
 
 // What kiln_dp_plan_memory says data parallelism adds (staging, the gradient shard and its addend, ZeRO-3's
 // gathered weights, the offloaded optimizer's page-locked staging) is what attaching to a model and running
-// micro-steps allocates, and the model options it implies are kiln_dp_model_opts'.
+// micro-steps allocates, and the model and optimizer-state options it implies are kiln_dp_model_opts' and
+// kiln_dp_optim_opts'. The model and the optimizer's state allocate what their plans say, with the compute
+// weights as the master (the CPU) and apart from it (as on a GPU: variants 4-7 turn the aliasing off).
 static void test_memory_plan_matches_allocations(void **state) {
     (void)state;
     struct kiln_backend be;
@@ -494,36 +496,59 @@ static void test_memory_plan_matches_allocations(void **state) {
         kiln_params_build(&pt, &m);
         for (int zero = 0; zero <= 3; zero++)
             for (int wi = 0; wi < 4; wi++)
-                for (int variant = 0; variant < 4; variant++) {
-                    int w = worlds[wi], r = w - 1, accum = 1 + (variant & 1), offload = variant >> 1;
+                for (int variant = 0; variant < 8; variant++) {
+                    int w = worlds[wi], r = w - 1, accum = 1 + (variant & 1), offload = (variant >> 1) & 1;
+                    be.weights_alias_master = variant < 4;
                     struct kiln_dp_opts o = {.zero = zero,
                                              .bucket_mb = mb_of(pt.total / 3),
                                              .prefetch = 1 + (variant & 1),
-                                             .keep_gathered = variant == 3,
+                                             .keep_gathered = (variant & 3) == 3,
                                              .offload = offload,
                                              .offload_chunk = 100};
                     struct kiln_model_opts planned = {0};
+                    struct kiln_optim_state_opts planned_st = {0};
                     struct kiln_dp_mem mem;
-                    kiln_dp_plan_memory(&pt, &o, w, r, be.act_dtype, be.grad_dtype, accum, &planned, &mem);
+                    kiln_dp_plan_memory(&pt, &o, w, r, be.act_dtype, be.grad_dtype, accum, &planned,
+                                        &planned_st, &mem);
                     struct kiln_comm comm = fake_comm(w, r);
                     struct kiln_dp *dp;
                     kiln_dp_create(&dp, &comm, &be, &pt, &o);
                     struct kiln_model_opts go = {.B = 1, .T = 4, .training = 1};
                     kiln_dp_model_opts(dp, &go);
-                    assert_int_equal(go.optim_elems, planned.optim_elems);
+                    struct kiln_optim_state_opts so = {0};
+                    kiln_dp_optim_opts(dp, &so);
+                    assert_int_equal(so.elems, planned_st.elems);
+                    assert_int_equal(so.total, planned_st.total);
+                    assert_int_equal(so.master_compact, planned_st.master_compact);
+                    assert_int_equal(so.offload, planned_st.offload);
                     assert_int_equal(go.external_grads, planned.external_grads);
-                    assert_int_equal(go.sharded_params, planned.sharded_params);
-                    assert_int_equal(go.offload_optimizer, planned.offload_optimizer);
+                    assert_int_equal(go.external_weights, planned.external_weights);
                     struct kiln_model *g;
                     struct kiln_error e;
+                    dev_bytes = 0;
                     if (kiln_model_create(&g, &m, &be, &go, &e))
                         fail_msg("create: %s", e.msg);
+                    struct kiln_model_buffers mb;
+                    kiln_model_buffers(g, &mb);
+                    so.weights = mb.weights;
+                    struct kiln_optim_state *st;
+                    if (kiln_optim_state_create(&st, &be, &so, &e))
+                        fail_msg("optimizer state: %s", e.msg);
+                    struct kiln_mem_plan mp;
+                    kiln_model_plan(&m, &go, be.act_dtype, be.grad_dtype, be.weights_alias_master, &mp);
+                    struct kiln_optim_plan op;
+                    kiln_optim_state_plan(&so, be.act_dtype, be.weights_alias_master, &op);
+                    if (dev_bytes != mp.total_bytes + op.total_bytes)
+                        fail_msg("%s, zero %d, world %d, offload %d, alias %d: the model and the optimizer's "
+                                 "state allocated %zu bytes, their plans say %zu + %zu",
+                                 shapes[s].name, zero, w, offload, be.weights_alias_master, dev_bytes,
+                                 mp.total_bytes, op.total_bytes);
                     dev_bytes = host_bytes = 0;
-                    kiln_dp_attach(dp, g);
+                    kiln_dp_attach(dp, g, st);
                     for (int micro = 0; micro < accum; micro++) // ZeRO-2's addend comes with micro-step 1
                         kiln_dp_micro_step(dp, micro, accum);
                     size_t want_dev = mem.staging + mem.grad_shard + mem.gathered;
-                    size_t state_bytes = offload ? 3 * go.optim_elems * sizeof(float) : 0; // malloc'd
+                    size_t state_bytes = offload ? 3 * so.elems * sizeof(float) : 0; // malloc'd
                     if (dev_bytes != want_dev || host_bytes + state_bytes != mem.host)
                         fail_msg(
                             "%s, zero %d, world %d, accum %d, offload %d: allocated %zu bytes on the "
@@ -551,10 +576,12 @@ static void test_memory_plan_matches_allocations(void **state) {
                         kiln_shard_plan_free(&p);
                     }
                     kiln_dp_free(dp);
+                    kiln_optim_state_free(st);
                     kiln_model_free(g);
                 }
         kiln_params_free(&pt);
     }
+    be.weights_alias_master = 1;
     close_counting_cpu(&be);
 }
 
