@@ -845,6 +845,17 @@ static void opt_format(const struct opt *o, const struct kiln_config *cfg, char 
     }
 }
 
+size_t kiln_config_n_options(void) { return N_OPTS; }
+
+const char *kiln_config_option_name(size_t i) { return i < N_OPTS ? OPTS[i].name : NULL; }
+
+void kiln_config_option_value(const struct kiln_config *cfg, size_t i, char *buf, size_t cap) {
+    if (i < N_OPTS)
+        opt_format(&OPTS[i], cfg, buf, cap);
+    else if (cap)
+        buf[0] = 0;
+}
+
 void kiln_config_write(const struct kiln_config *cfg, FILE *f) {
     fprintf(f, "# kiln config (fully resolved); reuse with: kiln train --config=THIS_FILE\n");
     fprintf(f, "preset = %s\n", cfg->preset);

@@ -24,6 +24,7 @@
 #include "run/model_io.h"
 #include "run/sampler.h"
 #include "run/embedded.h"
+#include "run/agree.h"
 #include "run/guards.h"
 #include "run/metrics.h"
 #include "run/schedule.h"
@@ -345,6 +346,20 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_mod
         kiln_ckpt_close(&ck);
         return rc;
     }
+    // every rank resumes from rank 0's checkpoint (run/agree.h): one given another --resume, or reading
+    // another copy of the run directory, refuses as for a different model, on every rank
+    if (several) {
+        char *state = cJSON_PrintUnformatted(ck.state);
+        const cJSON *step = cJSON_GetObjectItemCaseSensitive(ck.state, "step");
+        rc = kiln_agree_checkpoint(comm, dir, state ? state : "",
+                                   cJSON_IsNumber(step) ? (long long)step->valuedouble : -1, err);
+        free(state);
+        if (rc) {
+            *own = 1;
+            kiln_ckpt_close(&ck);
+            return -2;
+        }
+    }
     char *changes = NULL;
     // first: it checks state.json's own hash
     rc = kiln_train_state_from_json(ck.state, st, err);
@@ -519,6 +534,7 @@ struct run {
     // wait for them, and keep the host from issuing the next forward that they overlap
     struct kiln_dist_env env;
     struct kiln_comm *comm, *ckpt_comm;
+    int stopped_together; // an error every rank found at the same point: they leave the job in step
     struct kiln_dp *dp;
     struct kiln_sp_layout sp_lo; // sequence parallelism's layout (sp 1: none)
     struct kiln_sp *sp;
@@ -694,6 +710,11 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         if ((rc = kiln_comm_open_world(&r->env, &co, &r->comm, err)) ||
             (rc = kiln_comm_dup(r->comm, &r->ckpt_comm, err)))
             return rc;
+        // before any collective that the config shapes: every rank runs the same job, or all stop together
+        if ((rc = kiln_agree_config(r->comm, cfg, err))) {
+            r->stopped_together = 1;
+            return rc;
+        }
     }
     struct kiln_param_table pt;
     kiln_params_build(&pt, &cfg->model);
@@ -1092,7 +1113,7 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     // (kiln_comm_abort_job)
     r->res->world = r->env.world > 0 ? r->env.world : 1;
     r->res->rank = r->env.rank;
-    if (rc && r->comm) {
+    if (rc && r->comm && !r->stopped_together) {
         r->res->abort_job = 1; // the watchdog keeps watching until the job ends
     } else {
         if (r->comm) // every rank is done with the step's collectives before any leaves
