@@ -845,9 +845,13 @@ static void opt_format(const struct opt *o, const struct kiln_config *cfg, char 
     }
 }
 
-size_t kiln_config_n_options(void) { return N_OPTS; }
+size_t kiln_config_n_options(void) {
+    return N_OPTS;
+}
 
-const char *kiln_config_option_name(size_t i) { return i < N_OPTS ? OPTS[i].name : NULL; }
+const char *kiln_config_option_name(size_t i) {
+    return i < N_OPTS ? OPTS[i].name : NULL;
+}
 
 void kiln_config_option_value(const struct kiln_config *cfg, size_t i, char *buf, size_t cap) {
     if (i < N_OPTS)
