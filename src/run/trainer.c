@@ -222,8 +222,13 @@ static double evaluate(struct kiln_model *g, struct kiln_loader *val, const stru
 
 static volatile sig_atomic_t stop_requested = 0;
 
-void kiln_train_request_stop(int signo) {
+// the step loop has begun: it looks at stop_requested after each step (and the run's end, which writes the
+// model, finishes rather than stopping)
+static volatile sig_atomic_t in_loop = 0;
+
+int kiln_train_request_stop(int signo) {
     stop_requested = signo;
+    return in_loop;
 }
 
 // --inject-nan=STEP,STEP,...: sorted 1-based step numbers; 0-terminated
@@ -1143,10 +1148,12 @@ int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct k
     r.res = res;
     r.lock_fd = -1;
     stop_requested = 0;
+    in_loop = 0;
     int rc = run_setup(&r, err);
     if (rc)
         return run_teardown(&r, rc, err);
     kiln_progress_begin(&r.prog, cfg->max_steps, !cfg->quiet && r.rank0);
+    in_loop = 1;
     r.start = r.st.step;
     r.last_ckpt_step = r.start > 0 ? r.start : -1;
     for (int64_t step = r.start; step < cfg->max_steps; step++) {

@@ -41,8 +41,11 @@ int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct k
                struct kiln_error *err);
 
 // Asks a running kiln_train to finish its current step, save a checkpoint and return. Async-signal-safe:
-// meant to be called from a signal handler (cmd/train.c).
-void kiln_train_request_stop(int signo);
+// meant to be called from a signal handler (cmd/train.c). Returns 1 when the step loop will act on it, 0
+// while the run is still starting (reading data and checkpoints, opening the communicators): nothing there
+// looks at the request, and a read may block for good (a FIFO, a hung network mount), so the caller ends
+// the process itself; nothing has been trained since the newest checkpoint.
+int kiln_train_request_stop(int signo);
 
 // --inject-stall: sleeps forever (testing the hang watchdog). Exported so that stack dumps name it.
 void kiln_train_injected_stall(int64_t step);
