@@ -90,6 +90,7 @@ int cmd_train(int argc, char **argv, const struct kiln_knobs *knobs) {
         fprintf(stderr, "[rank %d] error: %s\n", res.rank, err.msg);
         if (res.abort_job)
             kiln_comm_abort_job(err.code);
+        kiln_train_end_job();
         return err.code;
     }
     if (res.world > 1 && res.rank != 0)

@@ -1090,6 +1090,9 @@ static int run_finish(struct run *r, struct kiln_error *err) {
     return rc;
 }
 
+// the communicators of a run that ended on an error every rank shares, for kiln_train_end_job
+static struct kiln_comm *ended_comm, *ended_ckpt_comm;
+
 static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     if (r->writer) {
         // after an error the ranks may not all be here, and a group's commit is collective: the write in
@@ -1120,6 +1123,13 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     r->res->rank = r->env.rank;
     if (rc && r->comm && !r->stopped_together) {
         r->res->abort_job = 1; // the watchdog keeps watching until the job ends
+    } else if (rc && r->comm) {
+        // every rank has the same error: each reports it, then they leave together (kiln_train_end_job), so
+        // that no rank's exit makes the launcher kill another before its report is out
+        kiln_watchdog_stop();
+        ended_comm = r->comm;
+        ended_ckpt_comm = r->ckpt_comm;
+        r->res->end_job = 1;
     } else {
         if (r->comm) // every rank is done with the step's collectives before any leaves
             kiln_comm_barrier(r->comm);
@@ -1135,6 +1145,15 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     run_data_free(&r->data);
     kiln_dir_unlock(r->lock_fd); // last: everything this run wrote into the directory is closed
     return rc;
+}
+
+void kiln_train_end_job(void) {
+    if (!ended_comm)
+        return;
+    kiln_comm_barrier(ended_comm);
+    kiln_comm_close(ended_ckpt_comm);
+    kiln_comm_close(ended_comm);
+    ended_comm = ended_ckpt_comm = NULL;
 }
 
 int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct kiln_train_result *res,
