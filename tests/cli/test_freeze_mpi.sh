@@ -50,7 +50,7 @@ frozen() {
   grep -Eq "^kiln: \[rank [0-9]+\] hang: rank $v wrote no dump|^kiln: \[rank $v\] hang: this rank did not run" \
     "$run.err" && ok || bad "$what: stderr does not name rank $v: $(grep 'hang:' "$run.err")"
   "$KILN" doctor "$run" >"$run.doc" 2>&1 || bad "$what: kiln doctor failed: $(cat "$run.doc")"
-  grep -Eq "^rank $v did not run for|: rank $v, which (wrote no dump|did not run)|^rank $v never entered" "$run.doc" &&
+  grep -Eq "^rank $v did not run for|rank $v, which (wrote no dump|did not run)|^rank $v never entered" "$run.doc" &&
     ok || bad "$what: doctor does not name rank $v: $(cat "$run.doc")"
   # no healthy rank is blamed
   local blamed

@@ -393,8 +393,10 @@ static void where_rank(FILE *out, const struct kiln_hang_dump *d) {
     fprintf(out, "stack: %s\n", d->stack_top[0] ? d->stack_top : "?");
 }
 
+// stopped: the ranks that did not run ("1, 2"; "" for none), is_stopped by dump. suspects: those, or else the
+// ranks without a dump, and why: what they are, for the ranks held up by them.
 static int diagnose_comm(const struct kiln_hang_dump *d, int n, int comm, const char *stopped,
-                         const int *is_stopped, FILE *out) {
+                         const int *is_stopped, const char *suspects, const char *why, FILE *out) {
     uint64_t lo = UINT64_MAX, hi = 0;
     for (int i = 0; i < n; i++) {
         uint64_t m = max_seq(&d[i], comm);
@@ -462,13 +464,42 @@ static int diagnose_comm(const struct kiln_hang_dump *d, int n, int comm, const 
     uint64_t k = lo + 1;
     for (int i = 0; i < n; i++)
         pick[i] = max_seq(&d[i], comm) == lo;
+    // With a rank that did not run, a running rank behind here that waits in a collective elsewhere was held
+    // up by it (a collective completes on some ranks before others): listed apart, not blamed.
+    int *blocked = calloc((size_t)n, sizeof(int));
+    KILN_ASSERT(blocked);
+    int n_blocked = 0, n_lag = 0;
+    for (int i = 0; i < n; i++) {
+        blocked[i] = suspects[0] && pick[i] && !is_stopped[i] && oldest_pending(&d[i]);
+        n_blocked += blocked[i];
+        pick[i] &= !blocked[i];
+        n_lag += pick[i];
+    }
     rank_list(lag, sizeof(lag), d, pick, n);
+    if (!n_lag) // the ones it waited for, then, are those that did not run
+        snprintf(lag, sizeof(lag), "%s", suspects);
     int several = strchr(lag, ',') != NULL;
-    fprintf(out, "rank%s %s never entered collective #%llu on communicator %d (%s):\n", several ? "s" : "",
-            lag, (unsigned long long)k, comm, comm_name(d, n, comm));
-    for (int i = 0; i < n; i++)
-        if (pick[i])
-            where_rank(out, &d[i]);
+    if (n_lag) {
+        fprintf(out, "rank%s %s never entered collective #%llu on communicator %d (%s):\n",
+                several ? "s" : "", lag, (unsigned long long)k, comm, comm_name(d, n, comm));
+        for (int i = 0; i < n; i++)
+            if (pick[i])
+                where_rank(out, &d[i]);
+    }
+    if (n_blocked) {
+        char held[256];
+        rank_list(held, sizeof(held), d, blocked, n);
+        fprintf(
+            out,
+            "rank%s %s did not enter collective #%llu on communicator %d (%s) either, held up in another by "
+            "rank%s %s, %s:\n",
+            strchr(held, ',') ? "s" : "", held, (unsigned long long)k, comm, comm_name(d, n, comm),
+            strchr(suspects, ',') ? "s" : "", suspects, why);
+        for (int i = 0; i < n; i++)
+            if (blocked[i])
+                where_rank(out, &d[i]);
+    }
+    free(blocked);
     const struct kiln_flight_rec *r = NULL;
     double waited = 0;
     for (int i = 0; i < n; i++) {
@@ -611,8 +642,20 @@ int kiln_hang_diagnose(const struct kiln_hang_dump *dumps, int n, FILE *out) {
         for (int j = 0; j < d[i].n_recs; j++)
             if (d[i].recs[j].comm + 1 > n_comm)
                 n_comm = d[i].recs[j].comm + 1;
+    // without a rank that did not run, the ranks without a dump are the suspects (d is in rank order)
+    char missing[256] = "";
+    size_t mlen = 0;
+    for (int rk = 0, j = 0; n > 0 && rk < d[0].world && mlen + 16 < sizeof(missing); rk++) {
+        while (j < n && d[j].rank < rk)
+            j++;
+        if (j >= n || d[j].rank != rk)
+            mlen += (size_t)snprintf(missing + mlen, sizeof(missing) - mlen, "%s%d", mlen ? ", " : "", rk);
+    }
+    const char *suspects = stopped[0] ? stopped : missing;
+    const char *why = stopped[0] ? "which did not run (above)"
+                                 : "which wrote no dump (stopped, frozen or killed before it could)";
     for (int c = 0; c < n_comm; c++)
-        findings += diagnose_comm(d, n, c, stopped, is_stopped, out);
+        findings += diagnose_comm(d, n, c, stopped, is_stopped, suspects, why, out);
     int mm = find_mismatches(d, n, out, 3);
     if (!mm)
         fprintf(out, "no mismatched collectives: the ranks agree on every collective they all recorded\n");
