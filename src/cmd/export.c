@@ -1,6 +1,7 @@
 // kiln export / kiln import: Hugging Face interop (the mapping is in interop/hf.c).
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cmd/cmd.h"
@@ -34,6 +35,14 @@ static int parse_named(int argc, char **argv, const char *cmd, const char *const
     return 0;
 }
 
+// Whether a and b name one directory (also through another spelling or a symlink): both exist and share
+// device and inode. Writing a run into its own source would overwrite the weights being read (both hold
+// model.safetensors).
+static int same_dir(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 static int run_export(int argc, char **argv, const struct kiln_knobs *knobs, struct kiln_error *err) {
     static const char *const names[] = {"run", "format", "out", "dtype"};
     const char *v[4] = {NULL, "hf", NULL, "f32"};
@@ -51,6 +60,12 @@ static int run_export(int argc, char **argv, const struct kiln_knobs *knobs, str
     if (strcmp(v[3], "f32") && strcmp(v[3], "bf16"))
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "bad value '%s' for dtype (--dtype): allowed values are f32,bf16", v[3]);
+    if (same_dir(v[0], v[2]))
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "%s is the run being exported (--out): its model.safetensors would be overwritten; "
+            "choose another directory for the Hugging Face files",
+            v[2]);
     struct kiln_config cfg;
     struct kiln_run_tokenizer tok;
     if ((rc = kiln_run_read_config(v[0], &cfg, &tok, kiln_knobs_source_dir(knobs), err)))
@@ -85,6 +100,12 @@ static int run_import(int argc, char **argv, struct kiln_error *err) {
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "missing --%s (kiln import): write kiln import --from=HF_DIR --out=DIR",
                            !v[0] ? "from=HF_DIR" : "out=DIR");
+    if (same_dir(v[0], v[1]))
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "%s is the Hugging Face model being imported (--out): its model.safetensors would be "
+            "overwritten; choose another directory for the kiln run",
+            v[1]);
     char path[1200];
     snprintf(path, sizeof(path), "%s/config", v[1]);
     if (access(path, F_OK) == 0)

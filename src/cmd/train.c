@@ -32,7 +32,20 @@ static void on_stop_signal(int sig) {
     }
     if (!n_stop_signals++)
         first_stop_s = kiln_now_s();
-    kiln_train_request_stop(sig);
+    if (!kiln_train_request_stop(sig)) {
+        // still starting: no step to finish, and a read may block for good (a FIFO, a hung mount) where
+        // nothing would ever look at the request; nothing was trained since the newest checkpoint
+        static const char tail[] =
+            " before the first step: exiting now; nothing was trained since the newest "
+            "checkpoint, and the same command continues (exit 75)\n";
+        const char *name = sig == SIGTERM  ? "\nkiln: SIGTERM"
+                           : sig == SIGINT ? "\nkiln: SIGINT"
+                                           : "\nkiln: SIGUSR1";
+        ssize_t w = write(2, name, strlen(name)); // (strlen is async-signal-safe since POSIX.1-2016)
+        w = write(2, tail, sizeof(tail) - 1);
+        (void)w;
+        _exit(KILN_EXIT_STOPPED);
+    }
 }
 
 static void on_dump_signal(int sig) {
@@ -77,6 +90,7 @@ int cmd_train(int argc, char **argv, const struct kiln_knobs *knobs) {
         fprintf(stderr, "[rank %d] error: %s\n", res.rank, err.msg);
         if (res.abort_job)
             kiln_comm_abort_job(err.code);
+        kiln_train_end_job();
         return err.code;
     }
     if (res.world > 1 && res.rank != 0)

@@ -6,12 +6,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "io/fsutil.h"
 #include "io/tensorboard.h"
 
 struct kiln_metrics {
-    FILE *jsonl;
+    FILE *jsonl; // written only through its descriptor, a whole line at a time (kiln_metrics_write)
+    char path[1200];
+    int warned;         // a failed write was reported (once: the run goes on, and so do the writes)
     struct kiln_tb *tb; // --tensorboard, or NULL (also after a failed write)
 };
 
@@ -58,6 +62,7 @@ int kiln_metrics_open(const struct kiln_config *cfg, int64_t resumed_step, struc
         return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot write %s: %s", path, strerror(errno));
     struct kiln_metrics *m = kiln_xcalloc(1, sizeof(*m));
     m->jsonl = f;
+    snprintf(m->path, sizeof(m->path), "%s", path);
     // Every open starts a new event file (TensorBoard merges a directory's files) with a session start at the
     // first step to come: as in metrics.jsonl, what a killed run logged past its checkpoint is dropped.
     if (cfg->tensorboard[0] && ((rc = kiln_tb_open(cfg->tensorboard, "--tensorboard", &m->tb, err)) ||
@@ -130,8 +135,42 @@ static void put_num(FILE *f, const char *key, const char *fmt, double v) {
         fputs("null", f);
 }
 
+// One line to the end of metrics.jsonl, whole or not at all: a write that fails part-way (a full disk, a
+// quota, the file size limit) is cut back to where the line began, so that the next line starts on a line
+// boundary and every line parses. The first failure is reported once; training goes on, and so do the
+// writes (the disk may get space back).
+static void append_line(struct kiln_metrics *m, const char *line, size_t n) {
+    int fd = fileno(m->jsonl);
+    off_t at = lseek(fd, 0, SEEK_END);
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(fd, line + done, n - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        done += (size_t)w;
+    }
+    if (done == n)
+        return;
+    int why = errno ? errno : ENOSPC;
+    if (done > 0 && at >= 0 && ftruncate(fd, at) != 0 && !m->warned)
+        fprintf(stderr, "kiln: warning: %s could not be cut back to its last whole line: %s\n", m->path,
+                strerror(errno));
+    if (!m->warned)
+        fprintf(
+            stderr,
+            "kiln: warning: cannot write %s: %s; training goes on, and the lines that do not fit are left "
+            "out (once there is space again, the next ones are written)\n",
+            m->path, strerror(why));
+    m->warned = 1;
+}
+
 void kiln_metrics_write(struct kiln_metrics *m, const struct kiln_metrics_row *r) {
-    FILE *f = m->jsonl;
+    char *line = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&line, &len);
+    KILN_ASSERT(f);
     fprintf(f, "{\"step\":%lld", (long long)r->step);
     put_num(f, "loss", "%.6f", r->loss);
     put_num(f, "lr", "%.6g", r->lr);
@@ -169,7 +208,10 @@ void kiln_metrics_write(struct kiln_metrics *m, const struct kiln_metrics_row *r
     if (r->tokens > 0)
         fprintf(f, ",\"tokens\":%lld", (long long)r->tokens);
     fprintf(f, "}\n");
-    fflush(f);
+    fclose(f);
+    errno = 0;
+    append_line(m, line, len);
+    free(line);
     if (m->tb)
         tb_write_row(m, r);
 }

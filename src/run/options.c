@@ -556,7 +556,11 @@ static int read_config_lines(const char *path, config_line_fn fn, void *user, st
                              4094);
             break;
         }
-        char *s = trim(line);
+        char *s = line;
+        // a UTF-8 byte order mark, which some editors put first: not part of the first option's name
+        if (lineno == 1 && !strncmp(s, "\xEF\xBB\xBF", 3))
+            s += 3;
+        s = trim(s);
         if (!*s || *s == '#' || *s == ';' || *s == '[')
             continue;
         strip_comment(s);
@@ -596,6 +600,11 @@ static int set_from_file(void *user, const char *name, const char *value, int li
         return 0; // applied first, before the file's other settings
     char where[1200];
     snprintf(where, sizeof(where), "%s:%d", c->path, lineno);
+    if (strcmp(name, "config") == 0) // (it is a flag, not an option of the table)
+        return kiln_errorf(c->err, KILN_ERR_USAGE,
+                           "config files do not nest (%s): 'config = %s' names another config file; give "
+                           "its options here instead",
+                           where, value);
     return kiln_config_set(c->cfg, name, value, where, c->err);
 }
 
@@ -843,6 +852,21 @@ static void opt_format(const struct opt *o, const struct kiln_config *cfg, char 
         }
         break;
     }
+}
+
+size_t kiln_config_n_options(void) {
+    return N_OPTS;
+}
+
+const char *kiln_config_option_name(size_t i) {
+    return i < N_OPTS ? OPTS[i].name : NULL;
+}
+
+void kiln_config_option_value(const struct kiln_config *cfg, size_t i, char *buf, size_t cap) {
+    if (i < N_OPTS)
+        opt_format(&OPTS[i], cfg, buf, cap);
+    else if (cap)
+        buf[0] = 0;
 }
 
 void kiln_config_write(const struct kiln_config *cfg, FILE *f) {

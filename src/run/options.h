@@ -138,6 +138,11 @@ enum kiln_dtype kiln_config_grad_dtype(const struct kiln_config *cfg, int mixed)
 
 // Writes every option as `name = value` (the format --config reads back).
 void kiln_config_write(const struct kiln_config *cfg, FILE *f);
+// The option table walked by index (i < kiln_config_n_options()): an option's name, and its value in cfg
+// formatted as kiln_config_write writes it (run/agree.c compares every rank's).
+size_t kiln_config_n_options(void);
+const char *kiln_config_option_name(size_t i);
+void kiln_config_option_value(const struct kiln_config *cfg, size_t i, char *buf, size_t cap);
 
 // Prints the option table with help text, each option's allowed values and its default (for `kiln help
 // train`).

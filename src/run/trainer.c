@@ -25,6 +25,7 @@
 #include "run/model_io.h"
 #include "run/sampler.h"
 #include "run/embedded.h"
+#include "run/agree.h"
 #include "run/guards.h"
 #include "run/metrics.h"
 #include "run/schedule.h"
@@ -222,8 +223,13 @@ static double evaluate(struct kiln_model *g, struct kiln_loader *val, const stru
 
 static volatile sig_atomic_t stop_requested = 0;
 
-void kiln_train_request_stop(int signo) {
+// the step loop has begun: it looks at stop_requested after each step (and the run's end, which writes the
+// model, finishes rather than stopping)
+static volatile sig_atomic_t in_loop = 0;
+
+int kiln_train_request_stop(int signo) {
     stop_requested = signo;
+    return in_loop;
 }
 
 // --inject-nan=STEP,STEP,...: sorted 1-based step numbers; 0-terminated
@@ -347,6 +353,20 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_mod
     if ((rc = agree(comm, rc, dir, own, err))) {
         kiln_ckpt_close(&ck);
         return rc;
+    }
+    // every rank resumes from rank 0's checkpoint (run/agree.h): one given another --resume, or reading
+    // another copy of the run directory, refuses as for a different model, on every rank
+    if (several) {
+        char *state = cJSON_PrintUnformatted(ck.state);
+        const cJSON *step = cJSON_GetObjectItemCaseSensitive(ck.state, "step");
+        rc = kiln_agree_checkpoint(comm, dir, state ? state : "",
+                                   cJSON_IsNumber(step) ? (long long)step->valuedouble : -1, err);
+        free(state);
+        if (rc) {
+            *own = 1;
+            kiln_ckpt_close(&ck);
+            return -2;
+        }
     }
     char *changes = NULL;
     // first: it checks state.json's own hash
@@ -524,6 +544,7 @@ struct run {
     // wait for them, and keep the host from issuing the next forward that they overlap
     struct kiln_dist_env env;
     struct kiln_comm *comm, *ckpt_comm;
+    int stopped_together; // an error every rank found at the same point: they leave the job in step
     struct kiln_dp *dp;
     struct kiln_sp_layout sp_lo; // sequence parallelism's layout (sp 1: none)
     struct kiln_sp *sp;
@@ -714,6 +735,11 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         if ((rc = kiln_comm_open_world(&r->env, &co, &r->comm, err)) ||
             (rc = kiln_comm_dup(r->comm, &r->ckpt_comm, err)))
             return rc;
+        // before any collective that the config shapes: every rank runs the same job, or all stop together
+        if ((rc = kiln_agree_config(r->comm, cfg, err))) {
+            r->stopped_together = 1;
+            return rc;
+        }
     }
     struct kiln_param_table pt;
     kiln_params_build(&pt, &cfg->model);
@@ -1099,6 +1125,9 @@ static int run_finish(struct run *r, struct kiln_error *err) {
     return rc;
 }
 
+// the communicators of a run that ended on an error every rank shares, for kiln_train_end_job
+static struct kiln_comm *ended_comm, *ended_ckpt_comm;
+
 static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     if (r->writer) {
         // after an error the ranks may not all be here, and a group's commit is collective: the write in
@@ -1128,8 +1157,15 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     // (kiln_comm_abort_job)
     r->res->world = r->env.world > 0 ? r->env.world : 1;
     r->res->rank = r->env.rank;
-    if (rc && r->comm) {
+    if (rc && r->comm && !r->stopped_together) {
         r->res->abort_job = 1; // the watchdog keeps watching until the job ends
+    } else if (rc && r->comm) {
+        // every rank has the same error: each reports it, then they leave together (kiln_train_end_job), so
+        // that no rank's exit makes the launcher kill another before its report is out
+        kiln_watchdog_stop();
+        ended_comm = r->comm;
+        ended_ckpt_comm = r->ckpt_comm;
+        r->res->end_job = 1;
     } else {
         if (r->comm) // every rank is done with the step's collectives before any leaves
             kiln_comm_barrier(r->comm);
@@ -1147,6 +1183,15 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     return rc;
 }
 
+void kiln_train_end_job(void) {
+    if (!ended_comm)
+        return;
+    kiln_comm_barrier(ended_comm);
+    kiln_comm_close(ended_ckpt_comm);
+    kiln_comm_close(ended_comm);
+    ended_comm = ended_ckpt_comm = NULL;
+}
+
 int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct kiln_train_result *res,
                struct kiln_error *err) {
     memset(res, 0, sizeof(*res));
@@ -1158,10 +1203,12 @@ int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct k
     r.res = res;
     r.lock_fd = -1;
     stop_requested = 0;
+    in_loop = 0;
     int rc = run_setup(&r, err);
     if (rc)
         return run_teardown(&r, rc, err);
     kiln_progress_begin(&r.prog, cfg->max_steps, !cfg->quiet && r.rank0);
+    in_loop = 1;
     r.start = r.st.step;
     r.last_ckpt_step = r.start > 0 ? r.start : -1;
     for (int64_t step = r.start; step < cfg->max_steps; step++) {

@@ -28,6 +28,8 @@ struct kiln_train_result {
     int rank, world;          // this process's place in the job
     int abort_job;            // an error with other ranks still running: cmd/ must end the whole job
                               // (kiln_comm_abort_job), never return normally into MPI_Finalize
+    int end_job;              // an error every rank shares (a config that differs across ranks): cmd/
+                              // reports it, then calls kiln_train_end_job
 };
 
 // Trains per cfg. Writes cfg->out/{config, metrics.jsonl, model.safetensors, tokenizer files, ckpt/} when
@@ -41,8 +43,15 @@ int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct k
                struct kiln_error *err);
 
 // Asks a running kiln_train to finish its current step, save a checkpoint and return. Async-signal-safe:
-// meant to be called from a signal handler (cmd/train.c).
-void kiln_train_request_stop(int signo);
+// meant to be called from a signal handler (cmd/train.c). Returns 1 when the step loop will act on it, 0
+// while the run is still starting (reading data and checkpoints, opening the communicators): nothing there
+// looks at the request, and a read may block for good (a FIFO, a hung network mount), so the caller ends
+// the process itself; nothing has been trained since the newest checkpoint.
+int kiln_train_request_stop(int signo);
+
+// After an error every rank shares (res->end_job): the ranks meet once more and close the communicators,
+// so that each has reported before any leaves. Nothing when there is nothing to end.
+void kiln_train_end_job(void);
 
 // --inject-stall: sleeps forever (testing the hang watchdog). Exported so that stack dumps name it.
 void kiln_train_injected_stall(int64_t step);

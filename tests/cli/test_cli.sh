@@ -23,6 +23,11 @@ printf '# comment\nlayers = 2\nwarmpu = 10\n' >"$T/bad2.cfg"
 expect_error 2 "unknown option 'warmpu' ($T/bad2.cfg:3)" -- train --config="$T/bad2.cfg"
 printf 'dim = -5\n' >"$T/bad3.cfg"
 expect_error 2 "bad value '-5' for dim ($T/bad3.cfg:1)" -- train --config="$T/bad3.cfg"
+# a UTF-8 byte order mark (some editors write one) is not part of the first option's name
+printf '\xef\xbb\xbflayers = 3\ndim = -5\n' >"$T/bom.cfg"
+expect_error 2 "bad value '-5' for dim ($T/bom.cfg:2)" -- train --config="$T/bom.cfg"
+printf 'layers = 2\nconfig = other.cfg\n' >"$T/nest.cfg"
+expect_error 2 "config files do not nest ($T/nest.cfg:2)" -- train --config="$T/nest.cfg"
 expect_error 2 "missing --run=DIR" -- sample
 expect_error 2 "no kiln run in '$T/none' (--run)" -- sample --run="$T/none"
 

@@ -54,6 +54,15 @@ expect_error 2 "allowed values are hf" -- export --run="$T/gpt2" --format=onnx -
 expect_error 2 "no kiln run in '$T/none'" -- export --run="$T/none" --format=hf --out="$T/x"
 expect_error 2 "already holds a kiln run" -- import --from="$T/gpt2.hf" --out="$T/gpt2"
 expect_error 2 "missing --from=HF_DIR" -- import --out="$T/y"
+# a directory into itself (also spelled otherwise) would overwrite the weights being read: refused, untouched
+sum_hf=$(sha256sum "$T/gpt2.hf/model.safetensors")
+expect_error 2 "is the Hugging Face model being imported (--out)" -- import --from="$T/gpt2.hf" --out="$T/gpt2.hf"
+expect_error 2 "is the Hugging Face model being imported (--out)" -- import --from="$T/gpt2.hf" --out="$T/gpt2.hf/."
+[ "$(sha256sum "$T/gpt2.hf/model.safetensors")" = "$sum_hf" ] && [ ! -e "$T/gpt2.hf/config" ] && ok ||
+  bad "a refused import into its source changed it"
+sum_run=$(sha256sum "$T/gpt2/model.safetensors")
+expect_error 2 "is the run being exported (--out)" -- export --run="$T/gpt2" --format=hf --out="$T/gpt2"
+[ "$(sha256sum "$T/gpt2/model.safetensors")" = "$sum_run" ] && ok || bad "a refused export into its run changed it"
 expect_error 2 "bad token list" -- logits --run="$T/gpt2" --tokens=1,x
 expect_error 2 "exactly one of --tokens" -- logits --run="$T/gpt2"
 

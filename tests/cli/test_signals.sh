@@ -59,4 +59,21 @@ rc=$term_rc
 [ $rc -eq 143 ] && ok || bad "two SIGTERMs to a stalled run: exit $rc, expected 143: $(cat "$T/err")"
 grep -q "second SIGTERM: exiting now" "$T/err" && ok || bad "no second-SIGTERM message: $(cat "$T/err")"
 
+# a run still starting, blocked opening its data (a FIFO with no writer, as a hung network mount would block):
+# the first SIGTERM ends it at once, exit 75 (nothing was trained since the newest checkpoint)
+mkfifo "$T/hung.bin"
+"$KILN" train --tokenizer=gpt2 --data="$T/hung.bin" "${args[@]}" --out="$T/hung" 2>"$T/err" &
+pid=$!
+sleep 1
+kill -TERM $pid
+for _ in $(seq 300); do kill -0 $pid 2>/dev/null || break; sleep 0.01; done
+if kill -0 $pid 2>/dev/null; then
+  bad "a run blocked opening its data outlived its first SIGTERM by 3 s"
+  kill -KILL $pid
+fi
+wait $pid
+rc=$?
+[ $rc -eq 75 ] && ok || bad "SIGTERM to a starting run: exit $rc, expected 75: $(cat "$T/err")"
+grep -q "SIGTERM before the first step: exiting now" "$T/err" && ok || bad "no message for a starting run: $(cat "$T/err")"
+
 finish

@@ -145,7 +145,8 @@ void kiln_comm_abort_all(int code);
 
 // --comm=auto|nccl|mpi|single against what the job is: auto takes single for one process, nccl for CUDA
 // devices when this build has it, else mpi. A choice that cannot work (nccl on the CPU, mpi in a build
-// without MPI, mpi without mpirun, single for more than one process) is a usage error naming the option.
+// without MPI, mpi for several processes that mpirun did not start, single for more than one process) is a
+// usage error naming the option; one process may run mpi without mpirun (world size 1).
 int kiln_comm_choose(const char *opt, const struct kiln_dist_env *env, int device_is_gpu,
                      enum kiln_comm_kind *out, struct kiln_error *err);
 // Which transports this build has: "single mpi nccl" or less.

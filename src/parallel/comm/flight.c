@@ -219,6 +219,10 @@ static void header_field(struct kiln_hang_dump *d, const char *k, const char *v)
         d->hang_timeout_s = strtod(v, NULL);
     else if (!strcmp(k, "mono_now"))
         d->mono_now = strtod(v, NULL);
+    else if (!strcmp(k, "stopped_s"))
+        d->stopped_s = strtod(v, NULL);
+    else if (!strcmp(k, "stopped_ended_ago_s"))
+        d->stopped_ended_ago_s = strtod(v, NULL);
 }
 
 static int parse_record(struct kiln_hang_dump *d, const char *line) {
@@ -389,7 +393,10 @@ static void where_rank(FILE *out, const struct kiln_hang_dump *d) {
     fprintf(out, "stack: %s\n", d->stack_top[0] ? d->stack_top : "?");
 }
 
-static int diagnose_comm(const struct kiln_hang_dump *d, int n, int comm, FILE *out) {
+// stopped: the ranks that did not run ("1, 2"; "" for none), is_stopped by dump. suspects: those, or else the
+// ranks without a dump, and why: what they are, for the ranks held up by them.
+static int diagnose_comm(const struct kiln_hang_dump *d, int n, int comm, const char *stopped,
+                         const int *is_stopped, const char *suspects, const char *why, FILE *out) {
     uint64_t lo = UINT64_MAX, hi = 0;
     for (int i = 0; i < n; i++) {
         uint64_t m = max_seq(&d[i], comm);
@@ -411,7 +418,37 @@ static int diagnose_comm(const struct kiln_hang_dump *d, int n, int comm, FILE *
                 r = x;
             }
         }
-        if (pending == n && r) {
+        if (pending == n && r && (stopped[0] || n < d[0].world)) {
+            // some rank did not run, or wrote no dump: the others waited in this collective for it
+            describe_rec(what, sizeof(what), r);
+            for (int i = 0; i < n; i++) // (the one that did not run was not waiting)
+                pick[i] &= !is_stopped[i];
+            rank_list(ranks, sizeof(ranks), d, pick, n);
+            fprintf(
+                out,
+                "rank%s %s waited in collective #%llu on communicator %d (%s: %s) and none completed it: ",
+                strchr(ranks, ',') ? "s" : "", ranks, (unsigned long long)hi, comm, comm_name(d, n, comm),
+                what);
+            if (stopped[0])
+                fprintf(out, "rank%s %s, which did not run (above), could not take part in it\n",
+                        strchr(stopped, ',') ? "s" : "", stopped);
+            else {
+                char missing[256] = "";
+                size_t len = 0;
+                for (int rk = 0, j = 0; rk < d[0].world && len + 16 < sizeof(missing); rk++) {
+                    while (j < n && d[j].rank < rk)
+                        j++;
+                    if (j >= n || d[j].rank != rk)
+                        len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%d", len ? ", " : "",
+                                                rk);
+                }
+                fprintf(
+                    out,
+                    "rank%s %s, which wrote no dump (stopped, frozen or killed before it could: a running "
+                    "rank dumps within a poll of another's watchdog firing), held it up\n",
+                    strchr(missing, ',') ? "s" : "", missing);
+            }
+        } else if (pending == n && r) {
             describe_rec(what, sizeof(what), r);
             fprintf(out,
                     "every rank entered collective #%llu on communicator %d (%s: %s) and none completed it: "
@@ -427,13 +464,42 @@ static int diagnose_comm(const struct kiln_hang_dump *d, int n, int comm, FILE *
     uint64_t k = lo + 1;
     for (int i = 0; i < n; i++)
         pick[i] = max_seq(&d[i], comm) == lo;
+    // With a rank that did not run, a running rank behind here that waits in a collective elsewhere was held
+    // up by it (a collective completes on some ranks before others): listed apart, not blamed.
+    int *blocked = calloc((size_t)n, sizeof(int));
+    KILN_ASSERT(blocked);
+    int n_blocked = 0, n_lag = 0;
+    for (int i = 0; i < n; i++) {
+        blocked[i] = suspects[0] && pick[i] && !is_stopped[i] && oldest_pending(&d[i]);
+        n_blocked += blocked[i];
+        pick[i] &= !blocked[i];
+        n_lag += pick[i];
+    }
     rank_list(lag, sizeof(lag), d, pick, n);
+    if (!n_lag) // the ones it waited for, then, are those that did not run
+        snprintf(lag, sizeof(lag), "%s", suspects);
     int several = strchr(lag, ',') != NULL;
-    fprintf(out, "rank%s %s never entered collective #%llu on communicator %d (%s):\n", several ? "s" : "",
-            lag, (unsigned long long)k, comm, comm_name(d, n, comm));
-    for (int i = 0; i < n; i++)
-        if (pick[i])
-            where_rank(out, &d[i]);
+    if (n_lag) {
+        fprintf(out, "rank%s %s never entered collective #%llu on communicator %d (%s):\n",
+                several ? "s" : "", lag, (unsigned long long)k, comm, comm_name(d, n, comm));
+        for (int i = 0; i < n; i++)
+            if (pick[i])
+                where_rank(out, &d[i]);
+    }
+    if (n_blocked) {
+        char held[256];
+        rank_list(held, sizeof(held), d, blocked, n);
+        fprintf(
+            out,
+            "rank%s %s did not enter collective #%llu on communicator %d (%s) either, held up in another by "
+            "rank%s %s, %s:\n",
+            strchr(held, ',') ? "s" : "", held, (unsigned long long)k, comm, comm_name(d, n, comm),
+            strchr(suspects, ',') ? "s" : "", suspects, why);
+        for (int i = 0; i < n; i++)
+            if (blocked[i])
+                where_rank(out, &d[i]);
+    }
+    free(blocked);
     const struct kiln_flight_rec *r = NULL;
     double waited = 0;
     for (int i = 0; i < n; i++) {
@@ -512,14 +578,84 @@ static int find_mismatches(const struct kiln_hang_dump *d, int n, FILE *out, int
     return found;
 }
 
-int kiln_hang_diagnose(const struct kiln_hang_dump *d, int n, FILE *out) {
+// Whether d's rank did not run (stopped, frozen) while the others gave up on it: its dump says so (written
+// once woken, trigger "stopped"), or it records a stop longer than half the timeout that ended just before
+// the dump.
+static int was_stopped(const struct kiln_hang_dump *d) {
+    return !strcmp(d->trigger, "stopped") || (d->stopped_s > 0 && d->stopped_s >= d->hang_timeout_s / 2 &&
+                                              d->stopped_ended_ago_s <= d->hang_timeout_s + 1);
+}
+
+// d as it stood when its rank stopped: what it issued after it was woken left out, and what completed after
+// then still pending. (Its ring may have lost older records to the new ones: those are gone either way.)
+static void rewind_stopped(struct kiln_hang_dump *d) {
+    double woken = d->mono_now - d->stopped_ended_ago_s, stopped = woken - d->stopped_s;
+    int k = 0;
+    for (int i = 0; i < d->n_recs; i++) {
+        struct kiln_flight_rec r = d->recs[i];
+        if (r.t_issue >= stopped)
+            continue;
+        if (r.t_done >= stopped)
+            r.t_done = 0;
+        d->recs[k++] = r;
+    }
+    d->n_recs = k;
+}
+
+int kiln_hang_diagnose(const struct kiln_hang_dump *dumps, int n, FILE *out) {
     int findings = 0, n_comm = 0;
+    // a rank that did not run explains the hang before any collective does: named first, and read as it
+    // stood when it stopped (the others had given up on it by the time it was woken and dumped)
+    struct kiln_hang_dump *d = kiln_xcalloc(n > 0 ? (size_t)n : 1, sizeof(*d));
+    char stopped[256] = "";
+    size_t slen = 0;
+    int *is_stopped = kiln_xcalloc(n > 0 ? (size_t)n : 1, sizeof(int));
+    for (int i = 0; i < n; i++) {
+        d[i] = dumps[i];
+        if (!was_stopped(&dumps[i]))
+            continue;
+        is_stopped[i] = 1;
+        d[i].recs = kiln_xmalloc((size_t)(dumps[i].n_recs ? dumps[i].n_recs : 1) * sizeof(*d[i].recs));
+        memcpy(d[i].recs, dumps[i].recs, (size_t)dumps[i].n_recs * sizeof(*d[i].recs));
+        rewind_stopped(&d[i]);
+        if (slen + 16 < sizeof(stopped))
+            slen +=
+                (size_t)snprintf(stopped + slen, sizeof(stopped) - slen, "%s%d", slen ? ", " : "", d[i].rank);
+        fprintf(out,
+                "rank %d did not run for %.1f s (stopped by SIGSTOP, a frozen VM or the cgroup freezer, or "
+                "swapping) while the others waited for it: it held up the job. Its dump was written once it "
+                "was woken; what it did after that is left out:\n",
+                d[i].rank, d[i].stopped_s);
+        const struct kiln_flight_rec *p = oldest_pending(&d[i]);
+        fprintf(out, "  rank %d (pid %d on %s): ", d[i].rank, d[i].pid, d[i].host);
+        if (p) {
+            char what[200];
+            describe_rec(what, sizeof(what), p);
+            fprintf(out, "stopped in collective #%llu on communicator %d (%s)\n", (unsigned long long)p->seq,
+                    p->comm, what);
+        } else {
+            fprintf(out, "stopped outside any collective\n");
+        }
+        findings++;
+    }
     for (int i = 0; i < n; i++)
         for (int j = 0; j < d[i].n_recs; j++)
             if (d[i].recs[j].comm + 1 > n_comm)
                 n_comm = d[i].recs[j].comm + 1;
+    // without a rank that did not run, the ranks without a dump are the suspects (d is in rank order)
+    char missing[256] = "";
+    size_t mlen = 0;
+    for (int rk = 0, j = 0; n > 0 && rk < d[0].world && mlen + 16 < sizeof(missing); rk++) {
+        while (j < n && d[j].rank < rk)
+            j++;
+        if (j >= n || d[j].rank != rk)
+            mlen += (size_t)snprintf(missing + mlen, sizeof(missing) - mlen, "%s%d", mlen ? ", " : "", rk);
+    }
+    const char *suspects = stopped[0] ? stopped : missing;
+    const char *why = stopped[0] ? "which did not run (above)"
+                                 : "which wrote no dump (stopped, frozen or killed before it could)";
     for (int c = 0; c < n_comm; c++)
-        findings += diagnose_comm(d, n, c, out);
+        findings += diagnose_comm(d, n, c, stopped, is_stopped, suspects, why, out);
     int mm = find_mismatches(d, n, out, 3);
     if (!mm)
         fprintf(out, "no mismatched collectives: the ranks agree on every collective they all recorded\n");
@@ -528,5 +664,10 @@ int kiln_hang_diagnose(const struct kiln_hang_dump *d, int n, FILE *out) {
         for (int i = 0; i < n; i++)
             where_rank(out, &d[i]);
     }
+    for (int i = 0; i < n; i++)
+        if (d[i].recs != dumps[i].recs)
+            free(d[i].recs);
+    free(d);
+    free(is_stopped);
     return findings + mm;
 }

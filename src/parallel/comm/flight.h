@@ -71,6 +71,8 @@ struct kiln_hang_dump {
     int64_t step;
     int layer;
     double hang_timeout_s, mono_now;
+    double stopped_s, stopped_ended_ago_s; // the longest time this rank did not run (stopped, frozen), and
+                                           // how long before the dump that ended (0 0: never)
     struct kiln_flight_rec *recs; // oldest first
     int n_recs;
     char comm_names[16][48]; // by id (the first 16)
@@ -80,6 +82,9 @@ struct kiln_hang_dump {
 int kiln_hang_dump_read(const char *path, struct kiln_hang_dump *d, struct kiln_error *err);
 void kiln_hang_dump_free(struct kiln_hang_dump *d);
 // kiln doctor's diagnosis of one job's dumps (one per rank, any order), in a few lines on out:
+//   - a rank that did not run (stopped or frozen) while the others waited for it: named first, and its dump,
+//     written once it was woken, read as it stood when it stopped (what it did after is left out);
+//   - ranks without a dump, when those that dumped all wait in one collective: the likely cause;
 //   - per communicator, the lowest collective #k that some ranks issued and others did not: the ranks that
 //     never entered it (their step, layer, pending collective, stack top) and the ranks waiting in it;
 //   - collectives of the same number on the same communicator that differ in op or bytes across ranks

@@ -32,6 +32,11 @@ static struct {
     pthread_t thread;
     sem_t wake;
     atomic_int stop, usr2;
+    // A process stopped by SIGSTOP, a frozen VM, the cgroup freezer or a swap storm runs no thread at all,
+    // while the monotonic clock goes on: the watchdog sees it as a poll that came far later than asked. The
+    // longest such gap (seconds the process did not run) and when it ended (monotonic), for the dumps and
+    // for telling a rank that was stopped from one that hung.
+    double last_poll, stopped_s, stopped_end;
 } wd;
 
 // ---- other threads' stacks: each is asked, by a signal, to take its own backtrace ----
@@ -204,6 +209,9 @@ int kiln_watchdog_write_dump(const char *path, const char *trigger, const char *
             (long long)kiln_flight_step(), kiln_flight_layer(), top, wd.timeout_s, now,
             (long long)time(NULL));
     fprintf(f, "last_progress_ago_s=%.3f\n", now - kiln_flight_last_progress());
+    // (kiln doctor leaves out what a stopped rank did after it was woken: the others had given up by then)
+    fprintf(f, "stopped_s=%.3f\nstopped_ended_ago_s=%.3f\n", wd.stopped_s,
+            wd.stopped_s > 0 ? now - wd.stopped_end : 0.0);
     kiln_flight_write_records(f, now);
     fprintf(f, "[stacks]\n");
     for (int i = 0; i < n_threads; i++) {
@@ -227,9 +235,13 @@ int kiln_watchdog_write_dump(const char *path, const char *trigger, const char *
 
 // ---- the thread ----
 
-// Whether every rank's dump of this job is there (the peers' watchdogs have answered).
-static int all_dumped(void) {
+// How many ranks' dumps of this job are missing (the peers' watchdogs have not answered yet); their ranks
+// listed in missing ("0, 2").
+static int missing_dumps(char *missing, size_t cap) {
     char job[40];
+    int n = 0;
+    size_t len = 0;
+    missing[0] = 0;
     snprintf(job, sizeof(job), "job=%016llx", (unsigned long long)wd.job);
     for (int r = 0; r < wd.world; r++) {
         char path[1100], line[256];
@@ -240,10 +252,10 @@ static int all_dumped(void) {
             found = !strncmp(line, job, strlen(job));
         if (f)
             fclose(f);
-        if (!found)
-            return 0;
+        if (!found && n++ < 16 && len + 16 < cap)
+            len += (size_t)snprintf(missing + len, cap - len, "%s%d", len ? ", " : "", r);
     }
-    return 1;
+    return n;
 }
 
 static void fired_path(char *out, size_t cap) {
@@ -270,9 +282,19 @@ static void fire(const char *trigger, const char *reason) {
             wd.rank, reason, rc ? "could not write the dump: " : "flight recorder and stacks in ",
             rc ? err.msg : path, KILN_EXIT_HANG);
     // the peers dump when they see the fired file (within a poll): wait for them, a few seconds at most
-    double until = kiln_now_s() + (wd.timeout_s < 10 ? (wd.timeout_s > 2 ? wd.timeout_s : 2) : 10);
-    while (wd.world > 1 && kiln_now_s() < until && !all_dumped())
+    double wait_s = wd.timeout_s < 10 ? (wd.timeout_s > 2 ? wd.timeout_s : 2) : 10,
+           until = kiln_now_s() + wait_s;
+    char missing[200] = "";
+    int n_missing = 0;
+    while (wd.world > 1 && (n_missing = missing_dumps(missing, sizeof(missing))) && kiln_now_s() < until)
         usleep(50000);
+    // a rank that runs dumps within a poll of the fired file: one that did not is stopped, frozen or dead,
+    // which is what the others were waiting for (its own dump, if it ever comes, is written once woken)
+    if (n_missing && strcmp(trigger, "stopped"))
+        fprintf(stderr,
+                "kiln: [rank %d] hang: rank%s %s wrote no dump within %.0f s of the watchdog firing: stopped "
+                "(SIGSTOP, a frozen VM or the cgroup freezer), swapping, or dead, and so the likely cause\n",
+                wd.rank, n_missing > 1 ? "s" : "", missing, wait_s);
     kiln_comm_abort_all(KILN_EXIT_HANG);
 }
 
@@ -324,6 +346,13 @@ static void *watchdog_main(void *arg) {
             ;
         if (atomic_load(&wd.stop))
             break;
+        // a poll far later than asked: this process did not run meanwhile (stopped or frozen)
+        double woke = kiln_now_s(), late = woke - wd.last_poll - poll_s;
+        int just_woken = wd.timeout_s > 0 && late > (wd.timeout_s / 2 > 1 ? wd.timeout_s / 2 : 1);
+        if (just_woken) {
+            wd.stopped_s = late;
+            wd.stopped_end = woke;
+        }
         if (atomic_exchange(&wd.usr2, 0)) {
             usleep(20000); // the SIGUSR2 handler that woke us returns first: it is not part of the stack
             char path[1100];
@@ -336,8 +365,18 @@ static void *watchdog_main(void *arg) {
         }
         char reason[512];
         int why = wd.timeout_s > 0 ? hang_reason(kiln_now_s(), reason, sizeof(reason)) : 0;
+        if (why && just_woken) { // not a hang of this rank's: the others waited for it while it was stopped
+            snprintf(
+                reason, sizeof(reason),
+                "this rank did not run for %.1f s, until it was woken just now (stopped by SIGSTOP, a "
+                "frozen VM or the cgroup freezer, or swapping), longer than --hang-timeout=%g: the other "
+                "ranks waited for it",
+                wd.stopped_s, wd.timeout_s);
+            fire("stopped", reason);
+        }
         if (why)
             fire(why == 1 ? "self" : "peer", reason);
+        wd.last_poll = kiln_now_s();
     }
     return NULL;
 }
@@ -352,6 +391,8 @@ int kiln_watchdog_start(const struct kiln_watchdog_opts *o, struct kiln_error *e
     wd.job = o->job;
     atomic_store(&wd.stop, 0);
     atomic_store(&wd.usr2, 0);
+    wd.last_poll = kiln_now_s();
+    wd.stopped_s = 0;
     install_stack_handler();
     sem_init(&wd.wake, 0, 0);
     // progress counts from now: the setup before (rendezvous, resume) has timeouts of its own

@@ -29,7 +29,8 @@ void kiln_watchdog_stop(void); // NULL-safe: nothing when it was not started
 // SIGUSR2 handler of cmd/train.c calls it.
 void kiln_watchdog_request_dump(void);
 
-// Writes a dump to path now (tmp + rename). trigger: "self", "peer" or "usr2".
+// Writes a dump to path now (tmp + rename). trigger: "self", "peer", "stopped" (this rank did not run for
+// longer than the timeout, and the others gave up on it meanwhile) or "usr2".
 int kiln_watchdog_write_dump(const char *path, const char *trigger, const char *reason,
                              struct kiln_error *err);
 

@@ -239,6 +239,95 @@ static void test_doctor_flags_a_collective_of_another_size(void **state) {
         kiln_hang_dump_free(&d[r]);
 }
 
+// A rank stopped (SIGSTOP, a frozen VM) in collective #6 while the others waited: rank 0 saw #6 complete (a
+// collective may complete on some ranks first) and waits in #7, rank 2 still waits in #6. The stopped rank
+// dumps once woken, after it ran on: #6 done, #7 and #8 issued. Doctor names it, reads its dump as it stood
+// when it stopped, and blames neither rank 0 (ahead) nor rank 2 (held up by it).
+static void test_doctor_names_a_stopped_rank_from_its_late_dump(void **state) {
+    (void)state;
+    struct kiln_hang_dump d[3];
+    make_ranks(d, 3);
+    for (int r = 0; r < 3; r++)
+        for (uint64_t q = 1; q <= 5; q++)
+            add(&d[r], q, KILN_COLL_ALL_REDUCE, 64, 1);
+    add(&d[0], 6, KILN_COLL_ALL_REDUCE, 64, 1);
+    add(&d[0], 7, KILN_COLL_ALL_REDUCE, 64, 0);
+    add(&d[2], 6, KILN_COLL_ALL_REDUCE, 64, 0);
+    // rank 1: stopped from 150 to 199 (its dump at 200), in #6; after waking it ran on
+    snprintf(d[1].trigger, sizeof(d[1].trigger), "stopped");
+    d[1].stopped_s = 49;
+    d[1].stopped_ended_ago_s = 1;
+    add(&d[1], 6, KILN_COLL_ALL_REDUCE, 64, 0);
+    d[1].recs[d[1].n_recs - 1].t_done = 199.2;
+    for (uint64_t q = 7; q <= 8; q++) {
+        add(&d[1], q, KILN_COLL_ALL_REDUCE, 64, 1);
+        d[1].recs[d[1].n_recs - 1].t_issue = 199.3 + (double)q / 100;
+        d[1].recs[d[1].n_recs - 1].t_done = 199.4 + (double)q / 100;
+    }
+    int findings;
+    char *text = diagnose(d, 3, &findings);
+    assert_non_null(strstr(text, "rank 1 did not run for 49.0 s"));
+    assert_non_null(strstr(text, "rank 1 (pid 0 on ): stopped in collective #6 on communicator 0"));
+    assert_non_null(strstr(text, "rank 1 never entered collective #7 on communicator 0 (world)"));
+    assert_non_null(strstr(text, "rank 2 did not enter collective #7 on communicator 0 (world) either"));
+    assert_non_null(strstr(text, "rank 0 was waiting for rank 1 in collective #7"));
+    assert_null(strstr(text, "ranks 1, 2 never entered"));
+    assert_null(strstr(text, "never entered collective #9"));
+    free(text);
+    for (int r = 0; r < 3; r++)
+        kiln_hang_dump_free(&d[r]);
+}
+
+// A rank that wrote no dump (killed while stopped) where every other rank waits in one collective: named as
+// the one that held it up, not "every rank entered it".
+static void test_doctor_names_a_rank_without_a_dump(void **state) {
+    (void)state;
+    struct kiln_hang_dump d[3];
+    make_ranks(d, 3);
+    for (int r = 0; r < 3; r++)
+        d[r].world = 3;
+    for (int r = 0; r < 2; r++) { // ranks 1 and 2 dumped (d[0], d[1]); rank 0 did not
+        d[r].rank = r + 1;
+        for (uint64_t q = 1; q <= 5; q++)
+            add(&d[r], q, KILN_COLL_ALL_REDUCE, 64, q < 5);
+    }
+    int findings;
+    char *text = diagnose(d, 2, &findings);
+    assert_non_null(strstr(text, "ranks 1, 2 waited in collective #5"));
+    assert_non_null(strstr(text, "rank 0, which wrote no dump"));
+    assert_null(strstr(text, "every rank entered"));
+    free(text);
+    for (int r = 0; r < 3; r++)
+        kiln_hang_dump_free(&d[r]);
+}
+
+// The same without the stopped rank's dump (killed while stopped): rank 1 saw #5 complete and waits in #6,
+// rank 2 still waits in #5. Rank 0, without a dump, is the one they waited for; rank 2 is not blamed.
+static void test_doctor_blames_the_rank_without_a_dump_not_one_it_held_up(void **state) {
+    (void)state;
+    struct kiln_hang_dump d[2];
+    make_ranks(d, 2);
+    for (int r = 0; r < 2; r++) {
+        d[r].rank = r + 1;
+        d[r].world = 3;
+        for (uint64_t q = 1; q <= 4; q++)
+            add(&d[r], q, KILN_COLL_ALL_REDUCE, 64, 1);
+    }
+    add(&d[0], 5, KILN_COLL_ALL_REDUCE, 64, 1);
+    add(&d[0], 6, KILN_COLL_ALL_REDUCE, 64, 0);
+    add(&d[1], 5, KILN_COLL_ALL_REDUCE, 64, 0);
+    int findings;
+    char *text = diagnose(d, 2, &findings);
+    assert_non_null(strstr(text,
+                           "rank 2 did not enter collective #6 on communicator 0 (world) either, held up "
+                           "in another by rank 0, which wrote no dump"));
+    assert_non_null(strstr(text, "rank 1 was waiting for rank 0 in collective #6"));
+    assert_null(strstr(text, "rank 2 never entered"));
+    free(text);
+    for (int r = 0; r < 2; r++)
+        kiln_hang_dump_free(&d[r]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_the_ring_keeps_the_newest_records_in_order),
@@ -246,6 +335,9 @@ int main(void) {
         cmocka_unit_test(test_a_dump_reads_back_field_for_field),
         cmocka_unit_test(test_doctor_names_the_rank_that_never_entered_the_collective),
         cmocka_unit_test(test_doctor_flags_a_collective_of_another_size),
+        cmocka_unit_test(test_doctor_names_a_stopped_rank_from_its_late_dump),
+        cmocka_unit_test(test_doctor_names_a_rank_without_a_dump),
+        cmocka_unit_test(test_doctor_blames_the_rank_without_a_dump_not_one_it_held_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
