@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks of issue 6 and recompute (one device call): the checkpoint stall on the step loop, bit-exact
+# GPU checks of issue 6 and recompute (one GPU run): the checkpoint stall on the step loop, bit-exact
 # resume after a crash in --deterministic mode, and --recompute against none (bitwise losses, memory, speed).
 # Usage: bench/ckpt_gpu.sh BUILD_DIR OUT_DIR
 set -u

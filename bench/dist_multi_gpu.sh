@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a machine of several GPUs (nvidia-h200-x2/x4): NCCL data and sequence parallelism for real. kiln launch
+# On a machine of several GPUs (2 or 4 GPUs): NCCL data and sequence parallelism for real. kiln launch
 # starts one rank per GPU (torchrun-style environment, NCCL's id over the TCP store). Logs in $OUT; a table last.
 # KILN_PART is a list of what runs (issue 17's runs):
 #   tests    test_cuda_ops' attention-block cases (the f32 and the tensor-core kernels against the CPU) and
@@ -16,7 +16,7 @@
 #   weak     the older weak-scaling rows (DDP/ZeRO-1/2, fp32 and bf16 gradients, 124m and 350m)
 #   zero3    ZeRO-3 weak scaling against ZeRO-3 on 1 GPU, PyTorch FSDP2 beside it
 #   big      olmo-7b and llama-8b under ZeRO-3 at KILN_BIG_LENGTHS (4096 8192), --recompute=KILN_BIG_RECOMPUTE
-#            (auto: the least that fits; session 10 ran selective), KILN_BIG_BATCH sequences a GPU (1), KILN_BIG_MODELS,
+#            (auto: the least that fits; the 4-GPU runs of 2026-11-26 took selective), KILN_BIG_BATCH sequences a GPU (1), KILN_BIG_MODELS,
 #            KILN_BIG_FLAGS (more kiln flags, e.g. --reduce-dtype=bf16);
 #            PyTorch FSDP2 beside llama-8b (KILN_BIG_TORCH= turns it off)
 #   long     the 1.3B shape under KILN_LONG_MODES (ulysses ring hybrid; ring-tc, hybrid-tc: the ring's blocks on
@@ -28,7 +28,7 @@
 # KILN_BUILD_TARGETS: build only these (e.g. kiln), not every target.
 # KILN_DRY=1: no GPU and no training; every kiln run is checked by `kiln info` (bench/kiln_dry.sh, test_bench_dry).
 # KILN_DEADLINE (seconds from the start, default 560): a run that would start later is skipped and says so,
-# so one device call always ends with its table.
+# so one run always ends with its table.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-multi}
@@ -42,7 +42,7 @@ t0=$(date +%s)
 if [ -n "${KILN_DRY:-}" ]; then
   # KILN_DRY=1: no GPU, no training. Every kiln run goes to bench/kiln_dry.sh, which checks its options with
   # `kiln info` (the build in $BUILD, as it is) and notes any it refuses in $KILN_DRY_LOG, so that a bad flag
-  # shows here and not in a device call (tests/cli/test_bench_dry.sh).
+  # shows here and not on the GPU machine (tests/cli/test_bench_dry.sh).
   NG=${KILN_NG:-4}
   export KILN_REAL="$BUILD/kiln" KILN_DRY_LOG=${KILN_DRY_LOG:-$OUT/dry.log}
   : >"$KILN_DRY_LOG"
@@ -242,7 +242,7 @@ print(f'{statistics.median(x.get(\"comm_wait_ms\", 0) for x in r[len(r) // 4:]):
     # what the overlap costs: DDP again with NCCL's settings varied (VAR=VALUE: fewer channels, each a CTA,
     # so fewer SMs taken from the backward; NCCL's CTA policy) or with a flag of kiln's (--flag=VALUE, against
     # one GPU with the same flag: bf16 gradients halve the bytes reduced), and a trace of how much of the
-    # reduction the compute stream waited for (KILN_TRACE_COMM). Session 10 (4 H100s): 8 and 2 channels lost
+    # reduction the compute stream waited for (KILN_TRACE_COMM). On 4 H100s (2026-11-26): 8 and 2 channels lost
     # 4 and 39 points at 1.3B, the efficiency CTA policy changed nothing; next, NCCL's Simple protocol (no
     # flag-polling LL/LL128 kernels), GEMMs planned for 16 SMs fewer (cuBLASLt's SM count target), bigger
     # buckets, bf16 gradients, and the comm stream at the greatest priority.
@@ -325,7 +325,7 @@ fi
 if has big; then
   for m in ${KILN_BIG_MODELS:-olmo-7b llama-8b}; do
     for T in ${KILN_BIG_LENGTHS:-4096 8192}; do
-      # (the estimates: 4 H100s, session 11: an 8B run took about 55 s, FSDP2's about 40, PyTorch's context
+      # (the estimates: 4 H100s, 2026-11-26: an 8B run took about 55 s, FSDP2's about 40, PyTorch's context
       # parallelism at 128k about 40; cap() still bounds each run by the deadline)
       intime 75 "$m ZeRO-3, T=$T" || break
       rm -rf /tmp/big

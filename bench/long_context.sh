@@ -6,7 +6,7 @@
 # --offload=activations from KILN_OFFLOAD_FROM tokens on, and PyTorch (eager, SDPA, checkpointing; the seed's
 # baseline) up to KILN_TORCH_MAX tokens, in the same call. KILN_PART=tests|sweep|all picks what runs. A
 # length runs 10 steps up to 16k tokens, 5 up to 64k, 3 up to 256k, 2 beyond (the first is not timed): at
-# 512k and more, one length is a device call of its own (KILN_LENGTHS=524288). KILN_RECOMPUTE=selective|mlp runs kiln
+# 512k and more, one length is a run of its own (KILN_LENGTHS=524288). KILN_RECOMPUTE=selective|mlp runs kiln
 # with less recompute (the attention's forward kept, not redone), where it fits: the 32k-64k gap's candidate;
 # KILN_RECOMPUTE=auto lets kiln take the least recompute that fits the GPU at each length (the row says which).
 # Logs in $OUT (few files: the device returns at most 8), each row printed as soon as it is measured; the rows
@@ -105,7 +105,7 @@ for T in $LENGTHS; do
   [ "$T" -le 16384 ] && steps=10
   # KILN_ABBA=1: kiln, PyTorch, PyTorch, kiln at each length, each side's row the mean of its two runs, so
   # that the GPU's clocks drifting over the call (heat; each side's own power draw) weigh on both alike
-  # (session 15, an H100: kiln ran at 1,770-1,830 MHz, PyTorch after it at 1,350-1,635, both at the 700 W cap)
+  # (2026-11-26, an H100: kiln ran at 1,770-1,830 MHz, PyTorch after it at 1,350-1,635, both at the 700 W cap)
   torch_on=""
   [ "$T" -le "$TORCH_MAX" ] && [ "$DEVICE" = cuda ] && [ -f .peer/bench/torch_gpt.py ] && torch_on=1
   order="k t"

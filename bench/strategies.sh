@@ -8,7 +8,7 @@
 #                            [--recompute=none,block] [--torch=0|1] [--tol=LOSS] [--kiln=PATH]
 #                            [--seq=T] [--global=TOKENS] [--deadline=SECONDS] [--torch-timeout=SECONDS]
 # --deadline: a row that would start later than this many seconds after the script's start is skipped (and
-# says so in the table), so that a device call's limit still leaves the table written; --torch-timeout caps
+# says so in the table), so that a run's time limit still leaves the table written; --torch-timeout caps
 # each PyTorch row (600 s; compiling FSDP2 on 4 ranks takes a minute or more a row).
 # models: a = shakespeare-char, b = gpt2-124m shape at char level (both on the embedded Tiny Shakespeare),
 #         c = gpt2-350m on Gutenberg shards: KILN_GUTENBERG='DIR/train_*.bin' (kiln tokenize's output;

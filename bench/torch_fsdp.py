@@ -112,7 +112,7 @@ if a.fsdp or ddp:
     os.environ.setdefault("WORLD_SIZE", "1")
     # (with CPUOffloadPolicy the gradients and parameters live on the host, and clip_grad_norm_'s reduction of
     # their norms runs on CPU tensors: NCCL alone has no CPU backend, so several ranks need gloo beside it, as
-    # torchtitan sets up: the likely cause of session 15's failed 4-rank offload rows; at 1 rank nothing reduces)
+    # torchtitan sets up: the likely cause of the failed 4-rank offload rows of 2026-11-26; at 1 rank nothing reduces)
     backend = "cuda:nccl,cpu:gloo" if a.offload else "nccl"
     try:
         dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=120),

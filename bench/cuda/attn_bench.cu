@@ -18,7 +18,7 @@
 // and dK products issued as soon as their operands are ready (KILN_WGMMA_DQ=tma-early), wgmma-early2, that
 // with two dQ staging areas a consumer (tma-early2), wgmma-dqf, tma-early with dK issued after the dQ pass,
 // under the dQ's staging (tma-dqfirst), and wgmma-split, the split dQ alone (tma-split, the default before
-// session 16).
+// 2026-11-26).
 // The last line counts CHECK-FAILs (exit 1 if any).
 //   usage: attn_bench                 (the standard table)
 //          attn_bench B T NH HS       (one shape)

@@ -65,7 +65,7 @@ struct kiln_comm;
 // A writer for a group: the save's collectives run on ckpt_comm (a communicator of its own) from the caller's
 // thread, never from the background thread, which writes this rank's files alone: with NCCL, collectives of
 // two threads on one GPU, in different orders on different ranks, can deadlock (a run of Ulysses with one
-// sequence a rank on 4 H100s hung so, session 14). start() runs the first (kiln_ckpt_group_begin);
+// sequence a rank on 4 H100s hung so, 2026-11-26). start() runs the first (kiln_ckpt_group_begin);
 // the write is installed by kiln_ckpt_writer_commit, which every rank calls at the same point: at a step
 // boundary once no rank is busy (the trainer agrees on kiln_ckpt_writer_busy with the step's other
 // agreements), or in join. dp gives the ranges and the buffers.

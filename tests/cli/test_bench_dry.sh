@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The device calls' bench scripts, dry (KILN_DRY=1). bench/dist_multi_gpu.sh's multi-GPU runs: every kiln run of the parts a device call takes
+# The GPU bench scripts, dry (KILN_DRY=1). bench/dist_multi_gpu.sh's multi-GPU runs: every kiln run of the parts one GPU run takes
 # (correct, scale, big, long, faults) at 4 and 2 GPUs has its options parsed, validated and planned by
 # `kiln info` (bench/kiln_dry.sh), so that a bad flag (a --seq past the model's block size, an --sp that does
-# not divide the world) fails here and not in device time, where each such mistake has cost a call. Then
+# not divide the world) fails here and not on the GPU machine, where each such mistake has cost a run. Then
 # bench/long_context.sh's sweep and bench/strategies.sh's table the same way.
 source "$(dirname "$0")/lib.sh" bench_dry "$@"
 cd "$(dirname "$0")/../.."
@@ -65,7 +65,7 @@ n=$(grep -c '| skipped |' "$T/strat_d/strategies.md" 2>/dev/null)
 rows=$(grep -c '^| a |' "$T/strat_d/strategies.md" 2>/dev/null)
 [ "${n:-0}" -ge 10 ] && [ "${rows:-0}" -eq 12 ] && ok ||
   bad "strategies.sh --deadline=2: $n of ${rows:-0} rows skipped in its table (12 rows, 10 or more skipped)"
-# bench/attn_variants.sh's verdict on attn_bench lines (session 12's H100 times, the variants renamed as
+# bench/attn_variants.sh's verdict on attn_bench lines (an H100's times of 2026-11-25, the variants renamed as
 # attn_bench now prints them): a variant wins only where it is more than 1% faster at every shape and passed
 # its checks; the winner's setting is what the next command sources
 row() { # SHAPE NAME FWD_MS BWD_MS [CHECK]

@@ -1,5 +1,5 @@
 // The per-rank memory plans (run/plan.c) against what GPUs measured. --recompute=auto's budget against what
-// an H100 measured (2026-11-26, session 10, the 1.3B shape: 24 layers, 2048 wide, 16 heads, RoPE, B=1). At
+// an H100 measured (2026-11-26, the 1.3B shape: 24 layers, 2048 wide, 16 heads, RoPE, B=1). At
 // the start of those runs the GPU had 78.63 GiB free (the run logged a budget of 69.77 GiB under the old
 // margin of 10% and 1 GiB). Measured peaks: none at 8k 32.2 GiB, none at 32k 69.3 GiB, mlp at 64k 73.0 GiB
 // (2.7% faster than selective there). With the attention workspace counted (kiln_attn_workspace_bytes), no
@@ -65,9 +65,9 @@ static void test_auto_takes_what_fit_the_h100(void **state) {
 }
 
 // The 1.3B shape's plans (the model's and the attention workspace) against the peaks H100s measured
-// (sessions 9-10, docs/long_context.md): one GPU, and 4 under Ulysses; and an H200's (session 12: none at
+// (2026-11-26, docs/long_context.md): one GPU, and 4 under Ulysses; and an H200's (2026-11-25: none at
 // 64k, mlp at 128k, which only its 139 GiB hold). The Ulysses runs held q, k, v and their gradients in two
-// head-sharded copies, which one sequence a rank no longer allocates (session 12: they live in the
+// head-sharded copies, which one sequence a rank no longer allocates (2026-11-25: they live in the
 // all-to-all's buffers): their peaks are compared less those copies' bytes (2 x T x (NH + 2 NKV) / sp x HS,
 // bf16), which the code no longer takes.
 static void test_long_context_plans_match_the_h100_peaks(void **state) {
@@ -127,7 +127,7 @@ static void test_long_context_plans_match_the_h100_peaks(void **state) {
     }
 }
 
-// ZeRO-3's per-rank plan against the peaks 4 H100s measured (session 10, `--zero=3 --recompute=selective
+// ZeRO-3's per-rank plan against the peaks 4 H100s measured (2026-11-26, `--zero=3 --recompute=selective
 // --batch=1`, 4 ranks): every plan at most the measured peak and within the largest overshoot of it.
 static void test_zero3_plans_match_the_4_h100_peaks(void **state) {
     (void)state;

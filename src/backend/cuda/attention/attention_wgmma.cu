@@ -524,8 +524,8 @@ static __device__ __forceinline__ void wb_dq_store(uint32_t dqb, const float *dq
 // consumer waits at a barrier for its area to be empty (the last reduce-adds have read it: already so, a tile
 // later), stores, fences and only *arrives* at the full barrier; warp 3 syncs there, issues the two
 // reduce-adds, waits for their reads and arrives at the empty barrier. The consumers no longer wait for the
-// TMA unit or meet twice a pass. (Session 12's OWN, each consumer adding the dQ of its own keys without a
-// barrier of both, ran 4.4% slower than SPLIT on an H100 in session 13 and is gone.)
+// TMA unit or meet twice a pass. (An earlier OWN, each consumer adding the dQ of its own keys without a
+// barrier of both, ran 4.4% slower than SPLIT on an H100 and is gone.)
 template <int HS, bool DQ_TMA, bool SPLIT, bool EARLY = false, bool DB = false, int DQF = 0>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_bwd_kernel(const __grid_constant__ struct wg_bwd_params p) {
@@ -954,7 +954,7 @@ static void wg_launch_pp(struct cuda_ctx *c, const struct wg_params &p, int B) {
 // calls, so that a test or attn_bench can compare both in one process):
 // pingpong (the default: the consumers' wgmmas in turns, FlashAttention-3's warp scheduling, so that one
 // consumer's softmax runs under the other's matrix products; on an H100 587/596 TFLOP/s against overlap's
-// 540/542 at 32k/64k, HS 128, session 12) or overlap (each consumer overlaps its softmax with its own P V, no
+// 540/542 at 32k/64k, HS 128, 2026-11-25) or overlap (each consumer overlaps its softmax with its own P V, no
 // order between the consumers).
 static int wg_fwd_pingpong(const struct cuda_ctx *c) {
     return c->kernel[KILN_KERNEL_WGMMA_FWD] == 0;
@@ -993,16 +993,16 @@ static int wb_dq_map(CUtensorMap *map, float *dq_acc, int HS, int NH, int T, int
 
 // KILN_WGMMA_DQ (the context's kernel[KILN_KERNEL_WGMMA_DQ], which kiln_cuda_set_kernel switches between
 // calls, so that a test or attn_bench can compare them in one process):
-// tma-dqpw (the default since session 16): at HS 128 the two consumers take a 64-column pass of every tile's
+// tma-dqpw (the default): at HS 128 the two consumers take a 64-column pass of every tile's
 // dQ each (SPLIT), staged in shared memory and added by the TMA unit, with each tile's dV products issued as
 // soon as their operands are in registers (EARLY) and dK after the dQ pass, so that it runs while the dQ is
 // staged, and the reduce-adds issued by a producer warp (DQF 2), as FlashAttention-3 orders them; HS 64
-// takes tma. On an H100, backward TFLOP/s at 32k/64k, HS 128 (session 16): tma-dqpw 503.6/482.3, tma-split
+// takes tma. On an H100, backward TFLOP/s at 32k/64k, HS 128 (2026-11-26): tma-dqpw 503.6/482.3, tma-split
 // 464.3/454.6, tma-dqfirst (DQF 1: the same order, the consumers issuing their own reduce-adds) 478.6/464.5,
 // tma-early (EARLY alone) 470.0/459.9, tma-early2 (that, and two dQ staging areas a consumer, one barrier a
 // pass instead of two: DB) 470.2/458.5, tma (one consumer a tile's whole dQ) 442.1/429.8, red (each consumer
 // thread adds its dQ with vector REDs; red-split: split) 416.7/408.0. (tma-own, each consumer the dQ of its
-// own keys, ran 4.4% slower than tma-split in session 13 and is gone.) HS 64 takes tma-early under
+// own keys, ran 4.4% slower than tma-split and is gone.) HS 64 takes tma-early under
 // tma-early and tma-early2, tma otherwise.
 // *tma, *split, *early: the choice (*early 2: EARLY and DB; 3: EARLY and DQF; 4: EARLY and DQF 2).
 // The modes in kiln_kernel_values[KILN_KERNEL_WGMMA_DQ]'s order: tma-dqpw, tma, red, red-split, tma-early,
