@@ -65,7 +65,7 @@ n=$(grep -c '| skipped |' "$T/strat_d/strategies.md" 2>/dev/null)
 rows=$(grep -c '^| a |' "$T/strat_d/strategies.md" 2>/dev/null)
 [ "${n:-0}" -ge 10 ] && [ "${rows:-0}" -eq 12 ] && ok ||
   bad "strategies.sh --deadline=2: $n of ${rows:-0} rows skipped in its table (12 rows, 10 or more skipped)"
-# bench/attn_variants.sh's verdict on attn_bench lines (an H100's times of 2026-11-25, the variants renamed as
+# bench/attn_variants.sh's verdict on attn_bench lines (an H100's times of 2026-11-26, the variants renamed as
 # attn_bench now prints them): a variant wins only where it is more than 1% faster at every shape and passed
 # its checks; the winner's setting is what the next command sources
 row() { # SHAPE NAME FWD_MS BWD_MS [CHECK]

@@ -58,7 +58,7 @@ extern "C" void *kiln_cuda_scratch(struct cuda_ctx *c, int slot, size_t bytes) {
             kiln_cuda_free(c, c->scratch[slot]);
         }
         // exactly what is asked the first time (the plans count that: a quarter more was 4 GiB over them at
-        // 1M tokens, 2026-11-25); geometrically after, so that shapes that creep up do not realloc often
+        // 1M tokens, 2026-11-26); geometrically after, so that shapes that creep up do not realloc often
         size_t want = c->scratch[slot] ? bytes + bytes / 4 : bytes;
         CUDA_CHECK(kiln_cuda_malloc(c, &c->scratch[slot], want));
         c->scratch_bytes[slot] = want;

@@ -65,9 +65,9 @@ static void test_auto_takes_what_fit_the_h100(void **state) {
 }
 
 // The 1.3B shape's plans (the model's and the attention workspace) against the peaks H100s measured
-// (2026-11-26, docs/long_context.md): one GPU, and 4 under Ulysses; and an H200's (2026-11-25: none at
+// (2026-11-26, docs/long_context.md): one GPU, and 4 under Ulysses; and an H200's (2026-11-26: none at
 // 64k, mlp at 128k, which only its 139 GiB hold). The Ulysses runs held q, k, v and their gradients in two
-// head-sharded copies, which one sequence a rank no longer allocates (2026-11-25: they live in the
+// head-sharded copies, which one sequence a rank no longer allocates (2026-11-26: they live in the
 // all-to-all's buffers): their peaks are compared less those copies' bytes (2 x T x (NH + 2 NKV) / sp x HS,
 // bf16), which the code no longer takes.
 static void test_long_context_plans_match_the_h100_peaks(void **state) {

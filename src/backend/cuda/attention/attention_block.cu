@@ -399,7 +399,7 @@ template <int NU> static void blk_backward_launch(struct cuda_ctx *c, const stru
 // switches it between calls, so that a test can compare them in one process):
 // wgmma (the default: the Hopper kernels of attention_wgmma.cu for the blocks they take on an sm_90 device,
 // the tensor-core kernels for the rest and elsewhere), tc (tensor cores where HS is 64 or 128, these kernels
-// otherwise) or ref (these kernels). On 4 H100s (2026-11-25) the ring at 128k ran 32,202 tok/s on the wgmma
+// otherwise) or ref (these kernels). On 4 H100s (2026-11-26) the ring at 128k ran 32,202 tok/s on the wgmma
 // blocks against 13,320 on the tensor-core ones, and matched one GPU as closely as the others.
 enum blk_kernels { BLK_WGMMA, BLK_TC, BLK_REF }; // in kiln_kernel_values[KILN_KERNEL_ATTN_BLOCK]'s order
 static enum blk_kernels blk_want(const struct cuda_ctx *c) {

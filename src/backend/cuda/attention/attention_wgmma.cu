@@ -954,7 +954,7 @@ static void wg_launch_pp(struct cuda_ctx *c, const struct wg_params &p, int B) {
 // calls, so that a test or attn_bench can compare both in one process):
 // pingpong (the default: the consumers' wgmmas in turns, FlashAttention-3's warp scheduling, so that one
 // consumer's softmax runs under the other's matrix products; on an H100 587/596 TFLOP/s against overlap's
-// 540/542 at 32k/64k, HS 128, 2026-11-25) or overlap (each consumer overlaps its softmax with its own P V, no
+// 540/542 at 32k/64k, HS 128, 2026-11-26) or overlap (each consumer overlaps its softmax with its own P V, no
 // order between the consumers).
 static int wg_fwd_pingpong(const struct cuda_ctx *c) {
     return c->kernel[KILN_KERNEL_WGMMA_FWD] == 0;
