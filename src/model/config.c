@@ -68,17 +68,13 @@ double kiln_model_recompute_flops_per_token(const struct kiln_model_config *m, e
     return 0;
 }
 
-static int parts(int p) {
-    return p > 1 ? p : 1;
-}
-
 void kiln_model_local_of(const struct kiln_model_config *m, const struct kiln_model_split *s,
                          struct kiln_model_local *out) {
-    out->NH = m->n_head / (s ? parts(s->heads) : 1);
+    out->NH = m->n_head / (s ? kiln_split_parts(s->heads) : 1);
     // more parts than key/value heads: each part holds the one its query heads read (replicated over the
     // parts that share it, as Megatron does where kv_heads < tp)
-    int NKV = kiln_model_kv_heads(m), kv = s ? parts(s->kv_heads) : 1;
+    int NKV = kiln_model_kv_heads(m), kv = s ? kiln_split_parts(s->kv_heads) : 1;
     out->NKV = kv > NKV ? 1 : NKV / kv;
-    out->H = kiln_model_mlp_hidden(m) / (s ? parts(s->hidden) : 1);
-    out->Vp = kiln_model_padded_vocab(m) / (s ? parts(s->vocab) : 1);
+    out->H = kiln_model_mlp_hidden(m) / (s ? kiln_split_parts(s->hidden) : 1);
+    out->Vp = kiln_model_padded_vocab(m) / (s ? kiln_split_parts(s->vocab) : 1);
 }

@@ -83,6 +83,11 @@ struct kiln_model_split {
     int vocab;    // rows of the token embedding and the LM head (of the padded vocabulary)
 };
 
+// The parts a split field cuts its dimension into: 0 and 1 both mean whole
+static inline int kiln_split_parts(int p) {
+    return p > 1 ? p : 1;
+}
+
 // The sizes one rank holds under split s (NULL: the whole model)
 struct kiln_model_local {
     int NH, NKV, H, Vp;

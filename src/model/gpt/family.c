@@ -4,16 +4,13 @@
 #include "model/family.h"
 #include "model/gpt/internal.h"
 
-static int parts(int p) {
-    return p > 1 ? p : 1;
-}
-
 // What the GPT cannot split: uneven parts, and what needs every head at once
 static int gpt_check(const struct kiln_model_config *m, const struct kiln_model_split *s,
                      struct kiln_error *err) {
     if (!s)
         return 0;
-    int h = parts(s->heads), kv = parts(s->kv_heads), hid = parts(s->hidden), v = parts(s->vocab);
+    int h = kiln_split_parts(s->heads), kv = kiln_split_parts(s->kv_heads), hid = kiln_split_parts(s->hidden),
+        v = kiln_split_parts(s->vocab);
     int NKV = kiln_model_kv_heads(m), H = kiln_model_mlp_hidden(m), Vp = kiln_model_padded_vocab(m);
     if (m->n_head % h)
         return kiln_errorf(err, KILN_ERR_USAGE,
