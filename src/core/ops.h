@@ -44,6 +44,9 @@ struct kiln_embed_args {
     // points wpe and wpe_hi at the first row of each run.
     const void *wpe_hi;
     int pos_split;
+    // A vocabulary-parallel embedding (tensor parallelism): wte holds rows [vocab_lo, vocab_lo + vocab_n) of
+    // the padded vocabulary, and a token outside them contributes zeros (vocab_n 0: wte holds every row)
+    int vocab_lo, vocab_n;
 };
 
 struct kiln_embed_back_args {
@@ -55,6 +58,7 @@ struct kiln_embed_back_args {
     int B, T, C;
     void *dwpe_hi;      // as the forward's wpe_hi and pos_split (the two runs' rows never overlap)
     int pos_split;
+    int vocab_lo, vocab_n; // as the forward's: tokens outside the rows dwte holds add nothing
 };
 
 // Optionally fused residual add: when res_in is set, x = inp + res_in is written to res_out (act (N, C))
@@ -244,6 +248,25 @@ struct kiln_xent_args {
     float z_loss;
 };
 
+// The cross-entropy over a vocabulary split across ranks (Megatron's vocabulary-parallel loss): each rank
+// holds columns [v0, v0 + Vl) of the logits, and three phases, with a reduction over the ranks between each,
+// give cross_entropy's losses and dlogits without any rank holding a whole row. stats is (3, N) f32 in
+// backend memory: max, sum of exponentials, target logit.
+//   phase 0: stats.max[i] = max of row i's real columns (j < V), stats.tgt[i] = its target's logit where
+//            this rank holds it, else 0;  then reduce max (MAX) and tgt (SUM) over the ranks;
+//   phase 1: stats.sum[i] = sum over real columns of exp(logit - max);  then reduce sum (SUM);
+//   phase 2: losses and, with dloss != 0, this rank's dlogits in place, as cross_entropy's (padding and
+//            ignored rows 0).
+struct kiln_xent_par_args {
+    void *logits;           // act (N, Vl)
+    float *losses;          // (N) out (phase 2)
+    const int32_t *targets; // (N) global ids, -1 = ignored
+    float *stats;           // (3, N)
+    int N, Vl, v0, V;
+    int phase;
+    float dloss, z_loss;
+};
+
 // One contiguous run of parameters with one weight-decay setting (2-D weights decay; biases, norms don't).
 struct kiln_param_span {
     size_t offset, count;
@@ -313,6 +336,7 @@ struct kiln_ops {
     // out[i] = a[i] + b[i] (act, n elements); out may alias a or b
     void (*add)(void *ctx, void *out, const void *a, const void *b, size_t n);
     void (*cross_entropy)(void *ctx, const struct kiln_xent_args *a);
+    void (*cross_entropy_parallel)(void *ctx, const struct kiln_xent_par_args *a);
 
     // ---- optimizer ----
     // Sum of squares of grads (n elements of grad dtype), in fp32/fp64 accumulation; synchronizes.

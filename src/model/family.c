@@ -1,6 +1,9 @@
 // The family table. See family.h.
 #include "model/family.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "util/error.h"
 
 // indexed by enum kiln_family
@@ -36,6 +39,39 @@ void kiln_params_build(struct kiln_param_table *t, const struct kiln_model_confi
 void kiln_params_init(const struct kiln_param_table *t, const struct kiln_model_config *m, float *params,
                       uint64_t seed) {
     kiln_model_family_of(m)->params_init(t, m, params, seed);
+}
+
+void kiln_params_split_runs(const struct kiln_model_config *m, const struct kiln_model_split *s, int r,
+                            const struct kiln_param_table *local, int i,
+                            void (*f)(void *user, size_t local_at, size_t whole_at, size_t n), void *user) {
+    kiln_model_family_of(m)->split_runs(m, s, r, local, i, f, user);
+}
+
+struct copy_runs {
+    float *dst;
+    const float *src;
+};
+
+static void copy_run(void *user, size_t local_at, size_t whole_at, size_t n) {
+    struct copy_runs *c = user;
+    memcpy(c->dst + local_at, c->src + whole_at, n * sizeof(float));
+}
+
+void kiln_params_init_split(const struct kiln_param_table *local, const struct kiln_model_config *m,
+                            const struct kiln_model_split *s, int r, float *params, uint64_t seed) {
+    struct kiln_param_table whole;
+    kiln_params_build(&whole, m);
+    memset(params, 0, local->total * sizeof(float));
+    for (int i = 0; i < local->n; i++) {
+        int j = kiln_params_find(&whole, local->p[i].name);
+        KILN_ASSERT(j >= 0);
+        float *x = kiln_xmalloc(whole.p[j].count * sizeof(float));
+        kiln_model_family_of(m)->params_init_tensor(&whole, m, j, x, seed);
+        struct copy_runs c = {params + local->p[i].offset, x};
+        kiln_params_split_runs(m, s, r, local, i, copy_run, &c);
+        free(x);
+    }
+    kiln_params_free(&whole);
 }
 
 void kiln_model_plan(const struct kiln_model_config *m, const struct kiln_model_opts *o, enum kiln_dtype act,

@@ -37,6 +37,14 @@ struct kiln_model_family {
                          const struct kiln_model_split *s);
     void (*params_init)(const struct kiln_param_table *t, const struct kiln_model_config *m, float *params,
                         uint64_t seed);
+    // tensor i of table t's initial values alone (t whole), into x
+    void (*params_init_tensor)(const struct kiln_param_table *t, const struct kiln_model_config *m, int i,
+                               float *x, uint64_t seed);
+    // where part r of split s of tensor i (of local, the table built with s) sits in the whole tensor
+    // (kiln_params_split_runs)
+    void (*split_runs)(const struct kiln_model_config *m, const struct kiln_model_split *s, int r,
+                       const struct kiln_param_table *local, int i,
+                       void (*f)(void *user, size_t local_at, size_t whole_at, size_t n), void *user);
     // the memory a model of these options needs (kiln_model_plan)
     void (*plan)(const struct kiln_model_config *m, const struct kiln_model_opts *o, enum kiln_dtype act,
                  enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan);

@@ -72,4 +72,16 @@ size_t kiln_params_aligned(size_t elems);
 void kiln_params_init(const struct kiln_param_table *t, const struct kiln_model_config *m, float *params,
                       uint64_t seed);
 
+// Where part r of split s of tensor i sits in the whole tensor: f gets each contiguous run of the part, as
+// (element offset in the part's tensor, element offset in the whole tensor, elements), in order. A tensor
+// the split leaves whole is one run. (Megatron's layout: part r holds the r-th share of the heads, of the
+// hidden units of each of SwiGLU's halves, and of the padded vocabulary's rows.)
+void kiln_params_split_runs(const struct kiln_model_config *m, const struct kiln_model_split *s, int r,
+                            const struct kiln_param_table *local, int i,
+                            void (*f)(void *user, size_t local_at, size_t whole_at, size_t n), void *user);
+// kiln_params_init's values of part r of split s, into params (local->total floats, local the table built
+// with s): each tensor's part of the whole model's init, one whole tensor at a time.
+void kiln_params_init_split(const struct kiln_param_table *local, const struct kiln_model_config *m,
+                            const struct kiln_model_split *s, int r, float *params, uint64_t seed);
+
 #endif

@@ -2,6 +2,7 @@
 // (its master weights set, gathered and read), and the offloaded optimizer's glue. ddp.c reduces the
 // gradients, zero3.c gathers ZeRO-3's weights, shard.c plans what each rank owns. See dp.h.
 #include "parallel/dp_internal.h"
+#include "parallel/tp.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -121,6 +122,7 @@ void kiln_dp_free(struct kiln_dp *dp) {
     if (!dp)
         return;
     kiln_offload_settle(dp->off); // (the state frees its pipeline)
+    free(dp->norm_w);
     for (int i = 0; dp->wg && i < dp->nb; i++)
         kiln_comm_wait(dp->comm, dp->wg[i]);
     free(dp->wg);
@@ -348,6 +350,15 @@ void kiln_dp_after_backward(struct kiln_dp *dp) {
     dp->reducing = 0;
 }
 
+void kiln_dp_set_norm(struct kiln_dp *dp, struct kiln_comm *outer, const struct kiln_norm_weight *w, int n) {
+    dp->norm_outer = outer;
+    free(dp->norm_w);
+    dp->norm_w = n ? kiln_xmalloc((size_t)n * sizeof(*w)) : NULL;
+    if (n)
+        memcpy(dp->norm_w, w, (size_t)n * sizeof(*w));
+    dp->n_norm_w = n;
+}
+
 double kiln_dp_grad_norm(struct kiln_dp *dp, double *also) {
     kiln_flight_set_layer(-1);
     // this rank's slices, in bucket order, then the ranks' sums: the same additions at every --zero level
@@ -359,9 +370,17 @@ double kiln_dp_grad_norm(struct kiln_dp *dp, double *also) {
         const char *at = dp->zero >= 2 ? (const char *)dp->shard + q->state_offset * gb
                                        : (const char *)dp->buf.grads + q->lo * gb;
         sum += dp->be->ops->sum_squares(dp->be->ctx, at, q->hi - q->lo);
+        for (int k = 0; k < dp->n_norm_w; k++) { // copies that the tensor-parallel group counts once
+            const struct kiln_norm_weight *w = &dp->norm_w[k];
+            size_t lo = w->lo > q->lo ? w->lo : q->lo, hi = w->hi < q->hi ? w->hi : q->hi;
+            if (lo < hi)
+                sum += (w->weight - 1.0) * dp->be->ops->sum_squares(dp->be->ctx, at + (lo - q->lo) * gb, hi - lo);
+        }
     }
     double v[2] = {sum, also ? *also : 0};
     kiln_comm_all_reduce_host(dp->comm, v, 2, KILN_F64, KILN_RED_SUM);
+    if (dp->norm_outer)
+        kiln_comm_all_reduce_host(dp->norm_outer, v, 1, KILN_F64, KILN_RED_SUM);
     if (also)
         *also = v[1];
     return sqrt(v[0]);

@@ -114,6 +114,9 @@ static const struct opt OPTS[] = {
     {"offload", OPT_ENUM, OFF(offload), 0, 0, "none optimizer activations all",
      "to pinned host memory: optimizer (fp32 master weights and AdamW moments, AdamW on the CPU), "
      "activations (each layer's input kept for --recompute=block, back before its backward), or all"},
+    {"tp", OPT_INT, OFF(tp), 1, 65536, NULL,
+     "tensor parallelism: ranks that split each layer's heads, MLP width and vocabulary (Megatron's), "
+     "consecutive ranks, innermost (world = tp x sp x data-parallel ranks)"},
     {"sp", OPT_INT, OFF(sp), 1, 65536, NULL,
      "sequence parallelism: ranks that split each sequence (world = sp x data-parallel ranks)"},
     {"sp-mode", OPT_ENUM, OFF(sp_mode), 0, 0, "ulysses ring hybrid auto",
@@ -277,6 +280,7 @@ static void config_defaults(struct kiln_config *c) {
     c->prefetch = 1;
     c->zero3_reshard = 1;
     c->sp = 1;
+    c->tp = 1;
     c->save_model = 1;
     c->hang_timeout = 600;
     c->world = 1;
@@ -713,13 +717,14 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
                            "seq %d is longer than block-size %d (--seq): raise --block-size or "
                            "lower --seq",
                            c->seq_len, m->block_size);
-    int dp = (c->world > 0 ? c->world : 1) / (c->sp > 0 ? c->sp : 1);
+    int dp = kiln_config_dp(c);
     long bt = (long)c->batch_size * c->seq_len * (dp > 0 ? dp : 1);
     if (c->total_batch_tokens && c->total_batch_tokens % bt)
         return dp > 1 ? kiln_errorf(err, KILN_ERR_USAGE,
                                     "total-batch %ld is not a multiple of batch*seq*%s = %d*%d*%d = %ld "
                                     "(--total-batch): every rank takes whole micro-batches",
-                                    c->total_batch_tokens, c->sp > 1 ? "data-parallel ranks" : "ranks",
+                                    c->total_batch_tokens,
+                                    c->sp > 1 || c->tp > 1 ? "data-parallel ranks" : "ranks",
                                     c->batch_size, c->seq_len, dp, bt)
                       : kiln_errorf(err, KILN_ERR_USAGE,
                                     "total-batch %ld is not a multiple of batch*seq = %ld (--total-batch)",
@@ -755,6 +760,23 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
                            "add --zero=3 or drop it",
                            !c->zero3_reshard ? "zero3-reshard-after-forward 0" : "zero3-accumulate whole",
                            c->zero, !c->zero3_reshard ? "zero3-reshard-after-forward" : "zero3-accumulate");
+    if (c->tp > 1 && c->sample_every)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "sample-every with tp %d (--sample-every): a sample decodes on rank 0 alone, and "
+                           "tensor parallelism splits every layer; sample from RUN/model.safetensors with "
+                           "kiln sample instead",
+                           c->tp);
+    if (c->tp > 1 && c->checkpoint && c->out[0])
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "tp %d with checkpoints (--tp, --out): a tensor-parallel run does not write "
+                           "checkpoints yet (RUN/model.safetensors is written whole at the end); add "
+                           "--checkpoint=0, or train without --tp",
+                           c->tp);
+    if (c->tp > 1 && strcmp(c->resume, "auto") && strcmp(c->resume, "never"))
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "tp %d with --resume=%s: a tensor-parallel run cannot resume from a checkpoint yet; "
+                           "resume without --tp",
+                           c->tp, c->resume);
     if (c->sample_every && c->zero == 3)
         return kiln_errorf(
             err, KILN_ERR_USAGE,
@@ -780,9 +802,14 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
     return 0;
 }
 
+int kiln_config_dp(const struct kiln_config *c) {
+    // the ranks of a tensor- or sequence-parallel group share sequences
+    int dp = (c->world > 0 ? c->world : 1) / (c->sp > 0 ? c->sp : 1) / (c->tp > 0 ? c->tp : 1);
+    return dp > 0 ? dp : 1;
+}
+
 int kiln_config_micro_steps(const struct kiln_config *c) {
-    int dp =
-        (c->world > 0 ? c->world : 1) / (c->sp > 0 ? c->sp : 1); // the ranks of an SP group share sequences
+    int dp = kiln_config_dp(c);
     long bt = (long)c->batch_size * c->seq_len * (dp > 0 ? dp : 1);
     long n = c->total_batch_tokens ? c->total_batch_tokens / bt : 1;
     return n > 0 ? (int)n : 1;

@@ -83,7 +83,8 @@ struct kiln_config {
     enum kiln_grad_dtype reduce_dtype; // the gradients' dtype on the wire: AUTO/FP32 = fp32, BF16 = bf16
     int world; // ranks: not an option but the job's size, set by the trainer from the launcher's
                // environment (1 for one process); the micro-steps follow from world / sp
-    int sp;    // sequence parallelism: ranks that share each sequence (world = sp x data-parallel)
+    int tp;    // tensor parallelism: ranks that split each layer (world = tp x sp x data-parallel)
+    int sp;    // sequence parallelism: ranks that share each sequence (world = tp x sp x data-parallel)
     enum kiln_sp_mode sp_mode;
     int sp_ulysses; // hybrid: ranks of each Ulysses group (0: the ranks per node), the ring the rest
 
@@ -129,6 +130,8 @@ int kiln_config_validate(const struct kiln_config *cfg, struct kiln_error *err);
 
 // Micro-steps per optimizer step on each rank: total-batch / (batch * seq * world), 1 without gradient
 // accumulation. So the same --total-batch trains the same model on 1 or 8 ranks.
+// The data-parallel ranks: world / (tp x sp), the groups that read different sequences
+int kiln_config_dp(const struct kiln_config *c);
 int kiln_config_micro_steps(const struct kiln_config *cfg);
 // The parameter-gradient dtype of a run on a mixed-precision backend (mixed = 1: bf16 activations, as the
 // GPU's) or on the fp32 reference (mixed = 0): KILN_BF16 when asked for, or for auto on a mixed backend with

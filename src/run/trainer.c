@@ -32,6 +32,7 @@
 #include "parallel/dp.h"
 #include "run/plan.h"
 #include "parallel/sp.h"
+#include "parallel/tp.h"
 #include "run/tuning.h"
 #include "run/train_ckpt.h"
 #include "util/progress.h"
@@ -438,7 +439,12 @@ static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_opt
         int n = list_checkpoints(cfg->out, comm, &paths, err), rc = KILN_CKPT_NONE;
         if (n < 0)
             return KILN_ERR_RUNTIME;
-        if (n > 0 && !strcmp(cfg->resume, "never"))
+        if (n > 0 && cfg->tp > 1)
+            rc = kiln_errorf(err, KILN_ERR_USAGE,
+                             "%s already holds checkpoints (--tp=%d): a tensor-parallel run cannot resume "
+                             "from them yet; use another --out, or resume without --tp",
+                             cfg->out, cfg->tp);
+        else if (n > 0 && !strcmp(cfg->resume, "never"))
             rc = kiln_errorf(err, KILN_ERR_USAGE,
                              "%s already holds checkpoints (--resume=never): use another --out, "
                              "or delete %s/ckpt to start over",
@@ -548,6 +554,12 @@ struct run {
     struct kiln_dp *dp;
     struct kiln_sp_layout sp_lo; // sequence parallelism's layout (sp 1: none)
     struct kiln_sp *sp;
+    // tensor parallelism (tp 1: none): its layout, and the communicator of the world / tp ranks that share a
+    // tp_rank, over which data and sequence parallelism run (world itself without tensor parallelism)
+    struct kiln_tp_layout tp_lo;
+    struct kiln_tp *tp;
+    struct kiln_model_config sp_model; // the model as sequence parallelism sees it: this rank's heads
+    struct kiln_comm *cross;
     int rank0; // this process logs, writes the run directory's files and prints progress
     // the loop's constants
     int accum;
@@ -639,7 +651,10 @@ static void auto_offload_hint(const struct run *r, const struct kiln_config *cfg
 static void init_master(struct run *r, uint64_t seed) {
     float *own = kiln_optim_state_host_master(r->os);
     float *host = own ? own : kiln_xmalloc(r->pt->total * sizeof(float));
-    kiln_params_init(r->pt, &r->cfg->model, host, seed);
+    if (r->tp) // this rank's part of the whole model's init
+        kiln_params_init_split(r->pt, &r->cfg->model, &r->tp_lo.split, r->tp_lo.tp_rank, host, seed);
+    else
+        kiln_params_init(r->pt, &r->cfg->model, host, seed);
     if (r->dp)
         kiln_dp_set_master(r->dp, host);
     else
@@ -679,6 +694,22 @@ static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
     }
 }
 
+// Sequence parallelism's options, over the model as a rank holds it (its share of the heads under tensor
+// parallelism: the same head size)
+static struct kiln_sp_opts sp_opts(struct run *r, const struct kiln_config *cfg) {
+    struct kiln_sp_opts o = kiln_config_sp(cfg);
+    r->sp_model = cfg->model;
+    if (r->tp_lo.tp > 1) {
+        struct kiln_model_local loc;
+        kiln_model_local_of(&cfg->model, &r->tp_lo.split, &loc);
+        r->sp_model.n_embd = kiln_model_head_size(&cfg->model) * loc.NH;
+        r->sp_model.n_head = loc.NH;
+        r->sp_model.n_kv_head = loc.NKV;
+    }
+    o.model = &r->sp_model;
+    return o;
+}
+
 // The job's place (launcher environment), the backend on this rank's device, the communicators, the data
 // (this rank's part), the model, resume, and the run directory.
 static int run_setup(struct run *r, struct kiln_error *err) {
@@ -688,14 +719,18 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         return rc;
     cfg->world = r->env.world;
     r->rank0 = r->env.rank == 0;
-    // the ranks of a sequence-parallel group read the same sequences: the loader partitions over groups
-    int sp = cfg->sp > 0 && r->env.world % cfg->sp == 0 ? cfg->sp : 1;
-    if ((rc = open_data(cfg, r->env.rank / sp, r->env.world / sp, kiln_knobs_source_dir(r->knobs), &r->data,
-                        err)))
+    // the ranks of a tensor- and sequence-parallel group read the same sequences: the loader partitions over
+    // groups
+    int tp = cfg->tp > 0 && r->env.world % cfg->tp == 0 ? cfg->tp : 1;
+    int sp = cfg->sp > 0 && (r->env.world / tp) % cfg->sp == 0 ? cfg->sp : 1;
+    if ((rc = open_data(cfg, r->env.rank / (sp * tp), r->env.world / (sp * tp), kiln_knobs_source_dir(r->knobs),
+                        &r->data, err)))
         return rc;
     if ((rc = kiln_config_validate(cfg, err)) ||
-        (rc = kiln_sp_plan(kiln_config_sp(cfg), r->env.world, r->env.rank, r->env.local_world, &r->sp_lo,
-                           err)) ||
+        (rc = kiln_tp_plan(cfg->tp, r->env.world, r->env.rank, &cfg->model, &r->tp_lo, err)) ||
+        (rc = kiln_sp_plan(sp_opts(r, cfg), r->tp_lo.cross, r->tp_lo.cross_rank,
+                           r->env.local_world / r->tp_lo.tp > 0 ? r->env.local_world / r->tp_lo.tp : 1,
+                           &r->sp_lo, err)) ||
         (rc = parse_step_list(cfg->inject_nan, &r->nan_steps, err)) ||
         (rc = parse_stall(cfg->inject_stall, r->env.world, &r->stall_rank, &r->stall_step, err)))
         return rc;
@@ -740,16 +775,20 @@ static int run_setup(struct run *r, struct kiln_error *err) {
             r->stopped_together = 1;
             return rc;
         }
+        if ((rc = kiln_tp_create(&r->tp, &r->tp_lo, r->comm, &r->be, &cfg->model, cfg->batch_size,
+                                 r->sp_lo.T_local, &r->cross, err)))
+            return rc;
     }
     struct kiln_param_table pt;
-    kiln_params_build(&pt, &cfg->model);
+    kiln_params_build_split(&pt, &cfg->model, r->tp ? &r->tp_lo.split : NULL);
     if (cfg->recompute == KILN_RECOMPUTE_AUTO)
         resolve_auto_recompute(r, cfg, &pt);
     struct kiln_model_opts go = {.B = cfg->batch_size,
                                .T = r->sp_lo.T_local,
                                .recompute = cfg->recompute,
                                .training = 1,
-                               .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
+                               .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0,
+                               .split = r->tp_lo.split};
     kiln_model_tuning(&go, r->knobs);
     struct kiln_optim_state_opts so = {.total = pt.total}; // without data parallelism: every element, flat
     if (r->comm) {
@@ -761,7 +800,13 @@ static int run_setup(struct run *r, struct kiln_error *err) {
                                    .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0,
                                    .host_threads = cfg->threads};
         kiln_dp_tuning(&dpo, r->knobs);
-        kiln_dp_create(&r->dp, r->comm, &r->be, &pt, &dpo);
+        kiln_dp_create(&r->dp, r->cross, &r->be, &pt, &dpo);
+        if (r->tp) { // the gradient norm over the group's parts, each copy counted once
+            int nw;
+            struct kiln_norm_weight *w = kiln_tp_norm_weights(&r->tp_lo, &cfg->model, &pt, &nw);
+            kiln_dp_set_norm(r->dp, kiln_tp_comm(r->tp), w, nw);
+            free(w);
+        }
         kiln_dp_model_opts(r->dp, &go); // what the model holds: ZeRO-2/3 no gradients, ZeRO-3 no weights
         kiln_dp_optim_opts(r->dp, &so); // and the optimizer's state: ZeRO shards it, offload moves it
     }
@@ -783,8 +828,9 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         kiln_dp_attach(r->dp, r->g, r->os);
     else
         r->spans = kiln_adamw_table_spans(r->pt, &r->n_spans);
+    kiln_tp_attach(r->tp, r->g);
     if (r->sp_lo.sp > 1 &&
-        (rc = kiln_sp_create(&r->sp, &r->sp_lo, r->comm, &r->be, r->g, &cfg->model, cfg->batch_size, err)))
+        (rc = kiln_sp_create(&r->sp, &r->sp_lo, r->cross, &r->be, r->g, &r->sp_model, cfg->batch_size, err)))
         return rc;
     init_master(r, cfg->seed); // after attaching: ZeRO-3 scatters the weights to the shards
 
@@ -882,7 +928,7 @@ static void run_step(struct run *r, int64_t step, struct step_log *sl) {
         // the guards must see the same numbers on every rank, so that every rank skips the same steps: the
         // ranks' losses are summed in the norm's reduction
         norm = kiln_dp_grad_norm(r->dp, &loss);
-        loss /= r->env.world;
+        loss /= r->cross->size; // (a tensor-parallel group's ranks have the same loss)
     } else {
         struct kiln_model_buffers b;
         kiln_model_buffers(r->g, &b);
@@ -1111,16 +1157,31 @@ static int run_finish(struct run *r, struct kiln_error *err) {
         return 0;
     if (r->dp)
         kiln_dp_gather_master(r->dp);
-    if (!r->rank0)
+    if (!r->rank0 && !(r->tp && r->tp_lo.cross_rank == 0))
         return 0;
     float *host = kiln_xmalloc(r->pt->total * sizeof(float));
     if (r->dp)
         kiln_dp_get_master(r->dp, host);
     else
         kiln_optim_state_get_master(r->os, 0, r->pt->total, host);
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/model.safetensors", cfg->out);
-    rc = kiln_write_model_safetensors(path, r->pt, host, cfg, err);
+    const struct kiln_param_table *pt = r->pt;
+    struct kiln_param_table whole;
+    if (r->tp) { // rank 0 writes the whole model, from every part its group holds
+        kiln_params_build(&whole, &cfg->model);
+        float *all = r->rank0 ? kiln_xmalloc(whole.total * sizeof(float)) : NULL;
+        kiln_tp_gather_whole(r->tp, r->pt, host, &whole, all);
+        free(host);
+        host = all;
+        pt = &whole;
+    }
+    rc = 0;
+    if (r->rank0) {
+        char path[1200];
+        snprintf(path, sizeof(path), "%s/model.safetensors", cfg->out);
+        rc = kiln_write_model_safetensors(path, pt, host, cfg, err);
+    }
+    if (r->tp)
+        kiln_params_free(&whole);
     free(host);
     return rc;
 }
@@ -1171,6 +1232,9 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
             kiln_comm_barrier(r->comm);
         kiln_watchdog_stop(); // before the communicators it could abort are gone
         kiln_sp_free(r->sp);  // and its own, split from the world (after an error the job ends instead)
+        if (r->tp)
+            kiln_comm_close(r->cross);
+        kiln_tp_free(r->tp);
         kiln_comm_close(r->ckpt_comm);
         kiln_comm_close(r->comm);
     }

@@ -302,6 +302,9 @@ void opt_describe(const struct opt_case *c, char *buf, size_t cap) {
     FIELD("res_bias", "%d", c->res_bias, c->res_bias);
     FIELD("learned", "%d", c->learned, c->learned);
     FIELD("split", "%d", c->split, c->split);
+    FIELD("vocab_lo", "%d", c->vocab_lo, c->vocab_n);
+    FIELD("vocab_n", "%d", c->vocab_n, c->vocab_n);
+    FIELD("parts", "%d", c->parts, c->parts);
     FIELD("merge", "%d", c->merge, c->merge);
     FIELD("z_loss", "%g", c->z_loss, c->z_loss != 0);
     FIELD("dloss", "%g", c->dloss, c->dloss != 0);

@@ -14,6 +14,7 @@
 //   swiglu_forward, swiglu_backward          swiglu
 //   add                                      add (no backward)
 //   cross_entropy                            cross_entropy (its dloss mode is the backward)
+//   cross_entropy_parallel                   cross_entropy_parallel (a vocabulary in parts)
 //   sum_squares, accumulate_f32, adamw       sum_squares, accumulate_f32, adamw (no backward)
 // No numerics, so no rows: alloc, free, zero, copy, upload, download, upload_f32, download_f32 (the harness
 // uses them on every row; the bf16 rounding of upload_f32 has a test in test_cpu_ops.c), synchronize,
@@ -551,7 +552,8 @@ static int embed_tensors(const struct opt_case *c, struct opt_tensor *t) {
     t[EM_TOK] = opt_input("tokens", OPT_I32, BT, 0, 0);
     t[EM_TOK].init = OPT_INTS;
     t[EM_TOK].b = (float)c->V;
-    t[EM_WTE] = opt_input("wte", OPT_ACT, (size_t)c->Vp * C, 1.0f, 1); // (Vp, C)
+    size_t rows = c->vocab_n ? (size_t)c->vocab_n : (size_t)c->Vp;
+    t[EM_WTE] = opt_input("wte", OPT_ACT, rows * C, 1.0f, 1); // (Vp, C), or the vocab_n rows a rank holds
     t[EM_WPE] = opt_input("wpe", OPT_ACT, lo * C, 1.0f, 1);            // (maxT or split, C)
     t[EM_WPEHI] = opt_input("wpe_hi", OPT_ACT, hi * C, 1.0f, 1);       // (T - split, C)
     t[EM_OUT] = opt_output("out", OPT_ACT, BT * C, 0);                 // (B*T, C)
@@ -573,7 +575,9 @@ static void embed_fwd(const struct opt_args *x) {
                                 .T = c->T,
                                 .C = c->C,
                                 .wpe_hi = x->t[EM_WPEHI],
-                                .pos_split = c->split};
+                                .pos_split = c->split,
+                                .vocab_lo = c->vocab_lo,
+                                .vocab_n = c->vocab_n};
     x->be->ops->embed_forward(x->be->ctx, &a);
 }
 
@@ -588,7 +592,9 @@ static void embed_bwd(const struct opt_args *x) {
                                      .T = c->T,
                                      .C = c->C,
                                      .dwpe_hi = x->t[EM_DWPEHI],
-                                     .pos_split = c->split};
+                                     .pos_split = c->split,
+                                     .vocab_lo = c->vocab_lo,
+                                     .vocab_n = c->vocab_n};
     x->be->ops->embed_backward(x->be->ctx, &a);
 }
 
@@ -599,8 +605,10 @@ static void embed_ref(const struct opt_case *c, double *const *v) {
         const double *p = !c->learned                 ? NULL
                           : c->split && t >= c->split ? v[EM_WPEHI] + (size_t)(t - c->split) * C
                                                       : v[EM_WPE] + (size_t)t * C;
+        int row = c->vocab_n ? tok - c->vocab_lo : tok; // a token outside a vocabulary slice reads zeros
+        int held = !c->vocab_n || (row >= 0 && row < c->vocab_n);
         for (int i = 0; i < C; i++)
-            v[EM_OUT][(size_t)n * C + i] = v[EM_WTE][(size_t)tok * C + i] + (p ? p[i] : 0.0);
+            v[EM_OUT][(size_t)n * C + i] = (held ? v[EM_WTE][(size_t)row * C + i] : 0.0) + (p ? p[i] : 0.0);
     }
 }
 
@@ -609,12 +617,15 @@ static const struct opt_case embed_fd[] = {
     {.B = 3, .T = 4, .C = 4, .V = 3, .Vp = 8},
     {.B = 2, .T = 6, .C = 6, .V = 9, .Vp = 16, .learned = 1, .split = 4},
     {.B = 4, .T = 64, .C = 256, .V = 50, .Vp = 64, .learned = 1, .maxT = 80}, // threaded
+    {.B = 2, .T = 8, .C = 4, .V = 15, .Vp = 16, .vocab_lo = 4, .vocab_n = 4}, // tensor parallelism's slice
+    {.B = 2, .T = 6, .C = 5, .V = 7, .Vp = 8, .learned = 1, .maxT = 8, .vocab_lo = 4, .vocab_n = 4}, // the last
 };
 static const struct opt_case embed_gpu[] = {
     {.B = 8, .T = 1024, .C = 768, .V = 50257, .Vp = 50304, .learned = 1, .maxT = 1024},
     {.B = 4, .T = 512, .C = 100, .V = 1000, .Vp = 1024},
     {.B = 3, .T = 2048, .C = 256, .V = 300, .Vp = 384, .learned = 1, .split = 1000}, // > 4096 sort keys
     {.B = 2, .T = 333, .C = 64, .V = 3, .Vp = 128, .learned = 1, .maxT = 400},       // long runs of a token
+    {.B = 4, .T = 512, .C = 256, .V = 1000, .Vp = 1024, .vocab_lo = 256, .vocab_n = 256}, // a TP slice
 };
 static const struct opt_row row_embed = {
     .name = "embedding",
@@ -1003,6 +1014,138 @@ static const struct opt_row row_adamw = {
     .tol = {.ref = 1e-6, .out = OPT_NMSE_BF16, .stat = OPT_NMSE_STAT},
 };
 
+// ---- cross_entropy_parallel ---------------------------------------------------------------------------
+// The vocabulary-parallel loss's three phases, for a vocabulary cut into `parts` column slices of Vp / parts
+// (each slice's logits contiguous, as a tensor-parallel rank holds them: logits are (parts, N, Vl)), with the
+// reductions across the parts between the phases done on the host, as the ranks' all-reduces do. Its losses
+// and dlogits are cross_entropy's. Fields: N, V, Vp, parts; z_loss, dloss.
+
+enum { XP_LOGITS, XP_TGT, XP_LOSSES, XP_DLOSSES, XP_DLOGITS, XP_STATS, XP_LOSSES2, XP_COUNT };
+
+static int xpar_tensors(const struct opt_case *c, struct opt_tensor *t) {
+    t[XP_LOGITS] = opt_input("logits", OPT_ACT, (size_t)c->N * c->Vp, 2.0f, 1); // (parts, N, Vp / parts)
+    t[XP_TGT] = opt_input("targets", OPT_I32, c->N, 0, 0);
+    t[XP_TGT].init = OPT_TARGETS;
+    t[XP_TGT].b = (float)c->V;
+    t[XP_LOSSES] = opt_output("losses", OPT_F32, c->N, 0);
+    t[XP_DLOSSES] = opt_dout("dlosses", OPT_F32, c->N, XP_LOSSES);
+    t[XP_DLOSSES].init = OPT_CONST;
+    t[XP_DLOSSES].a = c->dloss;
+    t[XP_DLOGITS] = opt_dinput("dlogits", OPT_ACT, t[XP_LOGITS].n, XP_LOGITS, 0);
+    t[XP_STATS] = opt_scratch("stats", OPT_F32, (size_t)c->parts * 3 * c->N); // (parts, 3, N)
+    t[XP_LOSSES2] = opt_scratch("losses2", OPT_F32, (size_t)c->N);
+    return XP_COUNT;
+}
+
+// Reduces stats row `which` (0 max, 1 sum, 2 target logit) over the parts, into every part's copy
+static void xpar_reduce(const struct opt_args *x, int which) {
+    const struct opt_case *c = x->c;
+    size_t N = (size_t)c->N, n = (size_t)c->parts * 3 * N;
+    float *h = malloc(n * sizeof(float));
+    x->be->ops->download(x->be->ctx, h, x->t[XP_STATS], n * sizeof(float));
+    for (size_t i = 0; i < N; i++) {
+        float r = h[which * N + i];
+        for (int p = 1; p < c->parts; p++) {
+            float v = h[(size_t)p * 3 * N + which * N + i];
+            r = which == 0 ? (v > r ? v : r) : r + v;
+        }
+        for (int p = 0; p < c->parts; p++)
+            h[(size_t)p * 3 * N + which * N + i] = r;
+    }
+    x->be->ops->upload(x->be->ctx, x->t[XP_STATS], h, n * sizeof(float));
+    free(h);
+}
+
+static void xpar_run(const struct opt_args *x, void *logits, float dloss) {
+    const struct opt_case *c = x->c;
+    int Vl = c->Vp / c->parts;
+    size_t es = kiln_dtype_bytes(x->be->act_dtype);
+    for (int phase = 0; phase < 3; phase++) {
+        for (int p = 0; p < c->parts; p++) {
+            struct kiln_xent_par_args a = {.logits = (char *)logits + (size_t)p * c->N * Vl * es,
+                                           .losses = p == 0 ? x->t[XP_LOSSES] : x->t[XP_LOSSES2],
+                                           .targets = x->t[XP_TGT],
+                                           .stats = (float *)x->t[XP_STATS] + (size_t)p * 3 * c->N,
+                                           .N = c->N,
+                                           .Vl = Vl,
+                                           .v0 = p * Vl,
+                                           .V = c->V,
+                                           .phase = phase,
+                                           .dloss = dloss,
+                                           .z_loss = c->z_loss};
+            if (dloss != 0.0f && p == 0)
+                a.losses = x->t[XP_LOSSES2]; // the backward leaves the forward's losses as they are
+            x->be->ops->cross_entropy_parallel(x->be->ctx, &a);
+        }
+        if (phase == 0) {
+            xpar_reduce(x, 0);
+            xpar_reduce(x, 2);
+        } else if (phase == 1) {
+            xpar_reduce(x, 1);
+        }
+    }
+}
+
+static void xpar_fwd(const struct opt_args *x) {
+    xpar_run(x, x->t[XP_LOGITS], 0.0f);
+}
+
+static void xpar_bwd(const struct opt_args *x) {
+    const struct opt_case *c = x->c;
+    x->be->ops->copy(x->be->ctx, x->t[XP_DLOGITS], x->t[XP_LOGITS],
+                     (size_t)c->N * c->Vp * kiln_dtype_bytes(x->be->act_dtype));
+    xpar_run(x, x->t[XP_DLOGITS], c->dloss);
+}
+
+static void xpar_ref(const struct opt_case *c, double *const *v) {
+    int Vl = c->Vp / c->parts;
+    double *row = malloc((size_t)c->V * sizeof(double));
+    for (int n = 0; n < c->N; n++) {
+        for (int j = 0; j < c->V; j++) // column j is part j / Vl's column j % Vl
+            row[j] = v[XP_LOGITS][((size_t)(j / Vl) * c->N + n) * Vl + j % Vl];
+        int tgt = (int)v[XP_TGT][n], jmax = 0;
+        for (int j = 1; j < c->V; j++)
+            jmax = row[j] > row[jmax] ? j : jmax;
+        double s = 1.0;
+        for (int j = 0; j < c->V; j++)
+            s += j == jmax ? 0.0 : exp(row[j] - row[jmax]);
+        double lse = row[jmax] + log(s);
+        v[XP_LOSSES][n] = tgt < 0 ? 0.0 : lse - row[tgt] + c->z_loss * lse * lse;
+    }
+    free(row);
+}
+
+static const struct opt_case xpar_fd[] = {
+    {.N = 6, .V = 7, .Vp = 8, .parts = 2, .dloss = 0.5f},   // the padding in the last part
+    {.N = 5, .V = 9, .Vp = 16, .parts = 4, .z_loss = 0.5f, .dloss = 0.2f}, // a part of padding alone
+    {.N = 256, .V = 250, .Vp = 256, .parts = 2, .z_loss = 1e-4f, .dloss = 1.0f / 256}, // threaded
+};
+static const struct opt_case xpar_gpu[] = {
+    {.N = 256, .V = 50257, .Vp = 50304, .parts = 2, .dloss = 1.0f / 256},
+    {.N = 64, .V = 65, .Vp = 128, .parts = 4, .z_loss = 1e-4f, .dloss = 1.0f / 64},
+    {.N = 8, .V = 128256, .Vp = 128256, .parts = 4, .dloss = 0.125f},
+};
+static const struct opt_row row_xent_parallel = {
+    .name = "cross_entropy_parallel",
+    .ops = {OPT_OP(cross_entropy_parallel)},
+    .about = "cross_entropy_parallel: a vocabulary in 2 or 4 parts, padding, z-loss, ignored targets",
+    .fd_cases = xpar_fd,
+    .n_fd = OPT_COUNT(xpar_fd),
+    .gpu_cases = xpar_gpu,
+    .n_gpu = OPT_COUNT(xpar_gpu),
+    .tensors = xpar_tensors,
+    .forward = xpar_fwd,
+    .backward = xpar_bwd,
+    .reference = xpar_ref,
+    .tol = {.ref = 1e-6,
+            .fd = 1e-3,
+            .fd_step = 0.2,
+            .out = OPT_NMSE_BF16,
+            .stat = OPT_NMSE_STAT,
+            .grad = OPT_NMSE_BF16,
+            .pgrad = OPT_NMSE_F32G},
+};
+
 // ==== the table ========================================================================================
 
 // The order the programs run them in: the model's ops from the input up, then the optimizer's
@@ -1018,6 +1161,7 @@ const struct opt_row *const opt_rows[] = {
     &row_swiglu,               // swiglu_forward, swiglu_backward
     &row_add,                  // add
     &row_xent,                 // cross_entropy
+    &row_xent_parallel,        // cross_entropy_parallel
     &row_sum_squares,          // sum_squares
     &row_accumulate,           // accumulate_f32
     &row_adamw,                // adamw

@@ -82,6 +82,8 @@ struct opt_case {
                   // norm's backward sums (dres_bias)
     int split;    // embedding: learned positions in two runs split at this column (0: one run)
     int learned;  // embedding: learned positions
+    int vocab_lo, vocab_n; // embedding: a vocabulary-parallel table holding rows [vocab_lo, +vocab_n) of Vp
+    int parts;    // cross_entropy_parallel: the vocabulary cut into this many parts of Vp / parts columns
     int merge;    // attention block: merged into an out and lse that hold another block's
     float z_loss, dloss;
     int step, stochastic; // AdamW

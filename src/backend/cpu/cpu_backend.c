@@ -57,6 +57,7 @@ static const struct kiln_ops cpu_ops = {
     .gelu_forward = kiln_cpu_gelu_forward,
     .add = kiln_cpu_add,
     .cross_entropy = kiln_cpu_cross_entropy,
+    .cross_entropy_parallel = kiln_cpu_cross_entropy_parallel,
     .sum_squares = kiln_cpu_sum_squares,
     .accumulate_f32 = kiln_cpu_accumulate_f32,
     .adamw = kiln_cpu_adamw,

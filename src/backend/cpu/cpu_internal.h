@@ -99,6 +99,7 @@ void kiln_cpu_swiglu_backward(void *ctx, const struct kiln_swiglu_back_args *a);
 void kiln_cpu_gelu_forward(void *ctx, const struct kiln_gelu_args *a);
 void kiln_cpu_add(void *ctx, void *out, const void *a, const void *b, size_t n);
 void kiln_cpu_cross_entropy(void *ctx, const struct kiln_xent_args *a);
+void kiln_cpu_cross_entropy_parallel(void *ctx, const struct kiln_xent_par_args *a);
 double kiln_cpu_sum_squares(void *ctx, const void *grads, size_t n);
 void kiln_cpu_accumulate_f32(void *ctx, float *out, const float *x, size_t n);
 void kiln_cpu_adamw(void *ctx, const struct kiln_adamw_args *a);

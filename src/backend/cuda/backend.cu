@@ -336,6 +336,7 @@ static const struct kiln_ops cuda_ops = {
     kiln_cuda_gelu_forward,
     kiln_cuda_add,
     kiln_cuda_cross_entropy,
+    kiln_cuda_cross_entropy_parallel,
     kiln_cuda_sum_squares,
     cuda_accumulate_f32,
     kiln_cuda_adamw,

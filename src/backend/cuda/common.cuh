@@ -168,6 +168,7 @@ void kiln_cuda_swiglu_backward(void *ctx, const struct kiln_swiglu_back_args *a)
 void kiln_cuda_gelu_forward(void *ctx, const struct kiln_gelu_args *a); // matmul.cu, with the GELU epilogues
 void kiln_cuda_add(void *ctx, void *out, const void *a, const void *b, size_t n);
 void kiln_cuda_cross_entropy(void *ctx, const struct kiln_xent_args *a);
+void kiln_cuda_cross_entropy_parallel(void *ctx, const struct kiln_xent_par_args *a);
 double kiln_cuda_sum_squares(void *ctx, const void *grads, size_t n);
 void kiln_cuda_adamw(void *ctx, const struct kiln_adamw_args *a);
 // column sums (norm.cu): out[c] += sum_r x[r, c] (= when assign) for bf16 x (N, C) into a parameter gradient

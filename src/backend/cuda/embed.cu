@@ -11,24 +11,25 @@
 
 static __global__ void embed_forward_kernel(bf16 *out, const int32_t *tokens, const bf16 *wte,
                                             const bf16 *wpe, const bf16 *wpe_hi, int split, int N, int T,
-                                            int C, int vec) {
+                                            int C, int vec, int vlo, int vn) {
     int V = vec ? 8 : 1;
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V; // element index in (N, C)
     if (i >= (size_t)N * C)
         return;
     int n = (int)(i / C), c = (int)(i % C), t = n % T;
-    const bf16 *we = wte + (size_t)tokens[n] * C + c;
+    int row = tokens[n] - vlo; // a vocabulary-parallel wte holds rows [vlo, vlo + vn): others read zeros
+    const bf16 *we = vn > 0 && (row < 0 || row >= vn) ? NULL : wte + (size_t)row * C + c;
     const bf16 *pe = !wpe ? NULL : t < split ? wpe + (size_t)t * C + c : wpe_hi + (size_t)(t - split) * C + c;
     if (vec) {
         bf16x8 a, b, o;
-        a.u = *(const uint4 *)we;
+        a.u = we ? *(const uint4 *)we : make_uint4(0, 0, 0, 0);
         if (pe)
             b.u = *(const uint4 *)pe;
         for (int k = 0; k < 8; k++)
             o.h[k] = f2bf(bf2f(a.h[k]) + (pe ? bf2f(b.h[k]) : 0.0f));
         *(uint4 *)(out + i) = o.u;
     } else {
-        out[i] = f2bf(bf2f(*we) + (pe ? bf2f(*pe) : 0.0f));
+        out[i] = f2bf((we ? bf2f(*we) : 0.0f) + (pe ? bf2f(*pe) : 0.0f));
     }
 }
 
@@ -50,7 +51,7 @@ extern "C" void kiln_cuda_embed_forward(void *ctx, const struct kiln_embed_args 
     size_t threads = (size_t)N * a->C / (vec ? 8 : 1);
     embed_forward_kernel<<<(unsigned)KILN_CEIL_DIV(threads, 256), 256, 0, c->stream>>>(
         (bf16 *)a->out, a->tokens, (const bf16 *)a->wte, (const bf16 *)a->wpe, (const bf16 *)wpe_hi, split, N,
-        a->T, a->C, vec);
+        a->T, a->C, vec, a->vocab_n > 0 ? a->vocab_lo : 0, a->vocab_n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -109,7 +110,7 @@ static __global__ void emb_bitonic_global(uint64_t *keys, int P, int k, int j) {
 // thread (i, column chunk c): if sorted key i starts a run, dwte[token] += sum of the run's rows, in order
 template <typename G>
 static __global__ void emb_runs_kernel(G *dwte, const bf16 *dout, const uint64_t *keys, int N, int C,
-                                       int vec) {
+                                       int vec, int vlo, int vn) {
     int V = vec ? 8 : 1, nc = C / V;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)N * nc)
@@ -117,6 +118,8 @@ static __global__ void emb_runs_kernel(G *dwte, const bf16 *dout, const uint64_t
     int i = (int)(idx / nc), c = (int)(idx % nc) * V;
     uint32_t tok = (uint32_t)(keys[i] >> 32);
     if (i > 0 && (uint32_t)(keys[i - 1] >> 32) == tok)
+        return;
+    if (vn > 0 && ((int)tok < vlo || (int)tok >= vlo + vn)) // a row this rank's vocabulary slice does not hold
         return;
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int r = i; r < N && (uint32_t)(keys[r] >> 32) == tok; r++) {
@@ -131,7 +134,7 @@ static __global__ void emb_runs_kernel(G *dwte, const bf16 *dout, const uint64_t
             s[0] += bf2f(*row);
         }
     }
-    G *d = dwte + (size_t)tok * C + c;
+    G *d = dwte + (size_t)((int)tok - (vn > 0 ? vlo : 0)) * C + c;
     for (int k = 0; k < V; k++)
         grad_store(d + k, grad_load(d + k) + s[k]);
 }
@@ -165,14 +168,14 @@ static void embed_backward_wpe(struct cuda_ctx *c, void *dwpe, void *dwpe_hi, in
 
 // dwte (grad dtype) += the runs of sorted keys
 static void embed_backward_runs(struct cuda_ctx *c, void *dwte, const bf16 *dout, const uint64_t *keys, int N,
-                                int C) {
+                                int C, int vlo, int vn) {
     int vec = C % 8 == 0 && ((uintptr_t)dout % 16) == 0;
     size_t threads = (size_t)N * (C / (vec ? 8 : 1));
     unsigned grid = (unsigned)KILN_CEIL_DIV(threads, 256);
     if (c->grad_dtype == KILN_BF16)
-        emb_runs_kernel<<<grid, 256, 0, c->stream>>>((bf16 *)dwte, dout, keys, N, C, vec);
+        emb_runs_kernel<<<grid, 256, 0, c->stream>>>((bf16 *)dwte, dout, keys, N, C, vec, vlo, vn);
     else
-        emb_runs_kernel<<<grid, 256, 0, c->stream>>>((float *)dwte, dout, keys, N, C, vec);
+        emb_runs_kernel<<<grid, 256, 0, c->stream>>>((float *)dwte, dout, keys, N, C, vec, vlo, vn);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -204,5 +207,6 @@ extern "C" void kiln_cuda_embed_backward(void *ctx, const struct kiln_embed_back
         emb_bitonic_local<<<P / cs, cs / 2, 0, c->stream>>>(keys, cs, 1, k);
         CUDA_CHECK_LAUNCH();
     }
-    embed_backward_runs(c, a->dwte, (const bf16 *)a->dout, keys, N, a->C);
+    embed_backward_runs(c, a->dwte, (const bf16 *)a->dout, keys, N, a->C, a->vocab_n > 0 ? a->vocab_lo : 0,
+                        a->vocab_n);
 }

@@ -157,3 +157,54 @@ extern "C" void kiln_cuda_cross_entropy(void *ctx, const struct kiln_xent_args *
                                                              a->Vp, a->dloss, a->z_loss);
     CUDA_CHECK_LAUNCH();
 }
+
+// The vocabulary-parallel loss's phases (ops.h: struct kiln_xent_par_args): one block per row, over this
+// rank's nreal real columns (of Vl). Two passes over the row's bf16 logits and one write: the rank's share of
+// the whole loss's traffic, plus three (N) f32 reductions across the ranks between the phases.
+static __global__ void __launch_bounds__(XENT_THREADS)
+    xent_par_kernel(bf16 *logits, float *losses, const int32_t *targets, float *stats, int N, int Vl, int v0,
+                    int nreal, int phase, float dloss, float z_loss) {
+    __shared__ float sh[32];
+    int row = blockIdx.x;
+    bf16 *x = logits + (size_t)row * Vl;
+    int t = targets[row], tj = t - v0;
+    float *mx = stats, *sum = stats + N, *tl = stats + 2 * (size_t)N;
+    if (phase == 0) {
+        float m = -INFINITY;
+        for (int j = threadIdx.x; j < nreal; j += XENT_THREADS)
+            m = fmaxf(m, bf2f(x[j]));
+        m = block_max(m, sh);
+        if (threadIdx.x == 0) {
+            mx[row] = m;
+            tl[row] = t >= 0 && tj >= 0 && tj < nreal ? bf2f(x[tj]) : 0.0f;
+        }
+    } else if (phase == 1) {
+        float M = mx[row], s = 0.0f;
+        for (int j = threadIdx.x; j < nreal; j += XENT_THREADS)
+            s += __expf(bf2f(x[j]) - M);
+        s = block_sum(s, sh);
+        if (threadIdx.x == 0)
+            sum[row] = s;
+    } else {
+        float lse = mx[row] + __logf(sum[row]);
+        if (threadIdx.x == 0)
+            losses[row] = t >= 0 ? lse - tl[row] + z_loss * lse * lse : 0.0f;
+        if (dloss == 0.0f)
+            return;
+        float scale = dloss * (1.0f + 2.0f * z_loss * lse);
+        for (int j = threadIdx.x; j < Vl; j += XENT_THREADS)
+            x[j] = f2bf(t < 0 || j >= nreal ? 0.0f : scale * __expf(bf2f(x[j]) - lse) - (j == tj ? dloss : 0.0f));
+    }
+}
+
+extern "C" void kiln_cuda_cross_entropy_parallel(void *ctx, const struct kiln_xent_par_args *a) {
+    struct cuda_ctx *c = cuda_ctx_of(ctx);
+    if (a->N == 0)
+        return;
+    int nreal = a->V - a->v0;
+    nreal = nreal < 0 ? 0 : nreal > a->Vl ? a->Vl : nreal;
+    xent_par_kernel<<<a->N, XENT_THREADS, 0, c->stream>>>((bf16 *)a->logits, a->losses, a->targets, a->stats,
+                                                          a->N, a->Vl, a->v0, nreal, a->phase, a->dloss,
+                                                          a->z_loss);
+    CUDA_CHECK_LAUNCH();
+}

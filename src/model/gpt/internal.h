@@ -218,6 +218,11 @@ static inline enum kiln_linear linear_of(const struct kiln_model *g, int wi, int
 // ---- the family's entry points (family.c's row)
 void gpt_params_build(struct kiln_param_table *t, const struct kiln_model_config *m,
                       const struct kiln_model_split *split);
+void gpt_params_init_tensor(const struct kiln_param_table *t, const struct kiln_model_config *m, int i, float *x,
+                            uint64_t seed);
+void gpt_split_runs(const struct kiln_model_config *m, const struct kiln_model_split *s, int r,
+                    const struct kiln_param_table *local, int i,
+                    void (*f)(void *user, size_t local_at, size_t whole_at, size_t n), void *user);
 void gpt_params_init(const struct kiln_param_table *t, const struct kiln_model_config *m, float *params,
                      uint64_t seed);
 void gpt_plan(const struct kiln_model_config *m, const struct kiln_model_opts *o, enum kiln_dtype act,

@@ -1,0 +1,76 @@
+// Tensor parallelism (docs/distributed.md, "Tensor parallelism"): Megatron's split of each block over the tp
+// ranks of a group, applied to a model that knows nothing of it through its hooks (model/model.h).
+//
+// Layout. world = tp x (sp x dp): the tp ranks of a group are consecutive (rank = cross_rank * tp + tp_rank),
+// innermost, so that a group sits on one node's fast links. Everything outside tensor parallelism (data
+// parallelism with every ZeRO level, sequence parallelism, the loader) runs over the "cross" communicator of
+// the world / tp ranks that share a tp_rank, and sees a model whose parameter table is this rank's part.
+//
+// What each rank holds and does (Megatron-LM's tensor parallelism, Shoeybi et al. 2019):
+//   column-parallel layers (qkv, the MLP's input and SwiGLU's two halves, a parallel block's fused input):
+//     the input is whole on every rank; each rank computes its output columns (its heads, its hidden
+//     units); the backward sums the input's gradient over the group (an all-reduce);
+//   row-parallel layers (attention out, MLP out): each rank multiplies its input columns, the bias is added
+//     once (rank 0), and the output is summed over the group;
+//   the vocabulary: each rank holds a slice of the padded vocabulary's rows of the embedding and the LM head;
+//     the embedding's rows are summed over the group, and the loss (Megatron's vocabulary-parallel
+//     cross-entropy) reduces each row's max, sum of exponentials and target logit over the group, so that no
+//     rank ever holds a row of whole logits;
+//   key/value heads fewer than tp: each rank holds a copy of the one its query heads read; the copies'
+//     gradients are summed over the ranks that share the head, every micro-step, before they accumulate.
+// Norms and biases of the row-parallel layers are whole on every rank and see the same gradients there.
+#ifndef KILN_PARALLEL_TP_H
+#define KILN_PARALLEL_TP_H
+
+#include <stddef.h>
+
+#include "core/ops.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "util/error.h"
+
+struct kiln_tp_layout {
+    int tp, tp_rank;         // the group's size, and this rank's place in it
+    int cross, cross_rank;   // world / tp, and this rank's index among the ranks of its tp_rank
+    struct kiln_model_split split; // what this rank holds (model/config.h)
+};
+
+// Plans the layout of rank `rank` of `world` for --tp=tp and model m: tp divides the world, the heads, the
+// MLP's width and the padded vocabulary, and the model can be split (a usage error naming the option
+// otherwise). tp <= 1 is no tensor parallelism (tp = 1, the whole model).
+int kiln_tp_plan(int tp, int world, int rank, const struct kiln_model_config *m, struct kiln_tp_layout *out,
+                 struct kiln_error *err);
+
+// A weight for each element of the rank's flat parameter buffer that the group's ranks hold more than one
+// copy of: the gradient norm counts each copy 1 / copies (replicated norms and biases: 1 / tp; key/value head
+// copies: their sharers' share). Element ranges, in table order; *n gets the count. Free with free().
+struct kiln_norm_weight {
+    size_t lo, hi;
+    double weight;
+};
+struct kiln_norm_weight *kiln_tp_norm_weights(const struct kiln_tp_layout *lo, const struct kiln_model_config *m,
+                                              const struct kiln_param_table *local, int *n);
+
+struct kiln_comm;
+struct kiln_backend;
+struct kiln_model;
+
+struct kiln_tp;
+// Splits the tensor-parallel and cross communicators off world (collective over world; *cross is the
+// caller's to close) and allocates the buffers for B x T tokens a micro-step. With tp = 1, *out is NULL and
+// *cross is world itself (not to be closed twice).
+int kiln_tp_create(struct kiln_tp **out, const struct kiln_tp_layout *lo, struct kiln_comm *world,
+                   struct kiln_backend *be, const struct kiln_model_config *m, int B, int T,
+                   struct kiln_comm **cross, struct kiln_error *err);
+// Installs the linear-layer and vocabulary hooks on g, a model built with lo->split (over what was installed
+// before: FP8's hooks compose underneath). NULL t: nothing.
+void kiln_tp_attach(struct kiln_tp *t, struct kiln_model *g);
+// The whole model's tensors from every rank's part (collective over the group): part is this rank's
+// local->total floats; out (whole->total floats) is filled on the group's rank 0 only.
+void kiln_tp_gather_whole(struct kiln_tp *t, const struct kiln_param_table *local, const float *part,
+                          const struct kiln_param_table *whole, float *out);
+// The tensor-parallel group's communicator (NULL without tensor parallelism)
+struct kiln_comm *kiln_tp_comm(const struct kiln_tp *t);
+void kiln_tp_free(struct kiln_tp *t);
+
+#endif
