@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Hopper attention kernels' variants on one GPU, in one device command: build, test_cuda_ops' wgmma and
+# The Hopper attention kernels' variants on one GPU, in one command: build, test_cuda_ops' wgmma and
 # attention-block tests under a timeout each (a variant written without a GPU can hang on a barrier or a
 # phase), attn_bench at long shapes, then a verdict: each variant's forward and backward time against the
 # defaults' (the `wgmma` line) at every shape. A variant wins where it passed attn_bench's checks and is more

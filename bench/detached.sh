@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# A run longer than one device command (10 minutes): started in a process session of its own, which the
-# device tool leaves running when the command returns (until the machine goes back: 30 s idle, or 30 minutes
-# held), and waited for by the next commands, each within its own limit. For one training step of the 1.3B
-# shape at 1M tokens on one GPU (12-15 minutes) or 2M on 4 (docs/long_context.md).
+# A run longer than the remote shell that starts it may live (say a 10-minute limit a command): started in a
+# process group of its own (setsid), which goes on running when the starting command returns, and waited for
+# by later commands, each within its own limit. For one training step of the 1.3B shape at 1M tokens on one
+# GPU (12-15 minutes) or 2M on 4 (docs/long_context.md).
 #   bash bench/detached.sh start NAME -- COMMAND...   starts COMMAND (in the repository root) and returns
 #   bash bench/detached.sh wait NAME SECONDS          waits up to SECONDS for it; exit 0 once it has ended
 #                                                     (its status in $DIR/NAME/rc), 3 while it still runs
-#   bash bench/detached.sh stop NAME                  ends it (its whole session)
+#   bash bench/detached.sh stop NAME                  ends it (its whole process group)
 # Its output goes to $DIR/NAME/log (DIR: KILN_DETACHED_DIR, /tmp/kiln-detached); wait prints the log's last
 # lines and copies it to $OUT/NAME.log when OUT is set.
 set -u
@@ -30,7 +30,7 @@ start)
   rm -rf "$d"
   mkdir -p "$d" || die "start $name: cannot create $d"
   printf '%q ' "$@" >"$d/cmd"
-  # the new session (setsid) outlives this command; its leader writes its pid (the session's id), and rc
+  # the new process group (setsid) outlives this command; its leader writes its pid (the group's id), and rc
   # appears once the command has ended
   # shellcheck disable=SC2016 # (expanded by the inner shell)
   setsid bash -c 'echo $$ >"$1/pid"; bash "$1/cmd" >"$1/log" 2>&1 </dev/null; echo $? >"$1/rc.tmp"; mv "$1/rc.tmp" "$1/rc"' \
@@ -39,8 +39,8 @@ start)
     [ -s "$d/pid" ] && break
     sleep 0.2
   done
-  [ -s "$d/pid" ] || die "start $name: the session did not start"
-  echo "$name: started (session $(cat "$d/pid")), log $d/log"
+  [ -s "$d/pid" ] || die "start $name: the process group did not start"
+  echo "$name: started (process group $(cat "$d/pid")), log $d/log"
   ;;
 wait)
   secs=${1:-}

@@ -24,7 +24,7 @@
 #            KILN_LONG_RECOMPUTE (selective; auto from 1M), PyTorch's context parallelism beside it (bench/torch_cp.py)
 #   faults   a SIGKILLed rank resumed by kiln launch, a stalled rank named by kiln doctor, a checkpoint of N
 #            GPUs resumed on 2 and on 1
-#   all      correct and weak (what the first sessions ran)
+#   all      correct and weak (the first multi-GPU runs)
 # KILN_BUILD_TARGETS: build only these (e.g. kiln), not every target.
 # KILN_DRY=1: no GPU and no training; every kiln run is checked by `kiln info` (bench/kiln_dry.sh, test_bench_dry).
 # KILN_DEADLINE (seconds from the start, default 560): a run that would start later is skipped and says so,
@@ -68,10 +68,10 @@ intime() {
   return 1
 }
 # cap N: a run's time limit, N seconds or what is left before the deadline (and 20 s more), whichever is less,
-# so that a run which overruns its estimate (a slow kernel, a hang) still leaves the call its table. Each
+# so that a run which overruns its estimate (a slow kernel, a hang) still leaves the script its table. Each
 # limit is `timeout -k 20`: SIGTERM (kiln launch forwards it; a rank in a hang never ends its step), then
-# SIGKILL to launch, whose ranks then get their second SIGTERM (PR_SET_PDEATHSIG) and exit at once. (Session
-# 14: a hung run held its call for 580 s past a 180 s limit before these.)
+# SIGKILL to launch, whose ranks then get their second SIGTERM (PR_SET_PDEATHSIG) and exit at once. (Before
+# these, a hung run held its machine for 580 s past a 180 s limit.)
 cap() {
   local left=$((DEADLINE + 20 - $(date +%s) + t0))
   [ "$left" -lt 10 ] && left=10

@@ -3,8 +3,8 @@
 # (B=1, T, 16 heads of 128, causal), the first launches of the kernels matching a regex profiled with the
 # sections that say what bounds a kernel (speed of light, compute and memory workload, warp states,
 # schedulers, occupancy). Prints, per kernel: its time, SM and memory throughput, tensor-pipe use, issue
-# activity and the warp stall reasons that cost the most. Needs ncu (the H100 machine; docs in the device
-# tool's HOPPER.md), a build with attn_bench.
+# activity and the warp stall reasons that cost the most. Needs ncu (Nsight Compute) on a Hopper GPU and a build
+# with attn_bench.
 #   bash bench/profile_attn.sh [T (32768)] [kernel regex ('wg_(fwd|bwd)_kernel')] [launches (2)]
 # KILN_WGMMA_FWD, KILN_WGMMA_DQ and the like pass through, so one variant at a time can be profiled; only the
 # first launches match, which are attn_bench's `wgmma` path (the defaults), run once before its timing loop.

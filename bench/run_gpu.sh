@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call (see docs/benchmarks.md): build, run the GPU tests, time kiln at the PyTorch baseline's shapes.
 #   bash bench/run_gpu.sh [build|wgmma|test|kiln|family|torch|all]...     (default: all but wgmma)
-# Logs go to $OUT (the device tool's folder) or /tmp/kiln-bench; the short table is printed last.
+# Logs go to $OUT (a folder the caller collects) or /tmp/kiln-bench; the short table is printed last.
 # ONLY="350m 1.5b" times only those kiln shapes.
 set -u
 cd "$(dirname "$0")/.."
