@@ -62,6 +62,8 @@ void kiln_params_init_split(const struct kiln_param_table *local, const struct k
     struct kiln_param_table whole;
     kiln_params_build(&whole, m);
     memset(params, 0, local->total * sizeof(float));
+    // tensors in parallel, as kiln_params_init: each whole tensor's stream is its own
+#pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < local->n; i++) {
         int j = kiln_params_find(&whole, local->p[i].name);
         KILN_ASSERT(j >= 0);
