@@ -81,6 +81,12 @@ struct kiln_model_split {
                   // heads read
     int hidden;   // the MLP's hidden width (SwiGLU: each of gate and up)
     int vocab;    // rows of the token embedding and the LM head (of the padded vocabulary)
+    // Megatron's sequence parallelism inside tensor parallelism: the residual stream's B x T token rows cut
+    // into this many parts. Part r holds rows [r N/seq, (r+1) N/seq): the embedding's output, the norms and
+    // the residual adds run on those rows alone, while the linear layers, attention and the LM head see all
+    // N (their hooks gather the rows before a column-parallel layer and reduce-scatter them after a
+    // row-parallel one). Under a seq split the vocab hook's head args carry parts_stride (model/model.h).
+    int seq;
 };
 
 // The parts a split field cuts its dimension into: 0 and 1 both mean whole

@@ -125,8 +125,12 @@ struct kiln_model_head_args {
     const int32_t *targets; // (rows), backend memory: global token ids, -1 = ignored
     void *dx;               // act (rows, C): dL/dx, written (=) when dloss != 0
     int rows, C, V, Vp;     // V: the real vocabulary (global); Vp: the rows weight holds
+    // Under a sequence split (struct kiln_model_split.seq): x and dx are this part's chunk of rows, and
+    // losses and targets point into arrays of all N rows where part q's rows of this chunk begin
+    // parts_stride * q entries on (logits has room for seq x rows); 0 otherwise
     float dloss, z_loss;
     int grad_assign; // dweight = instead of += (the step's first write)
+    int parts_stride;
 };
 struct kiln_model_vocab {
     void *user;

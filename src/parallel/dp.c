@@ -123,6 +123,7 @@ void kiln_dp_free(struct kiln_dp *dp) {
         return;
     kiln_offload_settle(dp->off); // (the state frees its pipeline)
     free(dp->norm_w);
+    free(dp->sum_w);
     for (int i = 0; dp->wg && i < dp->nb; i++)
         kiln_comm_wait(dp->comm, dp->wg[i]);
     free(dp->wg);
@@ -350,17 +351,56 @@ void kiln_dp_after_backward(struct kiln_dp *dp) {
     dp->reducing = 0;
 }
 
-void kiln_dp_set_norm(struct kiln_dp *dp, struct kiln_comm *outer, const struct kiln_norm_weight *w, int n) {
+static struct kiln_norm_weight *copy_ranges(const struct kiln_norm_weight *w, int n) {
+    struct kiln_norm_weight *c = n ? kiln_xmalloc((size_t)n * sizeof(*w)) : NULL;
+    if (n)
+        memcpy(c, w, (size_t)n * sizeof(*w));
+    return c;
+}
+
+void kiln_dp_set_norm(struct kiln_dp *dp, struct kiln_comm *outer, const struct kiln_norm_weight *w, int n,
+                      const struct kiln_norm_weight *sums, int ns) {
     dp->norm_outer = outer;
     free(dp->norm_w);
-    dp->norm_w = n ? kiln_xmalloc((size_t)n * sizeof(*w)) : NULL;
-    if (n)
-        memcpy(dp->norm_w, w, (size_t)n * sizeof(*w));
+    free(dp->sum_w);
+    free(dp->sum_w);
+    dp->norm_w = copy_ranges(w, n);
     dp->n_norm_w = n;
+    dp->sum_w = copy_ranges(sums, ns);
+    dp->n_sum_w = ns;
+}
+
+// The reduced gradients that fall in dp->sum_w, summed over dp->norm_outer in place: this rank's slices
+// (ZeRO, whose update reads those alone), or the whole buffer (DDP: every rank updates every tensor)
+static void sum_over_outer(struct kiln_dp *dp) {
+    size_t gb = dp_grad_bytes(dp);
+    dp->be->ops->synchronize(dp->be->ctx); // the reductions the compute stream waited for are done
+    struct kiln_dp_range all = {0, dp->sh.bounds[0], 0};
+    int n = dp->zero ? dp->sh.n_ranges : 1;
+    for (int r = 0; r < n; r++) {
+        const struct kiln_dp_range *q = dp->zero ? &dp->sh.ranges[r] : &all;
+        char *at = dp->zero >= 2 ? (char *)dp->shard + q->state_offset * gb : (char *)dp->buf.grads + q->lo * gb;
+        for (int k = 0; k < dp->n_sum_w; k++) {
+            size_t lo = dp->sum_w[k].lo > q->lo ? dp->sum_w[k].lo : q->lo;
+            size_t hi = dp->sum_w[k].hi < q->hi ? dp->sum_w[k].hi : q->hi;
+            if (lo >= hi)
+                continue;
+            struct kiln_coll c = {.op = KILN_COLL_ALL_REDUCE,
+                                  .send = at + (lo - q->lo) * gb,
+                                  .recv = at + (lo - q->lo) * gb,
+                                  .count = hi - lo,
+                                  .dtype = dp->be->grad_dtype,
+                                  .red = KILN_RED_SUM,
+                                  .device = dp->be->device_memory};
+            kiln_comm_wait(dp->norm_outer, kiln_comm_submit(dp->norm_outer, &c, NULL));
+        }
+    }
 }
 
 double kiln_dp_grad_norm(struct kiln_dp *dp, double *also) {
     kiln_flight_set_layer(-1);
+    if (dp->n_sum_w)
+        sum_over_outer(dp);
     // this rank's slices, in bucket order, then the ranks' sums: the same additions at every --zero level
     double sum = 0;
     size_t gb = dp_grad_bytes(dp);

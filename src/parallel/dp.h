@@ -103,9 +103,12 @@ void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp
 double kiln_dp_grad_norm(struct kiln_dp *dp, double *sum);
 // Tensor parallelism: the norm's sum of squares is also summed over outer (the tensor-parallel group, whose
 // ranks hold different parts of the model), with the elements in w (n ranges, parallel/tp.h) weighted: a
-// tensor every rank of the group holds counts once. dp keeps a copy of w.
+// tensor every rank of the group holds counts once. The reduced gradients in the ns ranges `sums` are first
+// summed over outer (Megatron's sequence parallelism: what each rank computed from its rows alone). dp keeps
+// copies of both.
 struct kiln_norm_weight;
-void kiln_dp_set_norm(struct kiln_dp *dp, struct kiln_comm *outer, const struct kiln_norm_weight *w, int n);
+void kiln_dp_set_norm(struct kiln_dp *dp, struct kiln_comm *outer, const struct kiln_norm_weight *w, int n,
+                      const struct kiln_norm_weight *sums, int ns);
 // AdamW over this rank's part, then (ZeRO) the updated compute weights gathered from their owners: under
 // ZeRO-1/2 the gathers are left running, and the next forward waits for each bucket as it reaches it.
 void kiln_dp_adamw(struct kiln_dp *dp, const struct kiln_adamw_hparams *h, double grad_norm);

@@ -107,8 +107,8 @@ struct kiln_dp {
     int poison; // tests: staging filled with NaN before each use (kiln_dp_opts)
     // tensor parallelism: the gradient norm counts each copy a group holds once (kiln_dp_set_norm)
     struct kiln_comm *norm_outer;
-    struct kiln_norm_weight *norm_w;
-    int n_norm_w;
+    struct kiln_norm_weight *norm_w, *sum_w;
+    int n_norm_w, n_sum_w;
 };
 
 // Backend memory, or the job's end with a message naming what did not fit.

@@ -7,8 +7,8 @@
 #include "model/model.h"
 #include "parallel/comm/comm.h"
 
-int kiln_tp_plan(int tp, int world, int rank, const struct kiln_model_config *m, struct kiln_tp_layout *out,
-                 struct kiln_error *err) {
+int kiln_tp_plan(int tp, int seq, int world, int rank, const struct kiln_model_config *m,
+                 struct kiln_tp_layout *out, struct kiln_error *err) {
     memset(out, 0, sizeof(*out));
     tp = tp > 1 ? tp : 1;
     if (world % tp)
@@ -22,7 +22,8 @@ int kiln_tp_plan(int tp, int world, int rank, const struct kiln_model_config *m,
     out->cross_rank = rank / tp;
     if (tp == 1)
         return 0;
-    out->split = (struct kiln_model_split){.heads = tp, .kv_heads = tp, .hidden = tp, .vocab = tp};
+    out->split =
+        (struct kiln_model_split){.heads = tp, .kv_heads = tp, .hidden = tp, .vocab = tp, .seq = seq ? tp : 1};
     struct kiln_error e = {0};
     if (kiln_model_split_check(m, &out->split, &e))
         return kiln_errorf(err, KILN_ERR_USAGE, "--tp=%d (option): %s", tp, e.msg);
@@ -77,6 +78,24 @@ struct kiln_norm_weight *kiln_tp_norm_weights(const struct kiln_tp_layout *lo, c
     return ws.w;
 }
 
+struct kiln_norm_weight *kiln_tp_sum_ranges(const struct kiln_tp_layout *lo, const struct kiln_model_config *m,
+                                            const struct kiln_param_table *local, int *n) {
+    struct weights ws = {0};
+    struct kiln_param_table whole;
+    kiln_params_build(&whole, m);
+    for (int i = 0; lo->split.seq > 1 && i < local->n; i++) {
+        const struct kiln_param *p = &local->p[i];
+        const struct kiln_param *w = &whole.p[kiln_params_find(&whole, p->name)];
+        // whole on every rank and fed by this rank's rows alone: the norms and the row-parallel biases (the
+        // position table's gradient comes from every row's, gathered, on every rank)
+        if (p->count == w->count && i != local->wpe)
+            add_weight(&ws, p->offset, p->offset + p->count, 0.5);
+    }
+    kiln_params_free(&whole);
+    *n = ws.n;
+    return ws.w;
+}
+
 // ---- the hooks ------------------------------------------------------------------------------------------
 
 struct kiln_tp {
@@ -93,12 +112,55 @@ struct kiln_tp {
     void *kv_dw, *kv_db; // a key/value copy's gradient before it is summed over its sharers (grad dtype)
     size_t kv_dw_n, kv_db_n;
     void *ev; // a compute-stream event (NULL on the CPU)
+    // Megatron's sequence parallelism (split.seq): the step's N token rows, this rank's Nr of them, and two
+    // act (N, C) buffers: an input gathered from every rank's rows, and a partial output before its
+    // reduce-scatter; the LM head's gathered targets and losses (N each)
+    int seq;
+    size_t N, Nr, C;
+    void *gath, *part;
+    int32_t *tgt;
+    float *loss;
 };
 
 static void *after_compute(struct kiln_tp *t) {
     if (t->ev)
         t->be->ops->event_record(t->be->ctx, t->ev);
     return t->ev;
+}
+
+static size_t act_bytes(const struct kiln_tp *t) {
+    return kiln_dtype_bytes(t->be->act_dtype);
+}
+
+static char *act_at(const struct kiln_tp *t, const void *base, size_t elems) {
+    return (char *)base + elems * act_bytes(t);
+}
+
+// gath (rows x tp, w) = every rank's rows (rows, w) of x, in rank order
+static void gather_rows(struct kiln_tp *t, const void *x, size_t rows, size_t w) {
+    struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER,
+                          .send = x,
+                          .recv = t->gath,
+                          .count = rows * w * t->lo.tp,
+                          .dtype = t->be->act_dtype,
+                          .device = t->be->device_memory};
+    kiln_comm_wait_stream(t->comm, kiln_comm_submit(t->comm, &k, after_compute(t)));
+}
+
+// out (rows, w) = (or +=, accumulate) this rank's rows of the sum over the ranks of part (rows x tp, w)
+static void scatter_rows(struct kiln_tp *t, void *out, size_t rows, size_t w, int accumulate) {
+    size_t n = rows * w;
+    void *mine = act_at(t, t->part, n * t->lo.tp_rank);
+    struct kiln_coll k = {.op = KILN_COLL_REDUCE_SCATTER,
+                          .send = t->part,
+                          .recv = accumulate ? mine : out,
+                          .count = n * t->lo.tp,
+                          .dtype = t->be->act_dtype,
+                          .red = KILN_RED_SUM,
+                          .device = t->be->device_memory};
+    kiln_comm_wait_stream(t->comm, kiln_comm_submit(t->comm, &k, after_compute(t)));
+    if (accumulate)
+        t->be->ops->add(t->be->ctx, out, out, mine, n);
 }
 
 static void reduce(struct kiln_tp *t, struct kiln_comm *c, void *buf, size_t n, enum kiln_dtype dt,
@@ -119,18 +181,36 @@ static int column_parallel(enum kiln_linear k) {
 
 static void tp_forward(void *user, int l, enum kiln_linear k, const struct kiln_matmul_args *a) {
     struct kiln_tp *t = user;
-    if (column_parallel(k) || k == KILN_LINEAR_HEAD) { // the head: the vocabulary hook's own local GEMM
+    if (k == KILN_LINEAR_HEAD) { // the vocabulary hook's own local GEMM
         kiln_model_linear_forward_with(&t->next, t->be, l, k, a);
         return;
     }
-    // row-parallel: this rank's partial sum over its input columns; rank 0 adds the bias and what out held
-    // (accumulate), the others write theirs alone; the sum over the group is then the whole layer's
-    KILN_ASSERT(a->act == KILN_ACT_NONE);
     struct kiln_matmul_args p = *a;
-    if (t->lo.tp_rank != 0) {
-        p.bias = NULL;
-        p.accumulate = 0;
+    if (column_parallel(k)) { // under a sequence split, on the rows of every rank
+        if (t->seq) {
+            KILN_ASSERT((size_t)a->N == t->N && (size_t)a->IC <= t->C);
+            gather_rows(t, a->inp, t->Nr, (size_t)a->IC);
+            p.inp = t->gath;
+        }
+        kiln_model_linear_forward_with(&t->next, t->be, l, k, &p);
+        return;
     }
+    // row-parallel: this rank's partial sum over its input columns; rank 0 adds the bias (and, without a
+    // sequence split, what out held); the sum over the group is the whole layer's, reduce-scattered to each
+    // rank's rows under a sequence split
+    KILN_ASSERT(a->act == KILN_ACT_NONE);
+    if (t->lo.tp_rank != 0)
+        p.bias = NULL;
+    if (t->seq) {
+        KILN_ASSERT((size_t)a->N == t->N && (size_t)a->OC <= t->C);
+        p.out = t->part;
+        p.accumulate = 0;
+        kiln_model_linear_forward_with(&t->next, t->be, l, k, &p);
+        scatter_rows(t, a->out, t->Nr, (size_t)a->OC, a->accumulate);
+        return;
+    }
+    if (t->lo.tp_rank != 0)
+        p.accumulate = 0;
     kiln_model_linear_forward_with(&t->next, t->be, l, k, &p);
     reduce(t, t->comm, a->out, (size_t)a->N * a->OC, t->be->act_dtype, KILN_RED_SUM);
 }
@@ -172,7 +252,20 @@ static void tp_backward(void *user, int l, enum kiln_linear k, const struct kiln
     struct kiln_tp *t = user;
     struct kiln_matmul_back_args p = *a;
     int sum_dinp = column_parallel(k) && a->dinp;
-    if (sum_dinp) {
+    if (t->seq && k != KILN_LINEAR_HEAD) {
+        KILN_ASSERT((size_t)a->N == t->N);
+        if (column_parallel(k)) { // the input as the forward saw it, and dL/dinput reduce-scattered below
+            KILN_ASSERT((size_t)a->IC <= t->C && !a->dinp_gelu_pre && (!a->dinp_stride || a->dinp_stride == a->IC));
+            gather_rows(t, a->inp, t->Nr, (size_t)a->IC);
+            p.inp = t->gath;
+            p.dinp = a->dinp ? t->part : NULL;
+            p.dinp_accumulate = 0;
+        } else { // row-parallel: dL/doutput of every rank's rows
+            KILN_ASSERT((size_t)a->OC <= t->C);
+            gather_rows(t, a->dout, t->Nr, (size_t)a->OC);
+            p.dout = t->gath;
+        }
+    } else if (sum_dinp) {
         // this rank's output columns give a partial dL/dinput: as the forward's row-parallel sum
         KILN_ASSERT(!a->dinp_gelu_pre && (!a->dinp_stride || a->dinp_stride == a->IC));
         if (t->lo.tp_rank != 0)
@@ -184,7 +277,9 @@ static void tp_backward(void *user, int l, enum kiln_linear k, const struct kiln
     } else {
         kiln_model_linear_backward_with(&t->next, t->be, l, k, &p);
     }
-    if (sum_dinp)
+    if (sum_dinp && t->seq)
+        scatter_rows(t, a->dinp, t->Nr, (size_t)a->IC, a->dinp_accumulate);
+    else if (sum_dinp)
         reduce(t, t->comm, a->dinp, (size_t)a->N * a->IC, t->be->act_dtype, KILN_RED_SUM);
 }
 
@@ -198,6 +293,12 @@ static void tp_embed_forward(void *user, const struct kiln_embed_args *a) {
         p.wpe = NULL;
         p.wpe_hi = NULL;
     }
+    if (t->seq) { // every row's partial embedding, reduce-scattered to this rank's rows
+        p.out = t->part;
+        t->be->ops->embed_forward(t->be->ctx, &p);
+        scatter_rows(t, a->out, t->Nr, (size_t)a->C, 0);
+        return;
+    }
     t->be->ops->embed_forward(t->be->ctx, &p);
     reduce(t, t->comm, a->out, (size_t)a->B * a->T * a->C, t->be->act_dtype, KILN_RED_SUM);
 }
@@ -208,6 +309,10 @@ static void tp_embed_backward(void *user, const struct kiln_embed_back_args *a) 
     struct kiln_embed_back_args p = *a;
     p.vocab_lo = t->v0;
     p.vocab_n = t->Vl;
+    if (t->seq) { // the gradient of every rank's rows
+        gather_rows(t, a->dout, t->Nr, (size_t)a->C);
+        p.dout = t->gath;
+    }
     t->be->ops->embed_backward(t->be->ctx, &p);
 }
 
@@ -228,8 +333,21 @@ static void xent_phase(struct kiln_tp *t, const struct kiln_model_head_args *h, 
 
 // The vocabulary-parallel LM head and loss: local logits, the row statistics reduced over the group, this
 // rank's dlogits, and dx summed over the group
-static void tp_head(void *user, const struct kiln_model_head_args *h) {
+static void tp_head(void *user, const struct kiln_model_head_args *h0) {
     struct kiln_tp *t = user;
+    struct kiln_model_head_args hs = *h0, *h = &hs;
+    size_t rows = (size_t)h0->rows;
+    if (t->seq) { // every part's chunk at once: their rows gathered, their targets and losses side by side
+        KILN_ASSERT((size_t)h0->parts_stride == t->Nr);
+        gather_rows(t, h0->x, rows, (size_t)h0->C);
+        t->be->ops->copy_2d(t->be->ctx, t->tgt, rows * sizeof(int32_t), h0->targets, t->Nr * sizeof(int32_t),
+                            rows * sizeof(int32_t), (size_t)t->lo.tp);
+        hs.x = t->gath;
+        hs.rows = (int)(rows * t->lo.tp);
+        hs.targets = t->tgt;
+        hs.losses = t->loss;
+        hs.dx = h0->dx ? t->part : NULL;
+    }
     size_t R = (size_t)h->rows;
     KILN_ASSERT(R <= t->stats_rows);
     struct kiln_matmul_args mf = {
@@ -241,6 +359,9 @@ static void tp_head(void *user, const struct kiln_model_head_args *h) {
     xent_phase(t, h, 1);
     reduce(t, t->comm, t->stats + R, R, KILN_F32, KILN_RED_SUM);
     xent_phase(t, h, 2);
+    if (t->seq)
+        t->be->ops->copy_2d(t->be->ctx, h0->losses, t->Nr * sizeof(float), t->loss, rows * sizeof(float),
+                            rows * sizeof(float), (size_t)t->lo.tp);
     if (h->dloss == 0.0f)
         return;
     struct kiln_matmul_back_args mb = {.dinp = h->dx,
@@ -253,7 +374,10 @@ static void tp_head(void *user, const struct kiln_model_head_args *h) {
                                        .OC = h->Vp,
                                        .grad_assign = h->grad_assign};
     kiln_model_linear_backward_with(&t->next, t->be, -1, KILN_LINEAR_HEAD, &mb);
-    reduce(t, t->comm, h->dx, R * h->C, t->be->act_dtype, KILN_RED_SUM);
+    if (t->seq)
+        scatter_rows(t, h0->dx, rows, (size_t)h->C, 0);
+    else
+        reduce(t, t->comm, h->dx, R * h->C, t->be->act_dtype, KILN_RED_SUM);
 }
 
 int kiln_tp_create(struct kiln_tp **out, const struct kiln_tp_layout *lo, struct kiln_comm *world,
@@ -305,7 +429,19 @@ int kiln_tp_create(struct kiln_tp **out, const struct kiln_tp_layout *lo, struct
     t->Vl = (int)(hi_v - lo_v);
     t->stats_rows = (size_t)B * T;
     t->stats = be->ops->alloc(be->ctx, 3 * t->stats_rows * sizeof(float));
-    if (!t->stats || (t->kv && (!t->kv_dw || !t->kv_db))) {
+    int buffers_ok = t->stats && (!t->kv || (t->kv_dw && t->kv_db));
+    if (lo->split.seq > 1) {
+        t->seq = 1;
+        t->N = (size_t)B * T;
+        t->Nr = t->N / (size_t)lo->tp;
+        t->C = (size_t)m->n_embd;
+        t->gath = be->ops->alloc(be->ctx, t->N * t->C * kiln_dtype_bytes(be->act_dtype));
+        t->part = be->ops->alloc(be->ctx, t->N * t->C * kiln_dtype_bytes(be->act_dtype));
+        t->tgt = be->ops->alloc(be->ctx, t->N * sizeof(int32_t));
+        t->loss = be->ops->alloc(be->ctx, t->N * sizeof(float));
+        buffers_ok = buffers_ok && t->gath && t->part && t->tgt && t->loss;
+    }
+    if (!buffers_ok) {
         kiln_tp_free(t);
         return kiln_errorf(err, KILN_ERR_RUNTIME,
                            "out of memory for tensor parallelism's buffers (%s): a smaller --batch or --seq",
@@ -371,6 +507,10 @@ void kiln_tp_free(struct kiln_tp *t) {
         o->free(t->be->ctx, t->kv_db);
     if (t->ev)
         o->event_destroy(t->be->ctx, t->ev);
+    void *bufs[] = {t->gath, t->part, t->tgt, t->loss};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        if (bufs[i])
+            o->free(t->be->ctx, bufs[i]);
     kiln_comm_close(t->kv);
     kiln_comm_close(t->comm);
     free(t);

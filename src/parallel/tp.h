@@ -38,8 +38,10 @@ struct kiln_tp_layout {
 // Plans the layout of rank `rank` of `world` for --tp=tp and model m: tp divides the world, the heads, the
 // MLP's width and the padded vocabulary, and the model can be split (a usage error naming the option
 // otherwise). tp <= 1 is no tensor parallelism (tp = 1, the whole model).
-int kiln_tp_plan(int tp, int world, int rank, const struct kiln_model_config *m, struct kiln_tp_layout *out,
-                 struct kiln_error *err);
+// seq: Megatron's sequence parallelism inside the group (--tp-sp): the residual stream's rows split tp ways
+// too (split.seq), all-gathers before column-parallel layers and reduce-scatters after row-parallel ones.
+int kiln_tp_plan(int tp, int seq, int world, int rank, const struct kiln_model_config *m,
+                 struct kiln_tp_layout *out, struct kiln_error *err);
 
 // A weight for each element of the rank's flat parameter buffer that the group's ranks hold more than one
 // copy of: the gradient norm counts each copy 1 / copies (replicated norms and biases: 1 / tp; key/value head
@@ -50,6 +52,12 @@ struct kiln_norm_weight {
 };
 struct kiln_norm_weight *kiln_tp_norm_weights(const struct kiln_tp_layout *lo, const struct kiln_model_config *m,
                                               const struct kiln_param_table *local, int *n);
+
+// Under a sequence split, the tensors whose gradients each rank computes from its own rows only (the norms'
+// and the row-parallel layers' biases): their reduced gradients are summed over the group before the norm
+// and the update (struct kiln_norm_weight's ranges; the weights mean nothing). *n 0 without one.
+struct kiln_norm_weight *kiln_tp_sum_ranges(const struct kiln_tp_layout *lo, const struct kiln_model_config *m,
+                                            const struct kiln_param_table *local, int *n);
 
 struct kiln_comm;
 struct kiln_backend;

@@ -117,6 +117,10 @@ static const struct opt OPTS[] = {
     {"tp", OPT_INT, OFF(tp), 1, 65536, NULL,
      "tensor parallelism: ranks that split each layer's heads, MLP width and vocabulary (Megatron's), "
      "consecutive ranks, innermost (world = tp x sp x data-parallel ranks)"},
+    {"tp-sp", OPT_BOOL, OFF(tp_sp), 0, 1, NULL,
+     "with --tp: Megatron's sequence parallelism inside the group: the norms and the residual stream hold "
+     "1/tp of the token rows, with an all-gather before each column-parallel layer and a reduce-scatter after "
+     "each row-parallel one, instead of all-reduces (0: every rank holds every row)"},
     {"sp", OPT_INT, OFF(sp), 1, 65536, NULL,
      "sequence parallelism: ranks that split each sequence (world = sp x data-parallel ranks)"},
     {"sp-mode", OPT_ENUM, OFF(sp_mode), 0, 0, "ulysses ring hybrid auto",
@@ -281,6 +285,7 @@ static void config_defaults(struct kiln_config *c) {
     c->zero3_reshard = 1;
     c->sp = 1;
     c->tp = 1;
+    c->tp_sp = 1;
     c->save_model = 1;
     c->hang_timeout = 600;
     c->world = 1;

@@ -727,7 +727,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
                         &r->data, err)))
         return rc;
     if ((rc = kiln_config_validate(cfg, err)) ||
-        (rc = kiln_tp_plan(cfg->tp, r->env.world, r->env.rank, &cfg->model, &r->tp_lo, err)) ||
+        (rc = kiln_tp_plan(cfg->tp, cfg->tp_sp, r->env.world, r->env.rank, &cfg->model, &r->tp_lo, err)) ||
         (rc = kiln_sp_plan(sp_opts(r, cfg), r->tp_lo.cross, r->tp_lo.cross_rank,
                            r->env.local_world / r->tp_lo.tp > 0 ? r->env.local_world / r->tp_lo.tp : 1,
                            &r->sp_lo, err)) ||
@@ -802,10 +802,12 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         kiln_dp_tuning(&dpo, r->knobs);
         kiln_dp_create(&r->dp, r->cross, &r->be, &pt, &dpo);
         if (r->tp) { // the gradient norm over the group's parts, each copy counted once
-            int nw;
+            int nw, ns;
             struct kiln_norm_weight *w = kiln_tp_norm_weights(&r->tp_lo, &cfg->model, &pt, &nw);
-            kiln_dp_set_norm(r->dp, kiln_tp_comm(r->tp), w, nw);
+            struct kiln_norm_weight *sums = kiln_tp_sum_ranges(&r->tp_lo, &cfg->model, &pt, &ns);
+            kiln_dp_set_norm(r->dp, kiln_tp_comm(r->tp), w, nw, sums, ns);
             free(w);
+            free(sums);
         }
         kiln_dp_model_opts(r->dp, &go); // what the model holds: ZeRO-2/3 no gradients, ZeRO-3 no weights
         kiln_dp_optim_opts(r->dp, &so); // and the optimizer's state: ZeRO shards it, offload moves it

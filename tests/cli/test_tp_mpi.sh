@@ -2,7 +2,8 @@
 # Tensor parallelism on the CPU under mpirun (label mpi): --tp=2 and --tp=4 follow the single-process run
 # (loss, gradient norm and validation loss at every step of 12, and the whole model it writes) for GPT-2's
 # block, Llama's (RMSNorm, SwiGLU, RoPE, GQA, with fewer key/value heads than ranks too), the parallel block;
-# tp x dp under every ZeRO level; tp x sp; bad combinations fail with one line.
+# with Megatron's sequence parallelism inside the group (the default) and without it (--tp-sp=0); tp x dp
+# under every ZeRO level; tp x sp; bad combinations fail with one line.
 source "$(dirname "$0")/lib.sh" tp_mpi "$@"
 if ! command -v mpirun >/dev/null; then
   echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
@@ -66,6 +67,11 @@ check tp2_llama 2 "${llama[@]}" -- --tp=2
 check tp4_llama_kvcopy 4 "${llama[@]}" -- --tp=4
 check tp2_mqa 2 --pos=rope --kv-heads=1 -- --tp=2
 check tp2_parallel 2 --block=parallel -- --tp=2
+# every rank holding every row: all-reduces instead of all-gathers and reduce-scatters
+check tp2_gpt_nosp 2 "${gpt[@]}" -- --tp=2 --tp-sp=0
+check tp4_llama_kvcopy_nosp 4 "${llama[@]}" -- --tp=4 --tp-sp=0
+check tp2_parallel_nosp 2 --block=parallel -- --tp=2 --tp-sp=0
+check tp2_dp2_zero1_nosp 4 "${llama[@]}" --total-batch=128 -- --tp=2 --zero=1 --tp-sp=0
 # tensor parallelism inside, data parallelism across, at every ZeRO level; and with sequence parallelism
 # (the single-process run takes the same 128 tokens a step in two micro-steps)
 for z in 0 1 2 3; do
@@ -88,6 +94,7 @@ mpi_error() { # mpi_error NP PATTERN ARGS...: every rank exits non-zero; rank 0'
 mpi_error 3 "heads 4 split 3 ways" --tp=3
 mpi_error 3 "not a multiple of it" --tp=2
 mpi_error 2 "kv-heads" --kv-heads=1 --block=parallel --tp=2 --pos=rope
+mpi_error 2 "sequence parts" --tp=2 --batch=1 --seq=31 --block-size=32
 expect_error 2 "tp 2 with checkpoints" -- train "${args[@]}" --tp=2 --checkpoint=1 --out="$T/ck"
 expect_error 2 "sample-every with tp 2" -- train "${args[@]}" --tp=2 --sample-every=2
 finish

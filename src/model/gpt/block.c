@@ -278,7 +278,7 @@ void gpt_layer_forward(struct kiln_model *g, const struct dims *d, int l, int ta
         attn_fwd(g, d, l);
         // h = x + attn(ln1(x)), normalized as ln2
         gpt_norm_fwd(g, buf_at(&a->ln2, l), buf_at(&a->mean2, l), buf_at(&a->rstd2, l), buf_at(&a->mid, l),
-                     buf_at(&a->x, l), a->ao.p, ix[KILN_LN2_W], ix[KILN_LN2_B], d->N);
+                     buf_at(&a->x, l), a->ao.p, ix[KILN_LN2_W], ix[KILN_LN2_B], d->Nr);
         if (mlp_needed)
             gpt_mlp_fwd(g, d, l, buf_at(&a->ln2, l), buf_at(&a->fc_pre, l), buf_at(&a->fc_act, l),
                         tail ? a->mo.p : NULL, 0, d->N);
@@ -291,7 +291,7 @@ void gpt_layer_forward(struct kiln_model *g, const struct dims *d, int l, int ta
     int wi = last ? g->pt.lnf_w : g->pt.layer[l + 1][KILN_LN1_W];
     int bi = last ? g->pt.lnf_b : g->pt.layer[l + 1][KILN_LN1_B];
     gpt_norm_fwd(g, buf_at(&a->ln1, l + 1), buf_at(&a->mean1, l + 1), buf_at(&a->rstd1, l + 1),
-                 buf_at(&a->x, l + 1), resid, branch, wi, bi, d->N);
+                 buf_at(&a->x, l + 1), resid, branch, wi, bi, d->Nr);
 }
 
 // ----------------------------------------------------------------------------

@@ -139,8 +139,11 @@ struct kiln_model {
     } while (0)
 
 // derived sizes
+// N: the token rows of a step (B x T), which the linear layers, attention and the LM head see; Nr: those of
+// them this rank's residual stream holds (N / split.seq: the embedding's output, the norms, the residual adds
+// and their gradients), N without a sequence split
 struct dims {
-    int B, T, N, C, L, NH, NKV, HS, QKV, AO, H, FCO, Vp, V;
+    int B, T, N, Nr, C, L, NH, NKV, HS, QKV, AO, H, FCO, Vp, V;
     int qk_norm;
 };
 
@@ -153,6 +156,7 @@ static inline struct dims dims_of(const struct kiln_model_config *m, const struc
     d.B = B;
     d.T = T;
     d.N = B * T;
+    d.Nr = d.N / kiln_split_parts(split ? split->seq : 1);
     d.C = m->n_embd;
     d.L = m->n_layer;
     d.NH = loc.NH;

@@ -22,8 +22,10 @@
 // what a chunk costs).
 static int classifier_rows_for(const struct dims *d, size_t act_bytes, size_t free_bytes, int set) {
     if (set > 0)
-        return set < d->N ? set : d->N;
-    size_t row_bytes = (size_t)d->Vp * act_bytes, N = (size_t)d->N, rows = free_bytes / row_bytes;
+        return set < d->Nr ? set : d->Nr;
+    // a sequence split's chunk is of this part's rows, and its logits of every part's (seq x rows)
+    size_t row_bytes = (size_t)d->Vp * act_bytes * (size_t)(d->N / d->Nr), N = (size_t)d->Nr,
+           rows = free_bytes / row_bytes;
     size_t lo = ((size_t)768 << 20) / row_bytes, hi = ((size_t)1 << 30) / row_bytes;
     rows = rows < lo ? lo : rows > hi ? hi : rows;
     rows = rows < 64 ? 64 : rows;
@@ -40,7 +42,7 @@ int gpt_mlp_rows_for(const struct dims *d, const struct kiln_model_opts *o, size
     int recomputed =
         o->training && (o->recompute == KILN_RECOMPUTE_BLOCK || o->recompute == KILN_RECOMPUTE_MLP ||
                         o->recompute == KILN_RECOMPUTE_SELECTIVE);
-    if (!recomputed || o->mlp_rows < 0)
+    if (!recomputed || o->mlp_rows < 0 || d->Nr < d->N) // (a sequence split's MLP input is gathered whole)
         return d->N;
     if (o->mlp_rows > 0)
         return o->mlp_rows < d->N ? o->mlp_rows : d->N;
@@ -175,16 +177,16 @@ size_t gpt_acts_layout(struct acts *a, int *rows, const struct dims *d, const st
     // selective keeps atty and lse a layer; with offload, atty's older layers wait on the host
     int lse_slots = training && rc == KILN_RECOMPUTE_SELECTIVE ? L : per_layer;
     int attn_slots = lse_slots == L && training && offloads_acts(o) && L > X_RING ? X_RING : lse_slots;
-    size_t N = (size_t)d->N, f = sizeof(float), i = sizeof(int32_t);
+    size_t N = (size_t)d->N, Nr = (size_t)d->Nr, f = sizeof(float), i = sizeof(int32_t);
     size_t mrows = (size_t)gpt_mlp_rows_for(d, o, ab); // the MLP's buffers hold one chunk
     // a fused forward keeps [qkv | fc_pre] in pre (pre_slots == per_layer then); a fused backward has dpre
     size_t qkv = N * d->QKV, fc = mrows * d->FCO, pre = fu->fwd ? qkv + N * d->FCO : 0,
            dpre = fu->on ? qkv + N * d->FCO : 0;
 #define SET(b, n, s, eb) (a->b = (struct buf){.elems = (n), .slots = (s), .elem_bytes = (eb)})
-    SET(x, N * d->C, training ? x_slots(d, o) : 2, ab);
-    SET(ln1, N * d->C, (gpt_recomputes_blocks(rc) || !training) ? 2 : L + 1, ab);
-    SET(mean1, N, L + 1, f);
-    SET(rstd1, N, L + 1, f);
+    SET(x, Nr * d->C, training ? x_slots(d, o) : 2, ab);
+    SET(ln1, Nr * d->C, (gpt_recomputes_blocks(rc) || !training) ? 2 : L + 1, ab);
+    SET(mean1, Nr, L + 1, f);
+    SET(rstd1, Nr, L + 1, f);
     SET(pre, pre, per_layer, ab);
     SET(qkv, pre ? 0 : qkv, per_layer, ab);
     size_t qk = d->qk_norm ? 1 : 0; // QK-norm's buffers are empty without it
@@ -195,20 +197,20 @@ size_t gpt_acts_layout(struct acts *a, int *rows, const struct dims *d, const st
     SET(rstdk, qk * N, per_layer, f);
     SET(atty, N * d->AO, attn_slots, ab);
     SET(lse, N * d->NH, lse_slots, f);
-    SET(mid, N * d->C, per_layer, ab);
-    SET(ln2, N * d->C, per_layer, ab);
-    SET(mean2, N, per_layer, f);
-    SET(rstd2, N, per_layer, f);
+    SET(mid, Nr * d->C, per_layer, ab);
+    SET(ln2, Nr * d->C, per_layer, ab);
+    SET(mean2, Nr, per_layer, f);
+    SET(rstd2, Nr, per_layer, f);
     SET(fc_pre, pre ? 0 : fc, pre_slots, ab);
     SET(fc_act, mrows * d->H, mlp_slots, ab);
-    SET(ao, N * d->C, 1, ab);
-    SET(mo, N * d->C, 1, ab);
+    SET(ao, Nr * d->C, 1, ab);
+    SET(mo, Nr * d->C, 1, ab);
     SET(losses, N, 1, f);
     SET(tokens, N, 1, i);
     SET(targets, N, 1, i);
     if (training) {
-        SET(dln, N * d->C, 1, ab);
-        SET(dres, N * d->C, 1, ab);
+        SET(dln, Nr * d->C, 1, ab);
+        SET(dres, Nr * d->C, 1, ab);
         SET(dpre, dpre, 1, ab);
         SET(dqkv, dpre ? 0 : qkv, 1, ab);
         SET(dqkv_raw, qk * N * d->QKV, 1, ab);
@@ -219,7 +221,7 @@ size_t gpt_acts_layout(struct acts *a, int *rows, const struct dims *d, const st
     }
     size_t logits_at, end = scratch_layout(a, training, fu->on, &logits_at);
     *rows = classifier_rows_for(d, ab, end - logits_at, o->classifier_rows);
-    SET(logits, (size_t)*rows * d->Vp, 1, ab);
+    SET(logits, (size_t)*rows * (N / Nr) * d->Vp, 1, ab);
 #undef SET
     end = max_size(end, place(&a->logits, logits_at));
     return o->scratch_apart ? scratch_apart(a) : end;

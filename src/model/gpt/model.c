@@ -47,8 +47,9 @@ static void classifier(struct kiln_model *g, const struct dims *d, float dloss, 
     struct acts *a = &g->a;
     int head = gpt_head_index(g);
     const void *lnf = buf_at(&a->ln1, d->L);
-    for (int r0 = 0; r0 < d->N; r0 += g->classifier_rows) {
-        int rows = d->N - r0 < g->classifier_rows ? d->N - r0 : g->classifier_rows;
+    // under a sequence split, this part's Nr rows in chunks; the hook takes every part's chunk at once
+    for (int r0 = 0; r0 < d->Nr; r0 += g->classifier_rows) {
+        int rows = d->Nr - r0 < g->classifier_rows ? d->Nr - r0 : g->classifier_rows;
         struct kiln_model_head_args h = {.x = act_at(g, lnf, (size_t)r0 * d->C),
                                          .weight = W(g, head),
                                          .dweight = dloss != 0.0f ? G(g, head) : NULL,
@@ -62,7 +63,8 @@ static void classifier(struct kiln_model *g, const struct dims *d, float dloss, 
                                          .Vp = d->Vp,
                                          .dloss = dloss,
                                          .z_loss = z_loss,
-                                         .grad_assign = g->grads_fresh && r0 == 0};
+                                         .grad_assign = g->grads_fresh && r0 == 0,
+                                         .parts_stride = d->Nr < d->N ? d->Nr : 0};
         if (g->vocab.head)
             g->vocab.head(g->vocab.user, &h);
         else
@@ -77,6 +79,8 @@ double gpt_forward(struct kiln_model *g, const int32_t *inputs, const int32_t *t
     // its slice with global token ids)
     KILN_ASSERT(g->opts.split.vocab <= 1 ||
                 (g->vocab.embed_forward && g->vocab.embed_backward && g->vocab.head));
+    // and a sequence split's rows are theirs and the linear hook's to gather and scatter
+    KILN_ASSERT(g->opts.split.seq <= 1 || (g->vocab.head && g->linear.forward && g->linear.backward));
     struct dims d = dims_of(&g->cfg, &g->opts.split, g->opts.B, g->opts.T);
     struct acts *a = &g->a;
     size_t tok_bytes = (size_t)d.N * sizeof(int32_t);
@@ -103,7 +107,7 @@ double gpt_forward(struct kiln_model *g, const int32_t *inputs, const int32_t *t
     else
         g->ops->embed_forward(g->ctx, &e);
     gpt_norm_fwd(g, buf_at(&a->ln1, 0), buf_at(&a->mean1, 0), buf_at(&a->rstd1, 0), NULL, buf_at(&a->x, 0),
-                 NULL, g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.N);
+                 NULL, g->pt.layer[0][KILN_LN1_W], g->pt.layer[0][KILN_LN1_B], d.Nr);
     int offload = dloss != 0.0f && g->host_acts; // a forward without a backward keeps nothing
     for (int l = 0; l < d.L; l++) {
         HOOK(g, layer_begin, l, 0);
@@ -142,7 +146,7 @@ void gpt_backward(struct kiln_model *g) {
     int rb0, rb1;
     gpt_proj_biases(g, d.L - 1, &rb0, &rb1);
     gpt_norm_bwd(g, dres, a->dln.p, buf_at(&a->x, d.L), buf_at(&a->mean1, d.L), buf_at(&a->rstd1, d.L),
-                 g->pt.lnf_w, g->pt.lnf_b, d.N, 1, rb0, rb1);
+                 g->pt.lnf_w, g->pt.lnf_b, d.Nr, 1, rb0, rb1);
 
     for (int l = d.L - 1; l >= 0; l--) {
         const int *ix = g->pt.layer[l];
@@ -166,13 +170,13 @@ void gpt_backward(struct kiln_model *g) {
             // x' = h + mlp(ln2(h)): dres is dL/dx' = dL/d(mlp out); then dres += ln2 backward -> dL/dh
             gpt_mlp_bwd(g, &d, l, buf_at(&a->ln2, l), dres, a->dln.p, 0);
             gpt_norm_bwd(g, dres, a->dln.p, buf_at(&a->mid, l), buf_at(&a->mean2, l), buf_at(&a->rstd2, l),
-                         ix[KILN_LN2_W], ix[KILN_LN2_B], d.N, 0, ix[KILN_ATTNO_B], -1);
+                         ix[KILN_LN2_W], ix[KILN_LN2_B], d.Nr, 0, ix[KILN_ATTNO_B], -1);
             // h = x + attn(ln1(x))
             gpt_attn_bwd(g, &d, l, dres, a->dln.p, 0);
         }
         gpt_proj_biases(g, l - 1, &rb0, &rb1);
         gpt_norm_bwd(g, dres, a->dln.p, buf_at(&a->x, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l),
-                     ix[KILN_LN1_W], ix[KILN_LN1_B], d.N, 0, rb0, rb1);
+                     ix[KILN_LN1_W], ix[KILN_LN1_B], d.Nr, 0, rb0, rb1);
         HOOK(g, layer_end, l, 1);
         HOOK(g, layer_backward_end, l);
     }

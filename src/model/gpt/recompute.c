@@ -69,7 +69,7 @@ void gpt_recompute_layer(struct kiln_model *g, const struct dims *d, int l) {
     struct acts *a = &g->a;
     if (gpt_recomputes_blocks(g->opts.recompute)) {
         gpt_norm_fwd(g, buf_at(&a->ln1, l), buf_at(&a->mean1, l), buf_at(&a->rstd1, l), NULL,
-                     buf_at(&a->x, l), NULL, g->pt.layer[l][KILN_LN1_W], g->pt.layer[l][KILN_LN1_B], d->N);
+                     buf_at(&a->x, l), NULL, g->pt.layer[l][KILN_LN1_W], g->pt.layer[l][KILN_LN1_B], d->Nr);
         g->recomputing = 1;
         gpt_layer_forward(g, d, l, 0);
         g->recomputing = 0;

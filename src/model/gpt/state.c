@@ -38,6 +38,12 @@ int gpt_alloc(struct kiln_model *g, void **p, size_t bytes, struct kiln_error *e
 int kiln_model_create(struct kiln_model **out, const struct kiln_model_config *m, struct kiln_backend *be,
                     const struct kiln_model_opts *o, struct kiln_error *err) {
     int src = kiln_model_split_check(m, &o->split, err);
+    int seq = kiln_split_parts(o->split.seq);
+    if (!src && seq > 1 && ((long)o->B * o->T) % seq)
+        src = kiln_errorf(err, KILN_ERR_USAGE,
+                          "%d token rows a step (--batch %d x --seq %d) cut into %d sequence parts: the parts "
+                          "must divide them",
+                          o->B * o->T, o->B, o->T, seq);
     if (src) {
         *out = NULL;
         return src;
