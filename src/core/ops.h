@@ -289,14 +289,14 @@ void kiln_adamw_host(const struct kiln_adamw_args *a, enum kiln_dtype grads_dtyp
 // rounded to nearest even, subnormals included, saturating to +-fmax (infinities too), NaN kept NaN; it
 // stands for q / s. Scales travel as the amax they come from (backend memory, f32), so that no value crosses
 // to the host between the amax and the cast. Every backend must round exactly so (CUDA's cvt.satfinite does).
-enum kiln_fp8 { KILN_FP8_E4M3 = 0, KILN_FP8_E5M2 = 1 };
+enum kiln_fp8_fmt { KILN_FP8_E4M3 = 0, KILN_FP8_E5M2 = 1 };
 
-static inline float kiln_fp8_max(enum kiln_fp8 f) {
+static inline float kiln_fp8_max(enum kiln_fp8_fmt f) {
     return f == KILN_FP8_E5M2 ? 57344.0f : 448.0f;
 }
 // s = fmax / amax in f32 (amax clamped below at 1e-12, so an all-zero tensor gets a large finite scale); a
 // non-finite amax (a NaN or an infinity in the tensor) gives s = 1, so that the NaN reaches the loss
-static inline float kiln_fp8_scale(float amax, enum kiln_fp8 f) {
+static inline float kiln_fp8_scale(float amax, enum kiln_fp8_fmt f) {
     if (!(amax - amax == 0.0f))
         return 1.0f;
     return kiln_fp8_max(f) / (amax > 1e-12f ? amax : 1e-12f);
@@ -322,7 +322,7 @@ struct kiln_fp8_cast_args {
     const float *amax;  // (1), (rows) or (cols) as per
     int rows, cols, stride;
     int transpose;
-    enum kiln_fp8 fmt;
+    enum kiln_fp8_fmt fmt;
     enum kiln_fp8_per per;
 };
 
@@ -334,7 +334,7 @@ struct kiln_fp8_cast_args {
 struct kiln_fp8_matmul_args {
     void *out;              // act or grad (M, N), rows ldc apart (0 = N)
     const uint8_t *a, *b;   // (M, K), (N, K)
-    enum kiln_fp8 a_fmt, b_fmt;
+    enum kiln_fp8_fmt a_fmt, b_fmt;
     const float *a_amax, *b_amax; // (1), or (M) and (N) with a_rowwise, b_rowwise
     int a_rowwise, b_rowwise;
     const void *bias;       // act (N) or NULL
@@ -461,6 +461,8 @@ struct kiln_backend {
     // 1 where the backend's tiled attention kernels take this head size; 0 where it falls back to slower
     // ones (the run still works). NULL: one path for every head size (the CPU).
     int (*attention_fast)(int head_size);
+    int fp8_tensor_cores;           // 1: the GPU multiplies FP8 natively (sm_89+); 0: the FP8 ops emulate (the
+                                    // CPU) or are absent (NULL)
     void (*close)(struct kiln_backend *b);
 };
 

@@ -14,7 +14,7 @@
 // ---- FP8 in double: the formats' definition -----------------------------------------------------------
 
 // x rounded to the nearest value of the format (ties to even), saturating to +-fmax, NaN kept
-static double round_fp8_d(double x, enum kiln_fp8 f) {
+static double round_fp8_d(double x, enum kiln_fp8_fmt f) {
     int mbits = f == KILN_FP8_E4M3 ? 3 : 2, bias = f == KILN_FP8_E4M3 ? 7 : 15;
     double fmax = kiln_fp8_max(f), a = fabs(x);
     if (isnan(x))
@@ -122,7 +122,7 @@ static int fp8mm_tensors(const struct opt_case *c, struct opt_tensor *t) {
 
 // amax and cast of one operand, (rows, K) as the GEMM reads it, stored transposed when tr
 static void cast_operand(const struct opt_args *x, const void *src, float *amax, uint8_t *q, int rows, int K,
-                         int tr, enum kiln_fp8 fmt) {
+                         int tr, enum kiln_fp8_fmt fmt) {
     enum kiln_fp8_per per = !x->c->per ? KILN_FP8_TENSOR : tr ? KILN_FP8_COLS : KILN_FP8_ROWS;
     struct kiln_amax_args am = {.amax = amax, .x = src, .rows = tr ? K : rows, .cols = tr ? rows : K, .per = per};
     x->be->ops->amax(x->be->ctx, &am);
@@ -156,7 +156,7 @@ static void fp8mm_fwd(const struct opt_args *x) {
 
 // One operand (rows, K) in double as the GEMM sees it, its elements rounded to the format after the f32
 // scaling, and 1/s of each row (f32, as the op defines it)
-static double *quantize_d(const double *src, int rows, int K, int tr, int rowwise, enum kiln_fp8 fmt,
+static double *quantize_d(const double *src, int rows, int K, int tr, int rowwise, enum kiln_fp8_fmt fmt,
                           double *amax_out, double *inv) {
     double *x = malloc(sizeof(double) * rows * K), *q = malloc(sizeof(double) * rows * K);
     for (int r = 0; r < rows; r++)

@@ -86,7 +86,7 @@ struct opt_case {
     float z_loss, dloss;
     int step, stochastic; // AdamW
     // FP8 (op_rows_fp8.c): the amax's groups (enum kiln_fp8_per; the matmul: 1 = rowwise scales), the
-    // operands' formats (enum kiln_fp8), operands stored transposed and cast to the "TN" layout, the DGELU
+    // operands' formats (enum kiln_fp8_fmt), operands stored transposed and cast to the "TN" layout, the DGELU
     // factor, an output in grad dtype
     int per, fmt_a, fmt_b, ta, tb, dgelu, grad_out;
 };

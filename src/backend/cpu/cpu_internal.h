@@ -108,8 +108,8 @@ void kiln_cpu_amax(void *ctx, const struct kiln_amax_args *a);
 void kiln_cpu_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a);
 void kiln_cpu_fp8_matmul(void *ctx, const struct kiln_fp8_matmul_args *a);
 void kiln_cpu_bias_backward(void *ctx, const struct kiln_bias_back_args *a);
-uint8_t kiln_fp8_encode(float x, enum kiln_fp8 fmt);
-float kiln_fp8_decode(uint8_t c, enum kiln_fp8 fmt);
+uint8_t kiln_fp8_encode(float x, enum kiln_fp8_fmt fmt);
+float kiln_fp8_decode(uint8_t c, enum kiln_fp8_fmt fmt);
 // gelu'(x) of the GELU the matmul epilogue applies (matmul.c)
 float kiln_cpu_gelu_grad(float x);
 

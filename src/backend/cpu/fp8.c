@@ -21,7 +21,7 @@ static const struct fp8_format formats[2] = {
     [KILN_FP8_E5M2] = {.mbits = 2, .bias = 15, .max = 57344.0f, .max_code = 0x7b, .nan_code = 0x7f},
 };
 
-uint8_t kiln_fp8_encode(float x, enum kiln_fp8 fmt) {
+uint8_t kiln_fp8_encode(float x, enum kiln_fp8_fmt fmt) {
     const struct fp8_format *f = &formats[fmt];
     uint8_t sign = signbit(x) ? 0x80 : 0;
     if (isnan(x))
@@ -48,7 +48,7 @@ uint8_t kiln_fp8_encode(float x, enum kiln_fp8 fmt) {
     return sign | (uint8_t)(((E + f->bias) << f->mbits) | (n - (1 << f->mbits)));
 }
 
-float kiln_fp8_decode(uint8_t c, enum kiln_fp8 fmt) {
+float kiln_fp8_decode(uint8_t c, enum kiln_fp8_fmt fmt) {
     const struct fp8_format *f = &formats[fmt];
     int sign = c & 0x80, ef = (c & 0x7f) >> f->mbits, m = c & ((1 << f->mbits) - 1);
     float v;
@@ -125,7 +125,7 @@ void kiln_cpu_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a) {
 
 // ---- GEMM ---------------------------------------------------------------------------------------------
 
-static float *decode_all(void *ctx, const uint8_t *q, size_t n, enum kiln_fp8 fmt) {
+static float *decode_all(void *ctx, const uint8_t *q, size_t n, enum kiln_fp8_fmt fmt) {
     float table[256];
     for (int c = 0; c < 256; c++)
         table[c] = kiln_fp8_decode((uint8_t)c, fmt);
@@ -137,7 +137,7 @@ static float *decode_all(void *ctx, const uint8_t *q, size_t n, enum kiln_fp8 fm
 }
 
 // 1/s of each row of an operand (or of all of them)
-static float *inverse_scales(void *ctx, const float *amax, int n, int rowwise, enum kiln_fp8 fmt) {
+static float *inverse_scales(void *ctx, const float *amax, int n, int rowwise, enum kiln_fp8_fmt fmt) {
     float *inv = kiln_cpu_alloc(ctx, (size_t)(rowwise ? n : 1) * sizeof(float));
     KILN_ASSERT(inv);
     for (int i = 0; i < (rowwise ? n : 1); i++)

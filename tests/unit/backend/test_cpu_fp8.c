@@ -9,11 +9,11 @@
 
 #include <math.h>
 
-static const enum kiln_fp8 fmts[2] = {KILN_FP8_E4M3, KILN_FP8_E5M2};
+static const enum kiln_fp8_fmt fmts[2] = {KILN_FP8_E4M3, KILN_FP8_E5M2};
 
 // The value of a code from the formats' definition: (-1)^s 2^(e - bias) (1 + m / 2^mbits), subnormals at
 // e = 0, e4m3's S.1111.111 NaN, e5m2's exponent 31 for infinities and NaNs
-static double spec_value(int c, enum kiln_fp8 f) {
+static double spec_value(int c, enum kiln_fp8_fmt f) {
     int mb = f == KILN_FP8_E4M3 ? 3 : 2, bias = f == KILN_FP8_E4M3 ? 7 : 15, eb = 7 - mb;
     int s = c >> 7, e = (c >> mb) & ((1 << eb) - 1), m = c & ((1 << mb) - 1);
     double v;
@@ -28,12 +28,12 @@ static double spec_value(int c, enum kiln_fp8 f) {
     return s ? -v : v;
 }
 
-static int is_finite_code(int c, enum kiln_fp8 f) {
+static int is_finite_code(int c, enum kiln_fp8_fmt f) {
     return isfinite(spec_value(c, f));
 }
 
 // The nearest finite code to x by search (ties: the even code, i.e. mantissa bit 0 clear), saturating
-static int nearest_code(double x, enum kiln_fp8 f) {
+static int nearest_code(double x, enum kiln_fp8_fmt f) {
     double fmax = kiln_fp8_max(f);
     if (x >= fmax)
         return f == KILN_FP8_E4M3 ? 0x7e : 0x7b;
@@ -82,7 +82,7 @@ static void test_every_code_decodes_to_its_defined_value_and_finite_codes_round_
 // nearer one; zero and the smallest subnormal, the subnormal/normal boundary and the binades all included
 static void test_midpoints_round_to_even_and_neighbours_to_the_nearer(void **state) {
     for (int k = 0; k < 2; k++) {
-        enum kiln_fp8 f = fmts[k];
+        enum kiln_fp8_fmt f = fmts[k];
         int top = f == KILN_FP8_E4M3 ? 0x7e : 0x7b;
         for (int c = 0; c < top; c++) {
             float lo = kiln_fp8_decode((uint8_t)c, f), hi = kiln_fp8_decode((uint8_t)(c + 1), f);
@@ -126,7 +126,7 @@ static void test_values_beyond_the_largest_saturate_and_nan_stays_nan(void **sta
 // Random values over every binade the formats reach (and past them) against the search
 static void test_random_values_round_to_the_nearest_code(void **state) {
     for (int k = 0; k < 2; k++) {
-        enum kiln_fp8 f = fmts[k];
+        enum kiln_fp8_fmt f = fmts[k];
         int lo = f == KILN_FP8_E4M3 ? -12 : -19, hi = f == KILN_FP8_E4M3 ? 10 : 17;
         for (int i = 0; i < 20000; i++) {
             float m = test_rand_uniform(&g_rng) + 0.5f;
