@@ -10,6 +10,7 @@
 #include "optim/state.h"
 #include "parallel/comm/comm.h"
 #include "parallel/dp.h"
+#include "precision/fp8.h"
 #include "run/plan.h"
 #include "parallel/sp.h"
 #include "run/embedded.h"
@@ -337,6 +338,17 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
     printf("FLOPs per token (T=%d): %.4g (6N + 12LHQT, for mfu), %.4g (causal, for mfu_causal)\n",
            cfg.seq_len, fpt, fptc);
     printf("FLOPs per step: %.4g (B=%d)\n", fpt * cfg.batch_size * cfg.seq_len, cfg.batch_size);
+    if (cfg.precision) { // MFU stays counted against the bf16 peak, as the peers count it
+        struct kiln_fp8_opts fo = {.recipe = (enum kiln_fp8_recipe)cfg.fp8_recipe,
+                                   .grad_fmt = cfg.fp8_grad ? KILN_FP8_E4M3 : KILN_FP8_E5M2,
+                                   .include_head = cfg.fp8_head,
+                                   .history = cfg.fp8_history};
+        char what[256];
+        kiln_fp8_describe(&fo, cfg.device, what, sizeof(what));
+        printf("precision: %s; MFU against the bf16 peak\n", what);
+    } else {
+        printf("precision: bf16 (the backend's: f32 on the CPU)\n");
+    }
 
     struct kiln_model_opts go = {.B = cfg.batch_size,
                                .T = cfg.seq_len,

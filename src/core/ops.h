@@ -305,6 +305,77 @@ struct kiln_adamw_args {
 void kiln_adamw_host(const struct kiln_adamw_args *a, enum kiln_dtype grads_dtype, enum kiln_dtype weights_dtype,
                      size_t stage_offset, int threads);
 
+// ---- FP8 (the precision strategy's ops: src/precision/fp8.c) --------------------------------------------
+// An FP8 tensor is one byte per element, in one of the two OCP formats: e4m3 (bias 7, 3 mantissa bits,
+// max 448, no infinities, S.1111.111 is NaN) and e5m2 (bias 15, 2 mantissa bits, max 57344, IEEE-like
+// infinities and NaNs). A tensor x is cast with a scale s = fmax / amax (kiln_fp8_scale): q = fp8(x * s),
+// rounded to nearest even, subnormals included, saturating to +-fmax (infinities too), NaN kept NaN; it
+// stands for q / s. Scales travel as the amax they come from (backend memory, f32), so that no value crosses
+// to the host between the amax and the cast. Every backend must round exactly so (CUDA's cvt.satfinite does).
+enum kiln_fp8_fmt { KILN_FP8_E4M3 = 0, KILN_FP8_E5M2 = 1 };
+
+static inline float kiln_fp8_max(enum kiln_fp8_fmt f) {
+    return f == KILN_FP8_E5M2 ? 57344.0f : 448.0f;
+}
+// s = fmax / amax in f32 (amax clamped below at 1e-12, so an all-zero tensor gets a large finite scale); a
+// non-finite amax (a NaN or an infinity in the tensor) gives s = 1, so that the NaN reaches the loss
+static inline float kiln_fp8_scale(float amax, enum kiln_fp8_fmt f) {
+    if (!(amax - amax == 0.0f))
+        return 1.0f;
+    return kiln_fp8_max(f) / (amax > 1e-12f ? amax : 1e-12f);
+}
+
+// What an amax or a scale covers: the whole tensor, each row, or each column of a (rows, cols) tensor
+enum kiln_fp8_per { KILN_FP8_TENSOR = 0, KILN_FP8_ROWS = 1, KILN_FP8_COLS = 2 };
+
+// amax = max |x| over the tensor (1 value), each row (rows values) or each column (cols values); NaN if any
+// element of the group is NaN
+struct kiln_amax_args {
+    float *amax;        // (1), (rows) or (cols), f32
+    const void *x;      // act (rows, cols), rows stride apart
+    int rows, cols, stride; // stride 0 = cols
+    enum kiln_fp8_per per;
+};
+
+// out = fp8(x * s) with s = kiln_fp8_scale(amax[...]) of the element's group; with transpose, out is x^T:
+// (cols, rows), dense (what the "TN" layout of FP8 GEMMs needs for the backward's operands)
+struct kiln_fp8_cast_args {
+    uint8_t *out;       // (rows, cols), or (cols, rows) with transpose; dense
+    const void *x;      // act (rows, cols), rows stride apart (0 = cols)
+    const float *amax;  // (1), (rows) or (cols) as per
+    int rows, cols, stride;
+    int transpose;
+    enum kiln_fp8_fmt fmt;
+    enum kiln_fp8_per per;
+};
+
+// out (M, N) [+]= (a / sa) @ (b / sb)^T [+ bias], times gelu'(gelu_pre) elementwise when set; a (M, K) and
+// b (N, K) are FP8 with K contiguous ("TN"), sa and sb their scales (kiln_fp8_scale of a_amax, b_amax: one,
+// or one per row of a (M) and of b (N) with rowwise). The product accumulates in f32; the dequantization
+// multiplies the sum by 1/sa and 1/sb (f32) after it. out has the backend's act dtype, or its grad dtype
+// with out_grad (a weight gradient). With accumulate the result is added into out, after the DGELU factor.
+struct kiln_fp8_matmul_args {
+    void *out;              // act or grad (M, N), rows ldc apart (0 = N)
+    const uint8_t *a, *b;   // (M, K), (N, K)
+    enum kiln_fp8_fmt a_fmt, b_fmt;
+    const float *a_amax, *b_amax; // (1), or (M) and (N) with a_rowwise, b_rowwise
+    int a_rowwise, b_rowwise;
+    const void *bias;       // act (N) or NULL
+    const void *gelu_pre;   // act (M, N), rows gelu_pre_stride apart (0 = N), or NULL
+    int M, N, K;
+    int ldc, gelu_pre_stride;
+    int out_grad;
+    int accumulate;
+};
+
+// dbias (N) [+]= the column sums of x (M, N): a linear layer's bias gradient where its GEMM does not give it
+struct kiln_bias_back_args {
+    void *dbias;        // grad (N): += (= with assign)
+    const void *x;      // act (M, N), dense
+    int M, N;
+    int assign;
+};
+
 struct kiln_ops {
     // ---- memory ----
     void *(*alloc)(void *ctx, size_t bytes);    // zero-filled; NULL when out of memory
@@ -390,6 +461,12 @@ struct kiln_ops {
     // GPU by events around it on its stream, as bench/cuda/link_bench times the link; on the CPU the host's
     // clock). The caller orders it against the compute.
     double (*copy_side)(void *ctx, void *dst, const void *src, size_t bytes);
+
+    // ---- FP8 (src/precision/fp8.c applies them to the linear layers; the structs above) ----
+    void (*amax)(void *ctx, const struct kiln_amax_args *a);
+    void (*fp8_cast)(void *ctx, const struct kiln_fp8_cast_args *a);
+    void (*fp8_matmul)(void *ctx, const struct kiln_fp8_matmul_args *a);
+    void (*bias_backward)(void *ctx, const struct kiln_bias_back_args *a);
 };
 
 // ---- a backend: the ops table, its context, and what the model and trainer need to know about it ----
@@ -408,6 +485,8 @@ struct kiln_backend {
     // 1 where the backend's tiled attention kernels take this head size; 0 where it falls back to slower
     // ones (the run still works). NULL: one path for every head size (the CPU).
     int (*attention_fast)(int head_size);
+    int fp8_tensor_cores;           // 1: the GPU multiplies FP8 natively (sm_89+); 0: the FP8 ops emulate (the
+                                    // CPU) or are absent (NULL)
     void (*close)(struct kiln_backend *b);
 };
 

@@ -129,6 +129,16 @@ static const struct opt OPTS[] = {
      "over the largest group of a node's ranks that the heads divide, a ring across the groups"},
     {"sp-ulysses", OPT_INT, OFF(sp_ulysses), 0, 65536, NULL,
      "hybrid: ranks per Ulysses group (0: the ranks per node)"},
+    // precision (docs/precision.md)
+    {"precision", OPT_ENUM, OFF(precision), 0, 0, "bf16 fp8",
+     "the blocks' linear layers: bf16 (the backend's precision; f32 on the CPU) or fp8 (FP8 GEMMs on sm_89+ "
+     "GPUs, emulated exactly on the CPU)"},
+    {"fp8-recipe", OPT_ENUM, OFF(fp8_recipe), 0, 0, "tensorwise rowwise delayed",
+     "fp8 scaling: each tensor's amax now (tensorwise), each row's along the reduction (rowwise), or the "
+     "largest of the last --fp8-history steps' (delayed)"},
+    {"fp8-grad", OPT_ENUM, OFF(fp8_grad), 0, 0, "e5m2 e4m3", "fp8: the format of the output gradients"},
+    {"fp8-head", OPT_BOOL, OFF(fp8_head), 0, 1, NULL, "fp8: the LM head in FP8 too"},
+    {"fp8-history", OPT_INT, OFF(fp8_history), 1, 1024, NULL, "fp8 delayed: steps of amax history"},
     {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 1e5, NULL,
      "MiB of gradients per reduction bucket, each reduced while the backward goes on"},
     {"reduce-dtype", OPT_ENUM, OFF(reduce_dtype), 0, 0, "auto fp32 bf16",
@@ -281,6 +291,7 @@ static void config_defaults(struct kiln_config *c) {
     strcpy(c->device, "auto");
     strcpy(c->comm, "auto");
     c->bucket_mb = 25;
+    c->fp8_history = 16;
     c->prefetch = 1;
     c->zero3_reshard = 1;
     c->sp = 1;
@@ -799,6 +810,23 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
                            "layer's input, which is all the backward keeps only when it recomputes whole "
                            "blocks; add --recompute=block",
                            c->offload == KILN_OFFLOAD_ALL ? "all" : "activations");
+    // precision: the fp8 options need fp8, and what fp8 does not do yet is refused
+    if (!c->precision && (c->fp8_recipe || c->fp8_grad || c->fp8_head || c->fp8_history != 16))
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "--fp8-%s with precision bf16 (--precision): the fp8 options apply to FP8 "
+                           "training; add --precision=fp8 or drop them",
+                           c->fp8_recipe ? "recipe" : c->fp8_grad ? "grad" : c->fp8_head ? "head" : "history");
+    if (c->precision && c->fp8_recipe != 2 && c->fp8_history != 16)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "fp8-history %d with recipe %s (--fp8-history): only delayed scaling keeps a "
+                           "history; add --fp8-recipe=delayed or drop it",
+                           c->fp8_history, c->fp8_recipe ? "rowwise" : "tensorwise");
+    if (c->precision && c->fp8_recipe == 2 && c->world > 1)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "fp8-recipe delayed with %d ranks (--fp8-recipe): the amax histories are not yet "
+                           "reduced across ranks, so the ranks' scales would differ; use "
+                           "--fp8-recipe=tensorwise or rowwise",
+                           c->world);
     if ((c->offload & KILN_OFFLOAD_OPTIMIZER) && c->stochastic_rounding)
         return kiln_errorf(
             err, KILN_ERR_USAGE,

@@ -89,6 +89,13 @@ struct kiln_config {
     enum kiln_sp_mode sp_mode;
     int sp_ulysses; // hybrid: ranks of each Ulysses group (0: the ranks per node), the ring the rest
 
+    // precision (precision/fp8.h; run/trainer.c maps these to struct kiln_fp8_opts)
+    int precision;   // 0 bf16 (the backend's own precision: f32 on the CPU), 1 fp8
+    int fp8_recipe;  // enum kiln_fp8_recipe: tensorwise, rowwise, delayed
+    int fp8_grad;    // the gradients' format: 0 e5m2, 1 e4m3
+    int fp8_head;    // the LM head in FP8 too
+    int fp8_history; // delayed: steps of amax history
+
     // checkpoints and resume
     int checkpoint;    // write checkpoints at all (0: none, for benchmarks)
     int save_model;    // write RUN/model.safetensors at the end (0: metrics only, for benchmarks)

@@ -88,6 +88,8 @@ cJSON *kiln_train_state_to_json(const struct kiln_train_state *s, const struct k
     cJSON_AddNumberToObject(t, "vocab_size", cfg->model.vocab_size);
     cJSON_AddItemToObject(j, "guards", kiln_guards_to_json(g));
     cJSON_AddItemToObject(j, "config", kiln_config_to_json(cfg));
+    if (s->precision)
+        cJSON_AddItemToObject(j, "precision", cJSON_Duplicate(s->precision, 1));
     char hex[65];
     state_hash(j, hex);
     cJSON_AddStringToObject(j, "state_sha256", hex);
@@ -142,6 +144,8 @@ int kiln_train_state_from_json(const cJSON *j, struct kiln_train_state *s, struc
             (long long)skipped, (unsigned long long)step);
     s->step = (int64_t)step;
     s->opt_step = (int64_t)opt;
+    const cJSON *prec = cJSON_GetObjectItemCaseSensitive(j, "precision");
+    s->precision = cJSON_IsObject(prec) ? cJSON_Duplicate(prec, 1) : NULL;
     return 0;
 }
 

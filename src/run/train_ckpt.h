@@ -23,6 +23,8 @@ struct kiln_train_state {
     int64_t opt_step; // AdamW updates applied: the bias-correction step (skipped steps do not advance it)
     uint64_t tokens;  // training tokens consumed
     struct kiln_loader_state loader;
+    cJSON *precision; // the precision strategy's state (precision/fp8.h), or NULL: state.json's "precision",
+                      // written (a copy) by kiln_train_state_to_json, read (a copy, the caller's to free) back
 };
 
 // Every option as {"name": "value"} strings, exactly as `RUN/config` writes them.

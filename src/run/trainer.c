@@ -33,6 +33,7 @@
 #include "run/plan.h"
 #include "parallel/sp.h"
 #include "parallel/tp.h"
+#include "precision/fp8.h"
 #include "run/tuning.h"
 #include "run/train_ckpt.h"
 #include "util/progress.h"
@@ -560,6 +561,7 @@ struct run {
     struct kiln_tp *tp;
     struct kiln_model_config sp_model; // the model as sequence parallelism sees it: this rank's heads
     struct kiln_comm *cross;
+    struct kiln_fp8 *fp8; // --precision=fp8: the linear layers' hook (precision/fp8.h), NULL in bf16
     int rank0; // this process logs, writes the run directory's files and prints progress
     // the loop's constants
     int accum;
@@ -820,6 +822,16 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     if (rc)
         return rc;
     r->pt = kiln_model_params(r->g);
+    // precision first: a strategy that splits the linear layers installs its hook after FP8's, and runs its
+    // local GEMMs through it
+    if (cfg->precision) {
+        struct kiln_fp8_opts fo = {.recipe = (enum kiln_fp8_recipe)cfg->fp8_recipe,
+                                   .grad_fmt = cfg->fp8_grad ? KILN_FP8_E4M3 : KILN_FP8_E5M2,
+                                   .include_head = cfg->fp8_head,
+                                   .history = cfg->fp8_history};
+        if ((rc = kiln_fp8_apply(&r->fp8, r->g, &r->be, &fo, cfg->model.n_layer, err)))
+            return rc;
+    }
     struct kiln_model_buffers mb;
     kiln_model_buffers(r->g, &mb);
     so.weights = mb.weights; // a flat master updates the model's compute copy (on the CPU, is it)
@@ -848,6 +860,13 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         rc = 0;
     if (rc)
         return rc;
+    if (r->st.precision) { // the recipe's state from the checkpoint (delayed scaling's amax histories)
+        rc = kiln_fp8_state_from_json(r->fp8, r->st.precision, err);
+        cJSON_Delete(r->st.precision);
+        r->st.precision = NULL;
+        if (rc)
+            return rc;
+    }
     r->res->start_step = (int)r->st.step;
     r->res->steps = (int)r->st.step;
     r->res->skipped_steps = (int)r->guards.skipped_total;
@@ -1033,6 +1052,7 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
                           struct kiln_error *err) {
     struct kiln_config *cfg = r->cfg;
     struct kiln_train_result *res = r->res;
+    kiln_fp8_after_step(r->fp8); // delayed scaling: the step's amaxes join the histories
     sl->tok_s = r->tokens_per_step / dt;
     sl->ms = dt * 1e3;
     sl->tokens = (int64_t)r->st.tokens;
@@ -1102,7 +1122,10 @@ static int run_after_step(struct run *r, struct step_log *sl, double dt, int *st
         if (r->dp)
             kiln_dp_gather_master(r->dp);
         kiln_loader_get_state(r->data.train, &r->st.loader);
+        r->st.precision = kiln_fp8_state_to_json(r->fp8);
         cJSON *state = kiln_train_state_to_json(&r->st, cfg, &r->guards, kiln_lr_at(cfg, (int)r->st.step));
+        cJSON_Delete(r->st.precision);
+        r->st.precision = NULL;
         int rc = kiln_ckpt_writer_start(r->writer, r->os, r->st.step, state, &sl->ckpt_stall_ms, err);
         if (rc)
             return rc;
@@ -1214,6 +1237,7 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     kiln_dp_free(r->dp); // (before the state: an offloaded step it started is the state's pipeline's)
     kiln_optim_state_free(r->os);
     free(r->spans);
+    kiln_fp8_free(r->fp8);
     kiln_model_free(r->g);
     // after an error the other ranks may be inside a collective that this one will never join: closing the
     // communicators (MPI_Finalize waits for them) would hang, so cmd/ ends the job instead

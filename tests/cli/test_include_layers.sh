@@ -9,11 +9,12 @@ SRC=${KILN_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}/src
 # layer: what it may include (util/ is open to every layer; a layer may include itself)
 ALLOWED="
 main: cmd
-cmd: run interop parallel parallel/comm optim model data io core backend
-run: parallel parallel/comm optim model data io core backend
+cmd: run interop parallel parallel/comm precision optim model data io core backend
+run: parallel parallel/comm precision optim model data io core backend
 interop: run model io core
 parallel: parallel/comm optim model core
 parallel/comm: io core
+precision: model core
 optim: model core
 model: core
 data: io core

@@ -310,6 +310,13 @@ void opt_describe(const struct opt_case *c, char *buf, size_t cap) {
     FIELD("dloss", "%g", c->dloss, c->dloss != 0);
     FIELD("step", "%d", c->step, c->step);
     FIELD("sr", "%d", c->stochastic, c->stochastic);
+    FIELD("per", "%d", c->per, c->per); // FP8
+    FIELD("a", "%s", c->fmt_a ? "e5m2" : "e4m3", c->fmt_a);
+    FIELD("b", "%s", c->fmt_b ? "e5m2" : "e4m3", c->fmt_b);
+    FIELD("ta", "%d", c->ta, c->ta);
+    FIELD("tb", "%d", c->tb, c->tb);
+    FIELD("dgelu", "%d", c->dgelu, c->dgelu);
+    FIELD("grad_out", "%d", c->grad_out, c->grad_out);
 #undef FIELD
 }
 

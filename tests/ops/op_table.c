@@ -16,6 +16,10 @@
 //   cross_entropy                            cross_entropy (its dloss mode is the backward)
 //   cross_entropy_parallel                   cross_entropy_parallel (a vocabulary in parts)
 //   sum_squares, accumulate_f32, adamw       sum_squares, accumulate_f32, adamw (no backward)
+//   amax, fp8_cast, fp8_matmul, bias_backward  amax, fp8_matmul (the casts and the scaled GEMM, no backward:
+//                                            a rounded function has no finite differences; the FP8 linear
+//                                            layer's straight-through gradients are precision/'s tests),
+//                                            bias_backward
 // No numerics, so no rows: alloc, free, zero, copy, upload, download, upload_f32, download_f32 (the harness
 // uses them on every row; the bf16 rounding of upload_f32 has a test in test_cpu_ops.c), synchronize,
 // host_alloc, host_free, mem_peak, mem_free, event_create, event_destroy, event_record, event_synchronize,
@@ -1165,6 +1169,9 @@ const struct opt_row *const opt_rows[] = {
     &row_sum_squares,          // sum_squares
     &row_accumulate,           // accumulate_f32
     &row_adamw,                // adamw
+    &opt_row_amax,             // amax (op_rows_fp8.c)
+    &opt_row_fp8_matmul,       // amax, fp8_cast, fp8_matmul
+    &opt_row_bias_backward,    // bias_backward
 };
 const int opt_n_rows = OPT_COUNT(opt_rows);
 

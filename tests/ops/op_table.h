@@ -87,6 +87,10 @@ struct opt_case {
     int merge;    // attention block: merged into an out and lse that hold another block's
     float z_loss, dloss;
     int step, stochastic; // AdamW
+    // FP8 (op_rows_fp8.c): the amax's groups (enum kiln_fp8_per; the matmul: 1 = rowwise scales), the
+    // operands' formats (enum kiln_fp8_fmt), operands stored transposed and cast to the "TN" layout, the DGELU
+    // factor, an output in grad dtype
+    int per, fmt_a, fmt_b, ta, tb, dgelu, grad_out;
 };
 
 // What a callback sees.
@@ -213,6 +217,7 @@ static inline void *opt_act_at(const struct opt_args *x, void *p, size_t elems) 
 
 // Rows kept beside op_table.c, one file per family of ops
 extern const struct opt_row opt_row_attention, opt_row_attention_decode, opt_row_attention_block; // attention
+extern const struct opt_row opt_row_amax, opt_row_fp8_matmul, opt_row_bias_backward; // op_rows_fp8.c
 
 // Every row, and the ops of struct kiln_ops without numerics, which no row needs (op_table.c says why)
 extern const struct opt_row *const opt_rows[];

@@ -68,6 +68,10 @@ static const struct kiln_ops cpu_ops = {
     .copy_2d = kiln_cpu_copy_2d,
     .copy_async = kiln_cpu_copy_async,
     .copy_side = cpu_copy_side,
+    .amax = kiln_cpu_amax,
+    .fp8_cast = kiln_cpu_fp8_cast,
+    .fp8_matmul = kiln_cpu_fp8_matmul,
+    .bias_backward = kiln_cpu_bias_backward,
 };
 
 static void cpu_close(struct kiln_backend *b) {

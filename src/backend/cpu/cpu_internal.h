@@ -104,6 +104,16 @@ double kiln_cpu_sum_squares(void *ctx, const void *grads, size_t n);
 void kiln_cpu_accumulate_f32(void *ctx, float *out, const float *x, size_t n);
 void kiln_cpu_adamw(void *ctx, const struct kiln_adamw_args *a);
 
+// FP8 (fp8.c): the ops, and one value each way, exactly as the hardware's saturating conversion rounds
+void kiln_cpu_amax(void *ctx, const struct kiln_amax_args *a);
+void kiln_cpu_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a);
+void kiln_cpu_fp8_matmul(void *ctx, const struct kiln_fp8_matmul_args *a);
+void kiln_cpu_bias_backward(void *ctx, const struct kiln_bias_back_args *a);
+uint8_t kiln_fp8_encode(float x, enum kiln_fp8_fmt fmt);
+float kiln_fp8_decode(uint8_t c, enum kiln_fp8_fmt fmt);
+// gelu'(x) of the GELU the matmul epilogue applies (matmul.c)
+float kiln_cpu_gelu_grad(float x);
+
 // ALiBi slope of query head h of NH (the ALiBi paper's construction), exposed for the tests.
 float kiln_cpu_alibi_slope(int h, int NH);
 

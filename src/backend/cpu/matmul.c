@@ -232,6 +232,10 @@ static inline float gelu_grad(float x) {
     return 0.5f * (1.0f + tanh_out) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+float kiln_cpu_gelu_grad(float x) {
+    return gelu_grad(x);
+}
+
 // ---- ops -------------------------------------------------------------------------------------------
 
 // out = act(inp @ weight^T + bias)

@@ -353,6 +353,10 @@ static const struct kiln_ops cuda_ops = {
     cuda_copy_async,
     cuda_stream_wait,
     cuda_copy_side,
+    kiln_cuda_amax,
+    kiln_cuda_fp8_cast,
+    kiln_cuda_fp8_matmul,
+    kiln_cuda_bias_backward,
 };
 
 static void cuda_close(struct kiln_backend *b) {
@@ -509,6 +513,7 @@ extern "C" int kiln_cuda_backend_open(const struct kiln_backend_opts *opts, stru
     out->mem_total_bytes = tot;
     out->mem_free_bytes = fr;
     out->attention_fast = kiln_cuda_attention_fast;
+    out->fp8_tensor_cores = c->prop.major * 10 + c->prop.minor >= 89; // Ada, Hopper and later
     out->close = cuda_close;
     return 0;
 }

@@ -57,6 +57,7 @@ enum cuda_scratch_slot {
     SCR_SUMSQ,      // sum_squares partials (double)
     SCR_ATTN_ROT,   // attention with RoPE: rotated q (B, T, NH, HS) then k (B, T, NKV, HS), bf16
     SCR_ATTN_DQ,    // attention backward, default mode: dQ accumulator (B, T, NH, HS) f32
+    SCR_FP8,        // the FP8 GEMM's f32 product before its epilogue (fp8.cu): (M, N)
     SCR_COUNT
 };
 
@@ -176,6 +177,11 @@ void kiln_cuda_adamw(void *ctx, const struct kiln_adamw_args *a);
 void kiln_cuda_colsum_bf16(struct cuda_ctx *c, void *out, const bf16 *x, int N, int C, int assign);
 void kiln_cuda_add_f32(struct cuda_ctx *c, float *out, const float *x, int n); // out += x
 void kiln_cuda_matmul_cache_free(struct cuda_ctx *c); // matmul.cu: the cuBLASLt descriptor cache
+// FP8 (fp8.cu)
+void kiln_cuda_amax(void *ctx, const struct kiln_amax_args *a);
+void kiln_cuda_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a);
+void kiln_cuda_fp8_matmul(void *ctx, const struct kiln_fp8_matmul_args *a);
+void kiln_cuda_bias_backward(void *ctx, const struct kiln_bias_back_args *a);
 #ifdef __cplusplus
 }
 #endif
