@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "data/loader.h"
+#include "data/shards.h"
 #include "parallel/comm/comm.h"
 #include "parallel/comm/env.h"
 #include "parallel/comm/flight.h"
@@ -60,12 +61,15 @@ static int char_shards_tokenizer(const struct kiln_config *cfg, struct kiln_toke
     glob_t g;
     int found = glob(cfg->data, 0, NULL, &g) == 0 && g.gl_pathc > 0;
     char manifest[1100] = "";
-    if (found) {
+    int rc = found ? kiln_token_path_check(g.gl_pathv[0], err) : 0; // a directory has no manifest beside it
+    if (found && !rc) {
         char *first = kiln_xstrdup(g.gl_pathv[0]);
         snprintf(manifest, sizeof(manifest), "%s/manifest.json", dirname(first));
         free(first);
     }
     globfree(&g);
+    if (rc)
+        return rc;
     if (!found)
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "no files match '%s' (--data): check the path and quote the glob", cfg->data);
