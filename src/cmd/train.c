@@ -87,7 +87,8 @@ int cmd_train(int argc, char **argv, const struct kiln_knobs *knobs) {
             return kiln_error_print(&err);
         // every rank's errors reach stderr, prefixed with its rank; then the whole job ends, so that no other
         // rank waits forever in a collective this one will never join
-        fprintf(stderr, "[rank %d] error: %s\n", res.rank, err.msg);
+        if (!res.quiet_error)
+            fprintf(stderr, "[rank %d] error: %s\n", res.rank, err.msg);
         if (res.abort_job)
             kiln_comm_abort_job(err.code);
         kiln_train_end_job();
