@@ -32,6 +32,7 @@ static void on_stop_signal(int sig) {
     }
     if (!n_stop_signals++)
         first_stop_s = kiln_now_s();
+    kiln_watchdog_poke(); // (mpirun's SIGTERM after a rank died: the watchdog names it)
     if (!kiln_train_request_stop(sig)) {
         // still starting: no step to finish, and a read may block for good (a FIFO, a hung mount) where
         // nothing would ever look at the request; nothing was trained since the newest checkpoint
