@@ -129,10 +129,47 @@ struct launch_opts {
     double grace_s;  // env mode: SIGTERM to SIGKILL when the group is stopped
 };
 
-// "error: ARG (kiln launch): WHY; see kiln launch --help"
-static int usage_error(const char *why, const char *arg) {
+// launch's own options, for telling one given without its value from an unknown one
+static const char *const LAUNCH_FLAGS[] = {"max-restarts", "backoff",   "backoff-max", "nproc-per-node",
+                                           "master-port",  "grace",     "master-addr", "mode",
+                                           "nnodes",       "node-rank", "rdzv-timeout"};
+
+// A launch option with a bad value, in train's style:
+// "error: bad value 'V' for NAME (kiln launch --NAME): EXPECTED; see kiln launch --help"
+static int bad_value(const char *arg, const char *expected) {
+    const char *eq = strchr(arg, '=');
+    int n = eq ? (int)(eq - arg) : (int)strlen(arg);
     struct kiln_error e;
-    kiln_errorf(&e, KILN_ERR_USAGE, "%s (kiln launch): %s; see kiln launch --help", arg, why);
+    kiln_errorf(&e, KILN_ERR_USAGE, "bad value '%s' for %.*s (kiln launch %.*s): %s; see kiln launch --help",
+                eq ? eq + 1 : "", n - 2, arg + 2, n, arg, expected);
+    return kiln_error_print(&e);
+}
+
+// An argument before -- that is none of launch's options, in train's style: an unknown option, one of
+// launch's without its value, or a word that is no option at all (most often train options without --)
+static int unknown_arg(const char *arg) {
+    struct kiln_error e;
+    if (strncmp(arg, "--", 2)) {
+        kiln_errorf(&e, KILN_ERR_USAGE,
+                    "unexpected argument '%s' (kiln launch): train options go after --; write kiln launch "
+                    "[OPTIONS] -- TRAIN-OPTIONS",
+                    arg);
+        return kiln_error_print(&e);
+    }
+    const char *name = arg + 2;
+    int n = (int)strcspn(name, "=");
+    for (size_t i = 0; i < sizeof(LAUNCH_FLAGS) / sizeof(LAUNCH_FLAGS[0]); i++)
+        if (!name[n] && !strcmp(name, LAUNCH_FLAGS[i])) {
+            kiln_errorf(
+                &e, KILN_ERR_USAGE,
+                "option --%s needs a value (kiln launch --%s): write --%s=VALUE; see kiln launch --help",
+                name, name, name);
+            return kiln_error_print(&e);
+        }
+    kiln_errorf(
+        &e, KILN_ERR_USAGE,
+        "unknown option '%.*s' (kiln launch --%.*s): train options go after --; see kiln launch --help", n,
+        name, n, name);
     return kiln_error_print(&e);
 }
 
@@ -926,31 +963,31 @@ static int parse_opts(int argc, char **argv, struct launch_opts *o, int *consume
         }
         if ((r = parse_number(argv[i], "--max-restarts", 0, 1e6, &v)) <= 0) {
             if (r < 0 || v != (int)v)
-                return usage_error("bad value: expected a whole number 0..1e6", argv[i]);
+                return bad_value(argv[i], "expected a whole number 0..1e6");
             o->max_restarts = (int)v;
         } else if ((r = parse_number(argv[i], "--backoff", 0, 86400, &v)) <= 0) {
             if (r < 0)
-                return usage_error("bad value: expected seconds 0..86400", argv[i]);
+                return bad_value(argv[i], "expected seconds 0..86400");
             o->backoff_s = v;
         } else if ((r = parse_number(argv[i], "--backoff-max", 0, 86400, &v)) <= 0) {
             if (r < 0)
-                return usage_error("bad value: expected seconds 0..86400", argv[i]);
+                return bad_value(argv[i], "expected seconds 0..86400");
             o->backoff_max_s = v;
         } else if ((r = parse_number(argv[i], "--nproc-per-node", 1, LAUNCH_MAX_NPROC, &v)) <= 0) {
             if (r < 0 || v != (int)v)
-                return usage_error("bad value: expected a whole number 1..1024", argv[i]);
+                return bad_value(argv[i], "expected a whole number 1..1024");
             o->nproc = (int)v;
         } else if ((r = parse_number(argv[i], "--master-port", 1, 65535, &v)) <= 0) {
             if (r < 0 || v != (int)v)
-                return usage_error("bad value: expected a port 1..65535", argv[i]);
+                return bad_value(argv[i], "expected a port 1..65535");
             o->master_port = (int)v;
         } else if ((r = parse_number(argv[i], "--grace", 0, 86400, &v)) <= 0) {
             if (r < 0)
-                return usage_error("bad value: expected seconds 0..86400", argv[i]);
+                return bad_value(argv[i], "expected seconds 0..86400");
             o->grace_s = v;
         } else if (!parse_string(argv[i], "--master-addr", &s)) {
             if (!*s || strlen(s) > 255)
-                return usage_error("bad value: expected a host name or IP address", argv[i]);
+                return bad_value(argv[i], "expected a host name or IP address");
             o->master_addr = s;
         } else if (!parse_string(argv[i], "--mode", &s)) {
             if (!strcmp(s, "auto"))
@@ -960,21 +997,21 @@ static int parse_opts(int argc, char **argv, struct launch_opts *o, int *consume
             else if (!strcmp(s, "mpirun"))
                 o->mode = MODE_MPIRUN;
             else
-                return usage_error("bad value: expected auto, env or mpirun", argv[i]);
+                return bad_value(argv[i], "expected auto, env or mpirun");
         } else if ((r = parse_number(argv[i], "--nnodes", 1, LAUNCH_MAX_NODES, &v)) <= 0) {
             if (r < 0 || v != (int)v)
-                return usage_error("bad value: expected a whole number 1..4096", argv[i]);
+                return bad_value(argv[i], "expected a whole number 1..4096");
             o->nnodes = (int)v;
         } else if ((r = parse_number(argv[i], "--node-rank", 0, LAUNCH_MAX_NODES - 1, &v)) <= 0) {
             if (r < 0 || v != (int)v)
-                return usage_error("bad value: expected a whole number 0..4095", argv[i]);
+                return bad_value(argv[i], "expected a whole number 0..4095");
             o->node_rank = (int)v;
         } else if ((r = parse_number(argv[i], "--rdzv-timeout", 0.1, 86400, &v)) <= 0) {
             if (r < 0)
-                return usage_error("bad value: expected seconds 0.1..86400", argv[i]);
+                return bad_value(argv[i], "expected seconds 0.1..86400");
             o->rdzv_timeout_s = v;
         } else {
-            return usage_error("unknown option (train options go after --)", argv[i]);
+            return unknown_arg(argv[i]);
         }
     }
     if (i == argc) {
@@ -987,9 +1024,8 @@ static int parse_opts(int argc, char **argv, struct launch_opts *o, int *consume
     if (o->node_rank >= o->nnodes) {
         char arg[64];
         snprintf(arg, sizeof(arg), "--node-rank=%d", o->node_rank);
-        return usage_error(o->nnodes == 1 ? "bad value: --node-rank needs --nnodes=M with M > 1"
-                                          : "bad value: not below --nnodes; nodes count from 0",
-                           arg);
+        return bad_value(arg, o->nnodes == 1 ? "--node-rank needs --nnodes=M with M > 1"
+                                             : "not below --nnodes; nodes count from 0");
     }
     *consumed = i + 1;
     return 0;
@@ -1041,7 +1077,7 @@ int cmd_launch(int argc, char **argv, const struct kiln_knobs *knobs) {
     char exe[PATH_MAX], self[PATH_MAX], mpirun[PATH_MAX], why[PATH_MAX + 64];
     ssize_t n_self = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n_self <= 0) {
-        kiln_errorf(&err, KILN_ERR_RUNTIME, "/proc/self/exe (kiln launch): cannot read it: %s; mount /proc",
+        kiln_errorf(&err, KILN_ERR_RUNTIME, "cannot read /proc/self/exe (kiln launch): %s; mount /proc",
                     strerror(errno));
         return kiln_error_print(&err);
     }
@@ -1050,7 +1086,7 @@ int cmd_launch(int argc, char **argv, const struct kiln_knobs *knobs) {
     if (hook && *hook) {
         if (access(hook, X_OK)) {
             kiln_errorf(&err, KILN_ERR_USAGE,
-                        "KILN_LAUNCH_EXE=%s (kiln launch): cannot run it: %s; unset it to run kiln", hook,
+                        "cannot run KILN_LAUNCH_EXE=%s (kiln launch): %s; unset it to run kiln", hook,
                         strerror(errno));
             return kiln_error_print(&err);
         }
@@ -1263,9 +1299,14 @@ int cmd_launch(int argc, char **argv, const struct kiln_knobs *knobs) {
         }
         char how[96];
         describe_status(c.status, how, sizeof(how));
-        if (restart >= o.max_restarts) {
-            fprintf(stderr, "kiln launch: %s %s; giving up after %d restart%s (--max-restarts=%d)\n", who,
-                    how, restart, restart == 1 ? "" : "s", o.max_restarts);
+        if (restart >= o.max_restarts) { // (launch's exit status is the child's)
+            struct kiln_error e;
+            kiln_errorf(&e, KILN_ERR_RUNTIME,
+                        "%s %s (kiln launch): giving up after %d restart%s (--max-restarts=%d); %s", who, how,
+                        restart, restart == 1 ? "" : "s", o.max_restarts,
+                        restart ? "see the restarts in RUN/restarts.jsonl"
+                                : "raise --max-restarts to restart it");
+            kiln_error_print(&e);
             break;
         }
         double wait_s = o.backoff_s;

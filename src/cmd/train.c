@@ -32,6 +32,7 @@ static void on_stop_signal(int sig) {
     }
     if (!n_stop_signals++)
         first_stop_s = kiln_now_s();
+    kiln_watchdog_poke(); // (mpirun's SIGTERM after a rank died: the watchdog names it)
     if (!kiln_train_request_stop(sig)) {
         // still starting: no step to finish, and a read may block for good (a FIFO, a hung mount) where
         // nothing would ever look at the request; nothing was trained since the newest checkpoint
@@ -87,7 +88,8 @@ int cmd_train(int argc, char **argv, const struct kiln_knobs *knobs) {
             return kiln_error_print(&err);
         // every rank's errors reach stderr, prefixed with its rank; then the whole job ends, so that no other
         // rank waits forever in a collective this one will never join
-        fprintf(stderr, "[rank %d] error: %s\n", res.rank, err.msg);
+        if (!res.quiet_error)
+            fprintf(stderr, "[rank %d] error: %s\n", res.rank, err.msg);
         if (res.abort_job)
             kiln_comm_abort_job(err.code);
         kiln_train_end_job();

@@ -179,6 +179,20 @@ bad:
                        path);
 }
 
+int kiln_token_path_check(const char *path, struct kiln_error *err) {
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return 0;
+    int n = (int)strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    return kiln_errorf(
+        err, KILN_ERR_USAGE,
+        "token file is a directory (%s): kiln reads .bin shards or .npy arrays; give the files "
+        "in it, quoted, e.g. '%.*s/train_*.bin'",
+        path, n, path);
+}
+
 int kiln_token_file_open(struct kiln_token_file *f, const char *path, int vocab_size,
                          struct kiln_error *err) {
     memset(f, 0, sizeof(*f));
@@ -190,6 +204,10 @@ int kiln_token_file_open(struct kiln_token_file *f, const char *path, int vocab_
     if (fstat(fd, &st) != 0) {
         close(fd);
         return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot stat token file (%s): %s", path, strerror(errno));
+    }
+    if (S_ISDIR(st.st_mode)) { // (mmap would say "No such device")
+        close(fd);
+        return kiln_token_path_check(path, err);
     }
     size_t size = (size_t)st.st_size;
     void *map = size ? mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0) : NULL;

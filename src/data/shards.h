@@ -40,6 +40,10 @@ struct kiln_token_file {
     size_t map_bytes;
 };
 
+// A path that names a directory, where a token file was expected, is a usage error naming it (with a glob
+// of the shards in it as the hint); 0 for anything else (a file, or nothing: opening it says what is wrong).
+int kiln_token_path_check(const char *path, struct kiln_error *err);
+
 // Opens and validates path (.npy by extension, else .bin): magic, version, size == header + count * elem.
 // With vocab_size > 0 every token is checked to be < vocab_size, the first bad one reported with its offset.
 int kiln_token_file_open(struct kiln_token_file *f, const char *path, int vocab_size, struct kiln_error *err);

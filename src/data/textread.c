@@ -38,6 +38,17 @@ static int ends_with(const char *s, const char *suffix) {
 
 int kiln_textreader_open(struct kiln_textreader **out, const char *path, struct kiln_error *err) {
     *out = NULL;
+    // a directory opens and then fails to read (EISDIR), which would read as a failing disk
+    struct stat ds;
+    if (stat(path, &ds) == 0 && S_ISDIR(ds.st_mode)) {
+        int n = (int)strlen(path);
+        while (n > 1 && path[n - 1] == '/')
+            n--;
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "input is a directory (%s): kiln tokenize reads .txt and .jsonl files, optionally "
+                           ".xz; give the files in it, quoted, e.g. '%.*s/*.txt'",
+                           path, n, path);
+    }
     FILE *f = fopen(path, "rb");
     if (!f)
         return kiln_errorf(err, KILN_ERR_RUNTIME, "cannot open input (%s): %s; check the path", path,

@@ -139,6 +139,27 @@ static int ckpt_check(const char *ckpt_dir, struct kiln_ckpt *out, int share_ran
     char *text;
     size_t len;
     struct stat st;
+    // a path that is no checkpoint at all says so, not that a checkpoint is torn
+    if (stat(ckpt_dir, &st) != 0)
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "no checkpoint (%s): %s; check the path: a checkpoint is a directory RUN/ckpt/step_N", ckpt_dir,
+            errno == ENOENT ? "the path does not exist" : strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "not a checkpoint (%s): a file, where a checkpoint is a directory holding state.json; "
+            "give its directory, RUN/ckpt/step_N",
+            ckpt_dir);
+    if (stat(p, &st) != 0 && dir_step(ckpt_dir) < 0) {
+        char sub[1200];
+        int run_dir = !kiln_path_join(sub, sizeof(sub), ckpt_dir, "ckpt", NULL) && kiln_is_dir(sub);
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "not a checkpoint (%s): %s; give one of %s checkpoints, a directory RUN/ckpt/step_N", ckpt_dir,
+            run_dir ? "a run directory, not one of its checkpoints" : "it holds no state.json",
+            run_dir ? "its" : "a run's");
+    }
     if (stat(p, &st) != 0)
         return kiln_errorf(err, KILN_ERR_RUNTIME, "%s (%s): %s; the checkpoint was not written completely",
                            bad, p, strerror(errno));

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "data/loader.h"
+#include "data/shards.h"
 #include "parallel/comm/comm.h"
 #include "parallel/comm/env.h"
 #include "parallel/comm/flight.h"
@@ -62,12 +63,15 @@ static int char_shards_tokenizer(const struct kiln_config *cfg, struct kiln_toke
     glob_t g;
     int found = glob(cfg->data, 0, NULL, &g) == 0 && g.gl_pathc > 0;
     char manifest[1100] = "";
-    if (found) {
+    int rc = found ? kiln_token_path_check(g.gl_pathv[0], err) : 0; // a directory has no manifest beside it
+    if (found && !rc) {
         char *first = kiln_xstrdup(g.gl_pathv[0]);
         snprintf(manifest, sizeof(manifest), "%s/manifest.json", dirname(first));
         free(first);
     }
     globfree(&g);
+    if (rc)
+        return rc;
     if (!found)
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "no files match '%s' (--data): check the path and quote the glob", cfg->data);
@@ -311,7 +315,7 @@ static int in_step_list(const int64_t *list, int64_t step) {
 // resume
 
 static void report_skip(const char *path, const char *why, const struct kiln_comm *comm) {
-    if (comm && comm->size > 1) // (printed by the rank that found it; the others found nothing)
+    if (comm && comm->size > 1) // (printed by the first rank that found it: see agree)
         fprintf(stderr,
                 "kiln: checkpoint %s is unusable (%s, found by rank %d): falling back to the previous one\n",
                 path, why, comm->rank);
@@ -323,14 +327,22 @@ static void report_skip(const char *path, const char *why, const struct kiln_com
 // With several ranks every step below is taken by all of them on the same checkpoint, and they agree on each
 // verdict: r is this rank's (0, -2 or an error code, err filled), and the job's is returned: 0 when every
 // rank got 0; else -2 when some rank got -2, else the largest error. A rank whose own r was 0 names the
-// others in err; *own says whether this rank's own r failed.
-static int agree(struct kiln_comm *comm, int r, const char *dir, int *own, struct kiln_error *err) {
+// others in err; *own says whether this rank's own r failed. *reporter: the rank that says why, the same on
+// every rank (the first whose own r gave the job's verdict), so that a checkpoint every rank finds unusable
+// is reported once, not once per rank.
+static int agree(struct kiln_comm *comm, int r, const char *dir, int *own, int *reporter,
+                 struct kiln_error *err) {
     *own = r != 0;
+    *reporter = 0;
     if (!comm || comm->size == 1)
         return r;
     int32_t cls = r == 0 ? 0 : r == -2 ? 2 : 1, code = r > 0 ? r : r == -2 ? err->code : 0;
+    int32_t mine = cls;
     kiln_comm_all_reduce_host(comm, &cls, 1, KILN_I32, KILN_RED_MAX);
     kiln_comm_all_reduce_host(comm, &code, 1, KILN_I32, KILN_RED_MAX);
+    int32_t first = cls && mine == cls ? comm->rank : comm->size;
+    kiln_comm_all_reduce_host(comm, &first, 1, KILN_I32, KILN_RED_MIN);
+    *reporter = first < comm->size ? first : 0;
     if (cls == 0)
         return 0;
     if (r == 0)
@@ -343,16 +355,16 @@ static int agree(struct kiln_comm *comm, int r, const char *dir, int *own, struc
 // state. Returns 0, an error, or -2 after a usage error (a different model), which must not fall back. With
 // dp (several ranks) the moments this rank holds are taken from a checkpoint of any world size. With comm
 // (several ranks, all calling this on the same dir) each rank hashes its share of the files, and nothing is
-// applied unless every share verified.
+// applied unless every share verified. *reporter: the rank that reports a failure (agree).
 static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_model *g,
                        struct kiln_optim_state *os, struct kiln_dp *dp, struct kiln_loader *train,
                        struct kiln_guards *guards, struct kiln_train_state *st, struct kiln_comm *comm,
-                       int verbose, int *own, struct kiln_error *err) {
+                       int verbose, int *own, int *reporter, struct kiln_error *err) {
     struct kiln_ckpt ck;
     memset(&ck, 0, sizeof(ck));
     int several = comm && comm->size > 1;
     int rc = kiln_ckpt_load_share(dir, &ck, several ? comm->rank : 0, several ? comm->size : 1, err);
-    if ((rc = agree(comm, rc, dir, own, err))) {
+    if ((rc = agree(comm, rc, dir, own, reporter, err))) {
         kiln_ckpt_close(&ck);
         return rc;
     }
@@ -364,8 +376,9 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_mod
         rc = kiln_agree_checkpoint(comm, dir, state ? state : "",
                                    cJSON_IsNumber(step) ? (long long)step->valuedouble : -1, err);
         free(state);
-        if (rc) {
+        if (rc) { // (the same line on every rank: rank 0 reports it)
             *own = 1;
+            *reporter = 0;
             kiln_ckpt_close(&ck);
             return -2;
         }
@@ -382,7 +395,7 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_mod
                 : kiln_ckpt_apply(&ck, kiln_model_params(g), os, err);
     if (!rc && (rc = kiln_loader_set_state(train, &st->loader, err)))
         rc = -2; // other data or T: falling back would not help
-    rc = agree(comm, rc, dir, own, err);
+    rc = agree(comm, rc, dir, own, reporter, err);
     if (!rc && verbose) // printed also with --quiet: where a run continues from belongs in every log
         fprintf(stderr, "kiln: resuming from %s (step %lld)\n", dir, (long long)st->step);
     if (!rc && verbose && changes[0]) {
@@ -428,11 +441,14 @@ static int list_checkpoints(const char *run_dir, struct kiln_comm *comm, char **
 
 // 0 = resumed, KILN_CKPT_NONE = start fresh, else an error. With several ranks (comm) all of them call this
 // and end on the same checkpoint, or on none: each verifies its share of a checkpoint's files, and a
-// checkpoint that fails any share is skipped (--resume=auto) or refused (--resume=PATH) by all.
+// checkpoint that fails any share is skipped (--resume=auto) or refused (--resume=PATH) by all. Every rank
+// returns the same verdict; *reporter is the rank whose error says why (the others' only point to it).
 static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_optim_state *os,
                   struct kiln_dp *dp, struct kiln_comm *comm, struct kiln_loader *train,
-                  struct kiln_guards *guards, struct kiln_train_state *st, struct kiln_error *err) {
+                  struct kiln_guards *guards, struct kiln_train_state *st, int *reporter,
+                  struct kiln_error *err) {
     int verbose = !comm || comm->rank == 0;
+    *reporter = 0;
     if (!strcmp(cfg->resume, "auto") || !strcmp(cfg->resume, "never")) {
         if (!cfg->out[0])
             return KILN_CKPT_NONE;
@@ -452,11 +468,13 @@ static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_opt
                              cfg->out, cfg->out);
         for (int i = 0; i < n && rc == KILN_CKPT_NONE; i++) {
             struct kiln_error e = {0};
-            int own, r = resume_from(paths[i], cfg, g, os, dp, train, guards, st, comm, verbose, &own, &e);
+            int own, first,
+                r = resume_from(paths[i], cfg, g, os, dp, train, guards, st, comm, verbose, &own, &first, &e);
             if (r == 0 || r == -2) {
                 rc = r ? e.code : 0;
                 *err = e;
-            } else if (own) { // (the rank that found it says why)
+                *reporter = first;
+            } else if (own && (!comm || comm->rank == first)) { // (the first rank that found it says why)
                 report_skip(paths[i], e.msg, comm);
             }
         }
@@ -473,7 +491,8 @@ static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_opt
     if (!cfg->out[0])
         return kiln_errorf(err, KILN_ERR_USAGE, "--resume=%s needs --out, the run directory to continue in",
                            cfg->resume);
-    int own, r = resume_from(cfg->resume, cfg, g, os, dp, train, guards, st, comm, verbose, &own, err);
+    int own,
+        r = resume_from(cfg->resume, cfg, g, os, dp, train, guards, st, comm, verbose, &own, reporter, err);
     return r == -2 ? err->code : r;
 }
 
@@ -855,9 +874,14 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     if (cfg->out[0] && r->rank0 &&
         ((rc = kiln_mkdir_p(cfg->out, err)) || (rc = kiln_dir_lock(cfg->out, "--out", &r->lock_fd, err))))
         return rc;
-    rc = resume(cfg, r->g, r->os, r->dp, r->comm, r->data.train, &r->guards, &r->st, err);
+    int reporter;
+    rc = resume(cfg, r->g, r->os, r->dp, r->comm, r->data.train, &r->guards, &r->st, &reporter, err);
     if (rc == KILN_CKPT_NONE)
         rc = 0;
+    if (rc && r->comm) { // every rank has the verdict: one reports it, all leave together
+        r->stopped_together = 1;
+        r->res->quiet_error = r->env.rank != reporter;
+    }
     if (rc)
         return rc;
     if (r->st.precision) { // the recipe's state from the checkpoint (delayed scaling's amax histories)

@@ -30,6 +30,8 @@ struct kiln_train_result {
                               // (kiln_comm_abort_job), never return normally into MPI_Finalize
     int end_job;              // an error every rank shares (a config that differs across ranks): cmd/
                               // reports it, then calls kiln_train_end_job
+    int quiet_error;          // with end_job: another rank reports the error (an unusable checkpoint is
+                              // reported once, by the first rank that found it); this one exits silently
 };
 
 // Trains per cfg. Writes cfg->out/{config, metrics.jsonl, model.safetensors, tokenizer files, ckpt/} when

@@ -26,14 +26,14 @@ cmp -s "$T/a/model.safetensors" "$T/b/model.safetensors" && ok || bad "weights a
 rc=$?
 [ $rc -eq 134 ] && ok || bad "giving up should exit 134 (SIGABRT), got $rc"
 [ "$(wc -l <"$T/c/restarts.jsonl")" -eq 2 ] && ok || bad "2 restarts expected: $(cat "$T/c/restarts.jsonl")"
-grep -q "giving up after 2 restarts (--max-restarts=2)" "$T/err" && ok || bad "no give-up message: $(cat "$T/err")"
+grep -q "^error: kiln train was killed by signal 6 (SIGABRT) (kiln launch): giving up after 2 restarts (--max-restarts=2); " "$T/err" && ok || bad "no give-up message: $(cat "$T/err")"
 
 # usage errors: not retried
 "$KILN" launch --max-restarts=5 --backoff=0 -- "${args[@]}" --out="$T/d" --layers=2 --dim=31 2>"$T/err"
 [ $? -eq 2 ] && ok || bad "a usage error should exit 2"
 [ ! -e "$T/d/restarts.jsonl" ] && ok || bad "a usage error was retried"
 "$KILN" launch --max-restarts=x -- "${args[@]}" --out="$T/d" 2>"$T/err"
-[ $? -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "^error: --max-restarts=x (kiln launch): bad value: .*; see kiln launch --help$" "$T/err" && ok || bad "--max-restarts=x: $(cat "$T/err")"
+[ $? -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "^error: bad value 'x' for max-restarts (kiln launch --max-restarts): .*; see kiln launch --help$" "$T/err" && ok || bad "--max-restarts=x: $(cat "$T/err")"
 "$KILN" launch -- "${args[@]}" 2>"$T/err"
 [ $? -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "^error: no --out=RUN (kiln launch's train options): .*; add --out=RUN" "$T/err" && ok || bad "launch without --out: $(cat "$T/err")"
 "$KILN" launch "${args[@]}" 2>"$T/err"

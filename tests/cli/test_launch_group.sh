@@ -92,7 +92,7 @@ run_group ok --nproc-per-node=2 --master-addr=localhost --master-port=29577
 run_group crash --nproc-per-node=3 --max-restarts=0 --grace=60
 [ $rc -eq 3 ] && ok || bad "rank 1 exits 3, no restarts: launch should exit 3, got $rc: $(cat "$T/err")"
 [ $ms -ge 0 ] && [ $ms -lt 20000 ] && ok || bad "stopping the group took $ms ms after the crash"
-grep -q "rank 1 of 3 exited with status 3; giving up after 0 restarts (--max-restarts=0)" "$T/err" && ok ||
+grep -q "^error: rank 1 of 3 exited with status 3 (kiln launch): giving up after 0 restarts (--max-restarts=0); " "$T/err" && ok ||
   bad "no give-up message: $(cat "$T/err")"
 [ "$(wc -l <"$REC/pids")" -eq 5 ] && ok || bad "3 ranks and 2 children expected: $(cat "$REC/pids")"
 no_survivors "after a crash"

@@ -70,7 +70,7 @@ for p in $(cat "$REC/pids"); do alive "$p" && left="$left $p"; done
 [ -z "$left" ] && ok || bad "processes left running: $left"
 two_nodes crash_always --nproc-per-node=2 --max-restarts=0
 [ $rc0 -eq 3 ] && [ $rc1 -eq 3 ] && ok || bad "give up: both launchers should exit 3: $rc0 $rc1"
-grep -q "rank 3 of 4 exited with status 3; giving up" "$T/err0" && ok || bad "node 0's give-up line: $(cat "$T/err0")"
+grep -q "^error: rank 3 of 4 exited with status 3 (kiln launch): giving up" "$T/err0" && ok || bad "node 0's give-up line: $(cat "$T/err0")"
 
 # a node that never arrives: the others name it and its ranks within --rdzv-timeout (3 nodes, node 2 missing)
 rm -rf "$REC" && mkdir -p "$REC/run"
@@ -109,8 +109,9 @@ rc1=$?
 
 # bad flags: one line, exit 2
 for flag in --nnodes=0 --nnodes=x --node-rank=-1 --rdzv-timeout=0; do
-  expect_error 2 "^error: $flag (kiln launch): bad value" -- launch "$flag" -- "${targs[@]}"
+  name=${flag%%=*}
+  expect_error 2 "^error: bad value '${flag#*=}' for ${name#--} (kiln launch $name): " -- launch "$flag" -- "${targs[@]}"
 done
-expect_error 2 "^error: --node-rank=2 (kiln launch): bad value: not below --nnodes" -- launch --nnodes=2 --node-rank=2 -- "${targs[@]}"
-expect_error 2 "^error: --node-rank=1 (kiln launch): bad value: --node-rank needs --nnodes" -- launch --node-rank=1 -- "${targs[@]}"
+expect_error 2 "^error: bad value '2' for node-rank (kiln launch --node-rank): not below --nnodes" -- launch --nnodes=2 --node-rank=2 -- "${targs[@]}"
+expect_error 2 "^error: bad value '1' for node-rank (kiln launch --node-rank): --node-rank needs --nnodes" -- launch --node-rank=1 -- "${targs[@]}"
 finish

@@ -21,6 +21,7 @@
 
 #include "parallel/comm/comm.h"
 #include "parallel/comm/env.h"
+#include "parallel/comm/peers.h"
 
 enum {
     OP_SPLIT = KILN_COLL_N
@@ -428,6 +429,13 @@ int kiln_comm_mpi_open(struct kiln_comm *c, const struct kiln_dist_env *env,
             rank, size, kiln_launcher_name(env->launcher), env->rank, env->world);
     MPI_Comm comm;
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+    // who every rank is, so that one on this machine that dies is noticed (peers.h); MPI's own call, not
+    // one of the job's collectives (the flight recorder does not count it)
+    struct kiln_peer me, *all = kiln_xmalloc((size_t)size * sizeof(*all));
+    kiln_peer_self(&me);
+    MPI_Allgather(&me, (int)sizeof(me), MPI_BYTE, all, (int)sizeof(me), MPI_BYTE, comm);
+    kiln_peers_set(rank, size, all);
+    free(all);
     c->impl = &mpi_impl;
     c->state = state_new(comm, c->be, o->mpi_delay_us);
     return 0;

@@ -17,6 +17,7 @@
 
 #include "parallel/comm/comm.h"
 #include "parallel/comm/flight.h"
+#include "parallel/comm/peers.h"
 #include "io/fsutil.h"
 #include "util/progress.h"
 
@@ -363,6 +364,13 @@ static void *watchdog_main(void *arg) {
             else
                 fprintf(stderr, "kiln: [rank %d] SIGUSR2: flight recorder and stacks in %s\n", wd.rank, path);
         }
+        char gone[400];
+        if (kiln_peers_check(gone, sizeof(gone)) == 1) {
+            // (a rank that dies leaves the others blocked in a collective with it; its launcher ends them)
+            fprintf(stderr, "kiln: [rank %d] during step %lld, %s; ending the job (exit %d)\n", wd.rank,
+                    (long long)kiln_flight_step(), gone, KILN_EXIT_PEER_GONE);
+            kiln_comm_abort_all(KILN_EXIT_PEER_GONE);
+        }
         char reason[512];
         int why = wd.timeout_s > 0 ? hang_reason(kiln_now_s(), reason, sizeof(reason)) : 0;
         if (why && just_woken) { // not a hang of this rank's: the others waited for it while it was stopped
@@ -408,6 +416,7 @@ int kiln_watchdog_start(const struct kiln_watchdog_opts *o, struct kiln_error *e
 }
 
 void kiln_watchdog_stop(void) {
+    kiln_peers_clear(); // the job is ending: ranks leave at their own pace from here
     if (!wd.running)
         return;
     atomic_store(&wd.stop, 1);
@@ -415,6 +424,11 @@ void kiln_watchdog_stop(void) {
     pthread_join(wd.thread, NULL);
     sem_destroy(&wd.wake);
     wd.running = 0;
+}
+
+void kiln_watchdog_poke(void) {
+    if (wd.running)
+        sem_post(&wd.wake);
 }
 
 void kiln_watchdog_request_dump(void) {

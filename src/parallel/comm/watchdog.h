@@ -15,6 +15,9 @@
 
 // The exit status of a job the watchdog ended (EX_SOFTWARE): a failure, so launchers restart it.
 #define KILN_EXIT_HANG 70
+// The exit status of a job the watchdog ended because a rank on its machine died (parallel/comm/peers.h):
+// a failure too.
+#define KILN_EXIT_PEER_GONE 1
 
 struct kiln_watchdog_opts {
     const char *dir; // where rank-N.txt goes: RUN/hang, or ./kiln-hang without a run directory
@@ -28,6 +31,10 @@ void kiln_watchdog_stop(void); // NULL-safe: nothing when it was not started
 // Asks the watchdog for a dump (DIR/rank-N-usr2.txt) without stopping anything. Async-signal-safe: the
 // SIGUSR2 handler of cmd/train.c calls it.
 void kiln_watchdog_request_dump(void);
+// Asks the watchdog to look at once (a dead peer: parallel/comm/peers.h). Async-signal-safe: a launcher
+// that reaped a dead rank sends the others SIGTERM, and then SIGKILL soon after; the stop handler of
+// cmd/train.c calls it so that the line naming the dead rank comes out first.
+void kiln_watchdog_poke(void);
 
 // Writes a dump to path now (tmp + rename). trigger: "self", "peer", "stopped" (this rank did not run for
 // longer than the timeout, and the others gave up on it meanwhile) or "usr2".
