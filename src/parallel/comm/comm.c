@@ -3,11 +3,13 @@
 #include "parallel/comm/comm.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "parallel/comm/env.h"
 #include "parallel/comm/flight.h"
+#include "parallel/comm/peers.h"
 #include "util/progress.h"
 
 // ---- the flight recorder's side of a communicator ----
@@ -179,6 +181,15 @@ int kiln_comm_open_world(const struct kiln_dist_env *env, const struct kiln_comm
     }
     flight_attach(c, "world");
     c->owner = pthread_self();
+    if (o->kind == KILN_COMM_NCCL && c->size > 1) {
+        // who every rank is, so that one on this machine that dies is noticed (peers.h; the MPI transport
+        // records them with MPI's own call as it opens): one all-gather, the same on every rank
+        struct kiln_peer me, *all = kiln_xmalloc((size_t)c->size * sizeof(*all));
+        kiln_peer_self(&me);
+        kiln_comm_all_gather_host(c, &me, all, sizeof(me));
+        kiln_peers_set(c->rank, c->size, all);
+        free(all);
+    }
     *out = c;
     return 0;
 }
