@@ -476,19 +476,20 @@ static void gather_run(void *user, size_t local_at, size_t whole_at, size_t n) {
 
 void kiln_tp_gather_whole(struct kiln_tp *t, const struct kiln_param_table *local, const float *part,
                           const struct kiln_param_table *whole, float *out) {
-    size_t n = local->total;
-    float *all = kiln_xmalloc(n * (size_t)t->lo.tp * sizeof(float));
-    kiln_comm_all_gather_host(t->comm, part, all, n * sizeof(float));
-    if (t->lo.tp_rank == 0) {
+    int keep = t->lo.tp_rank == 0 && out;
+    if (keep)
         memset(out, 0, whole->total * sizeof(float));
-        for (int r = 0; r < t->lo.tp; r++)
-            for (int i = 0; i < local->n; i++) {
-                const struct kiln_param *w = &whole->p[kiln_params_find(whole, local->p[i].name)];
-                struct gather_runs c = {out + w->offset, all + (size_t)r * n + local->p[i].offset};
-                kiln_params_split_runs(t->m, &t->lo.split, r, local, i, gather_run, &c);
-            }
+    for (int i = 0; i < local->n; i++) { // a tensor at a time: the host holds one whole tensor at most
+        size_t n = local->p[i].count;
+        float *all = kiln_xmalloc(n * (size_t)t->lo.tp * sizeof(float));
+        kiln_comm_all_gather_host(t->comm, part + local->p[i].offset, all, n * sizeof(float));
+        for (int r = 0; keep && r < t->lo.tp; r++) {
+            const struct kiln_param *w = &whole->p[kiln_params_find(whole, local->p[i].name)];
+            struct gather_runs c = {out + w->offset, all + (size_t)r * n}; // rank r's tensor
+            kiln_params_split_runs(t->m, &t->lo.split, r, local, i, gather_run, &c);
+        }
+        free(all);
     }
-    free(all);
 }
 
 struct kiln_comm *kiln_tp_comm(const struct kiln_tp *t) {

@@ -73,8 +73,9 @@ int kiln_tp_create(struct kiln_tp **out, const struct kiln_tp_layout *lo, struct
 // Installs the linear-layer and vocabulary hooks on g, a model built with lo->split (over what was installed
 // before: FP8's hooks compose underneath). NULL t: nothing.
 void kiln_tp_attach(struct kiln_tp *t, struct kiln_model *g);
-// The whole model's tensors from every rank's part (collective over the group): part is this rank's
-// local->total floats; out (whole->total floats) is filled on the group's rank 0 only.
+// The whole model's tensors from every rank's part (collective over the group, a tensor at a time): part is
+// this rank's local->total floats; out (whole->total floats) is filled on the group's rank 0 only, where it
+// is not NULL.
 void kiln_tp_gather_whole(struct kiln_tp *t, const struct kiln_param_table *local, const float *part,
                           const struct kiln_param_table *whole, float *out);
 // The tensor-parallel group's communicator (NULL without tensor parallelism)

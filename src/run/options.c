@@ -782,17 +782,6 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
                            "tensor parallelism splits every layer; sample from RUN/model.safetensors with "
                            "kiln sample instead",
                            c->tp);
-    if (c->tp > 1 && c->checkpoint && c->out[0])
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "tp %d with checkpoints (--tp, --out): a tensor-parallel run does not write "
-                           "checkpoints yet (RUN/model.safetensors is written whole at the end); add "
-                           "--checkpoint=0, or train without --tp",
-                           c->tp);
-    if (c->tp > 1 && strcmp(c->resume, "auto") && strcmp(c->resume, "never"))
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "tp %d with --resume=%s: a tensor-parallel run cannot resume from a checkpoint yet; "
-                           "resume without --tp",
-                           c->tp, c->resume);
     if (c->sample_every && c->zero == 3)
         return kiln_errorf(
             err, KILN_ERR_USAGE,

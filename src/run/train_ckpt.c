@@ -13,6 +13,7 @@
 #include "parallel/comm/comm.h"
 #include "io/fsutil.h"
 #include "parallel/dp.h"
+#include "parallel/tp.h"
 #include "run/model_io.h"
 #include "util/sha256.h"
 #include "util/progress.h"
@@ -286,43 +287,23 @@ static int get_size(const cJSON *o, const char *name, size_t *out) {
     return 0;
 }
 
-// The moments from every rank's shard file, placed at their flat offsets.
-static int read_optim_shards(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *m,
-                             float *v, struct kiln_error *err) {
-    const cJSON *lay = cJSON_GetObjectItemCaseSensitive(ck->state, "optim_layout");
-    const cJSON *jb = cJSON_GetObjectItemCaseSensitive(lay, "bucket_bounds");
-    size_t world = 0;
-    int nb = cJSON_IsArray(jb) ? cJSON_GetArraySize(jb) - 1 : -1;
-    if (!cJSON_IsObject(lay) || get_size(lay, "world", &world) || world < 1 || world > 1000000 || nb < 1)
-        return kiln_errorf(err, KILN_ERR_RUNTIME,
-                           "state.json (%s): no optim.safetensors and no valid optim_layout: not a complete "
-                           "kiln training checkpoint",
-                           ck->path);
-    size_t *bounds = kiln_xcalloc((size_t)nb + 1, sizeof(size_t));
+// The moments of the files of tensor-parallel part `part` of `tp` (every file without tensor parallelism):
+// files c * tp + part for c in 0..world/tp, each of data-parallel rank c's ranges of pt's buffer (the part's
+// table), placed at their flat offsets.
+static int read_optim_part(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, size_t world,
+                           size_t tp, size_t part, const size_t *bounds, int nb, float *m, float *v,
+                           struct kiln_error *err) {
     int rc = 0;
-    for (int i = 0; i <= nb && !rc; i++) {
-        const cJSON *x = cJSON_GetArrayItem(jb, i);
-        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble != floor(x->valuedouble) ||
-            (size_t)x->valuedouble > pt->total || (i > 0 && (size_t)x->valuedouble > bounds[i - 1]))
-            rc = kiln_errorf(err, KILN_ERR_RUNTIME,
-                             "state.json (%s): optim_layout.bucket_bounds[%d] is not an offset in 0..%zu, "
-                             "descending",
-                             ck->path, i, pt->total);
-        else
-            bounds[i] = (size_t)x->valuedouble;
-    }
-    if (!rc && (bounds[0] != pt->total || bounds[nb] != 0))
-        rc = kiln_errorf(err, KILN_ERR_RUNTIME,
-                         "state.json (%s): optim_layout covers [%zu, %zu), the model has %zu elements",
-                         ck->path, bounds[nb], bounds[0], pt->total);
+    size_t cross = world / tp;
     memset(m, 0, pt->total * sizeof(float));
     memset(v, 0, pt->total * sizeof(float));
-    for (size_t r = 0; r < world && !rc; r++) {
+    for (size_t c = 0; c < cross && !rc; c++) {
+        size_t r = c * tp + part;
         char path[1400];
         snprintf(path, sizeof(path), "%s/optim-%05zu-of-%05zu.safetensors", ck->path, r, world);
         struct kiln_safetensors *f = NULL;
         struct kiln_dp_range *ranges;
-        int n = kiln_dp_ranges_for(bounds, nb, (int)world, (int)r, &ranges);
+        int n = kiln_dp_ranges_for(bounds, nb, (int)cross, (int)c, &ranges);
         size_t len = n ? ranges[n - 1].state_offset + (ranges[n - 1].hi - ranges[n - 1].lo) : 0;
         if ((rc = kiln_safetensors_open(&f, path, err))) {
             free(ranges);
@@ -342,6 +323,93 @@ static int read_optim_shards(const struct kiln_ckpt *ck, const struct kiln_param
         free(ranges);
         kiln_safetensors_close(f);
     }
+    return rc;
+}
+
+struct place_runs {
+    float *whole;
+    const float *part;
+};
+
+static void place_run(void *user, size_t local_at, size_t whole_at, size_t n) {
+    struct place_runs *c = user;
+    memcpy(c->whole + whole_at, c->part + local_at, n * sizeof(float));
+}
+
+static void take_run(void *user, size_t local_at, size_t whole_at, size_t n) {
+    struct place_runs *c = user; // (here `whole` is the part being filled, `part` the whole tensor)
+    memcpy(c->whole + local_at, c->part + whole_at, n * sizeof(float));
+}
+
+// The moments from every rank's shard file, placed at their flat offsets of pt (the whole model's table). A
+// tensor-parallel run's files (optim_layout.tp > 1) hold its parts' tables' ranges: each part is read, then
+// placed in the whole tensors (m, the model's config, says how they were split).
+static int read_optim_shards(const struct kiln_ckpt *ck, const struct kiln_param_table *pt,
+                             const struct kiln_model_config *model, float *m, float *v, struct kiln_error *err) {
+    const cJSON *lay = cJSON_GetObjectItemCaseSensitive(ck->state, "optim_layout");
+    const cJSON *jb = cJSON_GetObjectItemCaseSensitive(lay, "bucket_bounds");
+    size_t world = 0, tp = 1;
+    int nb = cJSON_IsArray(jb) ? cJSON_GetArraySize(jb) - 1 : -1;
+    if (!cJSON_IsObject(lay) || get_size(lay, "world", &world) || world < 1 || world > 1000000 || nb < 1)
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "state.json (%s): no optim.safetensors and no valid optim_layout: not a complete "
+                           "kiln training checkpoint",
+                           ck->path);
+    if (cJSON_GetObjectItemCaseSensitive(lay, "tp") &&
+        (get_size(lay, "tp", &tp) || tp < 1 || world % tp || (tp > 1 && !model)))
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "state.json (%s): optim_layout.tp is not a divisor of its world of %zu ranks",
+                           ck->path, world);
+    // the table each file's ranges are of: the whole model's, or a tensor-parallel part's
+    struct kiln_model_split split = {.heads = (int)tp, .kv_heads = (int)tp, .hidden = (int)tp, .vocab = (int)tp};
+    struct kiln_param_table part_table;
+    const struct kiln_param_table *ft = pt;
+    if (tp > 1) {
+        struct kiln_error e = {0};
+        if (kiln_model_split_check(model, &split, &e))
+            return kiln_errorf(err, KILN_ERR_RUNTIME, "state.json (%s): optim_layout.tp %zu: %s", ck->path,
+                               tp, e.msg);
+        kiln_params_build_split(&part_table, model, &split);
+        ft = &part_table;
+    }
+    size_t *bounds = kiln_xcalloc((size_t)nb + 1, sizeof(size_t));
+    int rc = 0;
+    for (int i = 0; i <= nb && !rc; i++) {
+        const cJSON *x = cJSON_GetArrayItem(jb, i);
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble != floor(x->valuedouble) ||
+            (size_t)x->valuedouble > ft->total || (i > 0 && (size_t)x->valuedouble > bounds[i - 1]))
+            rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                             "state.json (%s): optim_layout.bucket_bounds[%d] is not an offset in 0..%zu, "
+                             "descending",
+                             ck->path, i, ft->total);
+        else
+            bounds[i] = (size_t)x->valuedouble;
+    }
+    if (!rc && (bounds[0] != ft->total || bounds[nb] != 0))
+        rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                         "state.json (%s): optim_layout covers [%zu, %zu), the model has %zu elements",
+                         ck->path, bounds[nb], bounds[0], ft->total);
+    if (tp == 1 && !rc) {
+        rc = read_optim_part(ck, pt, world, 1, 0, bounds, nb, m, v, err);
+    } else if (!rc) {
+        memset(m, 0, pt->total * sizeof(float));
+        memset(v, 0, pt->total * sizeof(float));
+        float *pm = kiln_xmalloc(ft->total * sizeof(float)), *pv = kiln_xmalloc(ft->total * sizeof(float));
+        for (size_t r = 0; r < tp && !rc; r++) {
+            if ((rc = read_optim_part(ck, ft, world, tp, r, bounds, nb, pm, pv, err)))
+                break;
+            for (int i = 0; i < ft->n; i++) {
+                size_t at = pt->p[kiln_params_find(pt, ft->p[i].name)].offset;
+                struct place_runs cm = {m + at, pm + ft->p[i].offset}, cv = {v + at, pv + ft->p[i].offset};
+                kiln_params_split_runs(model, &split, (int)r, ft, i, place_run, &cm);
+                kiln_params_split_runs(model, &split, (int)r, ft, i, place_run, &cv);
+            }
+        }
+        free(pm);
+        free(pv);
+    }
+    if (tp > 1)
+        kiln_params_free(&part_table);
     free(bounds);
     // the padding between tensors is never trained: keep it zero whatever the files held
     if (!rc) {
@@ -358,21 +426,21 @@ static int read_optim_shards(const struct kiln_ckpt *ck, const struct kiln_param
     return rc;
 }
 
-int kiln_ckpt_read_optim(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *m, float *v,
-                         struct kiln_error *err) {
+int kiln_ckpt_read_optim(const struct kiln_ckpt *ck, const struct kiln_param_table *pt,
+                         const struct kiln_model_config *model, float *m, float *v, struct kiln_error *err) {
     if (!ck->optim)
-        return read_optim_shards(ck, pt, m, v, err);
+        return read_optim_shards(ck, pt, model, m, v, err);
     int rc = copy_tensors(ck->optim, pt, "m.", m, err);
     return rc ? rc : copy_tensors(ck->optim, pt, "v.", v, err);
 }
 
 int kiln_ckpt_apply(const struct kiln_ckpt *ck, const struct kiln_param_table *pt,
-                    struct kiln_optim_state *st, struct kiln_error *err) {
+                    const struct kiln_model_config *model, struct kiln_optim_state *st, struct kiln_error *err) {
     float *p = kiln_xmalloc(pt->total * sizeof(float)), *m = kiln_xmalloc(pt->total * sizeof(float)),
           *v = kiln_xmalloc(pt->total * sizeof(float));
     int rc = copy_tensors(ck->model, pt, "", p, err);
     if (!rc) // optim.safetensors, or the shards of a run of several ranks
-        rc = kiln_ckpt_read_optim(ck, pt, m, v, err);
+        rc = kiln_ckpt_read_optim(ck, pt, model, m, v, err);
     if (!rc) {
         kiln_optim_state_set_master(st, p); // (and the model's compute copy)
         kiln_optim_state_set_moments(st, m, v);
@@ -383,13 +451,35 @@ int kiln_ckpt_apply(const struct kiln_ckpt *ck, const struct kiln_param_table *p
     return rc;
 }
 
+// This part's elements (local's tables) of the whole model's (whole's)
+static float *take_part(const struct kiln_ckpt_part_of *s, const struct kiln_param_table *local, const float *all) {
+    float *out = kiln_xcalloc(local->total, sizeof(float));
+    for (int i = 0; i < local->n; i++) {
+        struct place_runs c = {out + local->p[i].offset,
+                               all + s->whole->p[kiln_params_find(s->whole, local->p[i].name)].offset};
+        kiln_params_split_runs(s->model, &s->split, s->rank, local, i, take_run, &c);
+    }
+    return out;
+}
+
 int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, struct kiln_dp *dp,
-                       struct kiln_optim_state *st, struct kiln_error *err) {
-    float *p = kiln_xmalloc(pt->total * sizeof(float)), *m = kiln_xmalloc(pt->total * sizeof(float)),
-          *v = kiln_xmalloc(pt->total * sizeof(float));
-    int rc = copy_tensors(ck->model, pt, "", p, err);
+                       struct kiln_optim_state *st, const struct kiln_ckpt_part_of *part, const struct kiln_model_config *model,
+                       struct kiln_error *err) {
+    const struct kiln_param_table *wt = part ? part->whole : pt; // what the files hold: the whole model
+    float *p = kiln_xmalloc(wt->total * sizeof(float)), *m = kiln_xmalloc(wt->total * sizeof(float)),
+          *v = kiln_xmalloc(wt->total * sizeof(float));
+    int rc = copy_tensors(ck->model, wt, "", p, err);
     if (!rc)
-        rc = kiln_ckpt_read_optim(ck, pt, m, v, err);
+        rc = kiln_ckpt_read_optim(ck, wt, model, m, v, err);
+    if (!rc && part) { // a tensor-parallel rank keeps its part
+        float *x[3] = {p, m, v};
+        for (int k = 0; k < 3; k++) {
+            float *t = take_part(part, pt, x[k]);
+            free(x[k]);
+            x[k] = t;
+        }
+        p = x[0], m = x[1], v = x[2];
+    }
     if (!rc) {
         kiln_dp_set_master(dp, p);
         if (kiln_dp_zero(dp)) { // this rank's ranges only, compact, as it holds them
@@ -436,6 +526,11 @@ struct kiln_ckpt_writer {
     size_t shard_elems;
     char shard_name[64];
     struct kiln_st_tensor shard[2];
+    // a tensor-parallel group writer (kiln_ckpt_writer_set_tp): the whole model, gathered on rank 0 into
+    // whole_params, is what model.safetensors holds (model then points into it)
+    struct kiln_tp *tp;
+    const struct kiln_param_table *whole;
+    float *whole_params;
     pthread_t thread;
     int running;
     // the write in flight
@@ -459,7 +554,7 @@ struct kiln_ckpt_writer {
 // a group's files: rank 0 the weights and its shard, the others their shards
 static int group_files(struct kiln_ckpt_writer *w, struct kiln_ckpt_file files[2]) {
     files[0] = (struct kiln_ckpt_file){w->shard_name, w->shard, 2};
-    files[1] = (struct kiln_ckpt_file){"model.safetensors", w->model, w->pt->n};
+    files[1] = (struct kiln_ckpt_file){"model.safetensors", w->model, w->whole ? w->whole->n : w->pt->n};
     return w->grp.rank == 0 ? 2 : 1;
 }
 
@@ -647,6 +742,8 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_optim_state *
         // the weights (every rank's master copy is whole again after kiln_dp_gather_master), and this rank's
         // ranges of the moments, compact
         kiln_dp_get_master(w->dp, w->params);
+        if (w->tp) // every part of the weights, whole on rank 0 (collective over the group, on this thread)
+            kiln_tp_gather_whole(w->tp, w->pt, w->params, w->whole, w->whole_params);
         int n;
         const struct kiln_dp_range *r = kiln_dp_ranges(w->dp, &n);
         int zero = kiln_dp_zero(w->dp);
@@ -659,6 +756,8 @@ int kiln_ckpt_writer_start(struct kiln_ckpt_writer *w, struct kiln_optim_state *
         cJSON *lay = cJSON_AddObjectToObject(state, "optim_layout");
         cJSON_AddNumberToObject(lay, "world", w->grp.size);
         cJSON_AddNumberToObject(lay, "zero", zero);
+        if (w->tp) // the files hold the ranges of each part's table (read_optim_shards)
+            cJSON_AddNumberToObject(lay, "tp", kiln_tp_comm(w->tp)->size);
         cJSON *jb = cJSON_AddArrayToObject(lay, "bucket_bounds");
         for (int i = 0; i <= nb; i++)
             cJSON_AddItemToArray(jb, cJSON_CreateNumber((double)bounds[i]));
@@ -746,6 +845,16 @@ void kiln_ckpt_writer_create_group(struct kiln_ckpt_writer **out, const char *ru
     w->shard[1].shape[0] = (int64_t)w->shard_elems;
 }
 
+void kiln_ckpt_writer_set_tp(struct kiln_ckpt_writer *w, struct kiln_tp *tp, const struct kiln_param_table *whole) {
+    w->tp = tp;
+    w->whole = whole;
+    w->whole_params = w->grp.rank == 0 ? kiln_xcalloc(whole->total, sizeof(float)) : NULL;
+    free(w->model);
+    w->model = kiln_xcalloc((size_t)whole->n, sizeof(*w->model));
+    for (int i = 0; i < whole->n; i++)
+        set_tensor(&w->model[i], whole->p[i].name, &whole->p[i], w->whole_params ? w->whole_params : w->params);
+}
+
 void kiln_ckpt_writer_set_delay(struct kiln_ckpt_writer *w, int delay_ms) {
     w->delay_ms = delay_ms;
 }
@@ -765,5 +874,6 @@ void kiln_ckpt_writer_free(struct kiln_ckpt_writer *w) {
     free(w->model);
     free(w->optim);
     free(w->optim_names);
+    free(w->whole_params);
     free(w);
 }

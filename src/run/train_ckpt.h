@@ -47,7 +47,7 @@ int kiln_resume_check_config(const cJSON *state, const struct kiln_config *cfg, 
 // with them the model's compute copy; the moments). A missing tensor or a wrong shape is an error naming the
 // tensor and file.
 int kiln_ckpt_apply(const struct kiln_ckpt *ck, const struct kiln_param_table *pt,
-                    struct kiln_optim_state *st, struct kiln_error *err);
+                    const struct kiln_model_config *model, struct kiln_optim_state *st, struct kiln_error *err);
 
 // The asynchronous writer. start() waits for the write in flight, copies weights and AdamW state to host
 // memory (the backend's download), then writes RUN/ckpt/step_N from a background thread; training may change
@@ -79,12 +79,27 @@ void kiln_ckpt_writer_create_group(struct kiln_ckpt_writer **out, const char *ru
 void kiln_ckpt_writer_set_delay(struct kiln_ckpt_writer *w, int delay_ms);
 // The whole AdamW moments (pt->total floats each, padding zero) of a checkpoint, from optim.safetensors (one
 // process) or from every rank's optim shard (any world size).
-int kiln_ckpt_read_optim(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *m, float *v,
-                         struct kiln_error *err);
+// A tensor-parallel run's files (optim_layout.tp > 1) hold its parts' ranges: model (the checkpoint's model)
+// says how its tensors were split.
+int kiln_ckpt_read_optim(const struct kiln_ckpt *ck, const struct kiln_param_table *pt,
+                         const struct kiln_model_config *model, float *m, float *v, struct kiln_error *err);
+// What a tensor-parallel rank holds: part `rank` of the model split so, whose whole table is `whole`
+struct kiln_ckpt_part_of {
+    const struct kiln_model_config *model;
+    struct kiln_model_split split;
+    int rank;
+    const struct kiln_param_table *whole;
+};
 // kiln_ckpt_apply for a data-parallel rank: the weights, and the moments this rank holds (every element under
-// DDP, its ranges under ZeRO), from a checkpoint of any world size and --zero level.
+// DDP, its ranges under ZeRO), from a checkpoint of any world size, --zero level and --tp degree. part: a
+// tensor-parallel rank's (pt is then its part's table), NULL for the whole model.
 int kiln_ckpt_apply_dp(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, struct kiln_dp *dp,
-                       struct kiln_optim_state *st, struct kiln_error *err);
+                       struct kiln_optim_state *st, const struct kiln_ckpt_part_of *part,
+                       const struct kiln_model_config *model, struct kiln_error *err);
+// A group writer of a tensor-parallel run: model.safetensors holds the whole model (whole's tensors),
+// gathered over tp's group from every part as the checkpoint starts; optim_layout says tp.
+struct kiln_tp;
+void kiln_ckpt_writer_set_tp(struct kiln_ckpt_writer *w, struct kiln_tp *tp, const struct kiln_param_table *whole);
 // The whole f32 weights of a checkpoint (pt->total floats).
 int kiln_ckpt_read_params(const struct kiln_ckpt *ck, const struct kiln_param_table *pt, float *params,
                           struct kiln_error *err);

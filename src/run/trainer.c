@@ -357,7 +357,8 @@ static int agree(struct kiln_comm *comm, int r, const char *dir, int *own, int *
 // (several ranks, all calling this on the same dir) each rank hashes its share of the files, and nothing is
 // applied unless every share verified. *reporter: the rank that reports a failure (agree).
 static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_model *g,
-                       struct kiln_optim_state *os, struct kiln_dp *dp, struct kiln_loader *train,
+                       struct kiln_optim_state *os, struct kiln_dp *dp, const struct kiln_ckpt_part_of *part,
+                       struct kiln_loader *train,
                        struct kiln_guards *guards, struct kiln_train_state *st, struct kiln_comm *comm,
                        int verbose, int *own, int *reporter, struct kiln_error *err) {
     struct kiln_ckpt ck;
@@ -391,8 +392,8 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_mod
     if (!rc)
         rc = kiln_guards_from_json(guards, cJSON_GetObjectItemCaseSensitive(ck.state, "guards"), err);
     if (!rc)
-        rc = dp ? kiln_ckpt_apply_dp(&ck, kiln_model_params(g), dp, os, err)
-                : kiln_ckpt_apply(&ck, kiln_model_params(g), os, err);
+        rc = dp ? kiln_ckpt_apply_dp(&ck, kiln_model_params(g), dp, os, part, &cfg->model, err)
+                : kiln_ckpt_apply(&ck, kiln_model_params(g), &cfg->model, os, err);
     if (!rc && (rc = kiln_loader_set_state(train, &st->loader, err)))
         rc = -2; // other data or T: falling back would not help
     rc = agree(comm, rc, dir, own, reporter, err);
@@ -444,7 +445,8 @@ static int list_checkpoints(const char *run_dir, struct kiln_comm *comm, char **
 // checkpoint that fails any share is skipped (--resume=auto) or refused (--resume=PATH) by all. Every rank
 // returns the same verdict; *reporter is the rank whose error says why (the others' only point to it).
 static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_optim_state *os,
-                  struct kiln_dp *dp, struct kiln_comm *comm, struct kiln_loader *train,
+                  struct kiln_dp *dp, const struct kiln_ckpt_part_of *part, struct kiln_comm *comm,
+                  struct kiln_loader *train,
                   struct kiln_guards *guards, struct kiln_train_state *st, int *reporter,
                   struct kiln_error *err) {
     int verbose = !comm || comm->rank == 0;
@@ -456,12 +458,7 @@ static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_opt
         int n = list_checkpoints(cfg->out, comm, &paths, err), rc = KILN_CKPT_NONE;
         if (n < 0)
             return KILN_ERR_RUNTIME;
-        if (n > 0 && cfg->tp > 1)
-            rc = kiln_errorf(err, KILN_ERR_USAGE,
-                             "%s already holds checkpoints (--tp=%d): a tensor-parallel run cannot resume "
-                             "from them yet; use another --out, or resume without --tp",
-                             cfg->out, cfg->tp);
-        else if (n > 0 && !strcmp(cfg->resume, "never"))
+        if (n > 0 && !strcmp(cfg->resume, "never"))
             rc = kiln_errorf(err, KILN_ERR_USAGE,
                              "%s already holds checkpoints (--resume=never): use another --out, "
                              "or delete %s/ckpt to start over",
@@ -469,7 +466,8 @@ static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_opt
         for (int i = 0; i < n && rc == KILN_CKPT_NONE; i++) {
             struct kiln_error e = {0};
             int own, first,
-                r = resume_from(paths[i], cfg, g, os, dp, train, guards, st, comm, verbose, &own, &first, &e);
+                r = resume_from(paths[i], cfg, g, os, dp, part, train, guards, st, comm, verbose, &own, &first,
+                                &e);
             if (r == 0 || r == -2) {
                 rc = r ? e.code : 0;
                 *err = e;
@@ -492,7 +490,8 @@ static int resume(struct kiln_config *cfg, struct kiln_model *g, struct kiln_opt
         return kiln_errorf(err, KILN_ERR_USAGE, "--resume=%s needs --out, the run directory to continue in",
                            cfg->resume);
     int own,
-        r = resume_from(cfg->resume, cfg, g, os, dp, train, guards, st, comm, verbose, &own, reporter, err);
+        r = resume_from(cfg->resume, cfg, g, os, dp, part, train, guards, st, comm, verbose, &own, reporter,
+                        err);
     return r == -2 ? err->code : r;
 }
 
@@ -580,6 +579,7 @@ struct run {
     struct kiln_tp *tp;
     struct kiln_model_config sp_model; // the model as sequence parallelism sees it: this rank's heads
     struct kiln_comm *cross;
+    struct kiln_param_table whole_pt; // the whole model's table (tensor parallelism: checkpoints hold it)
     struct kiln_fp8 *fp8; // --precision=fp8: the linear layers' hook (precision/fp8.h), NULL in bf16
     int rank0; // this process logs, writes the run directory's files and prints progress
     // the loop's constants
@@ -875,7 +875,13 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         ((rc = kiln_mkdir_p(cfg->out, err)) || (rc = kiln_dir_lock(cfg->out, "--out", &r->lock_fd, err))))
         return rc;
     int reporter;
-    rc = resume(cfg, r->g, r->os, r->dp, r->comm, r->data.train, &r->guards, &r->st, &reporter, err);
+    // a tensor-parallel rank reads its part of the whole model's tensors
+    if (r->tp)
+        kiln_params_build(&r->whole_pt, &cfg->model);
+    struct kiln_ckpt_part_of part = {
+        .model = &cfg->model, .split = r->tp_lo.split, .rank = r->tp_lo.tp_rank, .whole = &r->whole_pt};
+    rc = resume(cfg, r->g, r->os, r->dp, r->tp ? &part : NULL, r->comm, r->data.train, &r->guards, &r->st,
+                &reporter, err);
     if (rc == KILN_CKPT_NONE)
         rc = 0;
     if (rc && r->comm) { // every rank has the verdict: one reports it, all leave together
@@ -903,6 +909,8 @@ static int run_setup(struct run *r, struct kiln_error *err) {
             kiln_ckpt_writer_create_group(&r->writer, cfg->out, r->pt, &policy, &r->be, r->dp, r->ckpt_comm);
         else if (cfg->checkpoint)
             kiln_ckpt_writer_create(&r->writer, cfg->out, r->pt, &policy, &r->be);
+        if (r->writer && r->tp) // model.safetensors holds the whole model, gathered from every part
+            kiln_ckpt_writer_set_tp(r->writer, r->tp, &r->whole_pt);
         if (r->writer && r->knobs)
             kiln_ckpt_writer_set_delay(r->writer, r->knobs->ckpt_delay_ms);
     }
@@ -1263,6 +1271,8 @@ static int run_teardown(struct run *r, int rc, struct kiln_error *err) {
     free(r->spans);
     kiln_fp8_free(r->fp8);
     kiln_model_free(r->g);
+    if (r->tp)
+        kiln_params_free(&r->whole_pt);
     // after an error the other ranks may be inside a collective that this one will never join: closing the
     // communicators (MPI_Finalize waits for them) would hang, so cmd/ ends the job instead
     // (kiln_comm_abort_job)
