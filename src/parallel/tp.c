@@ -380,6 +380,24 @@ static void tp_head(void *user, const struct kiln_model_head_args *h0) {
         reduce(t, t->comm, h->dx, R * h->C, t->be->act_dtype, KILN_RED_SUM);
 }
 
+size_t kiln_tp_buffer_bytes(const struct kiln_model_config *m, const struct kiln_model_split *split, int B,
+                            int T, enum kiln_dtype act, enum kiln_dtype grad) {
+    int tp = split ? kiln_split_parts(split->heads) : 1;
+    if (tp == 1)
+        return 0;
+    size_t N = (size_t)B * T, bytes = 3 * N * sizeof(float); // the loss's statistics
+    if (kiln_split_parts(split->seq) > 1) // gathered and partial rows, the head's targets and losses
+        bytes += 2 * N * (size_t)m->n_embd * kiln_dtype_bytes(act) + N * (sizeof(int32_t) + sizeof(float));
+    if (kiln_model_kv_heads(m) < tp) { // a key/value copy's gradient before it is summed
+        struct kiln_param_table pt;
+        kiln_params_build_split(&pt, m, split);
+        int qw = pt.layer[0][KILN_QKV_W], qb = pt.layer[0][KILN_QKV_B];
+        bytes += (pt.p[qw].count + (qb >= 0 ? pt.p[qb].count : 0) + 1) * kiln_dtype_bytes(grad);
+        kiln_params_free(&pt);
+    }
+    return bytes;
+}
+
 int kiln_tp_create(struct kiln_tp **out, const struct kiln_tp_layout *lo, struct kiln_comm *world,
                    struct kiln_backend *be, const struct kiln_model_config *m, int B, int T,
                    struct kiln_comm **cross, struct kiln_error *err) {

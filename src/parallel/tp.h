@@ -59,6 +59,10 @@ struct kiln_norm_weight *kiln_tp_norm_weights(const struct kiln_tp_layout *lo, c
 struct kiln_norm_weight *kiln_tp_sum_ranges(const struct kiln_tp_layout *lo, const struct kiln_model_config *m,
                                             const struct kiln_param_table *local, int *n);
 
+// The backend memory kiln_tp_create allocates for B x T tokens a micro-step (0 without a split)
+size_t kiln_tp_buffer_bytes(const struct kiln_model_config *m, const struct kiln_model_split *split, int B,
+                            int T, enum kiln_dtype act, enum kiln_dtype grad);
+
 struct kiln_comm;
 struct kiln_backend;
 struct kiln_model;

@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "parallel/tp.h"
 #include "run/tuning.h"
 
 void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
@@ -10,6 +11,18 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
                     enum kiln_recompute rc, enum kiln_dtype act, enum kiln_dtype grad, int alias,
                     struct kiln_rank_plan *out) {
     memset(out, 0, sizeof(*out));
+    // tensor parallelism: a rank holds its part of the model (pt may be the whole table: the part's is built
+    // here), and data parallelism runs over world / tp ranks
+    int tp = cfg->tp > 1 ? cfg->tp : 1;
+    struct kiln_model_split split = {0};
+    struct kiln_param_table part;
+    if (tp > 1) {
+        split = (struct kiln_model_split){.heads = tp, .kv_heads = tp, .hidden = tp, .vocab = tp,
+                                          .seq = cfg->tp_sp ? tp : 1};
+        kiln_params_build_split(&part, &cfg->model, &split);
+        pt = &part;
+        world = world / tp > 0 ? world / tp : 1;
+    }
     struct kiln_dp_opts o = {.zero = cfg->zero,
                              .bucket_mb = cfg->bucket_mb,
                              .prefetch = cfg->prefetch,
@@ -22,19 +35,31 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
                                .T = sp->T_local,
                                .recompute = rc,
                                .training = 1,
-                               .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0};
+                               .offload_activations = (cfg->offload & KILN_OFFLOAD_ACTIVATIONS) != 0,
+                               .split = split};
     kiln_model_tuning(&go, k);
     struct kiln_optim_state_opts so = {.total = pt->total}; // without data parallelism: every element, flat
-    if (world > 1 || cfg->zero || o.offload)
+    if (world > 1 || cfg->zero || o.offload || tp > 1)
         kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &so, &out->dp);
     kiln_model_plan(&cfg->model, &go, act, grad, alias, &out->model);
     struct kiln_optim_plan op;
     kiln_optim_state_plan(&so, act, alias, &op);
     kiln_plan_add_optim(&out->model, &op);
-    out->sp_bytes = kiln_sp_buffer_bytes(sp, &cfg->model, cfg->batch_size, act);
-    out->attn_ws = alias ? 0 : kiln_attn_workspace_bytes(&cfg->model, cfg->batch_size, sp->T_local);
+    // sequence parallelism and attention see this rank's heads
+    struct kiln_model_config heads = cfg->model;
+    if (tp > 1) {
+        struct kiln_model_local loc;
+        kiln_model_local_of(&cfg->model, &split, &loc);
+        heads.n_embd = kiln_model_head_size(&cfg->model) * loc.NH;
+        heads.n_head = loc.NH;
+        heads.n_kv_head = loc.NKV;
+        out->tp_bytes = kiln_tp_buffer_bytes(&cfg->model, &split, cfg->batch_size, sp->T_local, act, grad);
+        kiln_params_free(&part);
+    }
+    out->sp_bytes = kiln_sp_buffer_bytes(sp, &heads, cfg->batch_size, act);
+    out->attn_ws = alias ? 0 : kiln_attn_workspace_bytes(&heads, cfg->batch_size, sp->T_local);
     out->total = out->model.total_bytes + out->dp.staging + out->dp.grad_shard + out->dp.gathered +
-                 out->sp_bytes + out->attn_ws;
+                 out->sp_bytes + out->attn_ws + out->tp_bytes;
 }
 
 void kiln_plan_add_optim(struct kiln_mem_plan *p, const struct kiln_optim_plan *o) {

@@ -16,13 +16,16 @@ struct kiln_rank_plan {
     struct kiln_dp_mem dp;      // what data parallelism adds (zero when it is off)
     struct kiln_dp_opts dpo;    // the options it was planned with
     size_t sp_bytes;            // sequence parallelism's buffers
+    size_t tp_bytes;            // tensor parallelism's (kiln_tp_buffer_bytes)
     size_t attn_ws;             // the GPU's attention workspace (kiln_attn_workspace_bytes; 0 on the CPU)
     size_t total;               // on the device (on the CPU: kiln's counted allocations)
 };
 
 // Rank 0's plan (the ranks' differ by an element a bucket at most) with recompute rc, for a backend of these
 // dtypes (alias: the compute weights are the master, as on the CPU). Data parallelism is counted where the
-// trainer runs it: several ranks, --zero or --offload=optimizer. k: the knobs that tune the model and data
+// trainer runs it: several ranks, --zero or --offload=optimizer. Under --tp the rank holds its part of the
+// model (pt may be the whole model's table or the part's) and data parallelism runs over world / tp ranks;
+// sp is the layout over those. k: the knobs that tune the model and data
 // parallelism (run/tuning.h; NULL: the defaults).
 void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
                     const struct kiln_param_table *pt, int world, const struct kiln_sp_layout *sp,
