@@ -919,8 +919,10 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     r->accum = kiln_config_micro_steps(cfg);
     r->tokens_per_step = (double)B * T * r->accum * r->sp_lo.dp; // the whole job's
     r->peak = cfg->peak_flops > 0 ? cfg->peak_flops : r->be.peak_flops;
-    r->fpt = kiln_model_flops_per_token(&cfg->model, r->pt->n_params, T, 0);
-    r->fpt_causal = kiln_model_flops_per_token(&cfg->model, r->pt->n_params, T, 1);
+    // the whole model's parameters (a tensor-parallel rank holds a part): MFU counts the job's FLOPs
+    size_t n_params = r->tp ? r->whole_pt.n_params : r->pt->n_params;
+    r->fpt = kiln_model_flops_per_token(&cfg->model, n_params, T, 0);
+    r->fpt_causal = kiln_model_flops_per_token(&cfg->model, n_params, T, 1);
     r->fpt_recompute = kiln_model_recompute_flops_per_token(&cfg->model, cfg->recompute, T);
     r->bt = (struct batch){.in = kiln_xmalloc((size_t)B * T * sizeof(int32_t)),
                            .tgt = kiln_xmalloc((size_t)B * T * sizeof(int32_t)),
@@ -934,7 +936,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         char model[256];
         describe_model(cfg, model, sizeof(model));
         fprintf(stderr, "kiln: %s | %.2fM params | %s (%s) | B=%d T=%d accum=%d | grads %s | %d steps\n",
-                model, r->pt->n_params / 1e6, r->be.name, r->be.device_name, B, T, r->accum,
+                model, n_params / 1e6, r->be.name, r->be.device_name, B, T, r->accum,
                 kiln_dtype_name(r->be.grad_dtype), cfg->max_steps);
         int hs = kiln_model_head_size(&cfg->model);
         if (r->be.attention_fast && !r->be.attention_fast(hs))

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# FP8 on one Hopper GPU: its kernels against the CPU's emulation, then --precision=fp8 against bf16 in the same
+# call (alternating, KILN_FP8_ROUNDS rounds, default 1) at GPT-2 124M, 350M, the 1.3B shape and llama-1b:
+# median ms a step of steps 10-30, tok/s and the loss at step 30 (random tokens: a check that it trains, not
+# a quality figure). KILN_FP8_SHAPES picks shapes by name; KILN_FP8_FLAGS adds flags to the fp8 runs
+# (e.g. --fp8-recipe=rowwise). Logs in $OUT; a table last.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kiln-fp8}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+# shellcheck source=bench/gpu_lib.sh
+. bench/gpu_lib.sh
+gpu_deps
+BUILD=${BUILD:-build-gpu}
+t0=$(date +%s)
+[ -x "$BUILD/kiln" ] && [ -n "${KILN_NO_BUILD:-}" ] || gpu_build kiln test_op_table_gpu
+echo "build: ok in $(($(date +%s) - t0)) s"
+echo "| run | result |" >"$OUT/fp8.md"
+echo "| --- | --- |" >>"$OUT/fp8.md"
+KILN_OP_TABLE_ROWS=amax,fp8_matmul,bias_backward timeout -k 10 200 "$BUILD/test_op_table_gpu" >"$OUT/fp8_ops.log" 2>&1
+echo "| test_op_table_gpu (amax, fp8_matmul, bias_backward) | exit $?: $(grep -c ' PASS' "$OUT/fp8_ops.log") PASS, $(grep -c ' FAIL' "$OUT/fp8_ops.log") FAIL |" |
+  tee -a "$OUT/fp8.md"
+grep ' FAIL' "$OUT/fp8_ops.log" | head -5
+SHAPES=("124m --preset=gpt2-124m --batch=32 --seq=1024"
+  "350m --preset=gpt2-350m --batch=16 --seq=1024"
+  "1.3b --preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --batch=8 --seq=1024"
+  "llama-1b --preset=llama-1b --batch=4 --seq=2048")
+stats() { # metrics.jsonl -> median ms of steps 10 on, median tok/s, last loss
+  python3 -c "
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '\"ms\"' in l]
+late = rows[10:] or rows
+print(f'{statistics.median(r[\"ms\"] for r in late):.2f} {statistics.median(r[\"tokens_per_s\"] for r in late):.0f} {rows[-1][\"loss\"]:.4f}')" "$1" 2>/dev/null || echo "nan nan nan"
+}
+for s in "${SHAPES[@]}"; do
+  set -- $s
+  name=$1
+  shift
+  [ -n "${KILN_FP8_SHAPES:-}" ] && [[ " $KILN_FP8_SHAPES " != *" $name "* ]] && continue
+  for r in $(seq "${KILN_FP8_ROUNDS:-1}"); do
+    for p in bf16 fp8; do
+      extra=()
+      # shellcheck disable=SC2206 # (flags: words)
+      [ "$p" = fp8 ] && extra=(--precision=fp8 ${KILN_FP8_FLAGS:-})
+      dir=/tmp/fp8_${p}_${name}_$r
+      rm -rf "$dir"
+      timeout -k 10 200 "$BUILD/kiln" train "$@" "${extra[@]}" --data=random --max-steps=30 --warmup=10 --device=cuda \
+        --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1 --out="$dir" >"$OUT/${p}_${name}_$r.log" 2>&1
+      rc=$?
+      read -r ms tok loss < <(stats "$dir/metrics.jsonl")
+      echo "$name $p $r $rc $ms $tok $loss" >>"$OUT/fp8_runs.txt"
+      [ $rc -ne 0 ] && tail -3 "$OUT/${p}_${name}_$r.log"
+    done
+  done
+  python3 - "$name" "$OUT/fp8_runs.txt" <<'PY' | tee -a "$OUT/fp8.md"
+import statistics, sys
+name, path = sys.argv[1], sys.argv[2]
+rows = [l.split() for l in open(path) if l.split()[0] == name]
+def med(p, i):
+    v = [float(r[i]) for r in rows if r[1] == p and r[3] == "0"]
+    return statistics.median(v) if v else float("nan")
+b, f = med("bf16", 5), med("fp8", 5)
+print(f"| {name} fp8 vs bf16 | {f:.0f} vs {b:.0f} tok/s ({f / b:.3f}x); ms {med('fp8', 4):.2f} vs {med('bf16', 4):.2f}; "
+      f"loss at step 30 {med('fp8', 6):.4f} vs {med('bf16', 6):.4f} |")
+PY
+done
+echo
+cat "$OUT/fp8.md"
