@@ -1,5 +1,6 @@
 // kiln plot: the runs' metrics (read by plot.c from RUN/metrics.jsonl) and their rendering into a PNG
-// (plot_render.c with PLplot, or plot_render_none.c in a build without it).
+// (plot_render.c with PLplot, built as the module libkiln_plot.so that plot_render_load.c loads; or
+// plot_render_none.c in a build without PLplot).
 #ifndef KILN_CMD_PLOT_H
 #define KILN_CMD_PLOT_H
 
@@ -31,11 +32,14 @@ struct kiln_plot_spec {
     const struct kiln_plot_bars *bars; // non-NULL: draw these bars instead of runs
 };
 
-// 1 if this build draws plots (it found PLplot), else 0 and kiln_plot_render says what is missing.
+// 1 if kiln can draw plots here (a build with PLplot, whose module and libraries load), else 0 and
+// kiln_plot_render says what is missing.
 int kiln_plot_available(void);
 // Draws the panels (loss and validation loss, learning rate, grad norm, tokens/s, MFU, peak memory) into
 // spec->out, the runs overlaid with a legend; or, when spec->bars is set, its bar panels stacked one above
 // the other, the series in the palette's colours with a legend.
 int kiln_plot_render(const struct kiln_plot_spec *spec, struct kiln_error *err);
+// kiln_plot_render's drawing itself, in the module (plot_render.c).
+int kiln_plot_render_png(const struct kiln_plot_spec *spec, struct kiln_error *err);
 
 #endif

@@ -1,6 +1,8 @@
 // kiln plot's drawing, with PLplot's pngcairo device (Debian's plplot-driver-cairo; no display needed).
 // A grid of 3x2 panels, one per metric, the runs overlaid in the same colour in every panel; or (--bars) a
 // column of bar panels, one per CSV column, the series side by side in each category.
+// Built as the module libkiln_plot.so, which kiln plot loads (plot_render_load.c): no other command maps
+// PLplot.
 #include <errno.h>
 #include <math.h>
 #include <plplot.h>
@@ -336,11 +338,7 @@ static int device_present(void) {
     return 0;
 }
 
-int kiln_plot_available(void) {
-    return 1;
-}
-
-int kiln_plot_render(const struct kiln_plot_spec *s, struct kiln_error *err) {
+int kiln_plot_render_png(const struct kiln_plot_spec *s, struct kiln_error *err) {
     // PLplot exits the process on a fatal error, so what could fail is checked first
     if (!device_present())
         return kiln_errorf(err, KILN_ERR_RUNTIME,

@@ -7,6 +7,8 @@
 source "$(dirname "$0")/lib.sh" dist_gpu_mpi "$@"
 # (a kiln that cannot start, e.g. a shared library not found, is a failure, not a machine without a GPU)
 info=$("$KILN" info 2>&1) || { echo "FAIL: $KILN info: $(tail -1 <<<"$info")"; exit 1; }
+# (nor is one whose CUDA module or libraries do not load: kiln info says "gpus: unknown: <why>")
+if grep -q "^gpus: unknown" <<<"$info"; then echo "FAIL: $KILN info: $(grep '^gpus:' <<<"$info")"; exit 1; fi
 if ! grep -q "gpu 0:" <<<"$info"; then
   echo "no GPU: skipped"
   exit 77

@@ -5,12 +5,17 @@
 // NCCL's reduce-scatter and all-gather take equal slices: where kiln_comm_slice's slices differ in length (a
 // count that the world does not divide), they run as one NCCL group of per-slice reduces or broadcasts.
 // Host operands (control values) are staged through a small device buffer.
+//
+// This file is part of the CUDA module (core/cuda_module.h): comm.h's kiln_comm_nccl_open
+// (comm_nccl_load.c) reaches kiln_comm_nccl_open_gpu through the module's table, so that NCCL is loaded only
+// by a run that uses it.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <string.h>
 
 extern "C" {
+#include "core/cuda_module.h"
 #include "parallel/comm/comm.h"
 #include "parallel/comm/env.h"
 #include "parallel/comm/rendezvous.h"
@@ -132,10 +137,6 @@ struct nccl_state {
     void *dev_stage;    // host operands pass through here
     size_t dev_stage_bytes;
 };
-
-extern "C" int kiln_comm_nccl_available(void) {
-    return 1;
-}
 
 static ncclDataType_t nccl_type(enum kiln_dtype dt) {
     switch (dt) {
@@ -365,8 +366,8 @@ static const struct kiln_comm_impl nccl_impl = {
     "nccl", nccl_submit, nccl_wait, nccl_wait_stream, nccl_split, nccl_close, nccl_abort,
 };
 
-extern "C" int kiln_comm_nccl_open(struct kiln_comm *c, const struct kiln_dist_env *env,
-                                   const struct kiln_comm_open_opts *o, struct kiln_error *err) {
+extern "C" int kiln_comm_nccl_open_gpu(struct kiln_comm *c, const struct kiln_dist_env *env,
+                                       const struct kiln_comm_open_opts *o, struct kiln_error *err) {
     if (!c->be || !c->be->device_memory || !c->be->ops->native_stream)
         return kiln_errorf(
             err, KILN_ERR_USAGE,
