@@ -42,12 +42,10 @@ static int parse_enc_args(const char *cmd, struct enc_args *a, int argc, char **
                    cmd, strcmp(cmd, "encode") == 0 ? " [--allow-special]" : "");
             exit(0);
         } else if (strncmp(s, "--", 2) == 0 || (s[0] == '-' && s[1])) {
-            const char *eq = strchr(s, '=');
-            return kiln_errorf(err, KILN_ERR_USAGE,
-                               "unknown option (%.*s): allowed are --tokenizer=gpt2|char, "
-                               "--vocab=PATH%s",
-                               eq ? (int)(eq - s) : (int)strlen(s), s,
-                               strcmp(cmd, "encode") == 0 ? ", --allow-special" : "");
+            int enc = strcmp(cmd, "encode") == 0;
+            return cmd_unknown_option(
+                err, cmd, s, (const char *const[]){"tokenizer", "vocab", enc ? "allow-special" : NULL, NULL},
+                enc ? "--tokenizer=gpt2|char, --vocab=PATH, --allow-special" : "--tokenizer=gpt2|char, --vocab=PATH");
         } else if (a->file) {
             return kiln_errorf(err, KILN_ERR_USAGE, "too many inputs (%s): kiln %s reads one FILE or stdin",
                                s, cmd);

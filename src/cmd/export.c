@@ -24,11 +24,14 @@ static int parse_named(int argc, char **argv, const char *cmd, const char *const
             k++;
         if (k == n) {
             char allowed[256] = "";
-            for (int j = 0; j < n; j++)
+            const char *cands[9] = {NULL};
+            for (int j = 0; j < n; j++) {
                 snprintf(allowed + strlen(allowed), sizeof(allowed) - strlen(allowed), "%s--%s",
                          j ? ", " : "", names[j]);
-            return kiln_errorf(err, KILN_ERR_USAGE, "unknown option '%.*s' (kiln %s): allowed are %s",
-                               (int)(eq - a), a, cmd, allowed);
+                if (j < 8)
+                    cands[j] = names[j];
+            }
+            return cmd_unknown_option(err, cmd, a, cands, allowed);
         }
         values[k] = eq + 1;
     }

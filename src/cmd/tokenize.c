@@ -111,10 +111,9 @@ static int parse_args(struct tok_args *a, int argc, char **argv, struct kiln_err
             fputs(USAGE, stdout);
             exit(0);
         } else if (!eq) {
-            rc = kiln_errorf(err, KILN_ERR_USAGE,
-                             "unknown option '%s' (kiln tokenize): allowed are --out, --tokenizer, --vocab, "
-                             "--shard-tokens, --val-tokens, --val-fraction, --threads, --quiet",
-                             s + 2);
+            rc = cmd_unknown_option(err, "tokenize", s,
+                                    (const char *const[]){"out", "tokenizer", "vocab", "shard-tokens", "val-tokens", "val-fraction", "threads", "quiet", NULL},
+                                    "--out, --tokenizer, --vocab, --shard-tokens, --val-tokens, --val-fraction, --threads, --quiet");
         } else if (strncmp(s, "--tokenizer=", 12) == 0) {
             a->tokenizer = eq + 1;
             if (strcmp(a->tokenizer, "gpt2") != 0 && strcmp(a->tokenizer, "char") != 0)
@@ -153,11 +152,9 @@ static int parse_args(struct tok_args *a, int argc, char **argv, struct kiln_err
                                 "bad value '%s' for threads (--threads): allowed range is 1 to 1024", eq + 1);
             a->threads = (int)t;
         } else {
-            rc =
-                kiln_errorf(err, KILN_ERR_USAGE,
-                            "unknown option '%.*s' (kiln tokenize): allowed are --out, --tokenizer, --vocab, "
-                            "--shard-tokens, --val-tokens, --val-fraction, --threads, --quiet",
-                            (int)(eq - s - 2), s + 2);
+            rc = cmd_unknown_option(err, "tokenize", s,
+                                    (const char *const[]){"out", "tokenizer", "vocab", "shard-tokens", "val-tokens", "val-fraction", "threads", "quiet", NULL},
+                                    "--out, --tokenizer, --vocab, --shard-tokens, --val-tokens, --val-fraction, --threads, --quiet");
         }
         if (rc)
             return rc;
