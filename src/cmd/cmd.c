@@ -136,17 +136,23 @@ int cmd_help(int argc, char **argv, const struct kiln_knobs *knobs) {
         return 0;
     }
     const char *c = argv[0];
+    int all = 0;
+    for (int i = 1; i < argc; i++)
+        all |= !strcmp(argv[i], "--all");
     if (!strcmp(c, "train")) {
-        printf("kiln train [--preset=NAME] [--config=FILE] [--option=value ...]\n\n");
-        kiln_config_print_help(stdout);
+        printf("kiln train [--preset=NAME] [--config=FILE] [--option=value ...]\n"
+               "  trains a model; ready configs to start from are in the configs/ directory of the source\n"
+               "  tree (kiln train --config=configs/FILE.cfg), and kiln info --config=FILE shows what one\n"
+               "  resolves to before it runs.\n\n");
+        kiln_config_print_help(stdout, all);
         return 0;
     }
     if (!strcmp(c, "info")) {
         printf(
             "kiln info [--preset=NAME] [--config=FILE] [--option=value ...]\n"
-            "  prints the resolved config, the parameter count, FLOPs and memory of a model, and the "
-            "backends\n"
-            "  and GPUs of this machine. It accepts every kiln train option (kiln help train); these change\n"
+            "  prints a model's summary (shape, parameters, FLOPs), the resolved config (--all: with the\n"
+            "  fault-injection options for tests), its memory, and the backends and GPUs of this machine.\n"
+            "  It accepts every kiln train option (kiln help train); these change\n"
             "  what it computes, --world=N (default 1) plans one rank of an N-rank job, --strategies adds\n"
             "  each data-parallel strategy's per-rank GPU memory under each recompute mode, and\n"
             "  --lengths=T1,T2,... each sequence length's under each recompute mode and activation "
@@ -187,9 +193,15 @@ int kiln_cmd_main(int argc, char **argv) {
     for (size_t i = 0; i < N_COMMANDS; i++)
         if (!strcmp(name, COMMANDS[i].name)) {
             // --help or -h anywhere before a "--" (launch passes what follows to train) is the command's help
-            for (int a = 2; a < argc && strcmp(argv[a], "--"); a++)
-                if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h"))
-                    return cmd_help(1, &argv[1], &knobs);
+            int help = 0, all = 0;
+            for (int a = 2; a < argc && strcmp(argv[a], "--"); a++) {
+                help |= !strcmp(argv[a], "--help") || !strcmp(argv[a], "-h");
+                all |= !strcmp(argv[a], "--all");
+            }
+            if (help) {
+                char *h[] = {argv[1], "--all"};
+                return cmd_help(1 + all, h, &knobs);
+            }
             struct kiln_error err = {0};
             if (COMMANDS[i].run != cmd_help && kiln_knobs_read(&knobs, NULL, &err))
                 return kiln_error_print(&err);

@@ -167,25 +167,30 @@ struct preset {
     const char *name;
     const char *desc;
     const char *settings; // "name=value" pairs separated by spaces, applied over the defaults
+    // the vocabulary of the published model whose shape the preset copies, where it is not the one the
+    // preset trains with (kiln info says so, with the parameters that vocabulary would give): its size and
+    // whose it is
+    int ref_vocab;
+    const char *ref_name;
 };
 
 static const struct preset PRESETS[] = {
     {"shakespeare-char", "character-level GPT for the embedded Tiny Shakespeare (CPU-sized)",
      "layers=4 heads=4 dim=128 block-size=128 seq=128 batch=16 tokenizer=char lr=3e-3 warmup=50 "
      "max-steps=1000 final-lr-frac=0.1 weight-decay=0.1 beta2=0.99 eval-every=200 eval-steps=20 "
-     "vocab-multiple=128 sample-every=0"},
+     "vocab-multiple=128 sample-every=0", 0, NULL},
     {"gpt2-124m", "GPT-2 small (d12)",
      "layers=12 heads=12 dim=768 block-size=1024 seq=1024 tokenizer=gpt2 "
-     "batch=4 lr=6e-4 warmup=700 max-steps=20000"},
+     "batch=4 lr=6e-4 warmup=700 max-steps=20000", 0, NULL},
     {"gpt2-350m", "GPT-2 medium (d24)",
      "layers=24 heads=16 dim=1024 block-size=1024 seq=1024 tokenizer=gpt2 "
-     "batch=4 lr=3e-4 warmup=700 max-steps=20000"},
+     "batch=4 lr=3e-4 warmup=700 max-steps=20000", 0, NULL},
     {"gpt2-774m", "GPT-2 large (d36)",
      "layers=36 heads=20 dim=1280 block-size=1024 seq=1024 tokenizer=gpt2 "
-     "batch=4 lr=2.5e-4 warmup=700 max-steps=20000"},
+     "batch=4 lr=2.5e-4 warmup=700 max-steps=20000", 0, NULL},
     {"gpt2-1.5b", "GPT-2 XL (d48)",
      "layers=48 heads=25 dim=1600 block-size=1024 seq=1024 tokenizer=gpt2 "
-     "batch=4 lr=2e-4 warmup=700 max-steps=20000"},
+     "batch=4 lr=2e-4 warmup=700 max-steps=20000", 0, NULL},
     // OLMo-1 shapes from the OLMo paper (Groeneveld et al. 2024, table 1) and allenai's configs
     // (OLMo-1B.yaml, OLMo-7B.yaml): sequential pre-norm blocks, RoPE (theta 1e4), SwiGLU, no biases anywhere,
     // a LayerNorm without bias, context 2048, AdamW beta2 0.95, eps 1e-5, weight decay 0.1, clip 1.0.
@@ -198,27 +203,31 @@ static const struct preset PRESETS[] = {
     {"olmo-1b", "OLMo-1 1B shape: 16 layers, dim 2048, RoPE, SwiGLU, no-bias LayerNorm, tied",
      "layers=16 heads=16 dim=2048 mlp-hidden=8192 block-size=2048 seq=2048 tokenizer=gpt2 pos=rope "
      "rope-theta=10000 norm=layernorm norm-bias=0 norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=1 "
-     "batch=4 lr=4e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-5 weight-decay=0.1 grad-clip=1"},
+     "batch=4 lr=4e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-5 weight-decay=0.1 grad-clip=1", 0, NULL},
     {"olmo-7b", "OLMo-1 7B shape: 32 layers, dim 4096, RoPE, SwiGLU, no-bias LayerNorm, untied",
      "layers=32 heads=32 dim=4096 mlp-hidden=11008 block-size=2048 seq=2048 tokenizer=gpt2 pos=rope "
      "rope-theta=10000 norm=layernorm norm-bias=0 norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
-     "batch=2 lr=3e-4 warmup=5000 max-steps=20000 beta2=0.95 eps=1e-5 weight-decay=0.1 grad-clip=1"},
+     "batch=2 lr=3e-4 warmup=5000 max-steps=20000 beta2=0.95 eps=1e-5 weight-decay=0.1 grad-clip=1", 0, NULL},
     // Llama-style shapes from Meta's config.json files: llama-1b is Llama 3.2 1B's (16 layers, dim 2048,
     // 32 heads, 8 kv heads, SwiGLU 8192, RMSNorm eps 1e-5, RoPE theta 5e5) but untied (3.2 1B ties) and
     // without its long-context RoPE scaling; llama-8b is Llama 3 8B's (32 layers, dim 4096, 32/8 heads,
     // SwiGLU 14336, theta 5e5, untied, context 8192). Published counts use the 128,256-token vocab:
     // 1,235,814,400 (3.2 1B, tied) and 8,030,261,248 (3 8B); kiln's gpt2 vocab (50304 padded rows) gives
     // 1,179,191,296 for llama-1b untied and 7,391,678,464 for llama-8b (docs/models.md works them out).
-    {"llama-1b", "Llama-style 1B (Llama 3.2 1B shape, untied): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias",
+    {"llama-1b",
+     "Llama-style 1B (Llama 3.2 1B shape, untied, GPT-2 vocabulary): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias",
      "layers=16 heads=32 kv-heads=8 dim=2048 mlp-hidden=8192 block-size=2048 seq=2048 tokenizer=gpt2 "
      "pos=rope "
      "rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
-     "batch=4 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1"},
-    {"llama-8b", "Llama-style 8B (Llama 3 8B shape): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias, untied",
+     "batch=4 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1",
+     128256, "Llama 3.2 1B's"},
+    {"llama-8b",
+     "Llama-style 8B (Llama 3 8B shape, GPT-2 vocabulary): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias, untied",
      "layers=32 heads=32 kv-heads=8 dim=4096 mlp-hidden=14336 block-size=8192 seq=8192 tokenizer=gpt2 "
      "pos=rope "
      "rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
-     "batch=1 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1"},
+     "batch=1 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1",
+     128256, "Llama 3 8B's"},
 };
 #define N_PRESETS (sizeof(PRESETS) / sizeof(PRESETS[0]))
 
@@ -231,6 +240,15 @@ const char *kiln_config_preset_names(void) {
             strcat(buf, PRESETS[i].name);
         }
     return buf;
+}
+
+int kiln_config_preset_ref_vocab(const char *preset, const char **whose) {
+    for (size_t i = 0; i < N_PRESETS; i++)
+        if (!strcmp(PRESETS[i].name, preset) && PRESETS[i].ref_vocab) {
+            *whose = PRESETS[i].ref_name;
+            return PRESETS[i].ref_vocab;
+        }
+    return 0;
 }
 
 static void config_defaults(struct kiln_config *c) {
@@ -879,6 +897,27 @@ void kiln_config_write(const struct kiln_config *cfg, FILE *f) {
     }
 }
 
+// Options for tests only (fault injection): kept out of kiln info's listing and kiln help train's unless
+// asked (--all), so that a user reading them meets the model and the run first.
+static int opt_testing(const struct opt *o) {
+    return !strncmp(o->help, "testing only", 12);
+}
+
+int kiln_config_print(const struct kiln_config *cfg, FILE *f, int all) {
+    int hidden = 0;
+    fprintf(f, "preset = %s\n", cfg->preset);
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (!all && opt_testing(&OPTS[i])) {
+            hidden++;
+            continue;
+        }
+        char buf[1100];
+        opt_format(&OPTS[i], cfg, buf, sizeof(buf));
+        fprintf(f, "%s = %s\n", OPTS[i].name, buf);
+    }
+    return hidden;
+}
+
 // One option's help line: the help text, then what it accepts and its default (kiln train's: the
 // shakespeare-char preset over the built-in defaults).
 static void print_opt_help(FILE *f, const struct opt *o, const struct kiln_config *def) {
@@ -926,12 +965,19 @@ static void print_help_header(FILE *f) {
     fprintf(f, "  %-20s %s\n", "config", "a file of name = value lines");
 }
 
-void kiln_config_print_help(FILE *f) {
+void kiln_config_print_help(FILE *f, int all) {
     struct kiln_config def;
     KILN_ASSERT(kiln_config_init(&def, NULL, NULL) == 0);
     print_help_header(f);
-    for (size_t i = 0; i < N_OPTS; i++)
-        print_opt_help(f, &OPTS[i], &def);
+    int hidden = 0;
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (!all && opt_testing(&OPTS[i]))
+            hidden++;
+        else
+            print_opt_help(f, &OPTS[i], &def);
+    }
+    if (hidden)
+        fprintf(f, "(%d fault-injection options, for tests, are not shown: kiln help train --all)\n", hidden);
 }
 
 void kiln_config_print_help_only(FILE *f, const char *const *names) {
