@@ -1,4 +1,4 @@
-// Backend registration: the one place, besides the build files, where KILN_CUDA appears (DESIGN.md).
+// Backend registration: the one place, besides the build files, where KILN_CUDA appears (docs/architecture.md).
 #include "core/backend.h"
 
 #include <string.h>

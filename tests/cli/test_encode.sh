@@ -28,7 +28,7 @@ public=$SRC/../shared/data/gpt2/golden_public.jsonl
 if [ -f "$public" ]; then
     check_golden "$public"
 else
-    echo "SKIPPED golden_public: $public not found (it sits beside the clone in ../shared)"
+    echo "SKIPPED golden_public: $public not found (CI's test data beside the clone; a plain clone has none)"
 fi
 check_golden "$SRC/tests/data/golden_extra.jsonl"
 
