@@ -193,8 +193,10 @@ static size_t next_cut(const char *s, size_t n, size_t from, int any) {
     return n;
 }
 
+// On a terminal a bar redrawn in place every 0.25 s; in a log (stderr not a terminal) a plain line every 10 s,
+// so that a long run says how far it is wherever its output goes. Neither with --quiet.
 struct progress {
-    int on;
+    int on, tty;
     double t0, last;
     uint64_t total_in; // file bytes of all inputs
 };
@@ -204,8 +206,10 @@ static void progress_show(struct progress *p, uint64_t done_in, uint64_t text_by
     if (!p->on)
         return;
     double t = now_s();
-    if (!final && t - p->last < 0.25)
+    if (!final && t - (p->last ? p->last : p->tty ? 0 : p->t0) < (p->tty ? 0.25 : 10))
         return;
+    if (final && !p->tty)
+        return; // the summary line follows
     p->last = t;
     double el = t - p->t0 > 1e-6 ? t - p->t0 : 1e-6;
     double frac = p->total_in ? (double)done_in / (double)p->total_in : 0;
@@ -215,6 +219,11 @@ static void progress_show(struct progress *p, uint64_t done_in, uint64_t text_by
     for (int i = 0; i < w; i++)
         bar[i] = i < k ? '#' : '.';
     bar[w] = 0;
+    if (!p->tty) {
+        fprintf(stderr, "tokenize: %.1f%% of the input, %llu tokens, %.1f MB/s, ETA %d:%02d\n", 100 * frac,
+                (unsigned long long)tokens, (double)text_bytes / el / 1e6, (int)(eta / 60), (int)eta % 60);
+        return;
+    }
     fprintf(stderr, "\rtokenize [%s] %5.1f%% %7.1f MB/s %12llu tokens  ETA %d:%02d ", bar, 100 * frac,
             (double)text_bytes / el / 1e6, (unsigned long long)tokens, (int)(eta / 60), (int)eta % 60);
     if (final)
@@ -360,12 +369,19 @@ static int run_tokenize(struct tok_args *a, const struct kiln_knobs *knobs, stru
                              strerror(errno));
     }
 
-    struct progress pr = {.on = !a->quiet && isatty(2), .t0 = now_s()};
+    struct progress pr = {.on = !a->quiet, .tty = isatty(2), .t0 = now_s()};
     for (int i = 0; i < a->n_inputs; i++) {
         struct stat st;
         if (stat(a->inputs[i], &st) == 0)
             pr.total_in += (uint64_t)st.st_size;
     }
+    // what it is about to do, before the first batch, where that takes seconds (a batch is 8 MB or more; a
+    // smaller input ends in a moment with its summary line, or an error as its only line)
+    if (pr.on && !rc && pr.total_in > BATCH_MIN_BYTES)
+        fprintf(stderr, "tokenize: %d input file%s, %.1f MB%s, %s tokenizer, %d thread%s -> %s\n", a->n_inputs,
+                a->n_inputs == 1 ? "" : "s", (double)pr.total_in / 1e6,
+                a->n_inputs && strstr(a->inputs[0], ".xz") ? " compressed" : "", a->tokenizer, a->threads,
+                a->threads == 1 ? "" : "s", a->out);
     uint64_t n_tokens = 0, n_docs = 0, text_bytes = 0, done_in = 0;
     unsigned char seen[256] = {0};
     int cap_docs = 64;
