@@ -114,6 +114,15 @@ static int char_vocab_from_manifest(struct kiln_chartok *c, const char *path, co
     return rc;
 }
 
+const char *kiln_gpt2_dir(const char *given, const char *source_dir, char *buf, size_t cap) {
+    if (given)
+        return given;
+    if (is_dir("data/gpt2"))
+        return "data/gpt2";
+    snprintf(buf, cap, "%s/data/gpt2", source_dir && *source_dir ? source_dir : KILN_SOURCE_DIR);
+    return buf;
+}
+
 int kiln_tokenizer_open(struct kiln_tokenizer **out, const char *name, const char *data_dir_or_vocab,
                         struct kiln_error *err) {
     return kiln_tokenizer_open_at(out, name, data_dir_or_vocab, NULL, err);
@@ -126,16 +135,8 @@ int kiln_tokenizer_open_at(struct kiln_tokenizer **out, const char *name, const 
         return kiln_errorf(err, KILN_ERR_USAGE, "unknown tokenizer (\"%s\"): allowed values are gpt2, char",
                            name ? name : "(null)");
     if (strcmp(name, "gpt2") == 0) {
-        const char *dir = data_dir_or_vocab;
         char fallback[4096];
-        if (!dir) {
-            dir = "data/gpt2";
-            if (!is_dir(dir)) {
-                snprintf(fallback, sizeof(fallback), "%s/data/gpt2",
-                         source_dir && *source_dir ? source_dir : KILN_SOURCE_DIR);
-                dir = fallback;
-            }
-        }
+        const char *dir = kiln_gpt2_dir(data_dir_or_vocab, source_dir, fallback, sizeof(fallback));
         struct kiln_bpe *b;
         int rc = kiln_bpe_open(&b, dir, err);
         if (rc)

@@ -39,6 +39,9 @@ int kiln_tokenizer_open(struct kiln_tokenizer **out, const char *name, const cha
 // source tree). cmd/ and run/ pass the KILN_SOURCE_DIR knob (run/knobs.h): data/ reads no environment.
 int kiln_tokenizer_open_at(struct kiln_tokenizer **out, const char *name, const char *data_dir_or_vocab,
                            const char *source_dir, struct kiln_error *err);
+// The directory gpt2's files (encoder.json, vocab.bpe) are read from: given, else data/gpt2 when it exists,
+// else source_dir/data/gpt2 (NULL or "": the build's source tree), written into buf.
+const char *kiln_gpt2_dir(const char *given, const char *source_dir, char *buf, size_t cap);
 // char tokenizer whose vocab is the sorted distinct bytes of text.
 struct kiln_tokenizer *kiln_chartok_from_text(const char *text, size_t n);
 // char tokenizer with id i = chars[i] (the inverse of kiln_tokenizer_vocab_string). NULL if chars repeats a
