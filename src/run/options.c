@@ -139,7 +139,8 @@ static const struct opt OPTS[] = {
      "auto (newest checkpoint in --out), never, or a checkpoint dir"},
     // health guards
     {"spike-z", OPT_FLOAT, OFF(spike_z), 0, 1000, NULL,
-     "skip steps whose loss/grad-norm z-score exceeds this (0 = off)"},
+     "skip steps whose loss or grad norm is this many standard deviations above the recent steps' (on "
+     "logarithms; 0 = off)"},
     {"spike-window", OPT_INT, OFF(spike_window), 2, 1e6, NULL,
      "steps in the spike detector's running statistics"},
     {"max-bad-steps", OPT_INT, OFF(max_bad_steps), 1, 1e9, NULL,
