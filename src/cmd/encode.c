@@ -24,17 +24,18 @@ static int parse_enc_args(const char *cmd, struct enc_args *a, int argc, char **
         const char *s = argv[i];
         if (strncmp(s, "--tokenizer=", 12) == 0) {
             a->tokenizer = s + 12;
-            if (strcmp(a->tokenizer, "gpt2") != 0 && strcmp(a->tokenizer, "char") != 0)
+            if (strcmp(a->tokenizer, "gpt2") != 0 && strcmp(a->tokenizer, "char") != 0 &&
+                !kiln_tokenizer_is_file(a->tokenizer))
                 return kiln_errorf(err, KILN_ERR_USAGE,
                                    "bad value for --tokenizer (\"%s\"): allowed values are "
-                                   "gpt2, char",
+                                   "gpt2, char, or a Hugging Face tokenizer.json",
                                    a->tokenizer);
         } else if (strncmp(s, "--vocab=", 8) == 0) {
             a->vocab = s + 8;
         } else if (strcmp(s, "--allow-special") == 0 && strcmp(cmd, "encode") == 0) {
             a->allow_special = 1;
         } else if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
-            printf("usage: kiln %s [--tokenizer=gpt2|char] [--vocab=PATH]%s [FILE]\n"
+            printf("usage: kiln %s [--tokenizer=gpt2|char|FILE.json] [--vocab=PATH]%s [FILE]\n"
                    "  reads JSONL from FILE or stdin; gpt2: --vocab is the directory of encoder.json + "
                    "vocab.bpe\n"
                    "  (default data/gpt2); char: --vocab is the training text or a kiln tokenize "

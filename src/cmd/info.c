@@ -338,7 +338,8 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
         struct kiln_param_table rpt;
         kiln_params_build(&rpt, &rm);
         printf("  note: this preset copies a shape, not its vocabulary: it trains with the %s tokenizer's %d "
-               "tokens;\n  %s %d-token vocabulary would give %zu (%.2fM) parameters at this shape\n",
+               "tokens;\n  %s %d-token vocabulary would give %zu (%.2fM) parameters at this shape (to train with it: "
+               "--tokenizer=DIR/tokenizer.json, from its Hugging Face directory)\n",
                cfg.tokenizer, m->vocab_size, whose, ref_vocab, rpt.n_params, rpt.n_params / 1e6);
         kiln_params_free(&rpt);
     }

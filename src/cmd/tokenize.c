@@ -50,7 +50,7 @@ struct chunk {
 };
 
 static const char USAGE[] =
-    "usage: kiln tokenize --out=DIR [--tokenizer=gpt2|char] [--vocab=DIR] [--shard-tokens=N]\n"
+    "usage: kiln tokenize --out=DIR [--tokenizer=gpt2|char|FILE.json] [--vocab=DIR] [--shard-tokens=N]\n"
     "                     [--val-tokens=N | --val-fraction=F] [--threads=N] [--quiet] FILE|GLOB...\n"
     "  inputs: .txt .txt.xz (documents end at lines \"<|endoftext|>\"), .jsonl .jsonl.xz (field \"text\")\n"
     "  writes DIR/val_NNNNNN.bin, DIR/train_NNNNNN.bin (llm.c layout) and DIR/manifest.json\n";
@@ -116,9 +116,11 @@ static int parse_args(struct tok_args *a, int argc, char **argv, struct kiln_err
                                     "--out, --tokenizer, --vocab, --shard-tokens, --val-tokens, --val-fraction, --threads, --quiet");
         } else if (strncmp(s, "--tokenizer=", 12) == 0) {
             a->tokenizer = eq + 1;
-            if (strcmp(a->tokenizer, "gpt2") != 0 && strcmp(a->tokenizer, "char") != 0)
+            if (strcmp(a->tokenizer, "gpt2") != 0 && strcmp(a->tokenizer, "char") != 0 &&
+                !kiln_tokenizer_is_file(a->tokenizer))
                 rc = kiln_errorf(err, KILN_ERR_USAGE,
-                                 "bad value '%s' for tokenizer (--tokenizer): allowed values are gpt2,char",
+                                 "bad value '%s' for tokenizer (--tokenizer): allowed values are gpt2,char, or a "
+                                 "Hugging Face tokenizer.json",
                                  a->tokenizer);
         } else if (strncmp(s, "--vocab=", 8) == 0) {
             a->vocab = eq + 1;
@@ -346,7 +348,8 @@ static int run_tokenize(struct tok_args *a, const struct kiln_knobs *knobs, stru
     struct kiln_tokenizer **toks = kiln_xcalloc((size_t)a->threads, sizeof(*toks));
     int rc = 0, eot = -1, vocab_size = 256;
     if (!is_char) {
-        rc = kiln_tokenizer_open_at(&toks[0], "gpt2", a->vocab, kiln_knobs_source_dir(knobs), err);
+        rc = kiln_tokenizer_open_at(&toks[0], kiln_tokenizer_is_file(a->tokenizer) ? a->tokenizer : "gpt2",
+                                    a->vocab, kiln_knobs_source_dir(knobs), err);
         if (rc) {
             free(toks);
             return rc;

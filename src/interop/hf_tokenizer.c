@@ -5,6 +5,7 @@
 // vocab.json, vocab.bpe -> merges.txt, byte for byte), and tokenizer.json is the `tokenizers` library's
 // serialization of the same byte-level BPE: its vocab and merges, GPT-2's pre-tokenizer (ByteLevel with its
 // regex, no prefix space) and decoder, and <|endoftext|> as the one special token.
+// A tokenizer.json the run was trained with (--tokenizer=PATH, Llama 3's): copied as it is.
 // char: one token per character, as a BPE model without merges over no pre-tokenizer (every character of the
 // input is a token of the vocabulary), decoded by concatenation (the Fuse decoder). A char vocabulary holding
 // a byte that is not a whole UTF-8 character (a byte >= 0x80) has no such form: no tokenizer files, and the
@@ -89,25 +90,27 @@ static cJSON *bpe_model(cJSON *vocab, cJSON *merges, const char *unk) {
 }
 
 // tokenizer_config.json and special_tokens_map.json: the class transformers builds, and the special tokens
-static int write_configs(const char *dir, const char *cls, const char *special, int max_len,
-                         struct kiln_error *err) {
+// (NULL: none)
+static void add_specials(cJSON *j, const char *bos, const char *eos, const char *unk) {
+    if (bos)
+        cJSON_AddStringToObject(j, "bos_token", bos);
+    if (eos)
+        cJSON_AddStringToObject(j, "eos_token", eos);
+    if (unk)
+        cJSON_AddStringToObject(j, "unk_token", unk);
+}
+
+static int write_configs(const char *dir, const char *cls, const char *bos, const char *eos, const char *unk,
+                         int max_len, struct kiln_error *err) {
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "tokenizer_class", cls);
     cJSON_AddNumberToObject(c, "model_max_length", max_len);
     cJSON_AddBoolToObject(c, "add_prefix_space", 0);
     cJSON_AddBoolToObject(c, "clean_up_tokenization_spaces", 0);
-    if (special) {
-        cJSON_AddStringToObject(c, "bos_token", special);
-        cJSON_AddStringToObject(c, "eos_token", special);
-        cJSON_AddStringToObject(c, "unk_token", special);
-    }
+    add_specials(c, bos, eos, unk);
     int rc = write_json_file(dir, "tokenizer_config.json", c, err);
     cJSON *s = cJSON_CreateObject();
-    if (special) {
-        cJSON_AddStringToObject(s, "bos_token", special);
-        cJSON_AddStringToObject(s, "eos_token", special);
-        cJSON_AddStringToObject(s, "unk_token", special);
-    }
+    add_specials(s, bos, eos, unk);
     return rc ? (cJSON_Delete(s), rc) : write_json_file(dir, "special_tokens_map.json", s, err);
 }
 
@@ -155,7 +158,8 @@ static int export_gpt2(const char *dir, const char *gpt2_dir, int max_len, struc
     cJSON_Delete(vocab);
     free(enc);
     free(merges);
-    return rc ? rc : write_configs(dir, "GPT2Tokenizer", "<|endoftext|>", max_len, err);
+    const char *e = "<|endoftext|>"; // GPT-2's one special token is all three
+    return rc ? rc : write_configs(dir, "GPT2Tokenizer", e, e, e, max_len, err);
 }
 
 static int export_char(const char *dir, const struct kiln_run_tokenizer *tok, int max_len, char *why,
@@ -180,13 +184,45 @@ static int export_char(const char *dir, const struct kiln_run_tokenizer *tok, in
     if (rc)
         return rc;
     // no slow tokenizer class reads a character vocabulary: transformers' generic fast one loads tokenizer.json
-    return write_configs(dir, "PreTrainedTokenizerFast", NULL, max_len, err);
+    return write_configs(dir, "PreTrainedTokenizerFast", NULL, NULL, NULL, max_len, err);
+}
+
+// A run trained with a Hugging Face tokenizer.json (--tokenizer=PATH): that file, as it is, and the configs
+// naming its end-of-text token (Llama 3's <|end_of_text|>, else <|endoftext|>) as eos.
+static int export_file(const char *dir, const char *path, int max_len, struct kiln_error *err) {
+    char *text = NULL;
+    size_t n = 0;
+    int rc = kiln_read_file(path, &text, &n, err);
+    if (rc)
+        return rc;
+    rc = write_text(dir, "tokenizer.json", text, n, err);
+    cJSON *root = rc ? NULL : cJSON_ParseWithLength(text, n);
+    free(text);
+    const char *eos = NULL, *bos = NULL;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(root, "added_tokens")) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+        if (!cJSON_IsString(c))
+            continue;
+        if (!strcmp(c->valuestring, "<|end_of_text|>") || (!eos && !strcmp(c->valuestring, "<|endoftext|>")))
+            eos = c->valuestring;
+        if (!strcmp(c->valuestring, "<|begin_of_text|>"))
+            bos = c->valuestring;
+    }
+    if (!rc) // GPT-2's one special token stands for all three; Llama 3 has a begin and no unknown
+        rc = write_configs(dir, "PreTrainedTokenizerFast", bos ? bos : eos, eos, bos ? NULL : eos, max_len,
+                           err);
+    cJSON_Delete(root);
+    return rc;
 }
 
 int kiln_hf_export_tokenizer(const char *dir, const struct kiln_run_tokenizer *tok, const char *gpt2_dir,
                              int max_len, char *why, size_t why_cap, struct kiln_error *err) {
     if (why_cap)
         why[0] = 0;
+    size_t nl = strlen(tok->name);
+    if (nl >= 5 && !strcmp(tok->name + nl - 5, ".json"))
+        return export_file(dir, tok->name, max_len, err);
     if (!strcmp(tok->name, "gpt2"))
         return export_gpt2(dir, gpt2_dir, max_len, err);
     if (!strcmp(tok->name, "char"))

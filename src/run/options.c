@@ -52,7 +52,9 @@ static const struct opt OPTS[] = {
     {"data", OPT_STR, OFF(data), 0, 0, NULL,
      "training shards (glob); empty = embedded Tiny Shakespeare; random = random tokens"},
     {"val-data", OPT_STR, OFF(val_data), 0, 0, NULL, "validation shards (glob)"},
-    {"tokenizer", OPT_ENUM, OFF(tokenizer), 0, 0, "char gpt2", "tokenizer"},
+    {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL,
+     "char, gpt2, or a Hugging Face tokenizer.json of a byte-level BPE (Llama 3's: "
+     "--tokenizer=DIR/tokenizer.json)"},
     {"val-fraction", OPT_FLOAT, OFF(val_fraction), 0.001, 0.5, NULL, "held-out tail of a single text source"},
     // batch
     {"batch", OPT_INT, OFF(batch_size), 1, 1 << 20, NULL, "sequences per micro-step (B)"},
@@ -480,6 +482,12 @@ int kiln_config_set(struct kiln_config *cfg, const char *name, const char *value
         if (strlen(value) >= o->size)
             return kiln_errorf(err, KILN_ERR_USAGE, "value for %s (%s) is too long: at most %zu characters",
                                o->name, where, o->size - 1);
+        if (!strcmp(o->name, "tokenizer") && strcmp(value, "char") && strcmp(value, "gpt2") &&
+            (strlen(value) < 5 || strcmp(value + strlen(value) - 5, ".json")))
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "bad value '%s' for tokenizer (%s): allowed values are char,gpt2, or the path "
+                               "of a Hugging Face tokenizer.json",
+                               value, where);
         snprintf(p, o->size, "%s", value);
         return 0;
     case OPT_BOOL:

@@ -34,7 +34,7 @@ struct kiln_config {
     // data
     char data[1024]; // shard glob, or "" for the embedded Tiny Shakespeare
     char val_data[1024];
-    char tokenizer[16]; // "char" or "gpt2"
+    char tokenizer[1024]; // "char", "gpt2", or the path of a Hugging Face tokenizer.json (data/tokenizer.h)
     float val_fraction; // for a single text source: the tail fraction held out (0.1)
 
     // batch

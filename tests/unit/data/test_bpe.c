@@ -234,7 +234,8 @@ static void test_tokenizer_open_errors_name_the_problem(void **state) {
     struct kiln_tokenizer *t = NULL;
     struct kiln_error err = {0};
     assert_int_equal(kiln_tokenizer_open(&t, "sentencepiece", NULL, &err), KILN_ERR_USAGE);
-    assert_string_equal(err.msg, "unknown tokenizer (\"sentencepiece\"): allowed values are gpt2, char");
+    assert_string_equal(err.msg, "unknown tokenizer (\"sentencepiece\"): allowed values are gpt2, char, or a "
+                                 "Hugging Face tokenizer.json");
     assert_int_not_equal(kiln_tokenizer_open(&t, "gpt2", "/nonexistent/dir", &err), 0);
     assert_non_null(strstr(err.msg, "/nonexistent/dir/encoder.json"));
     assert_null(t);
