@@ -1,4 +1,5 @@
-// Backend registration: the one place, besides the build files, where KILN_CUDA appears (docs/architecture.md).
+// Backend registration: the one place, besides the build files, where KILN_CUDA appears
+// (docs/architecture.md).
 #include "core/backend.h"
 
 #include <string.h>

@@ -78,8 +78,8 @@ int cmd_unknown_option(struct kiln_error *err, const char *cmd, const char *arg,
     const char *s = cmd_suggest(name, n, names);
     if (s)
         return kiln_errorf(err, KILN_ERR_USAGE,
-                           "unknown option '%.*s' (kiln %s): did you mean '%s'? allowed are %s", (int)n,
-                           name, cmd, s, allowed);
+                           "unknown option '%.*s' (kiln %s): did you mean '%s'? allowed are %s", (int)n, name,
+                           cmd, s, allowed);
     return kiln_errorf(err, KILN_ERR_USAGE, "unknown option '%.*s' (kiln %s): allowed are %s", (int)n, name,
                        cmd, allowed);
 }
@@ -93,12 +93,14 @@ static int unknown_command(const char *name, const char *where) {
     names[k] = NULL;
     const char *s = cmd_suggest(name, strlen(name), names);
     if (s)
-        fprintf(stderr, "error: unknown command '%s' (%s): did you mean '%s'? see kiln help for the commands\n",
-                name, where, s);
-    else
         fprintf(stderr,
-                "error: unknown command '%s' (%s): there is no such command; see kiln help for the commands\n",
-                name, where);
+                "error: unknown command '%s' (%s): did you mean '%s'? see kiln help for the commands\n", name,
+                where, s);
+    else
+        fprintf(
+            stderr,
+            "error: unknown command '%s' (%s): there is no such command; see kiln help for the commands\n",
+            name, where);
     return 2;
 }
 

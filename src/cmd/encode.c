@@ -46,7 +46,8 @@ static int parse_enc_args(const char *cmd, struct enc_args *a, int argc, char **
             int enc = strcmp(cmd, "encode") == 0;
             return cmd_unknown_option(
                 err, cmd, s, (const char *const[]){"tokenizer", "vocab", enc ? "allow-special" : NULL, NULL},
-                enc ? "--tokenizer=gpt2|char, --vocab=PATH, --allow-special" : "--tokenizer=gpt2|char, --vocab=PATH");
+                enc ? "--tokenizer=gpt2|char, --vocab=PATH, --allow-special"
+                    : "--tokenizer=gpt2|char, --vocab=PATH");
         } else if (a->file) {
             return kiln_errorf(err, KILN_ERR_USAGE, "too many inputs (%s): kiln %s reads one FILE or stdin",
                                s, cmd);

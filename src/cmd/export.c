@@ -89,7 +89,8 @@ static int run_export(int argc, char **argv, const struct kiln_knobs *knobs, str
         rc = kiln_hf_export(v[2], &cfg.model, &tok, params, &o, err);
     char why[512] = "", gdir[4096];
     if (!rc)
-        rc = kiln_hf_export_tokenizer(v[2], &tok, kiln_gpt2_dir(NULL, kiln_knobs_source_dir(knobs), gdir, sizeof(gdir)),
+        rc = kiln_hf_export_tokenizer(v[2], &tok,
+                                      kiln_gpt2_dir(NULL, kiln_knobs_source_dir(knobs), gdir, sizeof(gdir)),
                                       cfg.model.block_size, why, sizeof(why), err);
     if (!rc)
         printf("exported %s (%zu parameters, %s) and its %s tokenizer%s to %s\n", kiln_hf_arch_name(arch),
@@ -142,11 +143,13 @@ static int run_import(int argc, char **argv, struct kiln_error *err) {
 
 int cmd_export(int argc, char **argv, const struct kiln_knobs *knobs) {
     if (argc == 1 && !strcmp(argv[0], "--help")) {
-        printf("kiln export --run=DIR --format=hf --out=HF_DIR [--dtype=f32|bf16]\n"
-               "  writes config.json + model.safetensors for GPT2LMHeadModel, LlamaForCausalLM or "
-               "OlmoForCausalLM,\n"
-               "  and the tokenizer's files for transformers' AutoTokenizer: tokenizer.json (the `tokenizers`\n"
-               "  format), tokenizer_config.json, special_tokens_map.json, and for gpt2 vocab.json + merges.txt\n");
+        printf(
+            "kiln export --run=DIR --format=hf --out=HF_DIR [--dtype=f32|bf16]\n"
+            "  writes config.json + model.safetensors for GPT2LMHeadModel, LlamaForCausalLM or "
+            "OlmoForCausalLM,\n"
+            "  and the tokenizer's files for transformers' AutoTokenizer: tokenizer.json (the `tokenizers`\n"
+            "  format), tokenizer_config.json, special_tokens_map.json, and for gpt2 vocab.json + "
+            "merges.txt\n");
         return 0;
     }
     struct kiln_error err = {0};

@@ -325,10 +325,11 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
     struct kiln_param_table pt;
     kiln_params_build(&pt, &cfg.model);
     const struct kiln_model_config *m = &cfg.model;
-    printf("model: %s, %d layers, %d heads (%d kv), dim %d, head size %d, mlp hidden %d, vocab %d (padded %d), "
-           "%s tokenizer\n",
-           cfg.preset, m->n_layer, m->n_head, kiln_model_kv_heads(m), m->n_embd, kiln_model_head_size(m),
-           kiln_model_mlp_hidden(m), m->vocab_size, kiln_model_padded_vocab(m), cfg.tokenizer);
+    printf(
+        "model: %s, %d layers, %d heads (%d kv), dim %d, head size %d, mlp hidden %d, vocab %d (padded %d), "
+        "%s tokenizer\n",
+        cfg.preset, m->n_layer, m->n_head, kiln_model_kv_heads(m), m->n_embd, kiln_model_head_size(m),
+        kiln_model_mlp_hidden(m), m->vocab_size, kiln_model_padded_vocab(m), cfg.tokenizer);
     printf("parameters: %zu (%.2fM), %d tensors\n", pt.n_params, pt.n_params / 1e6, pt.n);
     const char *whose = NULL;
     int ref_vocab = kiln_config_preset_ref_vocab(cfg.preset, &whose);
@@ -338,8 +339,9 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
         struct kiln_param_table rpt;
         kiln_params_build(&rpt, &rm);
         printf("  note: this preset copies a shape, not its vocabulary: it trains with the %s tokenizer's %d "
-               "tokens;\n  %s %d-token vocabulary would give %zu (%.2fM) parameters at this shape (to train with it: "
-               "--tokenizer=DIR/tokenizer.json, from its Hugging Face directory)\n",
+               "tokens;\n  %s %d-token vocabulary would give %zu (%.2fM) parameters at this shape;\n"
+               "  to train with it, give its Hugging Face directory's tokenizer.json: "
+               "--tokenizer=DIR/tokenizer.json\n",
                cfg.tokenizer, m->vocab_size, whose, ref_vocab, rpt.n_params, rpt.n_params / 1e6);
         kiln_params_free(&rpt);
     }

@@ -458,12 +458,12 @@ static int run_plot(int argc, char **argv, struct kiln_error *err) {
         else if (!strncmp(a, "--height=", 9))
             rc = parse_size("height", a + 9, &spec.height, err);
         else if (!strncmp(a, "--", 2)) {
-            static const char *const names[] = {"out", "x", "width", "height", "bars", "label", "series",
-                                                "panels", "help", NULL};
-            rc = cmd_unknown_option(err, "plot", a, names, "--out, --x, --width, --height, --bars, --label, "
-                                                           "--series, --panels (kiln help plot)");
-        }
-        else
+            static const char *const names[] = {"out",   "x",      "width",  "height", "bars",
+                                                "label", "series", "panels", "help",   NULL};
+            rc = cmd_unknown_option(err, "plot", a, names,
+                                    "--out, --x, --width, --height, --bars, --label, "
+                                    "--series, --panels (kiln help plot)");
+        } else
             dirs[n_dirs++] = a;
     }
     if (!rc && (!spec.out || !spec.out[0]))
@@ -510,14 +510,16 @@ int cmd_plot(int argc, char **argv, const struct kiln_knobs *knobs) {
     (void)knobs; // (it reads metrics files, nothing the knobs tune)
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: %s\n"
-                   "  RUN...: run directories (their metrics.jsonl), drawn overlaid in panels of loss, learning "
-                   "rate,\n"
-                   "  grad norm, tok/s, MFU and memory; --x=tokens puts tokens seen on the x axis.\n"
-                   "  --bars: grouped bars from a CSV with a header row, a panel per numeric column (--panels),\n"
-                   "  a bar group per --label value and a bar per --series value.\n"
-                   "  --width, --height: the PNG's size in pixels (default 1500x900).\n",
-                   PLOT_USAGE);
+            printf(
+                "usage: %s\n"
+                "  RUN...: run directories (their metrics.jsonl), drawn overlaid in panels of loss, learning "
+                "rate,\n"
+                "  grad norm, tok/s, MFU and memory; --x=tokens puts tokens seen on the x axis.\n"
+                "  --bars: grouped bars from a CSV with a header row, a panel per numeric column "
+                "(--panels),\n"
+                "  a bar group per --label value and a bar per --series value.\n"
+                "  --width, --height: the PNG's size in pixels (default 1500x900).\n",
+                PLOT_USAGE);
             return 0;
         }
     struct kiln_error err;

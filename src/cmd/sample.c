@@ -73,10 +73,11 @@ static int parse_opts(int argc, char **argv, struct sample_opts *o, struct kiln_
                                    "number from 0 (greedy) to 100", v);
             o->temperature = (float)t;
         } else
-            return cmd_unknown_option(err, "sample", name,
-                                      (const char *const[]){"run", "prompt", "max-tokens", "temperature", "top-k",
-                                                            "seed", "device", NULL},
-                                      "--run, --prompt, --max-tokens, --temperature, --top-k, --seed, --device");
+            return cmd_unknown_option(
+                err, "sample", name,
+                (const char *const[]){"run", "prompt", "max-tokens", "temperature", "top-k", "seed", "device",
+                                      NULL},
+                "--run, --prompt, --max-tokens, --temperature, --top-k, --seed, --device");
         if (rc)
             return rc;
     }

@@ -112,16 +112,20 @@ static int parse_args(struct tok_args *a, int argc, char **argv, struct kiln_err
             exit(0);
         } else if (!eq) {
             rc = cmd_unknown_option(err, "tokenize", s,
-                                    (const char *const[]){"out", "tokenizer", "vocab", "shard-tokens", "val-tokens", "val-fraction", "threads", "quiet", NULL},
-                                    "--out, --tokenizer, --vocab, --shard-tokens, --val-tokens, --val-fraction, --threads, --quiet");
+                                    (const char *const[]){"out", "tokenizer", "vocab", "shard-tokens",
+                                                          "val-tokens", "val-fraction", "threads", "quiet",
+                                                          NULL},
+                                    "--out, --tokenizer, --vocab, --shard-tokens, --val-tokens, "
+                                    "--val-fraction, --threads, --quiet");
         } else if (strncmp(s, "--tokenizer=", 12) == 0) {
             a->tokenizer = eq + 1;
             if (strcmp(a->tokenizer, "gpt2") != 0 && strcmp(a->tokenizer, "char") != 0 &&
                 !kiln_tokenizer_is_file(a->tokenizer))
-                rc = kiln_errorf(err, KILN_ERR_USAGE,
-                                 "bad value '%s' for tokenizer (--tokenizer): allowed values are gpt2,char, or a "
-                                 "Hugging Face tokenizer.json",
-                                 a->tokenizer);
+                rc = kiln_errorf(
+                    err, KILN_ERR_USAGE,
+                    "bad value '%s' for tokenizer (--tokenizer): allowed values are gpt2,char, or a "
+                    "Hugging Face tokenizer.json",
+                    a->tokenizer);
         } else if (strncmp(s, "--vocab=", 8) == 0) {
             a->vocab = eq + 1;
         } else if (strncmp(s, "--out=", 6) == 0) {
@@ -155,8 +159,11 @@ static int parse_args(struct tok_args *a, int argc, char **argv, struct kiln_err
             a->threads = (int)t;
         } else {
             rc = cmd_unknown_option(err, "tokenize", s,
-                                    (const char *const[]){"out", "tokenizer", "vocab", "shard-tokens", "val-tokens", "val-fraction", "threads", "quiet", NULL},
-                                    "--out, --tokenizer, --vocab, --shard-tokens, --val-tokens, --val-fraction, --threads, --quiet");
+                                    (const char *const[]){"out", "tokenizer", "vocab", "shard-tokens",
+                                                          "val-tokens", "val-fraction", "threads", "quiet",
+                                                          NULL},
+                                    "--out, --tokenizer, --vocab, --shard-tokens, --val-tokens, "
+                                    "--val-fraction, --threads, --quiet");
         }
         if (rc)
             return rc;
@@ -195,8 +202,8 @@ static size_t next_cut(const char *s, size_t n, size_t from, int any) {
     return n;
 }
 
-// On a terminal a bar redrawn in place every 0.25 s; in a log (stderr not a terminal) a plain line every 10 s,
-// so that a long run says how far it is wherever its output goes. Neither with --quiet.
+// On a terminal a bar redrawn in place every 0.25 s; in a log (stderr not a terminal) a plain line every 10
+// s, so that a long run says how far it is wherever its output goes. Neither with --quiet.
 struct progress {
     int on, tty;
     double t0, last;
@@ -381,8 +388,8 @@ static int run_tokenize(struct tok_args *a, const struct kiln_knobs *knobs, stru
     // what it is about to do, before the first batch, where that takes seconds (a batch is 8 MB or more; a
     // smaller input ends in a moment with its summary line, or an error as its only line)
     if (pr.on && !rc && pr.total_in > BATCH_MIN_BYTES)
-        fprintf(stderr, "tokenize: %d input file%s, %.1f MB%s, %s tokenizer, %d thread%s -> %s\n", a->n_inputs,
-                a->n_inputs == 1 ? "" : "s", (double)pr.total_in / 1e6,
+        fprintf(stderr, "tokenize: %d input file%s, %.1f MB%s, %s tokenizer, %d thread%s -> %s\n",
+                a->n_inputs, a->n_inputs == 1 ? "" : "s", (double)pr.total_in / 1e6,
                 a->n_inputs && strstr(a->inputs[0], ".xz") ? " compressed" : "", a->tokenizer, a->threads,
                 a->threads == 1 ? "" : "s", a->out);
     uint64_t n_tokens = 0, n_docs = 0, text_bytes = 0, done_in = 0;

@@ -314,9 +314,9 @@ static int merges_begin(struct bpe_vocab *v, struct strmap *m, const unsigned ch
         char c = (char)b;
         v->byte_id[b] = strmap_get(m, v, &c, 1);
         if (v->byte_id[b] < 0)
-            return kiln_errorf(err, KILN_ERR_RUNTIME,
-                               "bad byte-level vocabulary (%s): byte 0x%02x has no token; every byte needs one",
-                               path, b);
+            return kiln_errorf(
+                err, KILN_ERR_RUNTIME,
+                "bad byte-level vocabulary (%s): byte 0x%02x has no token; every byte needs one", path, b);
     }
     v->mt_mask = 1;
     while (v->mt_mask + 1 < (n_merges + 1) * 2)
@@ -396,7 +396,8 @@ static int load_merges(struct bpe_vocab *v, const char *path, const int unicode_
 }
 
 // Compiles the split pattern into v (what: where it came from, for the message).
-static int compile_pattern(struct bpe_vocab *v, const char *pattern, const char *what, struct kiln_error *err) {
+static int compile_pattern(struct bpe_vocab *v, const char *pattern, const char *what,
+                           struct kiln_error *err) {
     int ec;
     PCRE2_SIZE eo;
     v->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
@@ -471,16 +472,18 @@ static int json_pre(const cJSON *p, const char *path, const char **pattern, int 
         const cJSON *re = cJSON_GetObjectItemCaseSensitive(p, "use_regex");
         const cJSON *ps = cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space");
         if (cJSON_IsTrue(ps))
-            return kiln_errorf(err, KILN_ERR_USAGE,
-                               "pre_tokenizer ByteLevel with add_prefix_space (%s): kiln encodes text as it is; "
-                               "a tokenizer that adds a space first is not supported",
-                               path);
+            return kiln_errorf(
+                err, KILN_ERR_USAGE,
+                "pre_tokenizer ByteLevel with add_prefix_space (%s): kiln encodes text as it is; "
+                "a tokenizer that adds a space first is not supported",
+                path);
         if (!cJSON_IsFalse(re)) { // (default true) GPT-2's pattern
             if (*pattern)
-                return kiln_errorf(err, KILN_ERR_USAGE,
-                                   "pre_tokenizer (%s): two split patterns (a Split and a ByteLevel that splits); "
-                                   "kiln runs one",
-                                   path);
+                return kiln_errorf(
+                    err, KILN_ERR_USAGE,
+                    "pre_tokenizer (%s): two split patterns (a Split and a ByteLevel that splits); "
+                    "kiln runs one",
+                    path);
             *pattern = GPT2_PATTERN;
         }
         return 0;
@@ -492,10 +495,11 @@ static int json_pre(const cJSON *p, const char *path, const char **pattern, int 
         const cJSON *inv = cJSON_GetObjectItemCaseSensitive(p, "invert");
         if (!cJSON_IsString(re) || !cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") ||
             cJSON_IsTrue(inv) || *pattern)
-            return kiln_errorf(err, KILN_ERR_USAGE,
-                               "pre_tokenizer Split (%s): kiln runs one Split by a Regex, behavior Isolated, not "
-                               "inverted (Llama 3's and GPT-4's form)",
-                               path);
+            return kiln_errorf(
+                err, KILN_ERR_USAGE,
+                "pre_tokenizer Split (%s): kiln runs one Split by a Regex, behavior Isolated, not "
+                "inverted (Llama 3's and GPT-4's form)",
+                path);
         *pattern = re->valuestring;
         return 0;
     }
@@ -552,9 +556,10 @@ int kiln_bpe_open_json(struct kiln_bpe **out, const char *path, struct kiln_erro
     }
     if (!byte_level || !pattern) {
         cJSON_Delete(root);
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "pre_tokenizer (%s): %s; kiln reads byte-level BPE tokenizers (Llama 3's, GPT-2's)",
-                           path, !byte_level ? "no ByteLevel step" : "no split pattern");
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "pre_tokenizer (%s): %s; kiln reads byte-level BPE tokenizers (Llama 3's, GPT-2's)", path,
+            !byte_level ? "no ByteLevel step" : "no split pattern");
     }
     // the vocabulary: model.vocab's byte-level tokens, and added_tokens' contents as they are
     int count = 0;
@@ -570,7 +575,8 @@ int kiln_bpe_open_json(struct kiln_bpe **out, const char *path, struct kiln_erro
     }
     if (count < 256 || count > (1 << 24)) {
         cJSON_Delete(root);
-        return kiln_errorf(err, KILN_ERR_USAGE, "vocabulary of %d tokens (%s): expected 256 to 2^24", count, path);
+        return kiln_errorf(err, KILN_ERR_USAGE, "vocabulary of %d tokens (%s): expected 256 to 2^24", count,
+                           path);
     }
     int unicode_byte[512];
     gpt2_unicode_to_byte(unicode_byte);
@@ -586,11 +592,15 @@ int kiln_bpe_open_json(struct kiln_bpe **out, const char *path, struct kiln_erro
         int id = cJSON_IsNumber(it) && it->valuedouble >= 0 && (double)(int)it->valuedouble == it->valuedouble
                      ? (int)it->valuedouble
                      : -1;
-        int len = id >= 0 ? gpt2_token_bytes(unicode_byte, it->string, strlen(it->string), buf, sizeof(buf)) : -1;
+        int len =
+            id >= 0 ? gpt2_token_bytes(unicode_byte, it->string, strlen(it->string), buf, sizeof(buf)) : -1;
         if (len < 0 || strs[id]) {
             rc = kiln_errorf(err, KILN_ERR_USAGE,
-                             "model.vocab entry \"%.40s\" (%s): %s; kiln reads byte-level BPE vocabularies", it->string,
-                             path, id < 0 ? "its id is not a whole number >= 0" : len < 0 ? "not a byte-level token" : "a repeated id");
+                             "model.vocab entry \"%.40s\" (%s): %s; kiln reads byte-level BPE vocabularies",
+                             it->string, path,
+                             id < 0    ? "its id is not a whole number >= 0"
+                             : len < 0 ? "not a byte-level token"
+                                       : "a repeated id");
             break;
         }
         strs[id] = kiln_xmalloc((size_t)len + 1);
@@ -604,7 +614,8 @@ int kiln_bpe_open_json(struct kiln_bpe **out, const char *path, struct kiln_erro
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
         if (!cJSON_IsNumber(id) || id->valuedouble < 0 || !cJSON_IsString(content)) {
-            rc = kiln_errorf(err, KILN_ERR_USAGE, "added_tokens (%s): an entry without an id or content", path);
+            rc = kiln_errorf(err, KILN_ERR_USAGE, "added_tokens (%s): an entry without an id or content",
+                             path);
             break;
         }
         int i = (int)id->valuedouble;
@@ -614,7 +625,9 @@ int kiln_bpe_open_json(struct kiln_bpe **out, const char *path, struct kiln_erro
             strs[i] = kiln_xmalloc((size_t)lens[i] + 1);
             memcpy(strs[i], content->valuestring, (size_t)lens[i]);
         }
-        int r = !strcmp(content->valuestring, "<|end_of_text|>") ? 2 : !strcmp(content->valuestring, "<|endoftext|>");
+        int r = !strcmp(content->valuestring, "<|end_of_text|>")
+                    ? 2
+                    : !strcmp(content->valuestring, "<|endoftext|>");
         if (r > eot_rank) {
             eot_rank = r;
             v->eot = i;
@@ -622,8 +635,10 @@ int kiln_bpe_open_json(struct kiln_bpe **out, const char *path, struct kiln_erro
     }
     for (int i = 0; i < count && !rc; i++)
         if (!strs[i])
-            rc = kiln_errorf(err, KILN_ERR_USAGE, "token id %d (%s): in neither model.vocab nor added_tokens; "
-                             "the ids must run from 0 without a gap", i, path);
+            rc = kiln_errorf(err, KILN_ERR_USAGE,
+                             "token id %d (%s): in neither model.vocab nor added_tokens; "
+                             "the ids must run from 0 without a gap",
+                             i, path);
     if (!rc)
         rc = vocab_pack(v, strs, lens, count, path, err);
     for (int i = 0; i < count; i++)
@@ -654,8 +669,8 @@ int kiln_bpe_open_json(struct kiln_bpe **out, const char *path, struct kiln_erro
         }
         if (!a || merge_add(v, m, unicode_byte, a, na, b, nb, rank))
             rc = kiln_errorf(err, KILN_ERR_USAGE,
-                             "model.merges[%u] (%s): not a merge of two tokens of model.vocab into a third", rank,
-                             path);
+                             "model.merges[%u] (%s): not a merge of two tokens of model.vocab into a third",
+                             rank, path);
         rank++;
     }
     free(special);

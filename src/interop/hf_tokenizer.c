@@ -129,12 +129,16 @@ static int export_gpt2(const char *dir, const char *gpt2_dir, int max_len, struc
         rc = write_text(dir, "merges.txt", merges, merges_n, err);
     cJSON *vocab = rc ? NULL : cJSON_ParseWithLength(enc, enc_n);
     if (!rc && !cJSON_IsObject(vocab))
-        rc = kiln_errorf(err, KILN_ERR_RUNTIME, "%s/encoder.json is not a JSON object (kiln export): the GPT-2 "
-                         "vocabulary kiln trained with is damaged", gpt2_dir);
+        rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                         "%s/encoder.json is not a JSON object (kiln export): the GPT-2 "
+                         "vocabulary kiln trained with is damaged",
+                         gpt2_dir);
     const cJSON *eot = rc ? NULL : cJSON_GetObjectItemCaseSensitive(vocab, "<|endoftext|>");
     if (!rc && !cJSON_IsNumber(eot))
-        rc = kiln_errorf(err, KILN_ERR_RUNTIME, "%s/encoder.json has no <|endoftext|> (kiln export): not "
-                         "GPT-2's vocabulary", gpt2_dir);
+        rc = kiln_errorf(err, KILN_ERR_RUNTIME,
+                         "%s/encoder.json has no <|endoftext|> (kiln export): not "
+                         "GPT-2's vocabulary",
+                         gpt2_dir);
     if (!rc) {
         // merges: the lines after "#version", each "a b", in rank order
         cJSON *m = cJSON_CreateArray();
@@ -179,11 +183,13 @@ static int export_char(const char *dir, const struct kiln_run_tokenizer *tok, in
     }
     cJSON *dec = cJSON_CreateObject();
     cJSON_AddStringToObject(dec, "type", "Fuse");
-    cJSON *j = tokenizer_json(cJSON_CreateArray(), NULL, NULL, dec, bpe_model(vocab, cJSON_CreateArray(), NULL));
+    cJSON *j =
+        tokenizer_json(cJSON_CreateArray(), NULL, NULL, dec, bpe_model(vocab, cJSON_CreateArray(), NULL));
     int rc = write_json_file(dir, "tokenizer.json", j, err);
     if (rc)
         return rc;
-    // no slow tokenizer class reads a character vocabulary: transformers' generic fast one loads tokenizer.json
+    // no slow tokenizer class reads a character vocabulary: transformers' generic fast one loads
+    // tokenizer.json
     return write_configs(dir, "PreTrainedTokenizerFast", NULL, NULL, NULL, max_len, err);
 }
 

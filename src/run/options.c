@@ -170,30 +170,25 @@ struct preset {
     const char *name;
     const char *desc;
     const char *settings; // "name=value" pairs separated by spaces, applied over the defaults
-    // the vocabulary of the published model whose shape the preset copies, where it is not the one the
-    // preset trains with (kiln info says so, with the parameters that vocabulary would give): its size and
-    // whose it is
-    int ref_vocab;
-    const char *ref_name;
 };
 
 static const struct preset PRESETS[] = {
     {"shakespeare-char", "character-level GPT for the embedded Tiny Shakespeare (CPU-sized)",
      "layers=4 heads=4 dim=128 block-size=128 seq=128 batch=16 tokenizer=char lr=3e-3 warmup=50 "
      "max-steps=1000 final-lr-frac=0.1 weight-decay=0.1 beta2=0.99 eval-every=200 eval-steps=20 "
-     "vocab-multiple=128 sample-every=0", 0, NULL},
+     "vocab-multiple=128 sample-every=0"},
     {"gpt2-124m", "GPT-2 small (d12)",
      "layers=12 heads=12 dim=768 block-size=1024 seq=1024 tokenizer=gpt2 "
-     "batch=4 lr=6e-4 warmup=700 max-steps=20000", 0, NULL},
+     "batch=4 lr=6e-4 warmup=700 max-steps=20000"},
     {"gpt2-350m", "GPT-2 medium (d24)",
      "layers=24 heads=16 dim=1024 block-size=1024 seq=1024 tokenizer=gpt2 "
-     "batch=4 lr=3e-4 warmup=700 max-steps=20000", 0, NULL},
+     "batch=4 lr=3e-4 warmup=700 max-steps=20000"},
     {"gpt2-774m", "GPT-2 large (d36)",
      "layers=36 heads=20 dim=1280 block-size=1024 seq=1024 tokenizer=gpt2 "
-     "batch=4 lr=2.5e-4 warmup=700 max-steps=20000", 0, NULL},
+     "batch=4 lr=2.5e-4 warmup=700 max-steps=20000"},
     {"gpt2-1.5b", "GPT-2 XL (d48)",
      "layers=48 heads=25 dim=1600 block-size=1024 seq=1024 tokenizer=gpt2 "
-     "batch=4 lr=2e-4 warmup=700 max-steps=20000", 0, NULL},
+     "batch=4 lr=2e-4 warmup=700 max-steps=20000"},
     // OLMo-1 shapes from the OLMo paper (Groeneveld et al. 2024, table 1) and allenai's configs
     // (OLMo-1B.yaml, OLMo-7B.yaml): sequential pre-norm blocks, RoPE (theta 1e4), SwiGLU, no biases anywhere,
     // a LayerNorm without bias, context 2048, AdamW beta2 0.95, eps 1e-5, weight decay 0.1, clip 1.0.
@@ -206,11 +201,11 @@ static const struct preset PRESETS[] = {
     {"olmo-1b", "OLMo-1 1B shape: 16 layers, dim 2048, RoPE, SwiGLU, no-bias LayerNorm, tied",
      "layers=16 heads=16 dim=2048 mlp-hidden=8192 block-size=2048 seq=2048 tokenizer=gpt2 pos=rope "
      "rope-theta=10000 norm=layernorm norm-bias=0 norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=1 "
-     "batch=4 lr=4e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-5 weight-decay=0.1 grad-clip=1", 0, NULL},
+     "batch=4 lr=4e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-5 weight-decay=0.1 grad-clip=1"},
     {"olmo-7b", "OLMo-1 7B shape: 32 layers, dim 4096, RoPE, SwiGLU, no-bias LayerNorm, untied",
      "layers=32 heads=32 dim=4096 mlp-hidden=11008 block-size=2048 seq=2048 tokenizer=gpt2 pos=rope "
      "rope-theta=10000 norm=layernorm norm-bias=0 norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
-     "batch=2 lr=3e-4 warmup=5000 max-steps=20000 beta2=0.95 eps=1e-5 weight-decay=0.1 grad-clip=1", 0, NULL},
+     "batch=2 lr=3e-4 warmup=5000 max-steps=20000 beta2=0.95 eps=1e-5 weight-decay=0.1 grad-clip=1"},
     // Llama-style shapes from Meta's config.json files: llama-1b is Llama 3.2 1B's (16 layers, dim 2048,
     // 32 heads, 8 kv heads, SwiGLU 8192, RMSNorm eps 1e-5, RoPE theta 5e5) but untied (3.2 1B ties) and
     // without its long-context RoPE scaling; llama-8b is Llama 3 8B's (32 layers, dim 4096, 32/8 heads,
@@ -218,19 +213,18 @@ static const struct preset PRESETS[] = {
     // 1,235,814,400 (3.2 1B, tied) and 8,030,261,248 (3 8B); kiln's gpt2 vocab (50304 padded rows) gives
     // 1,179,191,296 for llama-1b untied and 7,391,678,464 for llama-8b (docs/models.md works them out).
     {"llama-1b",
-     "Llama-style 1B (Llama 3.2 1B shape, untied, GPT-2 vocabulary): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias",
+     "Llama-style 1B (Llama 3.2 1B shape, untied, GPT-2 vocabulary): RoPE, RMSNorm, SwiGLU, GQA 32/8, no "
+     "bias",
      "layers=16 heads=32 kv-heads=8 dim=2048 mlp-hidden=8192 block-size=2048 seq=2048 tokenizer=gpt2 "
      "pos=rope "
      "rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
-     "batch=4 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1",
-     128256, "Llama 3.2 1B's"},
+     "batch=4 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1"},
     {"llama-8b",
      "Llama-style 8B (Llama 3 8B shape, GPT-2 vocabulary): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias, untied",
      "layers=32 heads=32 kv-heads=8 dim=4096 mlp-hidden=14336 block-size=8192 seq=8192 tokenizer=gpt2 "
      "pos=rope "
      "rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
-     "batch=1 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1",
-     128256, "Llama 3 8B's"},
+     "batch=1 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1"},
 };
 #define N_PRESETS (sizeof(PRESETS) / sizeof(PRESETS[0]))
 
@@ -245,11 +239,19 @@ const char *kiln_config_preset_names(void) {
     return buf;
 }
 
+// The vocabulary of the published model whose shape a preset copies, where the preset trains with another
+// (kiln info says so, with the parameters that vocabulary would give): its size and whose it is.
+static const struct {
+    const char *preset;
+    int vocab;
+    const char *whose;
+} REF_VOCAB[] = {{"llama-1b", 128256, "Llama 3.2 1B's"}, {"llama-8b", 128256, "Llama 3 8B's"}};
+
 int kiln_config_preset_ref_vocab(const char *preset, const char **whose) {
-    for (size_t i = 0; i < N_PRESETS; i++)
-        if (!strcmp(PRESETS[i].name, preset) && PRESETS[i].ref_vocab) {
-            *whose = PRESETS[i].ref_name;
-            return PRESETS[i].ref_vocab;
+    for (size_t i = 0; i < sizeof(REF_VOCAB) / sizeof(REF_VOCAB[0]); i++)
+        if (!strcmp(REF_VOCAB[i].preset, preset)) {
+            *whose = REF_VOCAB[i].whose;
+            return REF_VOCAB[i].vocab;
         }
     return 0;
 }

@@ -372,8 +372,9 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_mod
     // reading and hashing a large checkpoint takes a while (1.5 GB for GPT-2 124M): say so before it starts
     double t0 = kiln_now_s(), bytes = verbose && !cfg->quiet ? dir_bytes(dir) : 0;
     if (bytes > 64e6) {
-        fprintf(stderr, "kiln: reading checkpoint %s (%.2f GB%s): checking every file's sha256, then loading\n",
-                dir, bytes / 1e9, several ? ", shared among the ranks" : "");
+        fprintf(stderr,
+                "kiln: reading checkpoint %s (%.2f GB%s): checking every file's sha256, then loading\n", dir,
+                bytes / 1e9, several ? ", shared among the ranks" : "");
         fflush(stderr);
     }
     int rc = kiln_ckpt_load_share(dir, &ck, several ? comm->rank : 0, several ? comm->size : 1, err);
@@ -1265,8 +1266,8 @@ int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct k
     kiln_progress_begin(&r.prog, cfg->max_steps, !cfg->quiet && r.rank0);
     // the first step's progress line comes only when it ends, minutes later for a large model on a CPU: a
     // step still running after 2 s says so
-    struct first_step fs = {.prog = &r.prog, .step = r.st.step + 1, .tokens = r.tokens_per_step,
-                            .fresh = r.st.step == 0};
+    struct first_step fs = {
+        .prog = &r.prog, .step = r.st.step + 1, .tokens = r.tokens_per_step, .fresh = r.st.step == 0};
     pthread_t fs_thread;
     int fs_on = r.prog.enabled && r.st.step < cfg->max_steps &&
                 pthread_create(&fs_thread, NULL, first_step_note, &fs) == 0;

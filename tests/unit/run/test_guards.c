@@ -1,6 +1,7 @@
 // The spike guard on a healthy run and on real spikes: the default demo's own loss and gradient norm, step by
 // step (tests/data/char_demo_healthy.tsv), pass the guard at its defaults without a skip, and the same run
-// with one step's gradient norm made ten times larger, or its loss half again as large, has that step skipped.
+// with one step's gradient norm made ten times larger, or its loss half again as large, has that step
+// skipped.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
