@@ -13,8 +13,8 @@
 # models: a = shakespeare-char, b = gpt2-124m shape at char level (both on the embedded Tiny Shakespeare),
 #         c = gpt2-350m on Gutenberg shards: KILN_GUTENBERG='DIR/train_*.bin' (kiln tokenize's output;
 #             KILN_GUTENBERG_VAL defaults to the same glob with train_ -> val_), or KILN_GUTENBERG_TEXT=FILE
-#             (the corpus as text or .txt.xz, e.g. a 128 MB Gutenberg corpus is 34 MB as .xz, smaller to
-#             copy to a GPU machine than its shards; scripts/gutenberg.sh says where to get one), tokenized here first; skipped without either.
+#             (the corpus as text or .txt.xz, ../shared/data/gutenberg_en_train.txt.xz: 34 MB, which a device
+#             call can carry where the shards cannot), tokenized here first; skipped without either.
 # Rows: one process (accumulating over the ranks' micro-batches), then DDP, ZeRO-1/2/3 and ZeRO-3 + offload on
 # --ranks ranks (mpirun for N > 1; ranks share one GPU over --comm=mpi when the machine has fewer GPUs).
 # --torch=1 (cuda, python3 with torch): bench/torch_fsdp.py for the rows that PyTorch has: one process (plain),

@@ -1,4 +1,4 @@
-# Llama-style peer baseline for kiln's llama presets: the GPT baseline (torch_gpt.py)
+# Llama-style peer baseline for kiln's llama presets: the shared GPT baseline (../shared/bench/torch_gpt.py)
 # extended to RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases, untied head. bf16 autocast, SDPA
 # flash attention, fused AdamW, torch.compile; random tokens. Prints one JSON line like torch_gpt.py.
 import argparse, json, time
