@@ -1,4 +1,5 @@
-// Backend registration: the one place, besides the build files, where KILN_CUDA appears (DESIGN.md).
+// Backend registration: the one place, besides the build files, where KILN_CUDA appears
+// (docs/architecture.md).
 //
 // kiln does not link the CUDA backend: it loads it (core/cuda_module.h) the first time a GPU is asked for,
 // and "auto" first asks the machine whether it can have an NVIDIA GPU at all, so that a run on the CPU never

@@ -9,6 +9,7 @@
 #include "run/knobs.h"
 #include "run/options.h"
 #include "util/build_info.h"
+#include "util/error.h"
 
 struct command {
     const char *name;
@@ -33,6 +34,75 @@ static const struct command COMMANDS[] = {
     {"help", cmd_help, "this help, or the options of a command (kiln help train)"},
 };
 #define N_COMMANDS (sizeof(COMMANDS) / sizeof(COMMANDS[0]))
+
+// The closest of cands (NULL-terminated) to word[0..n) by edit distance, adjacent swaps counting one
+// (`trian` is one from `train`); NULL when none is within 2 edits, or within a third of the word for longer
+// ones. For "did you mean" in the commands' usage errors.
+const char *cmd_suggest(const char *word, size_t n, const char *const *cands) {
+    if (n > 63)
+        return NULL;
+    const char *best = NULL;
+    int best_d = (int)(n / 3 > 2 ? n / 3 : 2) + 1;
+    for (const char *const *c = cands; *c; c++) {
+        int k = (int)strlen(*c);
+        if (k > 63)
+            continue;
+        int d[64][64];
+        for (int a = 0; a <= (int)n; a++)
+            d[a][0] = a;
+        for (int b = 0; b <= k; b++)
+            d[0][b] = b;
+        for (int a = 1; a <= (int)n; a++)
+            for (int b = 1; b <= k; b++) {
+                int sub = d[a - 1][b - 1] + (word[a - 1] != (*c)[b - 1]);
+                int del = d[a - 1][b] + 1, ins = d[a][b - 1] + 1;
+                int m = sub < del ? sub : del;
+                m = m < ins ? m : ins;
+                if (a > 1 && b > 1 && word[a - 1] == (*c)[b - 2] && word[a - 2] == (*c)[b - 1] &&
+                    d[a - 2][b - 2] + 1 < m)
+                    m = d[a - 2][b - 2] + 1;
+                d[a][b] = m;
+            }
+        if (d[n][k] < best_d) {
+            best_d = d[n][k];
+            best = *c;
+        }
+    }
+    return best;
+}
+
+int cmd_unknown_option(struct kiln_error *err, const char *cmd, const char *arg, const char *const *names,
+                       const char *allowed) {
+    const char *name = arg + strspn(arg, "-");
+    size_t n = strcspn(name, "=");
+    const char *s = cmd_suggest(name, n, names);
+    if (s)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "unknown option '%.*s' (kiln %s): did you mean '%s'? allowed are %s", (int)n, name,
+                           cmd, s, allowed);
+    return kiln_errorf(err, KILN_ERR_USAGE, "unknown option '%.*s' (kiln %s): allowed are %s", (int)n, name,
+                       cmd, allowed);
+}
+
+// A command's name, or why not: one line, "did you mean" where a command is close.
+static int unknown_command(const char *name, const char *where) {
+    const char *names[sizeof(COMMANDS) / sizeof(COMMANDS[0]) + 1];
+    size_t k = 0;
+    for (; k < sizeof(COMMANDS) / sizeof(COMMANDS[0]); k++)
+        names[k] = COMMANDS[k].name;
+    names[k] = NULL;
+    const char *s = cmd_suggest(name, strlen(name), names);
+    if (s)
+        fprintf(stderr,
+                "error: unknown command '%s' (%s): did you mean '%s'? see kiln help for the commands\n", name,
+                where, s);
+    else
+        fprintf(
+            stderr,
+            "error: unknown command '%s' (%s): there is no such command; see kiln help for the commands\n",
+            name, where);
+    return 2;
+}
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln <command> [--option=value ...]\n\ncommands:\n");
@@ -68,17 +138,23 @@ int cmd_help(int argc, char **argv, const struct kiln_knobs *knobs) {
         return 0;
     }
     const char *c = argv[0];
+    int all = 0;
+    for (int i = 1; i < argc; i++)
+        all |= !strcmp(argv[i], "--all");
     if (!strcmp(c, "train")) {
-        printf("kiln train [--preset=NAME] [--config=FILE] [--option=value ...]\n\n");
-        kiln_config_print_help(stdout);
+        printf("kiln train [--preset=NAME] [--config=FILE] [--option=value ...]\n"
+               "  trains a model; ready configs to start from are in the configs/ directory of the source\n"
+               "  tree (kiln train --config=configs/FILE.cfg), and kiln info --config=FILE shows what one\n"
+               "  resolves to before it runs.\n\n");
+        kiln_config_print_help(stdout, all);
         return 0;
     }
     if (!strcmp(c, "info")) {
         printf(
             "kiln info [--preset=NAME] [--config=FILE] [--option=value ...]\n"
-            "  prints the resolved config, the parameter count, FLOPs and memory of a model, and the "
-            "backends\n"
-            "  and GPUs of this machine. It accepts every kiln train option (kiln help train); these change\n"
+            "  prints a model's summary (shape, parameters, FLOPs), the resolved config (--all: with the\n"
+            "  fault-injection options for tests), its memory, and the backends and GPUs of this machine.\n"
+            "  It accepts every kiln train option (kiln help train); these change\n"
             "  what it computes, --world=N (default 1) plans one rank of an N-rank job, --strategies adds\n"
             "  each data-parallel strategy's per-rank GPU memory under each recompute mode, and\n"
             "  --lengths=T1,T2,... each sequence length's under each recompute mode and activation "
@@ -90,7 +166,7 @@ int cmd_help(int argc, char **argv, const struct kiln_knobs *knobs) {
         kiln_config_print_help_only(stdout, INFO_OPTS);
         return 0;
     }
-    if (!strcmp(c, "help")) {
+    if (!strcmp(c, "help") || !strcmp(c, "--help") || !strcmp(c, "-h")) {
         printf("kiln help [COMMAND]\n  lists the commands, or the options of COMMAND\n");
         return 0;
     }
@@ -99,11 +175,7 @@ int cmd_help(int argc, char **argv, const struct kiln_knobs *knobs) {
             char *h[] = {"--help"};
             return COMMANDS[i].run(1, h, knobs);
         }
-    fprintf(stderr,
-            "error: unknown command '%s' (kiln help): there is no such command; see kiln help for the "
-            "commands\n",
-            c);
-    return 2;
+    return unknown_command(c, "kiln help");
 }
 
 int kiln_cmd_main(int argc, char **argv) {
@@ -122,14 +194,20 @@ int kiln_cmd_main(int argc, char **argv) {
         return print_version();
     for (size_t i = 0; i < N_COMMANDS; i++)
         if (!strcmp(name, COMMANDS[i].name)) {
+            // --help or -h anywhere before a "--" (launch passes what follows to train) is the command's help
+            int help = 0, all = 0;
+            for (int a = 2; a < argc && strcmp(argv[a], "--"); a++) {
+                help |= !strcmp(argv[a], "--help") || !strcmp(argv[a], "-h");
+                all |= !strcmp(argv[a], "--all");
+            }
+            if (help) {
+                char *h[] = {argv[1], "--all"};
+                return cmd_help(1 + all, h, &knobs);
+            }
             struct kiln_error err = {0};
             if (COMMANDS[i].run != cmd_help && kiln_knobs_read(&knobs, NULL, &err))
                 return kiln_error_print(&err);
             return COMMANDS[i].run(argc - 2, argv + 2, &knobs);
         }
-    fprintf(stderr,
-            "error: unknown command '%s' (kiln): there is no such command; see kiln help for the "
-            "commands\n",
-            name);
-    return 2;
+    return unknown_command(name, "kiln");
 }

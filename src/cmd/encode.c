@@ -24,17 +24,18 @@ static int parse_enc_args(const char *cmd, struct enc_args *a, int argc, char **
         const char *s = argv[i];
         if (strncmp(s, "--tokenizer=", 12) == 0) {
             a->tokenizer = s + 12;
-            if (strcmp(a->tokenizer, "gpt2") != 0 && strcmp(a->tokenizer, "char") != 0)
+            if (strcmp(a->tokenizer, "gpt2") != 0 && strcmp(a->tokenizer, "char") != 0 &&
+                !kiln_tokenizer_is_file(a->tokenizer))
                 return kiln_errorf(err, KILN_ERR_USAGE,
                                    "bad value for --tokenizer (\"%s\"): allowed values are "
-                                   "gpt2, char",
+                                   "gpt2, char, or a Hugging Face tokenizer.json",
                                    a->tokenizer);
         } else if (strncmp(s, "--vocab=", 8) == 0) {
             a->vocab = s + 8;
         } else if (strcmp(s, "--allow-special") == 0 && strcmp(cmd, "encode") == 0) {
             a->allow_special = 1;
         } else if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
-            printf("usage: kiln %s [--tokenizer=gpt2|char] [--vocab=PATH]%s [FILE]\n"
+            printf("usage: kiln %s [--tokenizer=gpt2|char|FILE.json] [--vocab=PATH]%s [FILE]\n"
                    "  reads JSONL from FILE or stdin; gpt2: --vocab is the directory of encoder.json + "
                    "vocab.bpe\n"
                    "  (default data/gpt2); char: --vocab is the training text or a kiln tokenize "
@@ -42,12 +43,11 @@ static int parse_enc_args(const char *cmd, struct enc_args *a, int argc, char **
                    cmd, strcmp(cmd, "encode") == 0 ? " [--allow-special]" : "");
             exit(0);
         } else if (strncmp(s, "--", 2) == 0 || (s[0] == '-' && s[1])) {
-            const char *eq = strchr(s, '=');
-            return kiln_errorf(err, KILN_ERR_USAGE,
-                               "unknown option (%.*s): allowed are --tokenizer=gpt2|char, "
-                               "--vocab=PATH%s",
-                               eq ? (int)(eq - s) : (int)strlen(s), s,
-                               strcmp(cmd, "encode") == 0 ? ", --allow-special" : "");
+            int enc = strcmp(cmd, "encode") == 0;
+            return cmd_unknown_option(
+                err, cmd, s, (const char *const[]){"tokenizer", "vocab", enc ? "allow-special" : NULL, NULL},
+                enc ? "--tokenizer=gpt2|char, --vocab=PATH, --allow-special"
+                    : "--tokenizer=gpt2|char, --vocab=PATH");
         } else if (a->file) {
             return kiln_errorf(err, KILN_ERR_USAGE, "too many inputs (%s): kiln %s reads one FILE or stdin",
                                s, cmd);

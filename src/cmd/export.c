@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cmd/cmd.h"
+#include "data/tokenizer.h"
 #include "model/params.h"
 #include "interop/hf.h"
 #include "run/knobs.h"
@@ -24,11 +25,14 @@ static int parse_named(int argc, char **argv, const char *cmd, const char *const
             k++;
         if (k == n) {
             char allowed[256] = "";
-            for (int j = 0; j < n; j++)
+            const char *cands[9] = {NULL};
+            for (int j = 0; j < n; j++) {
                 snprintf(allowed + strlen(allowed), sizeof(allowed) - strlen(allowed), "%s--%s",
                          j ? ", " : "", names[j]);
-            return kiln_errorf(err, KILN_ERR_USAGE, "unknown option '%.*s' (kiln %s): allowed are %s",
-                               (int)(eq - a), a, cmd, allowed);
+                if (j < 8)
+                    cands[j] = names[j];
+            }
+            return cmd_unknown_option(err, cmd, a, cands, allowed);
         }
         values[k] = eq + 1;
     }
@@ -83,8 +87,16 @@ static int run_export(int argc, char **argv, const struct kiln_knobs *knobs, str
         rc = kiln_read_model_safetensors(path, &pt, params, err);
     if (!rc)
         rc = kiln_hf_export(v[2], &cfg.model, &tok, params, &o, err);
+    char why[512] = "", gdir[4096];
     if (!rc)
-        printf("exported %s (%zu parameters, %s) to %s\n", kiln_hf_arch_name(arch), pt.n_params, v[3], v[2]);
+        rc = kiln_hf_export_tokenizer(v[2], &tok,
+                                      kiln_gpt2_dir(NULL, kiln_knobs_source_dir(knobs), gdir, sizeof(gdir)),
+                                      cfg.model.block_size, why, sizeof(why), err);
+    if (!rc)
+        printf("exported %s (%zu parameters, %s) and its %s tokenizer%s to %s\n", kiln_hf_arch_name(arch),
+               pt.n_params, v[3], tok.name, why[0] ? " (config only)" : "", v[2]);
+    if (!rc && why[0])
+        fprintf(stderr, "kiln: no tokenizer files in %s: %s\n", v[2], why);
     free(params);
     kiln_params_free(&pt);
     return rc;
@@ -131,9 +143,13 @@ static int run_import(int argc, char **argv, struct kiln_error *err) {
 
 int cmd_export(int argc, char **argv, const struct kiln_knobs *knobs) {
     if (argc == 1 && !strcmp(argv[0], "--help")) {
-        printf("kiln export --run=DIR --format=hf --out=HF_DIR [--dtype=f32|bf16]\n"
-               "  writes config.json + model.safetensors for GPT2LMHeadModel, LlamaForCausalLM or "
-               "OlmoForCausalLM\n");
+        printf(
+            "kiln export --run=DIR --format=hf --out=HF_DIR [--dtype=f32|bf16]\n"
+            "  writes config.json + model.safetensors for GPT2LMHeadModel, LlamaForCausalLM or "
+            "OlmoForCausalLM,\n"
+            "  and the tokenizer's files for transformers' AutoTokenizer: tokenizer.json (the `tokenizers`\n"
+            "  format), tokenizer_config.json, special_tokens_map.json, and for gpt2 vocab.json + "
+            "merges.txt\n");
         return 0;
     }
     struct kiln_error err = {0};

@@ -287,10 +287,12 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
         }
     struct kiln_config cfg;
     struct kiln_error err = {0};
-    int world, strategies = 0;
-    for (int i = 0, k = 0; i < argc; i++) { // --strategies (kiln info only), removed from argv
+    int world, strategies = 0, all = 0;
+    for (int i = 0, k = 0; i < argc; i++) { // --strategies and --all (kiln info only), removed from argv
         if (!strcmp(argv[i], "--strategies"))
             strategies = 1;
+        else if (!strcmp(argv[i], "--all"))
+            all = 1;
         else
             argv[k++] = argv[i];
         if (i == argc - 1)
@@ -320,19 +322,30 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
     if (kiln_config_validate(&cfg, &err) || kiln_sp_plan(kiln_config_sp(&cfg), world, 0, world, &sp, &err))
         return kiln_error_print(&err);
 
-    kiln_config_write(&cfg, stdout);
+    // the model first: what it is and what it costs; then the options that make the run
     struct kiln_param_table pt;
     kiln_params_build(&pt, &cfg.model);
-    if (cfg.recompute == KILN_RECOMPUTE_AUTO) {
-        cfg.recompute = print_auto(&cfg, knobs, &pt, world, &sp, kiln_config_grad_dtype(&cfg, 1));
-        printf("(the plans below: --recompute=%s)\n", kiln_recompute_name(cfg.recompute));
-    }
     const struct kiln_model_config *m = &cfg.model;
     printf(
-        "\nmodel: %d layers, %d heads (%d kv), dim %d, head size %d, mlp hidden %d, vocab %d (padded %d)\n",
-        m->n_layer, m->n_head, kiln_model_kv_heads(m), m->n_embd, kiln_model_head_size(m),
-        kiln_model_mlp_hidden(m), m->vocab_size, kiln_model_padded_vocab(m));
+        "model: %s, %d layers, %d heads (%d kv), dim %d, head size %d, mlp hidden %d, vocab %d (padded %d), "
+        "%s tokenizer\n",
+        cfg.preset, m->n_layer, m->n_head, kiln_model_kv_heads(m), m->n_embd, kiln_model_head_size(m),
+        kiln_model_mlp_hidden(m), m->vocab_size, kiln_model_padded_vocab(m), cfg.tokenizer);
     printf("parameters: %zu (%.2fM), %d tensors\n", pt.n_params, pt.n_params / 1e6, pt.n);
+    const char *whose = NULL;
+    int ref_vocab = kiln_config_preset_ref_vocab(cfg.preset, &whose);
+    if (ref_vocab && ref_vocab != m->vocab_size) { // the published model's vocabulary, at this shape
+        struct kiln_model_config rm = *m;
+        rm.vocab_size = ref_vocab;
+        struct kiln_param_table rpt;
+        kiln_params_build(&rpt, &rm);
+        printf("  note: this preset copies a shape, not its vocabulary: it trains with the %s tokenizer's %d "
+               "tokens;\n  %s %d-token vocabulary would give %zu (%.2fM) parameters at this shape;\n"
+               "  to train with it, give its Hugging Face directory's tokenizer.json: "
+               "--tokenizer=DIR/tokenizer.json\n",
+               cfg.tokenizer, m->vocab_size, whose, ref_vocab, rpt.n_params, rpt.n_params / 1e6);
+        kiln_params_free(&rpt);
+    }
     double fpt = kiln_model_flops_per_token(m, pt.n_params, cfg.seq_len, 0);
     double fptc = kiln_model_flops_per_token(m, pt.n_params, cfg.seq_len, 1);
     printf("FLOPs per token (T=%d): %.4g (6N + 12LHQT, for mfu), %.4g (causal, for mfu_causal)\n",
@@ -348,6 +361,15 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
         printf("precision: %s; MFU against the bf16 peak\n", what);
     } else {
         printf("precision: bf16 (the backend's: f32 on the CPU)\n");
+    }
+
+    printf("\nconfig (resolved; kiln train --config=FILE reads these lines):\n");
+    int hidden = kiln_config_print(&cfg, stdout, all);
+    if (hidden)
+        printf("(%d fault-injection options, for tests, are not shown: kiln info --all)\n", hidden);
+    if (cfg.recompute == KILN_RECOMPUTE_AUTO) {
+        cfg.recompute = print_auto(&cfg, knobs, &pt, world, &sp, kiln_config_grad_dtype(&cfg, 1));
+        printf("(the plans below: --recompute=%s)\n", kiln_recompute_name(cfg.recompute));
     }
 
     struct kiln_model_opts go = {.B = cfg.batch_size,

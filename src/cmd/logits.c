@@ -38,10 +38,9 @@ static int parse_opts(int argc, char **argv, struct logits_opts *o, struct kiln_
         else if (n == 6 && !strncmp(a + 2, "device", n))
             o->device = v;
         else
-            return kiln_errorf(err, KILN_ERR_USAGE,
-                               "unknown option '%.*s' (kiln logits): allowed are --run, --tokens, "
-                               "--text, --device",
-                               (int)(eq - a), a);
+            return cmd_unknown_option(err, "logits", a,
+                                      (const char *const[]){"run", "tokens", "text", "device", NULL},
+                                      "--run, --tokens, --text, --device");
     }
     if (!o->run)
         return kiln_errorf(err, KILN_ERR_USAGE,

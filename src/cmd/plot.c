@@ -457,9 +457,13 @@ static int run_plot(int argc, char **argv, struct kiln_error *err) {
             rc = parse_size("width", a + 8, &spec.width, err);
         else if (!strncmp(a, "--height=", 9))
             rc = parse_size("height", a + 9, &spec.height, err);
-        else if (!strncmp(a, "--", 2))
-            rc = kiln_errorf(err, KILN_ERR_USAGE, "unknown option '%s' (kiln plot): write %s", a, PLOT_USAGE);
-        else
+        else if (!strncmp(a, "--", 2)) {
+            static const char *const names[] = {"out",   "x",      "width",  "height", "bars",
+                                                "label", "series", "panels", "help",   NULL};
+            rc = cmd_unknown_option(err, "plot", a, names,
+                                    "--out, --x, --width, --height, --bars, --label, "
+                                    "--series, --panels (kiln help plot)");
+        } else
             dirs[n_dirs++] = a;
     }
     if (!rc && (!spec.out || !spec.out[0]))
@@ -504,6 +508,20 @@ static int run_plot(int argc, char **argv, struct kiln_error *err) {
 
 int cmd_plot(int argc, char **argv, const struct kiln_knobs *knobs) {
     (void)knobs; // (it reads metrics files, nothing the knobs tune)
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf(
+                "usage: %s\n"
+                "  RUN...: run directories (their metrics.jsonl), drawn overlaid in panels of loss, learning "
+                "rate,\n"
+                "  grad norm, tok/s, MFU and memory; --x=tokens puts tokens seen on the x axis.\n"
+                "  --bars: grouped bars from a CSV with a header row, a panel per numeric column "
+                "(--panels),\n"
+                "  a bar group per --label value and a bar per --series value.\n"
+                "  --width, --height: the PNG's size in pixels (default 1500x900).\n",
+                PLOT_USAGE);
+            return 0;
+        }
     struct kiln_error err;
     int rc = run_plot(argc, argv, &err);
     return rc ? kiln_error_print(&err) : 0;

@@ -73,8 +73,11 @@ static int parse_opts(int argc, char **argv, struct sample_opts *o, struct kiln_
                                    "number from 0 (greedy) to 100", v);
             o->temperature = (float)t;
         } else
-            return kiln_errorf(err, KILN_ERR_USAGE, "unknown option '--%s' (kiln sample): allowed are --run, --prompt, "
-                               "--max-tokens, --temperature, --top-k, --seed, --device", name);
+            return cmd_unknown_option(
+                err, "sample", name,
+                (const char *const[]){"run", "prompt", "max-tokens", "temperature", "top-k", "seed", "device",
+                                      NULL},
+                "--run, --prompt, --max-tokens, --temperature, --top-k, --seed, --device");
         if (rc)
             return rc;
     }

@@ -50,7 +50,7 @@ struct chunk {
 };
 
 static const char USAGE[] =
-    "usage: kiln tokenize --out=DIR [--tokenizer=gpt2|char] [--vocab=DIR] [--shard-tokens=N]\n"
+    "usage: kiln tokenize --out=DIR [--tokenizer=gpt2|char|FILE.json] [--vocab=DIR] [--shard-tokens=N]\n"
     "                     [--val-tokens=N | --val-fraction=F] [--threads=N] [--quiet] FILE|GLOB...\n"
     "  inputs: .txt .txt.xz (documents end at lines \"<|endoftext|>\"), .jsonl .jsonl.xz (field \"text\")\n"
     "  writes DIR/val_NNNNNN.bin, DIR/train_NNNNNN.bin (llm.c layout) and DIR/manifest.json\n";
@@ -111,16 +111,21 @@ static int parse_args(struct tok_args *a, int argc, char **argv, struct kiln_err
             fputs(USAGE, stdout);
             exit(0);
         } else if (!eq) {
-            rc = kiln_errorf(err, KILN_ERR_USAGE,
-                             "unknown option '%s' (kiln tokenize): allowed are --out, --tokenizer, --vocab, "
-                             "--shard-tokens, --val-tokens, --val-fraction, --threads, --quiet",
-                             s + 2);
+            rc = cmd_unknown_option(err, "tokenize", s,
+                                    (const char *const[]){"out", "tokenizer", "vocab", "shard-tokens",
+                                                          "val-tokens", "val-fraction", "threads", "quiet",
+                                                          NULL},
+                                    "--out, --tokenizer, --vocab, --shard-tokens, --val-tokens, "
+                                    "--val-fraction, --threads, --quiet");
         } else if (strncmp(s, "--tokenizer=", 12) == 0) {
             a->tokenizer = eq + 1;
-            if (strcmp(a->tokenizer, "gpt2") != 0 && strcmp(a->tokenizer, "char") != 0)
-                rc = kiln_errorf(err, KILN_ERR_USAGE,
-                                 "bad value '%s' for tokenizer (--tokenizer): allowed values are gpt2,char",
-                                 a->tokenizer);
+            if (strcmp(a->tokenizer, "gpt2") != 0 && strcmp(a->tokenizer, "char") != 0 &&
+                !kiln_tokenizer_is_file(a->tokenizer))
+                rc = kiln_errorf(
+                    err, KILN_ERR_USAGE,
+                    "bad value '%s' for tokenizer (--tokenizer): allowed values are gpt2,char, or a "
+                    "Hugging Face tokenizer.json",
+                    a->tokenizer);
         } else if (strncmp(s, "--vocab=", 8) == 0) {
             a->vocab = eq + 1;
         } else if (strncmp(s, "--out=", 6) == 0) {
@@ -153,11 +158,12 @@ static int parse_args(struct tok_args *a, int argc, char **argv, struct kiln_err
                                 "bad value '%s' for threads (--threads): allowed range is 1 to 1024", eq + 1);
             a->threads = (int)t;
         } else {
-            rc =
-                kiln_errorf(err, KILN_ERR_USAGE,
-                            "unknown option '%.*s' (kiln tokenize): allowed are --out, --tokenizer, --vocab, "
-                            "--shard-tokens, --val-tokens, --val-fraction, --threads, --quiet",
-                            (int)(eq - s - 2), s + 2);
+            rc = cmd_unknown_option(err, "tokenize", s,
+                                    (const char *const[]){"out", "tokenizer", "vocab", "shard-tokens",
+                                                          "val-tokens", "val-fraction", "threads", "quiet",
+                                                          NULL},
+                                    "--out, --tokenizer, --vocab, --shard-tokens, --val-tokens, "
+                                    "--val-fraction, --threads, --quiet");
         }
         if (rc)
             return rc;
@@ -196,8 +202,10 @@ static size_t next_cut(const char *s, size_t n, size_t from, int any) {
     return n;
 }
 
+// On a terminal a bar redrawn in place every 0.25 s; in a log (stderr not a terminal) a plain line every 10
+// s, so that a long run says how far it is wherever its output goes. Neither with --quiet.
 struct progress {
-    int on;
+    int on, tty;
     double t0, last;
     uint64_t total_in; // file bytes of all inputs
 };
@@ -207,8 +215,10 @@ static void progress_show(struct progress *p, uint64_t done_in, uint64_t text_by
     if (!p->on)
         return;
     double t = now_s();
-    if (!final && t - p->last < 0.25)
+    if (!final && t - (p->last ? p->last : p->tty ? 0 : p->t0) < (p->tty ? 0.25 : 10))
         return;
+    if (final && !p->tty)
+        return; // the summary line follows
     p->last = t;
     double el = t - p->t0 > 1e-6 ? t - p->t0 : 1e-6;
     double frac = p->total_in ? (double)done_in / (double)p->total_in : 0;
@@ -218,6 +228,11 @@ static void progress_show(struct progress *p, uint64_t done_in, uint64_t text_by
     for (int i = 0; i < w; i++)
         bar[i] = i < k ? '#' : '.';
     bar[w] = 0;
+    if (!p->tty) {
+        fprintf(stderr, "tokenize: %.1f%% of the input, %llu tokens, %.1f MB/s, ETA %d:%02d\n", 100 * frac,
+                (unsigned long long)tokens, (double)text_bytes / el / 1e6, (int)(eta / 60), (int)eta % 60);
+        return;
+    }
     fprintf(stderr, "\rtokenize [%s] %5.1f%% %7.1f MB/s %12llu tokens  ETA %d:%02d ", bar, 100 * frac,
             (double)text_bytes / el / 1e6, (unsigned long long)tokens, (int)(eta / 60), (int)eta % 60);
     if (final)
@@ -340,7 +355,8 @@ static int run_tokenize(struct tok_args *a, const struct kiln_knobs *knobs, stru
     struct kiln_tokenizer **toks = kiln_xcalloc((size_t)a->threads, sizeof(*toks));
     int rc = 0, eot = -1, vocab_size = 256;
     if (!is_char) {
-        rc = kiln_tokenizer_open_at(&toks[0], "gpt2", a->vocab, kiln_knobs_source_dir(knobs), err);
+        rc = kiln_tokenizer_open_at(&toks[0], kiln_tokenizer_is_file(a->tokenizer) ? a->tokenizer : "gpt2",
+                                    a->vocab, kiln_knobs_source_dir(knobs), err);
         if (rc) {
             free(toks);
             return rc;
@@ -363,12 +379,19 @@ static int run_tokenize(struct tok_args *a, const struct kiln_knobs *knobs, stru
                              strerror(errno));
     }
 
-    struct progress pr = {.on = !a->quiet && isatty(2), .t0 = now_s()};
+    struct progress pr = {.on = !a->quiet, .tty = isatty(2), .t0 = now_s()};
     for (int i = 0; i < a->n_inputs; i++) {
         struct stat st;
         if (stat(a->inputs[i], &st) == 0)
             pr.total_in += (uint64_t)st.st_size;
     }
+    // what it is about to do, before the first batch, where that takes seconds (a batch is 8 MB or more; a
+    // smaller input ends in a moment with its summary line, or an error as its only line)
+    if (pr.on && !rc && pr.total_in > BATCH_MIN_BYTES)
+        fprintf(stderr, "tokenize: %d input file%s, %.1f MB%s, %s tokenizer, %d thread%s -> %s\n",
+                a->n_inputs, a->n_inputs == 1 ? "" : "s", (double)pr.total_in / 1e6,
+                a->n_inputs && strstr(a->inputs[0], ".xz") ? " compressed" : "", a->tokenizer, a->threads,
+                a->threads == 1 ? "" : "s", a->out);
     uint64_t n_tokens = 0, n_docs = 0, text_bytes = 0, done_in = 0;
     unsigned char seen[256] = {0};
     int cap_docs = 64;

@@ -82,7 +82,7 @@ int kiln_cuda_set_kernel(void *ctx, const char *knob, const char *value);
 }
 #endif
 
-// Peak dense bf16 FLOP/s by GPU name (PERF.md): H100/H200 989e12, A100 312e12; 0 when unknown.
+// Peak dense bf16 FLOP/s by GPU name (the vendors' data sheets): H100/H200 989e12, A100 312e12; 0 when unknown.
 double kiln_peak_flops_for(const char *device_name);
 
 #endif

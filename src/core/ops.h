@@ -1,6 +1,6 @@
 // The ops table: every numerical operation the model needs, as function pointers a backend fills in.
 //
-// src/model/ is written once against this table (DESIGN.md principle 1). A backend pairs the table with an
+// src/model/ is written once against this table (docs/architecture.md). A backend pairs the table with an
 // opaque context. The CPU backend (fp32, OpenMP) is the reference; the CUDA backend (bf16 mixed precision) is
 // the product. Fused GPU kernels are ops too: the CPU backend implements them in their plain form.
 //
@@ -30,7 +30,7 @@ const char *kiln_dtype_name(enum kiln_dtype dt);
 enum kiln_act { KILN_ACT_NONE = 0, KILN_ACT_GELU = 1 }; // GELU is the tanh approximation, as GPT-2
 enum kiln_pos { KILN_POS_LEARNED = 0, KILN_POS_ROPE = 1, KILN_POS_ALIBI = 2, KILN_POS_NONE = 3 };
 
-// ---- argument structs (more than ~6 arguments -> a struct, STYLE.md) ------------------------------
+// ---- argument structs (more than ~6 arguments -> a struct) ---------------------------------------
 
 struct kiln_embed_args {
     void *out;          // act (B*T, C)

@@ -30,6 +30,8 @@ static const char GPT2_PATTERN[] =
 // ---------------------------------------------------------------------------------------------------------
 // shared vocabulary (immutable after load; reference-counted across handles)
 
+struct strmap;
+
 struct merge_slot {
     uint64_t key;   // ((a+1) << 32) | (b+1); 0 = empty
     uint32_t rank;  // line number in vocab.bpe, 0-based
@@ -46,6 +48,9 @@ struct bpe_vocab {
     uint64_t mt_mask;
     pcre2_code *re;
     int jit;
+    // tokenizer.json with "ignore_merges" (Llama 3's, as tiktoken): a piece that is a token of the vocabulary
+    // is that token, merged or not; whole maps its bytes to the id (NULL: merge every piece)
+    struct strmap *whole;
 };
 
 struct cache_slot {
@@ -191,6 +196,10 @@ static void strmap_put(struct strmap *m, const struct bpe_vocab *v, int32_t id) 
 static void vocab_free(struct bpe_vocab *v) {
     if (!v)
         return;
+    if (v->whole) {
+        free(v->whole->slot);
+        free(v->whole);
+    }
     free(v->tok_off);
     free(v->tok_bytes);
     free(v->mt);
@@ -198,6 +207,9 @@ static void vocab_free(struct bpe_vocab *v) {
         pcre2_code_free(v->re);
     free(v);
 }
+
+static int vocab_pack(struct bpe_vocab *v, char **strs, const int *lens, int count, const char *path,
+                      struct kiln_error *err);
 
 // Reads encoder.json into v->tok_off / tok_bytes; ids must be exactly 0..N-1.
 static int load_encoder(struct bpe_vocab *v, const char *path, const int unicode_byte[512],
@@ -225,7 +237,6 @@ static int load_encoder(struct bpe_vocab *v, const char *path, const int unicode
     char **strs = kiln_xcalloc((size_t)count, sizeof(char *));
     int *lens = kiln_xcalloc((size_t)count, sizeof(int));
     int rc = 0;
-    size_t total = 0;
     char buf[1024];
     for (cJSON *it = root->child; it; it = it->next) {
         if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= count ||
@@ -248,18 +259,33 @@ static int load_encoder(struct bpe_vocab *v, const char *path, const int unicode
         strs[id] = kiln_xmalloc((size_t)len + 1);
         memcpy(strs[id], buf, (size_t)len);
         lens[id] = len;
-        total += (size_t)len;
         if (strcmp(it->string, "<|endoftext|>") == 0)
             v->eot = id;
     }
     cJSON_Delete(root);
-    if (!rc) {
+    if (!rc)
+        rc = vocab_pack(v, strs, lens, count, path, err);
+    for (int i = 0; i < count; i++)
+        free(strs[i]);
+    free(strs);
+    free(lens);
+    return rc;
+}
+
+// The tokens' bytes (strs[i] of lens[i] bytes for id i, every id present) into v->tok_off / tok_bytes.
+static int vocab_pack(struct bpe_vocab *v, char **strs, const int *lens, int count, const char *path,
+                      struct kiln_error *err) {
+    size_t total = 0;
+    int rc = 0;
+    for (int i = 0; i < count; i++)
+        total += strs[i] ? (size_t)lens[i] : 0;
+    {
         v->tok_off = kiln_xmalloc(sizeof(uint32_t) * ((size_t)count + 1));
         v->tok_bytes = kiln_xmalloc(total + 1);
         size_t off = 0;
         for (int i = 0; i < count; i++) {
             if (!strs[i]) { // cannot happen with count distinct ids in [0, count), kept as a guard
-                rc = kiln_errorf(err, KILN_ERR_RUNTIME, "bad GPT-2 vocabulary (%s): id %d missing", path, i);
+                rc = kiln_errorf(err, KILN_ERR_RUNTIME, "bad BPE vocabulary (%s): id %d missing", path, i);
                 break;
             }
             v->tok_off[i] = (uint32_t)off;
@@ -268,55 +294,79 @@ static int load_encoder(struct bpe_vocab *v, const char *path, const int unicode
         }
         v->tok_off[count] = (uint32_t)off;
     }
-    for (int i = 0; i < count; i++)
-        free(strs[i]);
-    free(strs);
-    free(lens);
     return rc;
+}
+
+// The merge table's start: a bytes -> id map of the tokens that are not special (skip: NULL or a flag per
+// id), every byte's token, and a table for n_merges merges. m is freed by the caller.
+static int merges_begin(struct bpe_vocab *v, struct strmap *m, const unsigned char *skip, size_t n_merges,
+                        const char *path, struct kiln_error *err) {
+    m->mask = 1;
+    while (m->mask + 1 < (uint64_t)v->vocab_size * 2)
+        m->mask = m->mask * 2 + 1;
+    m->slot = kiln_xmalloc(sizeof(int32_t) * (m->mask + 1));
+    for (uint64_t i = 0; i <= m->mask; i++)
+        m->slot[i] = -1;
+    for (int id = 0; id < v->vocab_size; id++)
+        if (skip ? !skip[id] : id != v->eot)
+            strmap_put(m, v, id);
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        v->byte_id[b] = strmap_get(m, v, &c, 1);
+        if (v->byte_id[b] < 0)
+            return kiln_errorf(
+                err, KILN_ERR_RUNTIME,
+                "bad byte-level vocabulary (%s): byte 0x%02x has no token; every byte needs one", path, b);
+    }
+    v->mt_mask = 1;
+    while (v->mt_mask + 1 < (n_merges + 1) * 2)
+        v->mt_mask = v->mt_mask * 2 + 1;
+    v->mt = kiln_xcalloc(v->mt_mask + 1, sizeof(struct merge_slot));
+    return 0;
+}
+
+// One merge "a b" (each in the byte-level stand-in code points) of the given rank; 0, or -1 when a, b or
+// their concatenation is no token.
+static int merge_add(struct bpe_vocab *v, const struct strmap *m, const int unicode_byte[512], const char *sa,
+                     size_t na, const char *sb, size_t nb, uint32_t rank) {
+    char a[512], b[512], ab[1024];
+    int la = gpt2_token_bytes(unicode_byte, sa, na, a, sizeof(a));
+    int lb = gpt2_token_bytes(unicode_byte, sb, nb, b, sizeof(b));
+    int32_t ia = la > 0 ? strmap_get(m, v, a, (size_t)la) : -1;
+    int32_t ib = lb > 0 ? strmap_get(m, v, b, (size_t)lb) : -1;
+    int32_t iab = -1;
+    if (ia >= 0 && ib >= 0) {
+        memcpy(ab, a, (size_t)la);
+        memcpy(ab + la, b, (size_t)lb);
+        iab = strmap_get(m, v, ab, (size_t)(la + lb));
+    }
+    if (iab < 0)
+        return -1;
+    uint64_t key = pair_key(ia, ib);
+    uint64_t i = mix64(key) & v->mt_mask;
+    while (v->mt[i].key && v->mt[i].key != key)
+        i = (i + 1) & v->mt_mask;
+    if (!v->mt[i].key) { // a repeated pair (none in GPT-2's file) keeps its first rank
+        v->mt[i].key = key;
+        v->mt[i].rank = rank;
+        v->mt[i].merged = iab;
+    }
+    return 0;
 }
 
 static int load_merges(struct bpe_vocab *v, const char *path, const int unicode_byte[512],
                        struct kiln_error *err) {
-    struct strmap m;
-    m.mask = 1;
-    while (m.mask + 1 < (uint64_t)v->vocab_size * 2)
-        m.mask = m.mask * 2 + 1;
-    m.slot = kiln_xmalloc(sizeof(int32_t) * (m.mask + 1));
-    for (uint64_t i = 0; i <= m.mask; i++)
-        m.slot[i] = -1;
-    for (int id = 0; id < v->vocab_size; id++)
-        if (id != v->eot)
-            strmap_put(&m, v, id);
-    for (int b = 0; b < 256; b++) {
-        char c = (char)b;
-        v->byte_id[b] = strmap_get(&m, v, &c, 1);
-        if (v->byte_id[b] < 0) {
-            free(m.slot);
-            return kiln_errorf(err, KILN_ERR_RUNTIME,
-                               "bad GPT-2 vocabulary (%s): byte 0x%02x has no token; use "
-                               "OpenAI's encoder.json",
-                               path, b);
-        }
-    }
-
     char *text;
     size_t n;
-    if (kiln_read_file(path, &text, &n, err)) {
-        free(m.slot);
+    if (kiln_read_file(path, &text, &n, err))
         return err ? err->code : KILN_ERR_RUNTIME;
-    }
     size_t n_lines = 0;
     for (size_t i = 0; i < n; i++)
         n_lines += text[i] == '\n';
-    v->mt_mask = 1;
-    while (v->mt_mask + 1 < (n_lines + 1) * 2)
-        v->mt_mask = v->mt_mask * 2 + 1;
-    v->mt = kiln_xcalloc(v->mt_mask + 1, sizeof(struct merge_slot));
-
-    int rc = 0;
+    struct strmap m = {0};
+    int rc = merges_begin(v, &m, NULL, n_lines, path, err);
     uint32_t rank = 0;
     size_t line_no = 0;
-    char a[512], b[512], ab[1024];
     for (size_t pos = 0; pos < n && !rc;) {
         size_t end = pos;
         while (end < n && text[end] != '\n')
@@ -330,38 +380,45 @@ static int load_merges(struct bpe_vocab *v, const char *path, const int unicode_
         if (len == 0 || (line_no == 1 && len >= 8 && memcmp(line, "#version", 8) == 0))
             continue;
         const char *sp = memchr(line, ' ', len);
-        int la = sp ? gpt2_token_bytes(unicode_byte, line, (size_t)(sp - line), a, sizeof(a)) : -1;
-        int lb =
-            sp ? gpt2_token_bytes(unicode_byte, sp + 1, len - (size_t)(sp - line) - 1, b, sizeof(b)) : -1;
-        int32_t ia = la > 0 ? strmap_get(&m, v, a, (size_t)la) : -1;
-        int32_t ib = lb > 0 ? strmap_get(&m, v, b, (size_t)lb) : -1;
-        int32_t iab = -1;
-        if (ia >= 0 && ib >= 0) {
-            memcpy(ab, a, (size_t)la);
-            memcpy(ab + la, b, (size_t)lb);
-            iab = strmap_get(&m, v, ab, (size_t)(la + lb));
-        }
-        if (iab < 0) {
+        if (!sp || merge_add(v, &m, unicode_byte, line, (size_t)(sp - line), sp + 1,
+                             len - (size_t)(sp - line) - 1, rank)) {
             rc = kiln_errorf(err, KILN_ERR_RUNTIME,
                              "bad GPT-2 merges (%s:%zu): \"%.*s\" is not a merge of two "
                              "tokens of encoder.json into a third; use OpenAI's vocab.bpe",
                              path, line_no, (int)(len > 60 ? 60 : len), line);
             break;
         }
-        uint64_t key = pair_key(ia, ib);
-        uint64_t i = mix64(key) & v->mt_mask;
-        while (v->mt[i].key && v->mt[i].key != key)
-            i = (i + 1) & v->mt_mask;
-        if (!v->mt[i].key) { // a repeated pair (none in GPT-2's file) keeps its first rank
-            v->mt[i].key = key;
-            v->mt[i].rank = rank;
-            v->mt[i].merged = iab;
-        }
         rank++;
     }
     free(text);
     free(m.slot);
     return rc;
+}
+
+// Compiles the split pattern into v (what: where it came from, for the message).
+static int compile_pattern(struct bpe_vocab *v, const char *pattern, const char *what,
+                           struct kiln_error *err) {
+    int ec;
+    PCRE2_SIZE eo;
+    v->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
+    if (!v->re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(ec, msg, sizeof(msg));
+        return kiln_errorf(err, KILN_ERR_RUNTIME,
+                           "%s split pattern (offset %zu): PCRE2 says %s; PCRE2 10.34+ "
+                           "with Unicode support is required",
+                           what, (size_t)eo, (char *)msg);
+    }
+    v->jit = pcre2_jit_compile(v->re, PCRE2_JIT_COMPLETE) == 0;
+    return 0;
+}
+
+static struct kiln_bpe *handle_of(struct bpe_vocab *v) {
+    struct kiln_bpe *b = kiln_bpe_clone(NULL);
+    b->v = v;
+    b->md = pcre2_match_data_create_from_pattern(v->re, NULL);
+    return b;
 }
 
 int kiln_bpe_open(struct kiln_bpe **out, const char *dir, struct kiln_error *err) {
@@ -380,27 +437,257 @@ int kiln_bpe_open(struct kiln_bpe **out, const char *dir, struct kiln_error *err
         rc = load_merges(v, path, unicode_byte, err);
     }
     free(path);
+    if (!rc)
+        rc = compile_pattern(v, GPT2_PATTERN, "GPT-2", err);
     if (rc) {
         vocab_free(v);
         return rc;
     }
-    int ec;
-    PCRE2_SIZE eo;
-    v->re = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED,
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
-    if (!v->re) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(ec, msg, sizeof(msg));
-        vocab_free(v);
-        return kiln_errorf(err, KILN_ERR_RUNTIME,
-                           "GPT-2 split pattern (offset %zu): PCRE2 says %s; PCRE2 10.34+ "
-                           "with Unicode support is required",
-                           (size_t)eo, (char *)msg);
+    *out = handle_of(v);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// a Hugging Face tokenizer.json (the `tokenizers` library's format), byte-level BPE only
+
+// The split pattern of a pre-tokenizer: a Split's regex, or a ByteLevel's own (GPT-2's) when it splits;
+// *byte_level set when a ByteLevel is there. Refuses what kiln cannot run the same way, naming it.
+static int json_pre(const cJSON *p, const char *path, const char **pattern, int *byte_level,
+                    struct kiln_error *err) {
+    if (cJSON_IsNull(p) || !p)
+        return 0;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+    const char *t = cJSON_IsString(type) ? type->valuestring : "";
+    if (!strcmp(t, "Sequence")) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(p, "pretokenizers")) {
+            int rc = json_pre(it, path, pattern, byte_level, err);
+            if (rc)
+                return rc;
+        }
+        return 0;
     }
-    v->jit = pcre2_jit_compile(v->re, PCRE2_JIT_COMPLETE) == 0;
-    *out = kiln_bpe_clone(NULL);
-    (*out)->v = v;
-    (*out)->md = pcre2_match_data_create_from_pattern(v->re, NULL);
+    if (!strcmp(t, "ByteLevel")) {
+        *byte_level = 1;
+        const cJSON *re = cJSON_GetObjectItemCaseSensitive(p, "use_regex");
+        const cJSON *ps = cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space");
+        if (cJSON_IsTrue(ps))
+            return kiln_errorf(
+                err, KILN_ERR_USAGE,
+                "pre_tokenizer ByteLevel with add_prefix_space (%s): kiln encodes text as it is; "
+                "a tokenizer that adds a space first is not supported",
+                path);
+        if (!cJSON_IsFalse(re)) { // (default true) GPT-2's pattern
+            if (*pattern)
+                return kiln_errorf(
+                    err, KILN_ERR_USAGE,
+                    "pre_tokenizer (%s): two split patterns (a Split and a ByteLevel that splits); "
+                    "kiln runs one",
+                    path);
+            *pattern = GPT2_PATTERN;
+        }
+        return 0;
+    }
+    if (!strcmp(t, "Split")) {
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
+        const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
+        const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
+        const cJSON *inv = cJSON_GetObjectItemCaseSensitive(p, "invert");
+        if (!cJSON_IsString(re) || !cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") ||
+            cJSON_IsTrue(inv) || *pattern)
+            return kiln_errorf(
+                err, KILN_ERR_USAGE,
+                "pre_tokenizer Split (%s): kiln runs one Split by a Regex, behavior Isolated, not "
+                "inverted (Llama 3's and GPT-4's form)",
+                path);
+        *pattern = re->valuestring;
+        return 0;
+    }
+    return kiln_errorf(err, KILN_ERR_USAGE,
+                       "pre_tokenizer %s (%s): kiln reads byte-level BPE tokenizers, pre-tokenized by a "
+                       "Split regex and ByteLevel (Llama 3's, GPT-2's)",
+                       t[0] ? t : "(no type)", path);
+}
+
+int kiln_bpe_open_json(struct kiln_bpe **out, const char *path, struct kiln_error *err) {
+    *out = NULL;
+    char *text;
+    size_t n;
+    int rc = kiln_read_file(path, &text, &n, err);
+    if (rc)
+        return rc;
+    cJSON *root = cJSON_ParseWithLength(text, n);
+    free(text);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+    if (!cJSON_IsObject(root) || !cJSON_IsObject(model)) {
+        cJSON_Delete(root);
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "not a tokenizer.json (%s): expected the `tokenizers` library's JSON with a "
+                           "\"model\"; give a Hugging Face model directory's tokenizer.json",
+                           path);
+    }
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE") || !cJSON_IsObject(vocab) ||
+        !cJSON_IsArray(merges)) {
+        rc = kiln_errorf(err, KILN_ERR_USAGE,
+                         "model type %.40s (%s): kiln reads BPE tokenizers (model.vocab and model.merges), "
+                         "byte-level like Llama 3's and GPT-2's",
+                         cJSON_IsString(type) ? type->valuestring : "(none)", path);
+        cJSON_Delete(root);
+        return rc;
+    }
+    if (norm && !cJSON_IsNull(norm)) {
+        cJSON_Delete(root);
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "normalizer (%s): kiln encodes text as it is; a tokenizer with a normalizer "
+                           "is not supported",
+                           path);
+    }
+    const char *pattern = NULL;
+    int byte_level = 0;
+    if ((rc = json_pre(cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), path, &pattern, &byte_level,
+                       err))) {
+        cJSON_Delete(root);
+        return rc;
+    }
+    if (!byte_level || !pattern) {
+        cJSON_Delete(root);
+        return kiln_errorf(
+            err, KILN_ERR_USAGE,
+            "pre_tokenizer (%s): %s; kiln reads byte-level BPE tokenizers (Llama 3's, GPT-2's)", path,
+            !byte_level ? "no ByteLevel step" : "no split pattern");
+    }
+    // the vocabulary: model.vocab's byte-level tokens, and added_tokens' contents as they are
+    int count = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, vocab) {
+        if (cJSON_IsNumber(it) && it->valuedouble + 1 > count)
+            count = (int)it->valuedouble + 1;
+    }
+    cJSON_ArrayForEach(it, added) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+        if (cJSON_IsNumber(id) && id->valuedouble + 1 > count)
+            count = (int)id->valuedouble + 1;
+    }
+    if (count < 256 || count > (1 << 24)) {
+        cJSON_Delete(root);
+        return kiln_errorf(err, KILN_ERR_USAGE, "vocabulary of %d tokens (%s): expected 256 to 2^24", count,
+                           path);
+    }
+    int unicode_byte[512];
+    gpt2_unicode_to_byte(unicode_byte);
+    struct bpe_vocab *v = kiln_xcalloc(1, sizeof(*v));
+    v->refs = 1;
+    v->eot = -1;
+    v->vocab_size = count;
+    char **strs = kiln_xcalloc((size_t)count, sizeof(char *));
+    int *lens = kiln_xcalloc((size_t)count, sizeof(int));
+    unsigned char *special = kiln_xcalloc((size_t)count, 1);
+    char buf[1024];
+    cJSON_ArrayForEach(it, vocab) {
+        int id = cJSON_IsNumber(it) && it->valuedouble >= 0 && (double)(int)it->valuedouble == it->valuedouble
+                     ? (int)it->valuedouble
+                     : -1;
+        int len =
+            id >= 0 ? gpt2_token_bytes(unicode_byte, it->string, strlen(it->string), buf, sizeof(buf)) : -1;
+        if (len < 0 || strs[id]) {
+            rc = kiln_errorf(err, KILN_ERR_USAGE,
+                             "model.vocab entry \"%.40s\" (%s): %s; kiln reads byte-level BPE vocabularies",
+                             it->string, path,
+                             id < 0    ? "its id is not a whole number >= 0"
+                             : len < 0 ? "not a byte-level token"
+                                       : "a repeated id");
+            break;
+        }
+        strs[id] = kiln_xmalloc((size_t)len + 1);
+        memcpy(strs[id], buf, (size_t)len);
+        lens[id] = len;
+    }
+    int eot_rank = 0; // <|end_of_text|> (Llama 3) before <|endoftext|> (GPT-2)
+    cJSON_ArrayForEach(it, added) {
+        if (rc)
+            break;
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || !cJSON_IsString(content)) {
+            rc = kiln_errorf(err, KILN_ERR_USAGE, "added_tokens (%s): an entry without an id or content",
+                             path);
+            break;
+        }
+        int i = (int)id->valuedouble;
+        special[i] = 1;
+        if (!strs[i]) {
+            lens[i] = (int)strlen(content->valuestring);
+            strs[i] = kiln_xmalloc((size_t)lens[i] + 1);
+            memcpy(strs[i], content->valuestring, (size_t)lens[i]);
+        }
+        int r = !strcmp(content->valuestring, "<|end_of_text|>")
+                    ? 2
+                    : !strcmp(content->valuestring, "<|endoftext|>");
+        if (r > eot_rank) {
+            eot_rank = r;
+            v->eot = i;
+        }
+    }
+    for (int i = 0; i < count && !rc; i++)
+        if (!strs[i])
+            rc = kiln_errorf(err, KILN_ERR_USAGE,
+                             "token id %d (%s): in neither model.vocab nor added_tokens; "
+                             "the ids must run from 0 without a gap",
+                             i, path);
+    if (!rc)
+        rc = vocab_pack(v, strs, lens, count, path, err);
+    for (int i = 0; i < count; i++)
+        free(strs[i]);
+    free(strs);
+    free(lens);
+    // the merges, in rank order: "a b" strings or [a, b] pairs
+    struct strmap *m = kiln_xcalloc(1, sizeof(*m));
+    if (!rc)
+        rc = merges_begin(v, m, special, (size_t)cJSON_GetArraySize(merges), path, err);
+    uint32_t rank = 0;
+    cJSON_ArrayForEach(it, merges) {
+        if (rc)
+            break;
+        const char *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        if (cJSON_IsString(it) && (b = strchr(it->valuestring, ' '))) {
+            a = it->valuestring;
+            na = (size_t)(b - a);
+            b++;
+            nb = strlen(b);
+        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(it->child) &&
+                   cJSON_IsString(it->child->next)) {
+            a = it->child->valuestring;
+            b = it->child->next->valuestring;
+            na = strlen(a);
+            nb = strlen(b);
+        }
+        if (!a || merge_add(v, m, unicode_byte, a, na, b, nb, rank))
+            rc = kiln_errorf(err, KILN_ERR_USAGE,
+                             "model.merges[%u] (%s): not a merge of two tokens of model.vocab into a third",
+                             rank, path);
+        rank++;
+    }
+    free(special);
+    if (!rc && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges")))
+        v->whole = m;
+    else {
+        free(m->slot);
+        free(m);
+    }
+    if (!rc)
+        rc = compile_pattern(v, pattern, "tokenizer.json", err);
+    cJSON_Delete(root);
+    if (rc) {
+        vocab_free(v);
+        return rc;
+    }
+    *out = handle_of(v);
     return 0;
 }
 
@@ -589,6 +876,13 @@ static void encode_piece(struct kiln_bpe *b, const unsigned char *p, size_t n, s
         kiln_ids_push(out, v->byte_id[p[0]]);
         return;
     }
+    if (v->whole) { // ignore_merges: a piece that is a token is that token
+        int32_t id = strmap_get(v->whole, v, (const char *)p, n);
+        if (id >= 0) {
+            kiln_ids_push(out, id);
+            return;
+        }
+    }
     if (n > SHORT_PIECE) {
         merge_long(b, p, n, out);
         return;
@@ -657,7 +951,12 @@ int kiln_bpe_encode(struct kiln_bpe *b, const char *text, size_t n, struct kiln_
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
         size_t ms = ov[0], me = ov[1];
-        KILN_ASSERT(me > ms && ms >= pos);
+        KILN_ASSERT(me >= ms && ms >= pos);
+        if (me == ms) { // a pattern from a tokenizer.json that matches nothing here: one character alone
+            me = ms + 1;
+            while (me < n && (s[me] & 0xC0) == 0x80)
+                me++;
+        }
         if (ms > pos) // a run of invalid UTF-8 between matches
             encode_piece(b, s + pos, ms - pos, ids);
         encode_piece(b, s + ms, me - ms, ids);

@@ -19,6 +19,13 @@ struct kiln_bpe; // one handle: shared vocabulary + this handle's word cache and
 
 // Reads <dir>/encoder.json and <dir>/vocab.bpe. Errors name the file and the offending entry.
 int kiln_bpe_open(struct kiln_bpe **out, const char *dir, struct kiln_error *err);
+// Reads a Hugging Face tokenizer.json (the `tokenizers` library's format) holding a byte-level BPE:
+// model.vocab and model.merges (strings "a b" or pairs), added_tokens (decoded as their content, never
+// produced by encoding), and the pre-tokenizer's split pattern: a Split by Regex (Llama 3's) or ByteLevel's
+// own (GPT-2's). With model.ignore_merges (Llama 3), a piece that is a token of the vocabulary is that token.
+// The end-of-text id is <|end_of_text|>'s, else <|endoftext|>'s. Anything else (a normalizer, a non-BPE
+// model, another pre-tokenizer) is a usage error naming it.
+int kiln_bpe_open_json(struct kiln_bpe **out, const char *path, struct kiln_error *err);
 // A new handle on the same vocabulary with an empty cache (for another thread).
 struct kiln_bpe *kiln_bpe_clone(const struct kiln_bpe *b);
 void kiln_bpe_free(struct kiln_bpe *b);

@@ -16,6 +16,7 @@ enum { TOK_GPT2, TOK_CHAR };
 
 struct kiln_tokenizer {
     int kind;
+    int file;                // TOK_GPT2 read from a tokenizer.json
     struct kiln_bpe *bpe;    // TOK_GPT2
     struct kiln_chartok chr; // TOK_CHAR
 };
@@ -114,6 +115,15 @@ static int char_vocab_from_manifest(struct kiln_chartok *c, const char *path, co
     return rc;
 }
 
+const char *kiln_gpt2_dir(const char *given, const char *source_dir, char *buf, size_t cap) {
+    if (given)
+        return given;
+    if (is_dir("data/gpt2"))
+        return "data/gpt2";
+    snprintf(buf, cap, "%s/data/gpt2", source_dir && *source_dir ? source_dir : KILN_SOURCE_DIR);
+    return buf;
+}
+
 int kiln_tokenizer_open(struct kiln_tokenizer **out, const char *name, const char *data_dir_or_vocab,
                         struct kiln_error *err) {
     return kiln_tokenizer_open_at(out, name, data_dir_or_vocab, NULL, err);
@@ -122,20 +132,26 @@ int kiln_tokenizer_open(struct kiln_tokenizer **out, const char *name, const cha
 int kiln_tokenizer_open_at(struct kiln_tokenizer **out, const char *name, const char *data_dir_or_vocab,
                            const char *source_dir, struct kiln_error *err) {
     *out = NULL;
+    if (name && kiln_tokenizer_is_file(name)) { // a Hugging Face tokenizer.json (Llama 3's)
+        struct kiln_bpe *b;
+        int rc = kiln_bpe_open_json(&b, name, err);
+        if (rc)
+            return rc;
+        struct kiln_tokenizer *t = kiln_xcalloc(1, sizeof(*t));
+        t->kind = TOK_GPT2;
+        t->bpe = b;
+        t->file = 1;
+        *out = t;
+        return 0;
+    }
     if (!name || (strcmp(name, "gpt2") != 0 && strcmp(name, "char") != 0))
-        return kiln_errorf(err, KILN_ERR_USAGE, "unknown tokenizer (\"%s\"): allowed values are gpt2, char",
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "unknown tokenizer (\"%s\"): allowed values are gpt2, char, or a Hugging Face "
+                           "tokenizer.json",
                            name ? name : "(null)");
     if (strcmp(name, "gpt2") == 0) {
-        const char *dir = data_dir_or_vocab;
         char fallback[4096];
-        if (!dir) {
-            dir = "data/gpt2";
-            if (!is_dir(dir)) {
-                snprintf(fallback, sizeof(fallback), "%s/data/gpt2",
-                         source_dir && *source_dir ? source_dir : KILN_SOURCE_DIR);
-                dir = fallback;
-            }
-        }
+        const char *dir = kiln_gpt2_dir(data_dir_or_vocab, source_dir, fallback, sizeof(fallback));
         struct kiln_bpe *b;
         int rc = kiln_bpe_open(&b, dir, err);
         if (rc)
@@ -201,7 +217,12 @@ struct kiln_tokenizer *kiln_tokenizer_clone(const struct kiln_tokenizer *t) {
 }
 
 const char *kiln_tokenizer_name(const struct kiln_tokenizer *t) {
-    return t->kind == TOK_GPT2 ? "gpt2" : "char";
+    return t->kind == TOK_GPT2 ? (t->file ? "tokenizer.json" : "gpt2") : "char";
+}
+
+int kiln_tokenizer_is_file(const char *name) {
+    size_t n = strlen(name);
+    return n >= 5 && !strcmp(name + n - 5, ".json");
 }
 
 int kiln_tokenizer_vocab_size(const struct kiln_tokenizer *t) {

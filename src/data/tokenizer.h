@@ -29,6 +29,7 @@ void kiln_bytes_reserve(struct kiln_bytes *b, size_t extra);
 void kiln_bytes_append(struct kiln_bytes *b, const void *p, size_t n);
 void kiln_bytes_free(struct kiln_bytes *b);
 
+// name a path ending in .json: a Hugging Face tokenizer.json holding a byte-level BPE (Llama 3's; bpe.h).
 // name "gpt2": data_dir_or_vocab is a directory holding encoder.json and vocab.bpe (NULL: data/gpt2, then
 // data/gpt2 in the source tree this kiln was built from). name "char": data_dir_or_vocab is a file; if it is
 // a kiln tokenize manifest (*.json) its saved char vocab is used, otherwise the sorted distinct bytes of the
@@ -39,6 +40,9 @@ int kiln_tokenizer_open(struct kiln_tokenizer **out, const char *name, const cha
 // source tree). cmd/ and run/ pass the KILN_SOURCE_DIR knob (run/knobs.h): data/ reads no environment.
 int kiln_tokenizer_open_at(struct kiln_tokenizer **out, const char *name, const char *data_dir_or_vocab,
                            const char *source_dir, struct kiln_error *err);
+// The directory gpt2's files (encoder.json, vocab.bpe) are read from: given, else data/gpt2 when it exists,
+// else source_dir/data/gpt2 (NULL or "": the build's source tree), written into buf.
+const char *kiln_gpt2_dir(const char *given, const char *source_dir, char *buf, size_t cap);
 // char tokenizer whose vocab is the sorted distinct bytes of text.
 struct kiln_tokenizer *kiln_chartok_from_text(const char *text, size_t n);
 // char tokenizer with id i = chars[i] (the inverse of kiln_tokenizer_vocab_string). NULL if chars repeats a
@@ -48,7 +52,10 @@ struct kiln_tokenizer *kiln_chartok_from_vocab(const char *chars, size_t n);
 // with kiln_tokenizer_free; the shared data goes away with the last handle. Clone and free from one thread.
 struct kiln_tokenizer *kiln_tokenizer_clone(const struct kiln_tokenizer *t);
 
-const char *kiln_tokenizer_name(const struct kiln_tokenizer *t); // "gpt2" or "char"
+const char *kiln_tokenizer_name(const struct kiln_tokenizer *t); // "gpt2", "char" or "tokenizer.json"
+// Whether a tokenizer name is a file, a Hugging Face tokenizer.json (a path ending in .json), rather than
+// "gpt2" or "char".
+int kiln_tokenizer_is_file(const char *name);
 int kiln_tokenizer_vocab_size(const struct kiln_tokenizer *t);   // 50257 for gpt2, n chars for char
 int kiln_tokenizer_eot(const struct kiln_tokenizer *t);          // <|endoftext|> id (50256), or -1
 

@@ -39,6 +39,15 @@ struct kiln_hf_export_opts {
 int kiln_hf_export(const char *dir, const struct kiln_model_config *m, const struct kiln_run_tokenizer *tok,
                    const float *params, const struct kiln_hf_export_opts *o, struct kiln_error *err);
 
+// Writes the tokenizer files of DIR (hf_tokenizer.c), so that transformers' AutoTokenizer loads the
+// tokenizer the model was trained with: gpt2: vocab.json and merges.txt (kiln's encoder.json and vocab.bpe
+// from gpt2_dir, byte for byte), tokenizer.json (the `tokenizers` library's format: byte-level BPE),
+// tokenizer_config.json and special_tokens_map.json; char: tokenizer.json (one token per character) and the
+// two configs. max_len: model_max_length (the block size). A tokenizer with no such form writes nothing and
+// returns 0 with why (cap why_cap) saying why; why is "" when the files were written.
+int kiln_hf_export_tokenizer(const char *dir, const struct kiln_run_tokenizer *tok, const char *gpt2_dir,
+                             int max_len, char *why, size_t why_cap, struct kiln_error *err);
+
 // Reads DIR/config.json (and DIR/kiln.json when present) into cfg's model fields, tokenizer and sequence
 // length. cfg should hold defaults (kiln_config_init). Refuses what kiln cannot represent, naming the key.
 int kiln_hf_import_config(const char *dir, struct kiln_config *cfg, struct kiln_run_tokenizer *tok,

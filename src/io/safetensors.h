@@ -3,7 +3,7 @@
 // padded with spaces to a multiple of 8, then the byte buffer. Offsets are relative to the buffer start, and
 // the tensors cover the buffer exactly (no gaps, no overlaps). Tensor data is little-endian.
 //
-// io/ does not include model/ (DESIGN.md), so the dtype is an int holding an enum kiln_st_dtype; its first
+// io/ does not include model/ (docs/architecture.md), so the dtype is an int holding an enum kiln_st_dtype; its first
 // three values are those of enum kiln_dtype in core/ops.h (F32 = 0, BF16 = 1, I32 = 2), so a KILN_F32 can
 // be stored in it directly. The test checks that the two enums agree.
 #ifndef KILN_IO_SAFETENSORS_H

@@ -59,7 +59,7 @@ int kiln_model_kv_heads(const struct kiln_model_config *m);
 int kiln_model_head_size(const struct kiln_model_config *m);
 int kiln_model_mlp_hidden(const struct kiln_model_config *m);
 
-// FLOPs per token for MFU (PERF.md): 6N + 12*L*H*Q*T (causal = 0) or 6N + 6*L*H*Q*T (causal = 1),
+// FLOPs per token for MFU (nanoGPT's and PaLM's convention): 6N + 12*L*H*Q*T (causal = 0) or 6N + 6*L*H*Q*T (causal = 1),
 // where N counts every parameter once (tied embeddings once).
 double kiln_model_flops_per_token(const struct kiln_model_config *m, size_t n_params, int T, int causal);
 // The extra FLOPs per token that activation recompute spends re-running forward work (for hfu, hardware FLOPs
@@ -69,7 +69,7 @@ double kiln_model_recompute_flops_per_token(const struct kiln_model_config *m, e
 
 // ---- what one rank holds of a split model ----
 // Tensor parallelism gives each rank a part of the attention heads, of the MLP's hidden width and of the
-// padded vocabulary (DESIGN.md: "the shapes a rank holds of each parameter"). The model is then built and run
+// padded vocabulary (docs/architecture.md, "Hook points and splits"). The model is then built and run
 // at the rank's sizes: its parameter table holds the rank's rows or columns of each split tensor (under the
 // same names), its activations the rank's heads and hidden columns, and the strategy's hooks (model/model.h)
 // do the communication around the linear layers, the embedding and the loss. Each field is the number of

@@ -1,7 +1,7 @@
 // The parameter table: every parameter tensor's name, shape and offset in one flat buffer.
 //
-// Parameters, gradients and optimizer state each live in one big buffer carved by this table (DESIGN.md
-// principle 3). Tensors are grouped by layer (embeddings, layer 0, layer 1, ..., final norm, head), so a
+// Parameters, gradients and optimizer state each live in one big buffer carved by this table
+// (docs/architecture.md). Tensors are grouped by layer (embeddings, layer 0, layer 1, ..., final norm, head), so a
 // sharded run can gather one layer at a time. Names are Hugging Face GPT-2 names; the layout of every weight
 // is PyTorch nn.Linear's (out_features, in_features). Offsets are aligned to 64 elements so that every tensor
 // starts on a 256-byte boundary whatever the dtype; the padding between tensors is never read or updated.

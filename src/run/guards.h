@@ -1,10 +1,13 @@
 // Health guards: decide, step by step, whether an optimizer update may be applied.
 //
 // A step is skipped (no AdamW update, the optimizer's bias-correction step not advanced) when its loss or
-// gradient norm is not finite, or when either is a spike: more than spike_z standard deviations above the
-// mean of the last `window` accepted steps (population statistics, oldest to newest, in double). The spike
+// gradient norm is not finite, or when either is a spike: its logarithm more than spike_z standard deviations
+// above the mean of the logarithms of the last `window` steps (population statistics, oldest to newest, in
+// double; on logarithms because both vary by factors, and a gradient norm's healthy excursions of 2-3x its
+// mean would be 7 deviations out on the values themselves: guards.c). The spike
 // test only runs once the window holds KILN_GUARD_MIN_SAMPLES values (or the whole window, if smaller), the
-// idea of llm.c's outlier detector. Only accepted steps enter the windows, so a spike cannot hide the next.
+// idea of llm.c's outlier detector. A spike's values enter the windows (a lasting change of level is
+// learned within a few steps); non-finite values never do.
 // max_bad consecutive skips exhaust the guard: the trainer stops the run.
 #ifndef KILN_RUN_GUARDS_H
 #define KILN_RUN_GUARDS_H
@@ -39,7 +42,8 @@ struct kiln_guards {
 void kiln_guards_init(struct kiln_guards *g, float spike_z, int window, int max_bad);
 void kiln_guards_free(struct kiln_guards *g);
 
-// The z-score of x against the window: NaN until it is warm, or when its spread is zero.
+// The z-score of log(x) against the logarithms of the window's values: NaN until it is warm, or when their
+// spread is zero.
 double kiln_spike_z(const struct kiln_spike_window *w, double x);
 
 // Checks one step; counts a skip, or records the accepted values. Returns why the step must be skipped.

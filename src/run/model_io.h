@@ -27,7 +27,7 @@ int kiln_nonfinite_error(struct kiln_error *err, const char *file, const char *t
 
 // The tokenizer a run was trained with: "gpt2", or "char" with its vocabulary (id i is byte chars[i]).
 struct kiln_run_tokenizer {
-    char name[16];
+    char name[1024]; // as --tokenizer: char, gpt2, or a tokenizer.json's path
     char chars[256];
     int n_chars;
 };

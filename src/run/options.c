@@ -52,7 +52,9 @@ static const struct opt OPTS[] = {
     {"data", OPT_STR, OFF(data), 0, 0, NULL,
      "training shards (glob); empty = embedded Tiny Shakespeare; random = random tokens"},
     {"val-data", OPT_STR, OFF(val_data), 0, 0, NULL, "validation shards (glob)"},
-    {"tokenizer", OPT_ENUM, OFF(tokenizer), 0, 0, "char gpt2", "tokenizer"},
+    {"tokenizer", OPT_STR, OFF(tokenizer), 0, 0, NULL,
+     "char, gpt2, or a Hugging Face tokenizer.json of a byte-level BPE (Llama 3's: "
+     "--tokenizer=DIR/tokenizer.json)"},
     {"val-fraction", OPT_FLOAT, OFF(val_fraction), 0.001, 0.5, NULL, "held-out tail of a single text source"},
     // batch
     {"batch", OPT_INT, OFF(batch_size), 1, 1 << 20, NULL, "sequences per micro-step (B)"},
@@ -156,7 +158,8 @@ static const struct opt OPTS[] = {
      "auto (newest checkpoint in --out), never, or a checkpoint dir"},
     // health guards
     {"spike-z", OPT_FLOAT, OFF(spike_z), 0, 1000, NULL,
-     "skip steps whose loss/grad-norm z-score exceeds this (0 = off)"},
+     "skip steps whose loss or grad norm is this many standard deviations above the recent steps' (on "
+     "logarithms; 0 = off)"},
     {"spike-window", OPT_INT, OFF(spike_window), 2, 1e6, NULL,
      "steps in the spike detector's running statistics"},
     {"max-bad-steps", OPT_INT, OFF(max_bad_steps), 1, 1e9, NULL,
@@ -226,12 +229,15 @@ static const struct preset PRESETS[] = {
     // SwiGLU 14336, theta 5e5, untied, context 8192). Published counts use the 128,256-token vocab:
     // 1,235,814,400 (3.2 1B, tied) and 8,030,261,248 (3 8B); kiln's gpt2 vocab (50304 padded rows) gives
     // 1,179,191,296 for llama-1b untied and 7,391,678,464 for llama-8b (docs/models.md works them out).
-    {"llama-1b", "Llama-style 1B (Llama 3.2 1B shape, untied): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias",
+    {"llama-1b",
+     "Llama-style 1B (Llama 3.2 1B shape, untied, GPT-2 vocabulary): RoPE, RMSNorm, SwiGLU, GQA 32/8, no "
+     "bias",
      "layers=16 heads=32 kv-heads=8 dim=2048 mlp-hidden=8192 block-size=2048 seq=2048 tokenizer=gpt2 "
      "pos=rope "
      "rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
      "batch=4 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1"},
-    {"llama-8b", "Llama-style 8B (Llama 3 8B shape): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias, untied",
+    {"llama-8b",
+     "Llama-style 8B (Llama 3 8B shape, GPT-2 vocabulary): RoPE, RMSNorm, SwiGLU, GQA 32/8, no bias, untied",
      "layers=32 heads=32 kv-heads=8 dim=4096 mlp-hidden=14336 block-size=8192 seq=8192 tokenizer=gpt2 "
      "pos=rope "
      "rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
@@ -248,6 +254,23 @@ const char *kiln_config_preset_names(void) {
             strcat(buf, PRESETS[i].name);
         }
     return buf;
+}
+
+// The vocabulary of the published model whose shape a preset copies, where the preset trains with another
+// (kiln info says so, with the parameters that vocabulary would give): its size and whose it is.
+static const struct {
+    const char *preset;
+    int vocab;
+    const char *whose;
+} REF_VOCAB[] = {{"llama-1b", 128256, "Llama 3.2 1B's"}, {"llama-8b", 128256, "Llama 3 8B's"}};
+
+int kiln_config_preset_ref_vocab(const char *preset, const char **whose) {
+    for (size_t i = 0; i < sizeof(REF_VOCAB) / sizeof(REF_VOCAB[0]); i++)
+        if (!strcmp(REF_VOCAB[i].preset, preset)) {
+            *whose = REF_VOCAB[i].whose;
+            return REF_VOCAB[i].vocab;
+        }
+    return 0;
 }
 
 static void config_defaults(struct kiln_config *c) {
@@ -481,6 +504,12 @@ int kiln_config_set(struct kiln_config *cfg, const char *name, const char *value
         if (strlen(value) >= o->size)
             return kiln_errorf(err, KILN_ERR_USAGE, "value for %s (%s) is too long: at most %zu characters",
                                o->name, where, o->size - 1);
+        if (!strcmp(o->name, "tokenizer") && strcmp(value, "char") && strcmp(value, "gpt2") &&
+            (strlen(value) < 5 || strcmp(value + strlen(value) - 5, ".json")))
+            return kiln_errorf(err, KILN_ERR_USAGE,
+                               "bad value '%s' for tokenizer (%s): allowed values are char,gpt2, or the path "
+                               "of a Hugging Face tokenizer.json",
+                               value, where);
         snprintf(p, o->size, "%s", value);
         return 0;
     case OPT_BOOL:
@@ -928,6 +957,27 @@ void kiln_config_write(const struct kiln_config *cfg, FILE *f) {
     }
 }
 
+// Options for tests only (fault injection): kept out of kiln info's listing and kiln help train's unless
+// asked (--all), so that a user reading them meets the model and the run first.
+static int opt_testing(const struct opt *o) {
+    return !strncmp(o->help, "testing only", 12);
+}
+
+int kiln_config_print(const struct kiln_config *cfg, FILE *f, int all) {
+    int hidden = 0;
+    fprintf(f, "preset = %s\n", cfg->preset);
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (!all && opt_testing(&OPTS[i])) {
+            hidden++;
+            continue;
+        }
+        char buf[1100];
+        opt_format(&OPTS[i], cfg, buf, sizeof(buf));
+        fprintf(f, "%s = %s\n", OPTS[i].name, buf);
+    }
+    return hidden;
+}
+
 // One option's help line: the help text, then what it accepts and its default (kiln train's: the
 // shakespeare-char preset over the built-in defaults).
 static void print_opt_help(FILE *f, const struct opt *o, const struct kiln_config *def) {
@@ -975,12 +1025,19 @@ static void print_help_header(FILE *f) {
     fprintf(f, "  %-20s %s\n", "config", "a file of name = value lines");
 }
 
-void kiln_config_print_help(FILE *f) {
+void kiln_config_print_help(FILE *f, int all) {
     struct kiln_config def;
     KILN_ASSERT(kiln_config_init(&def, NULL, NULL) == 0);
     print_help_header(f);
-    for (size_t i = 0; i < N_OPTS; i++)
-        print_opt_help(f, &OPTS[i], &def);
+    int hidden = 0;
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (!all && opt_testing(&OPTS[i]))
+            hidden++;
+        else
+            print_opt_help(f, &OPTS[i], &def);
+    }
+    if (hidden)
+        fprintf(f, "(%d fault-injection options, for tests, are not shown: kiln help train --all)\n", hidden);
 }
 
 void kiln_config_print_help_only(FILE *f, const char *const *names) {

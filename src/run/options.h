@@ -34,7 +34,7 @@ struct kiln_config {
     // data
     char data[1024]; // shard glob, or "" for the embedded Tiny Shakespeare
     char val_data[1024];
-    char tokenizer[16]; // "char" or "gpt2"
+    char tokenizer[1024]; // "char", "gpt2", or the path of a Hugging Face tokenizer.json (data/tokenizer.h)
     float val_fraction; // for a single text source: the tail fraction held out (0.1)
 
     // batch
@@ -155,9 +155,17 @@ size_t kiln_config_n_options(void);
 const char *kiln_config_option_name(size_t i);
 void kiln_config_option_value(const struct kiln_config *cfg, size_t i, char *buf, size_t cap);
 
+// Writes the options as kiln_config_write does, without its header line, and without the testing-only
+// options (fault injection) unless all; returns how many it left out (for `kiln info`).
+int kiln_config_print(const struct kiln_config *cfg, FILE *f, int all);
+
 // Prints the option table with help text, each option's allowed values and its default (for `kiln help
-// train`).
-void kiln_config_print_help(FILE *f);
+// train`); the testing-only options only when all.
+void kiln_config_print_help(FILE *f, int all);
+// The vocabulary size of the published model whose shape preset copies, where the preset trains with
+// another (llama-8b: Llama 3's 128,256 tokens, trained here with GPT-2's), and *whose ("Llama 3 8B's");
+// 0 when the preset's is that model's own or the preset is unknown.
+int kiln_config_preset_ref_vocab(const char *preset, const char **whose);
 // Names of the presets, space-separated.
 const char *kiln_config_preset_names(void);
 

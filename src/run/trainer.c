@@ -5,7 +5,9 @@
 #include <glob.h>
 #include <libgen.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -351,6 +353,24 @@ static int agree(struct kiln_comm *comm, int r, const char *dir, int *own, int *
     return cls == 2 ? -2 : err->code;
 }
 
+// The bytes of a checkpoint directory's files (not recursive: its parts are files), for the line that says
+// what a resume reads before it reads it.
+static double dir_bytes(const char *dir) {
+    char pat[4200];
+    snprintf(pat, sizeof(pat), "%s/*", dir);
+    glob_t g;
+    double n = 0;
+    if (glob(pat, 0, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            struct stat sb;
+            if (stat(g.gl_pathv[i], &sb) == 0 && S_ISREG(sb.st_mode))
+                n += (double)sb.st_size;
+        }
+        globfree(&g);
+    }
+    return n;
+}
+
 // Loads one checkpoint into the optimizer's state (and with it the model's weights), loader, guards and
 // state. Returns 0, an error, or -2 after a usage error (a different model), which must not fall back. With
 // dp (several ranks) the moments this rank holds are taken from a checkpoint of any world size. With comm
@@ -364,6 +384,14 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_mod
     struct kiln_ckpt ck;
     memset(&ck, 0, sizeof(ck));
     int several = comm && comm->size > 1;
+    // reading and hashing a large checkpoint takes a while (1.5 GB for GPT-2 124M): say so before it starts
+    double t0 = kiln_now_s(), bytes = verbose && !cfg->quiet ? dir_bytes(dir) : 0;
+    if (bytes > 64e6) {
+        fprintf(stderr,
+                "kiln: reading checkpoint %s (%.2f GB%s): checking every file's sha256, then loading\n", dir,
+                bytes / 1e9, several ? ", shared among the ranks" : "");
+        fflush(stderr);
+    }
     int rc = kiln_ckpt_load_share(dir, &ck, several ? comm->rank : 0, several ? comm->size : 1, err);
     if ((rc = agree(comm, rc, dir, own, reporter, err))) {
         kiln_ckpt_close(&ck);
@@ -398,7 +426,12 @@ static int resume_from(const char *dir, struct kiln_config *cfg, struct kiln_mod
         rc = -2; // other data or T: falling back would not help
     rc = agree(comm, rc, dir, own, reporter, err);
     if (!rc && verbose) // printed also with --quiet: where a run continues from belongs in every log
-        fprintf(stderr, "kiln: resuming from %s (step %lld)\n", dir, (long long)st->step);
+    {
+        char took[64] = "";
+        if (bytes > 64e6)
+            snprintf(took, sizeof(took), ", read and verified in %.1f s", kiln_now_s() - t0);
+        fprintf(stderr, "kiln: resuming from %s (step %lld%s)\n", dir, (long long)st->step, took);
+    }
     if (!rc && verbose && changes[0]) {
         for (char *save = NULL, *l = strtok_r(changes, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
             fprintf(stderr, "kiln: resume: %s\n", l);
@@ -1318,6 +1351,29 @@ void kiln_train_end_job(void) {
     ended_comm = ended_ckpt_comm = NULL;
 }
 
+// The note a slow first step prints: a thread started before it, which waits 2 s unless the step ends first.
+struct first_step {
+    struct kiln_progress *prog;
+    long long step;
+    double tokens;
+    int fresh;
+    atomic_int done;
+};
+
+static void *first_step_note(void *arg) {
+    struct first_step *fs = arg;
+    for (int i = 0; i < 40; i++) {
+        if (atomic_load(&fs->done))
+            return NULL;
+        usleep(50000);
+    }
+    char line[256];
+    snprintf(line, sizeof(line), "kiln: step %lld is under way (%.0f tokens%s); its line comes when it ends",
+             fs->step, fs->tokens, fs->fresh ? "; the first step also warms up" : "");
+    kiln_progress_note(fs->prog, line);
+    return NULL;
+}
+
 int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct kiln_train_result *res,
                struct kiln_error *err) {
     memset(res, 0, sizeof(*res));
@@ -1334,6 +1390,13 @@ int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct k
     if (rc)
         return run_teardown(&r, rc, err);
     kiln_progress_begin(&r.prog, cfg->max_steps, !cfg->quiet && r.rank0);
+    // the first step's progress line comes only when it ends, minutes later for a large model on a CPU: a
+    // step still running after 2 s says so
+    struct first_step fs = {
+        .prog = &r.prog, .step = r.st.step + 1, .tokens = r.tokens_per_step, .fresh = r.st.step == 0};
+    pthread_t fs_thread;
+    int fs_on = r.prog.enabled && r.st.step < cfg->max_steps &&
+                pthread_create(&fs_thread, NULL, first_step_note, &fs) == 0;
     in_loop = 1;
     r.start = r.st.step;
     r.last_ckpt_step = r.start > 0 ? r.start : -1;
@@ -1356,6 +1419,11 @@ int kiln_train(struct kiln_config *cfg, const struct kiln_knobs *knobs, struct k
         run_step(&r, step, &sl);
         r.be.ops->synchronize(r.be.ctx);
         double dt = kiln_now_s() - t0;
+        if (fs_on) { // before the step's own line
+            atomic_store(&fs.done, 1);
+            pthread_join(fs_thread, NULL);
+            fs_on = 0;
+        }
         if (step > r.start) { // the first step pays one-time costs
             r.timed_s += dt;
             r.timed_tokens += (long)r.tokens_per_step;

@@ -1,4 +1,4 @@
-// Errors are values (STYLE.md). A function that can fail on user input returns int (0 = ok) and fills a
+// Errors are values. A function that can fail on user input returns int (0 = ok) and fills a
 // struct kiln_error; only cmd/ prints it and exits. The message reads "<what> (<where>): <why>; <hint>",
 // and cmd/ prefixes "error: ".
 #ifndef KILN_UTIL_ERROR_H
@@ -20,7 +20,7 @@ int kiln_errorf(struct kiln_error *e, int code, const char *fmt, ...) __attribut
 // Prints "error: <msg>" to stderr and returns e->code (for cmd/ only).
 int kiln_error_print(const struct kiln_error *e);
 
-// Internal invariants. Stays on in release builds (DESIGN.md principle 6).
+// Internal invariants. Stays on in release builds (docs/architecture.md).
 #define KILN_ASSERT(cond)                                                                                   \
     do {                                                                                                   \
         if (!(cond)) {                                                                                     \

@@ -28,7 +28,7 @@ public=$SRC/../shared/data/gpt2/golden_public.jsonl
 if [ -f "$public" ]; then
     check_golden "$public"
 else
-    echo "SKIPPED golden_public: $public not found (it sits beside the clone in ../shared)"
+    echo "SKIPPED golden_public: $public not found (CI's test data beside the clone; a plain clone has none)"
 fi
 check_golden "$SRC/tests/data/golden_extra.jsonl"
 
@@ -58,5 +58,5 @@ expect_err 'token id 50257 (index 1) out of range' "$KILN" decode "$tmp/bad_ids.
 expect_err 'offset 0' sh -c "echo '{\"text\": \"z\"}' | '$KILN' encode --tokenizer=char --vocab='$tmp/v.txt'"
 expect_err '--tokenizer' "$KILN" encode --tokenizer=wordpiece
 expect_err 'gpt2, char' "$KILN" decode --tokenizer=wordpiece
-expect_err '--frob' "$KILN" encode --frob=1
+expect_err "unknown option 'frob'" "$KILN" encode --frob=1
 echo "ok"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Layering (DESIGN.md): no KILN_* environment variable is read below run/ and cmd/. The knobs are read once,
+# Layering (docs/architecture.md): no KILN_* environment variable is read below run/ and cmd/. The knobs are read once,
 # in run/knobs.c, and passed down as options; the launcher's variables are read in parallel/comm/env.c from
 # an array it is given. A file under src/ outside src/run/ and src/cmd/ fails the check when it calls
 # getenv("KILN_...") (or secure_getenv), or when it reads the environment at all (getenv, secure_getenv,

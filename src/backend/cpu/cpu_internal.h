@@ -1,5 +1,5 @@
 // The CPU backend's private interface: its context and the op functions each file defines.
-// The CPU backend is the numerical reference (DESIGN.md principle 2): fp32, OpenMP, and deterministic
+// The CPU backend is the numerical reference (docs/architecture.md): fp32, OpenMP, and deterministic
 // independently of the thread count: every output element is computed by exactly one thread, and every
 // reduction runs in a fixed order (no atomics, no scheduling-dependent reductions).
 #ifndef KILN_BACKEND_CPU_INTERNAL_H

@@ -1,4 +1,4 @@
-// The GPT forward and backward passes, written once against the ops table (DESIGN.md principle 1).
+// The GPT forward and backward passes, written once against the ops table (docs/architecture.md).
 //
 // A sequential block (GPT-2):           a parallel block (PaLM, GPT-J):
 //   h = x + attn(norm1(x))                x' = x + attn(norm1(x)) + mlp(norm1(x))

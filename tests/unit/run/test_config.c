@@ -246,7 +246,7 @@ static void test_help_shows_each_options_range_and_default(void **state) {
     char *text = NULL;
     size_t n = 0;
     FILE *m = open_memstream(&text, &n);
-    kiln_config_print_help(m);
+    kiln_config_print_help(m, 1);
     fclose(m);
     // the defaults are kiln train's: the shakespeare-char preset (layers 4, lr 3e-3) over the built-in ones
     assert_non_null(strstr(
@@ -266,8 +266,35 @@ static void test_help_shows_each_options_range_and_default(void **state) {
     free(text);
 }
 
+// kiln help train and kiln info show the run's options; fault injection (tests only) only when asked (--all)
+static void test_testing_only_options_are_hidden_unless_asked(void **state) {
+    (void)state;
+    for (int all = 0; all < 2; all++) {
+        char *text = NULL;
+        size_t n = 0;
+        FILE *m = open_memstream(&text, &n);
+        kiln_config_print_help(m, all);
+        fclose(m);
+        assert_int_equal(strstr(text, "inject-nan") != NULL, all);
+        assert_int_equal(strstr(text, "kiln help train --all") == NULL, all);
+        assert_non_null(strstr(text, "max-steps"));
+        free(text);
+        struct kiln_config c;
+        assert_int_equal(kiln_config_init(&c, NULL, NULL), 0);
+        text = NULL;
+        m = open_memstream(&text, &n);
+        int hidden = kiln_config_print(&c, m, all);
+        fclose(m);
+        assert_int_equal(strstr(text, "inject-crash =") != NULL, all);
+        assert_true(all ? hidden == 0 : hidden >= 3);
+        assert_non_null(strstr(text, "max-steps = "));
+        free(text);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_testing_only_options_are_hidden_unless_asked),
         cmocka_unit_test(test_grad_dtype_defaults_to_auto_and_parses_its_values),
         cmocka_unit_test(test_auto_is_bf16_only_on_cuda_with_one_micro_step),
         cmocka_unit_test(test_bf16_gradients_with_accumulation_are_refused),

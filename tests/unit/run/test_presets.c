@@ -76,7 +76,7 @@ static void test_family_presets_validate_with_the_gpt2_tokenizer_and_have_publis
         if ((long long)pt.n_params != expected)
             fail_msg("%s: %zu parameters, expected %lld (published %lld)", x->preset, pt.n_params, expected,
                      x->published);
-        // FLOPs per token: 6N + 12 L NH HS T (PERF.md), N counted once
+        // FLOPs per token: 6N + 12 L NH HS T (nanoGPT's and PaLM's MFU), N counted once
         double fpt = kiln_model_flops_per_token(m, pt.n_params, c.seq_len, 0);
         double want = 6.0 * (double)pt.n_params + 12.0 * (double)(L * x->NH * (C / x->NH)) * c.seq_len;
         assert_true(fabs(fpt - want) <= 1e-9 * want);

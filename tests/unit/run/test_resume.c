@@ -443,32 +443,32 @@ static void test_spike_detector_statistics_and_round_trip(void **state) {
     for (int i = 0; i < KILN_GUARD_MIN_SAMPLES - 1; i++) {
         double x = 3.0 + 0.1 * test_rand_uniform(&rs);
         assert_int_equal(kiln_guards_check(&g, x, 1.0 + 0.1 * test_rand_uniform(&rs)), KILN_SKIP_NONE);
-        hist[n++] = x;
+        hist[n++] = log(x);
     }
     assert_true(isnan(kiln_spike_z(&g.loss, 1e9)));
     assert_int_equal(kiln_guards_check(&g, 1e6, 1.0), KILN_SKIP_NONE); // the 20th value, still cold
-    hist[n++] = 1e6;
+    hist[n++] = log(1e6);
     for (int i = 0; i < 60; i++) {
         double x = 3.0 + 0.1 * test_rand_uniform(&rs);
         assert_int_equal(kiln_guards_check(&g, x, 1.0 + 0.1 * test_rand_uniform(&rs)), KILN_SKIP_NONE);
-        hist[n++] = x;
+        hist[n++] = log(x);
     }
-    // z against an independent mean/std of the last `window` accepted losses
+    // z against an independent mean/std of the logarithms of the last `window` accepted losses
     double sum = 0, sq = 0;
     for (int i = n - window; i < n; i++)
         sum += hist[i];
     double mean = sum / window;
     for (int i = n - window; i < n; i++)
         sq += (hist[i] - mean) * (hist[i] - mean);
-    double sd = sqrt(sq / window), probe = mean + 5 * sd;
+    double sd = sqrt(sq / window), probe = exp(mean + 5 * sd);
     assert_true(fabs(kiln_spike_z(&g.loss, probe) - 5.0) < 1e-9);
     // a loss spike and a grad spike are skipped and counted, but enter the windows (so that a genuine change
     // of level is learned); a NaN is skipped and kept out
-    assert_int_equal(kiln_guards_check(&g, mean + 4.5 * sd, 1.0), KILN_SKIP_SPIKE_LOSS);
-    assert_int_equal(kiln_guards_check(&g, mean, 1e3), KILN_SKIP_SPIKE_GRAD);
+    assert_int_equal(kiln_guards_check(&g, exp(mean + 4.5 * sd), 1.0), KILN_SKIP_SPIKE_LOSS);
+    assert_int_equal(kiln_guards_check(&g, exp(mean), 1e3), KILN_SKIP_SPIKE_GRAD);
     assert_int_equal(g.consecutive, 2);
     hist[n++] = mean + 4.5 * sd;
-    hist[n++] = mean;
+    hist[n++] = log(exp(mean));
     double sum2 = 0, sq2 = 0;
     for (int i = n - window; i < n; i++)
         sum2 += hist[i];
@@ -476,7 +476,7 @@ static void test_spike_detector_statistics_and_round_trip(void **state) {
     for (int i = n - window; i < n; i++)
         sq2 += (hist[i] - mean2) * (hist[i] - mean2);
     double sd2 = sqrt(sq2 / window);
-    assert_true(fabs(kiln_spike_z(&g.loss, probe) - (probe - mean2) / sd2) < 1e-9);
+    assert_true(fabs(kiln_spike_z(&g.loss, probe) - (log(probe) - mean2) / sd2) < 1e-9);
 
     // the checkpoint round trip: the same decisions afterwards, bit for bit
     cJSON *j = kiln_guards_to_json(&g);
