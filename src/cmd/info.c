@@ -13,6 +13,7 @@
 #include "precision/fp8.h"
 #include "run/plan.h"
 #include "parallel/sp.h"
+#include "parallel/tp.h"
 #include "run/embedded.h"
 #include "run/knobs.h"
 #include "run/tuning.h"
@@ -45,6 +46,14 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg, co
     size_t state = p->params_bytes + p->weights_bytes + p->grads_bytes + p->optim_bytes + rp.dp.grad_shard;
     printf("per rank (%s; zero %d, %d ranks%s):\n", label, cfg->zero, world,
            rp.dpo.offload ? ", optimizer offloaded" : "");
+    if (cfg->tp > 1)
+        printf("  tensor parallelism: tp %d x %d data- and sequence-parallel ranks, %s; each rank holds 1/%d of "
+               "the heads, MLP width and vocabulary; buffers %.3f GiB\n",
+               cfg->tp, world / cfg->tp,
+               cfg->tp_sp ? "Megatron's sequence parallelism inside the group (norms and residual on 1/tp of "
+                            "the rows)"
+                          : "every rank holding every row",
+               cfg->tp, rp.tp_bytes / GIB);
     if (sp->sp > 1)
         printf("  sequence parallelism: sp %d (%d Ulysses x %d ring) x dp %d, %d of %d tokens a rank, "
                "buffers %.3f GiB (q, k, v: %s)\n",
@@ -195,7 +204,8 @@ static void print_lengths(const struct kiln_config *cfg, const struct kiln_knobs
         struct kiln_sp_layout sp;
         struct kiln_error err = {0};
         printf("  %10d", lengths[i]);
-        if (kiln_sp_plan(kiln_config_sp(&c), world, 0, world, &sp, &err)) {
+        int cross = world / (c.tp > 1 ? c.tp : 1);
+        if (kiln_sp_plan(kiln_config_sp(&c), cross, 0, cross, &sp, &err)) {
             printf("  (%s)\n", err.msg);
             continue;
         }
@@ -318,8 +328,23 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
         kiln_tokenizer_free(t);
     }
     // the plan is rank 0's (hybrid's default Ulysses group: every rank, as on one node)
+    // under --tp, sequence and data parallelism run over world / tp ranks, with a rank's share of the heads
     struct kiln_sp_layout sp;
-    if (kiln_config_validate(&cfg, &err) || kiln_sp_plan(kiln_config_sp(&cfg), world, 0, world, &sp, &err))
+    struct kiln_tp_layout tlo;
+    if (kiln_config_validate(&cfg, &err) ||
+        kiln_tp_plan(cfg.tp, cfg.tp_sp, world, 0, &cfg.model, &tlo, &err))
+        return kiln_error_print(&err);
+    struct kiln_sp_opts spo = kiln_config_sp(&cfg);
+    struct kiln_model_config heads = cfg.model;
+    if (tlo.tp > 1) {
+        struct kiln_model_local loc;
+        kiln_model_local_of(&cfg.model, &tlo.split, &loc);
+        heads.n_embd = kiln_model_head_size(&cfg.model) * loc.NH;
+        heads.n_head = loc.NH;
+        heads.n_kv_head = loc.NKV;
+        spo.model = &heads;
+    }
+    if (kiln_sp_plan(spo, tlo.cross, 0, tlo.cross, &sp, &err))
         return kiln_error_print(&err);
 
     // the model first: what it is and what it costs; then the options that make the run

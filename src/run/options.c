@@ -242,6 +242,22 @@ static const struct preset PRESETS[] = {
      "pos=rope "
      "rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
      "batch=1 lr=3e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1"},
+    // Llama 3 70B's shape (80 layers, dim 8192, 64/8 heads, SwiGLU 28672, RMSNorm, RoPE theta 5e5, untied,
+    // context 8192); 70,553,706,496 parameters with its 128,256-token vocabulary, 69,276,540,928 with GPT-2's.
+    {"llama-70b",
+     "Llama-style 70B (Llama 3 70B shape, GPT-2 vocabulary): RoPE, RMSNorm, SwiGLU, GQA 64/8, no bias, untied",
+     "layers=80 heads=64 kv-heads=8 dim=8192 mlp-hidden=28672 block-size=8192 seq=8192 tokenizer=gpt2 "
+     "pos=rope rope-theta=500000 norm=rmsnorm norm-eps=1e-5 bias=0 mlp=swiglu tie-embeddings=0 "
+     "batch=1 lr=1.5e-4 warmup=2000 max-steps=20000 beta2=0.95 eps=1e-8 weight-decay=0.1 grad-clip=1"},
+    // The GPT-3-style shapes of the long-sequence work in Megatron-DeepSpeed's example model table (its
+    // ALCF/model.sh: 25B is 64 layers of 5760, 33B 80 of 5760), with the table's 80-head variant (head size
+    // 72, its FlashAttention setting), RoPE as its long-sequence examples enable, LayerNorm, GELU, biases
+    {"gpt-25b", "GPT-3-style 25B of the long-sequence work (64 layers, dim 5760, 80 heads, RoPE, GELU)",
+     "layers=64 heads=80 dim=5760 block-size=2048 seq=2048 tokenizer=gpt2 pos=rope rope-theta=10000 "
+     "batch=1 lr=1e-4 warmup=2000 max-steps=20000 beta2=0.95 weight-decay=0.1 grad-clip=1"},
+    {"gpt-33b", "GPT-3-style 33B of the long-sequence work (80 layers, dim 5760, 80 heads, RoPE, GELU)",
+     "layers=80 heads=80 dim=5760 block-size=2048 seq=2048 tokenizer=gpt2 pos=rope rope-theta=10000 "
+     "batch=1 lr=1e-4 warmup=2000 max-steps=20000 beta2=0.95 weight-decay=0.1 grad-clip=1"},
 };
 #define N_PRESETS (sizeof(PRESETS) / sizeof(PRESETS[0]))
 
@@ -262,7 +278,9 @@ static const struct {
     const char *preset;
     int vocab;
     const char *whose;
-} REF_VOCAB[] = {{"llama-1b", 128256, "Llama 3.2 1B's"}, {"llama-8b", 128256, "Llama 3 8B's"}};
+} REF_VOCAB[] = {{"llama-1b", 128256, "Llama 3.2 1B's"},
+                 {"llama-8b", 128256, "Llama 3 8B's"},
+                 {"llama-70b", 128256, "Llama 3 70B's"}};
 
 int kiln_config_preset_ref_vocab(const char *preset, const char **whose) {
     for (size_t i = 0; i < sizeof(REF_VOCAB) / sizeof(REF_VOCAB[0]); i++)
