@@ -28,6 +28,14 @@ int kiln_sp_plan(struct kiln_sp_opts o, int world, int rank, int local_world, st
                 group = d;
         sm = group == lo.sp ? KILN_SP_ULYSSES : group == 1 ? KILN_SP_RING : KILN_SP_HYBRID;
     }
+    if (sm == KILN_SP_HYBRID && lo.sp > 1 && !o.ulysses && (group >= lo.sp || lo.sp % group)) {
+        // hybrid without --sp-ulysses, where the ranks per node are no group of it (one node holds the whole
+        // SP group): the largest Ulysses group below sp that divides it and the heads, a ring across them
+        group = 1;
+        for (int d = 2; d < lo.sp && d <= local_world; d++)
+            if (lo.sp % d == 0 && m->n_head % d == 0 && kiln_model_kv_heads(m) % d == 0)
+                group = d;
+    }
     if (world % lo.sp)
         return kiln_errorf(
             err, KILN_ERR_USAGE,

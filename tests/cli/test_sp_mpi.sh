@@ -76,6 +76,13 @@ l1=$(grep -o '"loss":[^,]*' "$T/hyb4_gqa/metrics.jsonl")
 [ -n "$l1" ] && [ "$l1" = "$(grep -o '"loss":[^,]*' "$T/auto4/metrics.jsonl")" ] &&
   grep -q "sp 4 (2 Ulysses x 2 ring" "$T/auto4.log" && ok ||
   bad "--sp-mode=auto at 4 ranks, 2 KV heads: not hybrid 2 x 2's run: $(grep -m1 'sp 4' "$T/auto4.log")"
+# --sp-mode=hybrid without --sp-ulysses on one node of 4 ranks (where "the ranks per node" is the whole SP
+# group): the largest Ulysses group below sp that the heads divide, so the same 2 x 2 run
+"${MPI[@]}" -np 4 "$KILN" train "${args[@]}" --quiet=0 --pos=rope --kv-heads=2 --mlp=swiglu --norm=rmsnorm --sp=4 \
+  --sp-mode=hybrid --out="$T/hyb4def" >"$T/hyb4def.log" 2>&1 || bad "--sp-mode=hybrid at 4 ranks: $(tail -3 "$T/hyb4def.log")"
+[ -n "$l1" ] && [ "$l1" = "$(grep -o '"loss":[^,]*' "$T/hyb4def/metrics.jsonl")" ] &&
+  grep -q "sp 4 (2 Ulysses x 2 ring" "$T/hyb4def.log" && ok ||
+  bad "--sp-mode=hybrid without --sp-ulysses at 4 ranks: not 2 x 2's run: $(grep -m1 'sp 4' "$T/hyb4def.log")"
 # and as kiln info plans it: heads that divide sp give Ulysses alone, heads that divide none of it a ring
 for hv in "8 4 Ulysses x 1 ring" "7 1 Ulysses x 4 ring"; do
   read -r h want <<<"$hv"
