@@ -13,11 +13,11 @@
 // Between parallel regions libgomp's idle threads spin (300,000 polls by default) before they sleep. A CPU
 // training step runs thousands of short regions, so kiln's threads spin nearly all the time; where other
 // programs are busy they hold the cores those need and wait on each other: 10 steps of the default model
-// took 3-10x longer beside two busy processes (docs/cpu_threads.md). Passive waiting (threads sleep at once)
-// is as fast as spinning on an idle machine, so it is kiln's default. libgomp reads OMP_WAIT_POLICY once, as it
-// is loaded, before main and before this program's own constructors (setting it later changes nothing, and
-// no omp_set_* call sets it), so the program sets it and starts itself again: same process, arguments and
-// open files, before anything else has run. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept; so is
+// took 3-15x longer beside two busy processes (docs/cpu_threads.md). Passive waiting (threads sleep at once)
+// costs the demo model 15-30% on a quiet machine, and is kiln's default: the smaller worst case. libgomp
+// reads OMP_WAIT_POLICY once, as it is loaded, before main and before this program's own constructors
+// (setting it later changes nothing, and no omp_set_* call sets it), so the program sets it and starts itself
+// again: same process, arguments and open files, before anything else has run. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept; so is
 // the process as it is where the restart cannot happen.
 __attribute__((constructor)) static void cpu_wait_passive(int argc, char **argv, char **envp) {
     (void)envp;
