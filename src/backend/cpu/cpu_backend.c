@@ -17,8 +17,8 @@
 // costs the demo model 15-30% on a quiet machine, and is kiln's default: the smaller worst case. libgomp
 // reads OMP_WAIT_POLICY once, as it is loaded, before main and before this program's own constructors
 // (setting it later changes nothing, and no omp_set_* call sets it), so the program sets it and starts itself
-// again: same process, arguments and open files, before anything else has run. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept; so is
-// the process as it is where the restart cannot happen.
+// again: same process, arguments and open files, before anything else has run. A user's own OMP_WAIT_POLICY
+// or GOMP_SPINCOUNT is kept; so is the process as it is where the restart cannot happen.
 __attribute__((constructor)) static void cpu_wait_passive(int argc, char **argv, char **envp) {
     (void)envp;
     if (argc < 1 || !argv || getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
