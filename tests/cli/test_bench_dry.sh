@@ -4,9 +4,17 @@
 # `kiln info` (bench/kiln_dry.sh), so that a bad flag (a --seq past the model's block size, an --sp that does
 # not divide the world) fails here and not on the GPU machine, where each such mistake has cost a run. Then
 # bench/long_context.sh's sweep and bench/strategies.sh's table the same way.
+# KILN_BENCH_DRY_PART picks one part (ctest runs them as separate tests, side by side): gpus4 and gpus2
+# (bench/dist_multi_gpu.sh at 4 and 2 GPUs, most of the time), or other (the rest); unset, all of them.
 source "$(dirname "$0")/lib.sh" bench_dry "$@"
 cd "$(dirname "$0")/../.."
-for ng in 4 2; do
+part=${KILN_BENCH_DRY_PART:-all}
+case $part in all | gpus4 | gpus2 | other) ;; *) echo "KILN_BENCH_DRY_PART=$part: one of gpus4, gpus2, other"; exit 2 ;; esac
+gpus=(4 2)
+[ "$part" = gpus4 ] && gpus=(4)
+[ "$part" = gpus2 ] && gpus=(2)
+[ "$part" = other ] && gpus=()
+for ng in "${gpus[@]}"; do
   : >"$T/checked"
   KILN_DRY=1 KILN_NG=$ng BUILD="$(dirname "$KILN")" OUT="$T/out$ng" KILN_DRY_LOG="$T/refused$ng" \
     KILN_DRY_CHECKED="$T/checked" KILN_PART="correct scale big long faults" KILN_DEADLINE=100000 \
@@ -21,6 +29,10 @@ for ng in 4 2; do
     grep -q -- "$want" "$T/checked" && ok || bad "$ng GPUs: no run with $want was checked"
   done
 done
+if [ "$part" = gpus4 ] || [ "$part" = gpus2 ]; then
+  finish
+  exit
+fi
 # bench/long_context.sh's sweep, one GPU, 2k to 512k tokens, as each recompute mode runs it
 for rc in auto selective block; do
   : >"$T/checked"

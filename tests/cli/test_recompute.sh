@@ -51,12 +51,13 @@ same_weights "$T/kept" "$T/sel" && [ "$(cut -d, -f1-4 "$T/kept/metrics.jsonl")" 
 # the CPU without a budget; and the trainer takes what info says, says so, and trains
 m=(--layers=4 --heads=2 --dim=128 --seq=1024 --block-size=1024 --batch=4 --max-steps=1 --eval-every=0 --quiet
   --threads=1 --checkpoint=0 --save-model=0)
-pick() { # BUDGET_MIB [ARGS]: "MODE PLANNED_BYTES" that kiln info says auto takes
+pick() { # BUDGET_MIB [ARGS]: "MODE PLANNED_BYTES" that kiln info says auto takes for the run m
   local budget=$1
   shift
   KILN_MEM_BUDGET_MB=$budget "$KILN" info "${m[@]}" --recompute=auto "$@" |
     awk '/^under KILN_MEM_BUDGET_MB/ {print $(NF - 3), $(NF - 1)}'
 }
+mib_between() { python3 -c "import sys; a, b = map(float, sys.argv[1:]); print((a + b) / 2 / 1048576)" "$1" "$2"; }
 budget=1000000 seen=""
 for want in none act mlp selective block; do
   read -r got planned < <(pick $budget)
@@ -68,20 +69,36 @@ read -r got _ < <(pick 0.01)
 [ "$got" = block ] && ok || bad "auto when nothing fits: expected block, got '$got' ($seen)"
 read -r got _ < <(pick 1000000 --offload=activations)
 [ "$got" = selective ] && ok || bad "auto with --offload=activations: expected selective, got '$got'"
-read -r want planned < <(pick 100)
-KILN_MEM_BUDGET_MB=100 "$KILN" train "${m[@]}" --recompute=auto --out="$T/auto" 2>"$T/err" &&
+# the trainer, on a smaller run (a step of m takes 20 s on one busy core): a budget just under the plan of
+# none, where info takes some recompute
+small=(--seq=256 --block-size=256 --batch=1)
+read -r _ planned < <(pick 1000000 "${small[@]}")
+budget=$(python3 -c "print(($planned - 4096) / 1048576)")
+read -r want _ < <(pick "$budget" "${small[@]}")
+[ -n "$want" ] && [ "$want" != none ] && ok || bad "auto under $budget MiB (the smaller run): '$want'"
+KILN_MEM_BUDGET_MB=$budget "$KILN" train "${m[@]}" "${small[@]}" --recompute=auto --out="$T/auto" 2>"$T/err" &&
   grep -q "^kiln: --recompute=auto: $want (planned" "$T/err" && grep -q "^recompute = $want$" "$T/auto/config" && ok ||
-  bad "training under 100 MiB: expected $want (as info said), got: $(cat "$T/err")"
-"$KILN" train "${m[@]}" --recompute=auto --out="$T/auto" 2>"$T/err" &&
+  bad "training under $budget MiB: expected $want (as info said), got: $(cat "$T/err")"
+"$KILN" train "${m[@]}" "${small[@]}" --recompute=auto --out="$T/auto" 2>"$T/err" &&
   grep -q "^kiln: --recompute=auto: act (the cpu states no memory limit)" "$T/err" && ok ||
   bad "auto on the CPU without a budget: $(cat "$T/err")"
-# when nothing fits, auto says whether keeping the layer inputs in host memory would, and with what mode
-L=(--preset=gpt2-124m --layers=12 --dim=64 --heads=2 --pos=rope --batch=1 --seq=4096 --block-size=4096 --tokenizer=char
+# when nothing fits, auto says whether keeping the layer inputs in host memory would, and with what mode: the
+# budgets from kiln info's plans of this run (block's, and with --offload=activations the most and the least
+# memory that auto takes), between block's and offloaded selective's, then under offloaded block's
+L=(--preset=gpt2-124m --layers=12 --dim=64 --heads=2 --pos=rope --batch=1 --seq=1024 --block-size=1024 --tokenizer=char
   --data=random --max-steps=1 --device=cpu --eval-every=0 --checkpoint=0 --save-model=0 --quiet --threads=1)
-KILN_MEM_BUDGET_MB=40 "$KILN" train "${L[@]}" --recompute=auto --out="$T/hint" 2>"$T/err" &&
+pickL() { KILN_MEM_BUDGET_MB=$1 "$KILN" info "${L[@]}" --recompute=auto "${@:2}" |
+  awk '/^under KILN_MEM_BUDGET_MB/ {print $(NF - 3), $(NF - 1)}'; }
+read -r _ blk < <(pickL 0.01)
+read -r off_mode off_most < <(pickL 1000000 --offload=activations)
+read -r _ off_least < <(pickL 0.01 --offload=activations)
+python3 -c "import sys; b, s, l = map(int, sys.argv[1:]); assert b > s >= l > 0, (b, s, l)" "$blk" "$off_most" \
+  "$off_least" && [ "$off_mode" = selective ] && ok ||
+  bad "plans of the hint's run: block $blk, offloaded $off_mode $off_most, offloaded least $off_least bytes"
+KILN_MEM_BUDGET_MB=$(mib_between "$blk" "$off_most") "$KILN" train "${L[@]}" --recompute=auto --out="$T/hint" 2>"$T/err" &&
   grep -q "^kiln: --recompute=auto: no mode fits the device's budget; with --offload=activations selective plans" \
     "$T/err" && ok || bad "auto's offload hint: $(cat "$T/err")"
-KILN_MEM_BUDGET_MB=20 "$KILN" train "${L[@]}" --recompute=auto --out="$T/hint0" 2>"$T/err"
+KILN_MEM_BUDGET_MB=$(mib_between "$off_least" 0) "$KILN" train "${L[@]}" --recompute=auto --out="$T/hint0" 2>"$T/err"
 grep -q "^kiln: --recompute=auto: no mode fits the device's budget, nor with --offload=activations (block:" "$T/err" &&
   ok || bad "auto when offload would not fit either: $(cat "$T/err")"
 # kiln info says whether a rank's GPU plan fits the budget auto uses (KILN_MEM_BUDGET_MB standing in for a GPU),

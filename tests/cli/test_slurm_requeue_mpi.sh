@@ -13,8 +13,10 @@ if ! command -v mpirun >/dev/null; then
 fi
 EX=$(cd "$(dirname "$0")/../../examples/slurm" && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-# --ckpt-every=0: the only checkpoint before the end is the signal's
-STEPS=1500
+# --ckpt-every=0: the only checkpoint before the end is the signal's. The signal comes at about step 20 (50 ms
+# of polling after it), so STEPS leaves a margin of 480 steps (a step here takes 1-2 ms on an idle machine,
+# tens on a busy one); the three runs of 1,500 steps this took before spent minutes on a busy machine.
+STEPS=500
 args=(--layers=2 --heads=2 --dim=32 --seq=32 --batch=2 --total-batch=128 --eval-every=0 --threads=1 --quiet
   --log-every=1 --ckpt-every=0 --schedule=constant --warmup=0 --lr=1e-3 --device=cpu --seed=$((RANDOM + 1))
   --max-steps=$STEPS)

@@ -3,9 +3,36 @@
 #include "backend/cpu/cpu_internal.h"
 #include "util/progress.h"
 
+#include <limits.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
+
+// ---- OpenMP waiting ----------------------------------------------------------------------------------
+// Between parallel regions libgomp's idle threads spin (300,000 polls by default) before they sleep. A CPU
+// training step runs thousands of short regions, so kiln's threads spin nearly all the time; where other
+// programs are busy they hold the cores those need and wait on each other: 10 steps of the default model
+// took 3-15x longer beside two busy processes (docs/cpu_threads.md). Passive waiting (threads sleep at once)
+// costs the demo model 15-30% on a quiet machine, and is kiln's default: the smaller worst case. libgomp
+// reads OMP_WAIT_POLICY once, as it is loaded, before main and before this program's own constructors
+// (setting it later changes nothing, and no omp_set_* call sets it), so the program sets it and starts itself
+// again: same process, arguments and open files, before anything else has run. A user's own OMP_WAIT_POLICY
+// or GOMP_SPINCOUNT is kept; so is the process as it is where the restart cannot happen.
+__attribute__((constructor)) static void cpu_wait_passive(int argc, char **argv, char **envp) {
+    (void)envp;
+    if (argc < 1 || !argv || getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
+        return;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1); // the program's path, also under valgrind
+    if (n <= 0)
+        return;
+    exe[n] = 0;
+    if (setenv("OMP_WAIT_POLICY", "passive", 0))
+        return;
+    execv(exe, argv);
+    unsetenv("OMP_WAIT_POLICY"); // no restart (the file went away, say): this process spins as before
+}
 
 // On the CPU all memory is host memory: plain malloc.
 static void *cpu_host_alloc(void *ctx, size_t bytes) {
