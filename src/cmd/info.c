@@ -335,15 +335,9 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
         kiln_tp_plan(cfg.tp, cfg.tp_sp, world, 0, &cfg.model, &tlo, &err))
         return kiln_error_print(&err);
     struct kiln_sp_opts spo = kiln_config_sp(&cfg);
-    struct kiln_model_config heads = cfg.model;
-    if (tlo.tp > 1) {
-        struct kiln_model_local loc;
-        kiln_model_local_of(&cfg.model, &tlo.split, &loc);
-        heads.n_embd = kiln_model_head_size(&cfg.model) * loc.NH;
-        heads.n_head = loc.NH;
-        heads.n_kv_head = loc.NKV;
-        spo.model = &heads;
-    }
+    struct kiln_model_config heads;
+    kiln_model_heads_of(&cfg.model, tlo.tp > 1 ? &tlo.split : NULL, &heads);
+    spo.model = &heads;
     if (kiln_sp_plan(spo, tlo.cross, 0, tlo.cross, &sp, &err))
         return kiln_error_print(&err);
 

@@ -78,3 +78,13 @@ void kiln_model_local_of(const struct kiln_model_config *m, const struct kiln_mo
     out->H = kiln_model_mlp_hidden(m) / (s ? kiln_split_parts(s->hidden) : 1);
     out->Vp = kiln_model_padded_vocab(m) / (s ? kiln_split_parts(s->vocab) : 1);
 }
+
+void kiln_model_heads_of(const struct kiln_model_config *m, const struct kiln_model_split *s,
+                         struct kiln_model_config *out) {
+    struct kiln_model_local loc;
+    kiln_model_local_of(m, s, &loc);
+    *out = *m;
+    out->n_embd = kiln_model_head_size(m) * loc.NH;
+    out->n_head = loc.NH;
+    out->n_kv_head = loc.NKV;
+}

@@ -89,6 +89,12 @@ struct kiln_model_split {
     int seq;
 };
 
+// Megatron's tensor-parallel split into n parts: the heads, the key/value heads, the MLP's width and the
+// vocabulary each cut n ways, and with seq the residual stream's token rows too
+static inline struct kiln_model_split kiln_split_tensor_parallel(int n, int seq) {
+    return (struct kiln_model_split){.heads = n, .kv_heads = n, .hidden = n, .vocab = n, .seq = seq ? n : 1};
+}
+
 // The parts a split field cuts its dimension into: 0 and 1 both mean whole
 static inline int kiln_split_parts(int p) {
     return p > 1 ? p : 1;
@@ -100,6 +106,10 @@ struct kiln_model_local {
 };
 void kiln_model_local_of(const struct kiln_model_config *m, const struct kiln_model_split *s,
                          struct kiln_model_local *out);
+// The model as the attention of one rank of split s sees it: its query and key/value heads, the same head
+// size (what sequence parallelism and the attention's workspace plan for under tensor parallelism)
+void kiln_model_heads_of(const struct kiln_model_config *m, const struct kiln_model_split *s,
+                         struct kiln_model_config *out);
 // Whether the model can be split so: each part divides its dimension, and nothing that needs every head at
 // once (QK-norm over a token's whole q and k, ALiBi's slopes by global head index) is split. A usage error
 // names the dimension otherwise.

@@ -17,8 +17,7 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
     struct kiln_model_split split = {0};
     struct kiln_param_table part;
     if (tp > 1) {
-        split = (struct kiln_model_split){.heads = tp, .kv_heads = tp, .hidden = tp, .vocab = tp,
-                                          .seq = cfg->tp_sp ? tp : 1};
+        split = kiln_split_tensor_parallel(tp, cfg->tp_sp);
         kiln_params_build_split(&part, &cfg->model, &split);
         pt = &part;
         world = world / tp > 0 ? world / tp : 1;
@@ -46,13 +45,9 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
     kiln_optim_state_plan(&so, act, alias, &op);
     kiln_plan_add_optim(&out->model, &op);
     // sequence parallelism and attention see this rank's heads
-    struct kiln_model_config heads = cfg->model;
+    struct kiln_model_config heads;
+    kiln_model_heads_of(&cfg->model, tp > 1 ? &split : NULL, &heads);
     if (tp > 1) {
-        struct kiln_model_local loc;
-        kiln_model_local_of(&cfg->model, &split, &loc);
-        heads.n_embd = kiln_model_head_size(&cfg->model) * loc.NH;
-        heads.n_head = loc.NH;
-        heads.n_kv_head = loc.NKV;
         out->tp_bytes = kiln_tp_buffer_bytes(&cfg->model, &split, cfg->batch_size, sp->T_local, act, grad);
         kiln_params_free(&part);
     }

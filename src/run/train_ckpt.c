@@ -361,7 +361,7 @@ static int read_optim_shards(const struct kiln_ckpt *ck, const struct kiln_param
                            "state.json (%s): optim_layout.tp is not a divisor of its world of %zu ranks",
                            ck->path, world);
     // the table each file's ranges are of: the whole model's, or a tensor-parallel part's
-    struct kiln_model_split split = {.heads = (int)tp, .kv_heads = (int)tp, .hidden = (int)tp, .vocab = (int)tp};
+    struct kiln_model_split split = kiln_split_tensor_parallel((int)tp, 0); // (the tables know no rows)
     struct kiln_param_table part_table;
     const struct kiln_param_table *ft = pt;
     if (tp > 1) {

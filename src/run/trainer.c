@@ -752,14 +752,7 @@ static void resolve_auto_recompute(struct run *r, struct kiln_config *cfg,
 // parallelism: the same head size)
 static struct kiln_sp_opts sp_opts(struct run *r, const struct kiln_config *cfg) {
     struct kiln_sp_opts o = kiln_config_sp(cfg);
-    r->sp_model = cfg->model;
-    if (r->tp_lo.tp > 1) {
-        struct kiln_model_local loc;
-        kiln_model_local_of(&cfg->model, &r->tp_lo.split, &loc);
-        r->sp_model.n_embd = kiln_model_head_size(&cfg->model) * loc.NH;
-        r->sp_model.n_head = loc.NH;
-        r->sp_model.n_kv_head = loc.NKV;
-    }
+    kiln_model_heads_of(&cfg->model, r->tp_lo.tp > 1 ? &r->tp_lo.split : NULL, &r->sp_model);
     o.model = &r->sp_model;
     return o;
 }
