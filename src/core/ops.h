@@ -310,8 +310,9 @@ void kiln_adamw_host(const struct kiln_adamw_args *a, enum kiln_dtype grads_dtyp
 // max 448, no infinities, S.1111.111 is NaN) and e5m2 (bias 15, 2 mantissa bits, max 57344, IEEE-like
 // infinities and NaNs). A tensor x is cast with a scale s = fmax / amax (kiln_fp8_scale): q = fp8(x * s),
 // rounded to nearest even, subnormals included, saturating to +-fmax (infinities too), NaN kept NaN; it
-// stands for q / s. Scales travel as the amax they come from (backend memory, f32), so that no value crosses
-// to the host between the amax and the cast. Every backend must round exactly so (CUDA's cvt.satfinite does).
+// stands for q / s. Scales travel as the amax they come from into the cast, and as the inverse scale the cast
+// writes into the GEMM (backend memory, f32), so that no value crosses to the host between the amax, the cast
+// and the GEMM. Every backend must round exactly so (CUDA's cvt.satfinite does).
 enum kiln_fp8_fmt { KILN_FP8_E4M3 = 0, KILN_FP8_E5M2 = 1 };
 
 static inline float kiln_fp8_max(enum kiln_fp8_fmt f) {
@@ -332,33 +333,44 @@ enum kiln_fp8_per { KILN_FP8_TENSOR = 0, KILN_FP8_ROWS = 1, KILN_FP8_COLS = 2 };
 // element of the group is NaN
 struct kiln_amax_args {
     float *amax;        // (1), (rows) or (cols), f32
-    const void *x;      // act (rows, cols), rows stride apart
+    const void *x;      // act (rows, cols), rows stride apart; f32 with x_f32
     int rows, cols, stride; // stride 0 = cols
     enum kiln_fp8_per per;
+    int x_f32; // x is f32 whatever the act dtype (delayed scaling's amax histories): per ROWS only
 };
 
-// out = fp8(x * s) with s = kiln_fp8_scale(amax[...]) of the element's group; with transpose, out is x^T:
-// (cols, rows), dense (what the "TN" layout of FP8 GEMMs needs for the backward's operands)
+// out = fp8(x * s) with s = kiln_fp8_scale(amax[...]) of the element's group, and/or out_t = the same codes
+// of x^T: (cols, rows), dense (what the "TN" layout of FP8 GEMMs needs for the backward's operands). Both in
+// one pass over x where both are asked for. Beside the codes, a cast may write:
+//   scale_inv  1/s of each group ((1), (rows) or (cols) as per; 1.0f / kiln_fp8_scale in f32): what
+//              kiln_fp8_matmul dequantizes by, so that no scale is computed between the cast and the GEMM;
+//   amax_seen  (1) per TENSOR only: max(amax_seen, max |x|), a NaN sticking (delayed scaling records the
+//              tensor's amax in the pass that casts it by an older one).
 struct kiln_fp8_cast_args {
-    uint8_t *out;       // (rows, cols), or (cols, rows) with transpose; dense
+    uint8_t *out;       // (rows, cols), dense, or NULL
+    uint8_t *out_t;     // (cols, rows), dense, or NULL (one of the two at least)
     const void *x;      // act (rows, cols), rows stride apart (0 = cols)
     const float *amax;  // (1), (rows) or (cols) as per
+    float *scale_inv;   // as amax, or NULL
+    float *amax_seen;   // (1), or NULL
     int rows, cols, stride;
-    int transpose;
     enum kiln_fp8_fmt fmt;
     enum kiln_fp8_per per;
 };
 
 // out (M, N) [+]= (a / sa) @ (b / sb)^T [+ bias], times gelu'(gelu_pre) elementwise when set; a (M, K) and
-// b (N, K) are FP8 with K contiguous ("TN"), sa and sb their scales (kiln_fp8_scale of a_amax, b_amax: one,
-// or one per row of a (M) and of b (N) with rowwise). The product accumulates in f32; the dequantization
-// multiplies the sum by 1/sa and 1/sb (f32) after it. out has the backend's act dtype, or its grad dtype
-// with out_grad (a weight gradient). With accumulate the result is added into out, after the DGELU factor.
+// b (N, K) are FP8 with K contiguous ("TN"), 1/sa and 1/sb their inverse scales as the casts wrote them
+// (kiln_fp8_cast_args.scale_inv: one, or one per row of a (M) and of b (N) with rowwise). The product
+// accumulates in f32; the dequantization multiplies the sum by 1/sa and 1/sb (f32) after it. out has the
+// backend's act dtype, or its grad dtype with out_grad (a weight gradient). With accumulate the result is
+// added into out, after the DGELU factor. With pre (the forward's GELU, as matmul_forward's act), pre gets
+// the result (bias included) and out its GELU (gelu_forward's): neither accumulate nor gelu_pre then.
 struct kiln_fp8_matmul_args {
     void *out;              // act or grad (M, N), rows ldc apart (0 = N)
+    void *pre;              // act (M, N) dense, or NULL
     const uint8_t *a, *b;   // (M, K), (N, K)
     enum kiln_fp8_fmt a_fmt, b_fmt;
-    const float *a_amax, *b_amax; // (1), or (M) and (N) with a_rowwise, b_rowwise
+    const float *a_scale_inv, *b_scale_inv; // (1), or (M) and (N) with a_rowwise, b_rowwise
     int a_rowwise, b_rowwise;
     const void *bias;       // act (N) or NULL
     const void *gelu_pre;   // act (M, N), rows gelu_pre_stride apart (0 = N), or NULL

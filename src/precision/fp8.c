@@ -11,20 +11,46 @@
 // The operands whose amaxes a delayed recipe keeps, per linear layer
 enum { OP_X, OP_W, OP_DY, OPS };
 
+// Backend memory for one operand's codes, its amaxes and inverse scales, grown on demand
+struct operand {
+    uint8_t *q, *qt; // codes, and (both layouts in one pass) the transposed codes
+    size_t q_bytes, qt_bytes;
+    float *amax, *sinv, *sinv_t; // sinv_t: the transposed layout's where its groups differ (rowwise)
+    size_t n_amax;
+};
+
+// the inverse scales a GEMM reads with the plain or the transposed layout of o
+static const float *sinv_of(const struct kiln_fp8 *f, const struct operand *o, int transposed);
+
+// A weight's FP8 copies for one optimizer step: its codes (OC, IC) for the forward, its transpose's (IC, OC)
+// for the backward's dinp, cast in one pass at the step's first use and reused by every micro-step after it
+struct wcache {
+    const void *w; // the weights they were cast from, NULL: empty
+    int OC, IC;
+    long step;
+    struct operand op;
+};
+
+// Scratch operands of a layer's GEMMs
+enum { S_X, S_W, S_DY, S_COUNT };
+
 struct kiln_fp8 {
     struct kiln_fp8_opts o;
     const struct kiln_backend *be;
     struct kiln_model_linear prev; // what was installed before (nothing: the backend's op)
     int n_layer;
-    // backend scratch, grown on demand: two operands' codes and their amaxes at a time
-    uint8_t *q[2];
-    size_t q_bytes[2];
-    float *amax[2];
-    size_t amax_n[2];
-    // delayed: per slot (layer, linear, operand) the history (ring of `history` amaxes) and this step's amax
+    struct operand s[S_COUNT];
+    // the weights' copies, one per (layer, linear); off where weights move (ZeRO-3 gathers every layer into
+    // the same few buffers) or the memory ran out
+    struct wcache *wc;
+    int n_wc, cache_off;
+    long step; // optimizer steps so far: the copies of an older step are stale
+    // delayed: per slot (layer, linear, operand), in backend memory, the history (a ring of `history`
+    // amaxes), the step's amax so far, and the amax the step scales by (the history's largest)
     int n_slots;
     float *hist; // (n_slots, history)
     float *cur;  // (n_slots)
+    float *use;  // (n_slots)
     int pos, filled;
 };
 
@@ -47,26 +73,48 @@ int kiln_fp8_check_backend(const struct kiln_backend *be, struct kiln_error *err
     return 0;
 }
 
-// ---- scratch ------------------------------------------------------------------------------------------
+// ---- memory -------------------------------------------------------------------------------------------
 
-static uint8_t *codes(struct kiln_fp8 *f, int i, size_t n) {
-    if (f->q_bytes[i] < n) {
-        f->be->ops->free(f->be->ctx, f->q[i]);
-        f->q[i] = f->be->ops->alloc(f->be->ctx, n);
-        KILN_ASSERT(f->q[i]); // a few MiB beside the model's plan
-        f->q_bytes[i] = n;
-    }
-    return f->q[i];
+// p grown to n bytes (contents not kept); 0, or -1 when the backend is out of memory
+static int grow(const struct kiln_backend *be, void **p, size_t *have, size_t n) {
+    if (*have >= n)
+        return 0;
+    be->ops->free(be->ctx, *p);
+    *p = n ? be->ops->alloc(be->ctx, n) : NULL;
+    *have = *p ? n : 0;
+    return n && !*p ? -1 : 0;
 }
 
-static float *amaxes(struct kiln_fp8 *f, int i, size_t n) {
-    if (f->amax_n[i] < n) {
-        f->be->ops->free(f->be->ctx, f->amax[i]);
-        f->amax[i] = f->be->ops->alloc(f->be->ctx, n * sizeof(float));
-        KILN_ASSERT(f->amax[i]);
-        f->amax_n[i] = n;
+// room for codes of n elements (and their transpose's with both) and n_amax groups
+static int operand_fit(const struct kiln_backend *be, struct operand *o, size_t n, int both, size_t n_amax) {
+    size_t amax_bytes = o->n_amax * sizeof(float) * 3, need = n_amax * sizeof(float) * 3;
+    if (grow(be, (void **)&o->q, &o->q_bytes, n) || (both && grow(be, (void **)&o->qt, &o->qt_bytes, n)))
+        return -1;
+    if (amax_bytes < need) {
+        size_t have = 0;
+        float *p = NULL;
+        if (grow(be, (void **)&p, &have, need))
+            return -1;
+        be->ops->free(be->ctx, o->amax);
+        o->amax = p;
+        o->sinv = p + n_amax;
+        o->sinv_t = p + 2 * n_amax;
+        o->n_amax = n_amax;
     }
-    return f->amax[i];
+    return 0;
+}
+
+static void operand_free(const struct kiln_backend *be, struct operand *o) {
+    be->ops->free(be->ctx, o->q);
+    be->ops->free(be->ctx, o->qt);
+    be->ops->free(be->ctx, o->amax);
+    memset(o, 0, sizeof(*o));
+}
+
+// scratch operand i, which must fit: a few activations' worth beside the model's plan
+static struct operand *scratch(struct kiln_fp8 *f, int i, size_t n, int both, size_t n_amax) {
+    KILN_ASSERT(operand_fit(f->be, &f->s[i], n, both, n_amax) == 0);
+    return &f->s[i];
 }
 
 // ---- one operand: its amax (the recipe's) and its cast ---------------------------------------------------
@@ -76,50 +124,100 @@ static int slot_of(const struct kiln_fp8 *f, int l, enum kiln_linear k, int op) 
     return (layer * KILN_LINEARS + (int)k) * OPS + op;
 }
 
-// The delayed recipe's amax for a slot: the history's largest, or (an empty history: the first step) the
-// tensor's own. The step's own amax is kept for the history (NaN sticks, as the amax op's).
-static float delayed_amax(struct kiln_fp8 *f, int slot, float now) {
-    float *c = &f->cur[slot];
-    *c = isnan(*c) || isnan(now) ? NAN : (now > *c ? now : *c);
-    if (!f->filled)
-        return now;
-    float m = 0.0f;
-    for (int i = 0; i < f->filled; i++) {
-        float h = f->hist[(size_t)slot * f->o.history + i];
-        m = isnan(m) || isnan(h) ? NAN : (h > m ? h : m);
-    }
-    return m;
-}
-
-// x (rows, cols), or x^T with transpose, cast to fmt into buffer i; returns its codes and leaves the amaxes
-// the GEMM reads in f->amax[i]
-static uint8_t *operand(struct kiln_fp8 *f, int i, int slot, const void *x, int rows, int cols, int transpose,
-                        enum kiln_fp8_fmt fmt) {
+// Casts x (rows, cols) into o: its codes (out), its transpose's (out_t), or both in one pass, with the
+// inverse scales in o->sinv. per says the amax groups (rowwise: the GEMM's reduction runs along x's rows for
+// the plain layout, down its columns for the transposed one). The delayed recipe scales by the slot's
+// history (the tensor's own amax on the first step) and records the tensor's amax in the same pass.
+static void cast_into(struct kiln_fp8 *f, struct operand *o, int slot, const void *x, int rows, int cols,
+                      uint8_t *out, uint8_t *out_t, enum kiln_fp8_per per, float *sinv,
+                      enum kiln_fp8_fmt fmt) {
     const struct kiln_backend *be = f->be;
-    int rowwise = f->o.recipe == KILN_FP8_ROWWISE;
-    // rowwise: one scale per row of the operand as the GEMM reads it, along its reduction dimension
-    enum kiln_fp8_per per = !rowwise ? KILN_FP8_TENSOR : transpose ? KILN_FP8_COLS : KILN_FP8_ROWS;
-    float *am = amaxes(f, i, !rowwise ? 1 : transpose ? (size_t)cols : (size_t)rows);
-    struct kiln_amax_args aa = {.amax = am, .x = x, .rows = rows, .cols = cols, .per = per};
-    be->ops->amax(be->ctx, &aa);
+    const float *amax = o->amax;
+    float *seen = NULL;
     if (f->o.recipe == KILN_FP8_DELAYED) {
-        // the history lives on the host: one float each way (on a GPU, a wait for the stream)
-        float now;
-        be->ops->download(be->ctx, &now, am, sizeof(float));
-        float use = delayed_amax(f, slot, now);
-        be->ops->upload(be->ctx, am, &use, sizeof(float));
+        seen = &f->cur[slot];
+        if (f->filled)
+            amax = &f->use[slot];
     }
-    uint8_t *q = codes(f, i, (size_t)rows * cols);
-    struct kiln_fp8_cast_args ca = {
-        .out = q, .x = x, .amax = am, .rows = rows, .cols = cols, .transpose = transpose, .fmt = fmt, .per = per};
+    if (amax == o->amax) {
+        struct kiln_amax_args aa = {.amax = o->amax, .x = x, .rows = rows, .cols = cols, .per = per};
+        be->ops->amax(be->ctx, &aa);
+    }
+    struct kiln_fp8_cast_args ca = {.out = out,
+                                    .out_t = out_t,
+                                    .x = x,
+                                    .amax = amax,
+                                    .scale_inv = sinv,
+                                    .amax_seen = seen,
+                                    .rows = rows,
+                                    .cols = cols,
+                                    .fmt = fmt,
+                                    .per = per};
     be->ops->fp8_cast(be->ctx, &ca);
-    return q;
 }
 
+static const float *sinv_of(const struct kiln_fp8 *f, const struct operand *o, int transposed) {
+    return f->o.recipe == KILN_FP8_ROWWISE && transposed ? o->sinv_t : o->sinv;
+}
+
+// x (rows, cols) cast for a GEMM that reads it as it is (plain) and/or transposed, into o: tensorwise scales
+// are one pass for both layouts; rowwise ones differ per layout (rows for the plain, columns for the
+// transposed), so each layout is its own amax and cast
+static void cast_layouts(struct kiln_fp8 *f, struct operand *o, int slot, const void *x, int rows, int cols,
+                         int plain, int transposed, enum kiln_fp8_fmt fmt) {
+    if (f->o.recipe != KILN_FP8_ROWWISE) {
+        cast_into(f, o, slot, x, rows, cols, plain ? o->q : NULL, transposed ? o->qt : NULL, KILN_FP8_TENSOR,
+                  o->sinv, fmt);
+        return;
+    }
+    if (plain)
+        cast_into(f, o, slot, x, rows, cols, o->q, NULL, KILN_FP8_ROWS, o->sinv, fmt);
+    if (transposed) {
+        // the transposed layout's amaxes after the plain one's: both cast from the tensor, one at a time
+        cast_into(f, o, slot, x, rows, cols, NULL, o->qt, KILN_FP8_COLS, o->sinv_t, fmt);
+    }
+}
+
+// The weight W (OC, IC) of (l, k), both layouts, from the step's copies where it can
+static struct operand *weight(struct kiln_fp8 *f, int l, enum kiln_linear k, const void *w, int OC, int IC) {
+    int slot = slot_of(f, l, k, OP_W);
+    size_t n = (size_t)OC * IC, groups = (size_t)(OC > IC ? OC : IC);
+    struct wcache *c = f->cache_off ? NULL : &f->wc[slot / OPS];
+    if (c && c->w == w && c->OC == OC && c->IC == IC && c->step == f->step)
+        return &c->op;
+    if (c && c->w != w) {
+        // weights that another layer's weights shared a buffer with (gathered per layer): no copies kept
+        for (int i = 0; i < f->n_wc && !f->cache_off; i++)
+            if (i != slot / OPS && f->wc[i].w == w)
+                f->cache_off = 1;
+    }
+    if (c && !f->cache_off && operand_fit(f->be, &c->op, n, 1, groups))
+        f->cache_off = 1; // out of memory: cast per use
+    if (f->cache_off && f->wc) {
+        for (int i = 0; i < f->n_wc; i++)
+            operand_free(f->be, &f->wc[i].op);
+        free(f->wc);
+        f->wc = NULL;
+        c = NULL;
+    }
+    struct operand *o = c ? &c->op : scratch(f, S_W, n, 1, groups);
+    cast_layouts(f, o, slot, w, OC, IC, 1, 1, KILN_FP8_E4M3);
+    if (c) {
+        c->w = w;
+        c->OC = OC;
+        c->IC = IC;
+        c->step = f->step;
+    }
+    return o;
+}
 // ---- the hook -----------------------------------------------------------------------------------------
 
 static int in_fp8(const struct kiln_fp8 *f, enum kiln_linear k) {
     return k != KILN_LINEAR_HEAD || f->o.include_head;
+}
+
+static size_t max_sz(int a, int b) {
+    return (size_t)(a > b ? a : b);
 }
 
 static void fp8_forward(void *user, int l, enum kiln_linear k, const struct kiln_matmul_args *a) {
@@ -130,16 +228,18 @@ static void fp8_forward(void *user, int l, enum kiln_linear k, const struct kiln
         return;
     }
     int rowwise = f->o.recipe == KILN_FP8_ROWWISE;
-    uint8_t *qx = operand(f, 0, slot_of(f, l, k, OP_X), a->inp, a->N, a->IC, 0, KILN_FP8_E4M3); // (N, IC)
-    uint8_t *qw = operand(f, 1, slot_of(f, l, k, OP_W), a->weight, a->OC, a->IC, 0, KILN_FP8_E4M3); // (OC, IC)
-    // the GELU is not fused into the FP8 GEMM: it writes pre (with the bias), the GELU op reads it
-    struct kiln_fp8_matmul_args m = {.out = a->act == KILN_ACT_NONE ? a->out : a->pre,
-                                     .a = qx,
-                                     .b = qw,
+    struct operand *w = weight(f, l, k, a->weight, a->OC, a->IC); // (OC, IC)
+    struct operand *x = scratch(f, S_X, (size_t)a->N * a->IC, 0, max_sz(a->N, a->IC));
+    cast_layouts(f, x, slot_of(f, l, k, OP_X), a->inp, a->N, a->IC, 1, 0, KILN_FP8_E4M3); // (N, IC)
+    // bias and GELU in the GEMM's epilogue: pre gets the sum, out its GELU
+    struct kiln_fp8_matmul_args m = {.out = a->out,
+                                     .pre = a->act == KILN_ACT_GELU ? a->pre : NULL,
+                                     .a = x->q,
+                                     .b = w->q,
                                      .a_fmt = KILN_FP8_E4M3,
                                      .b_fmt = KILN_FP8_E4M3,
-                                     .a_amax = f->amax[0],
-                                     .b_amax = f->amax[1],
+                                     .a_scale_inv = sinv_of(f, x, 0),
+                                     .b_scale_inv = sinv_of(f, w, 0),
                                      .a_rowwise = rowwise,
                                      .b_rowwise = rowwise,
                                      .bias = a->bias,
@@ -148,10 +248,6 @@ static void fp8_forward(void *user, int l, enum kiln_linear k, const struct kiln
                                      .K = a->IC,
                                      .accumulate = a->accumulate};
     be->ops->fp8_matmul(be->ctx, &m);
-    if (a->act == KILN_ACT_GELU) {
-        struct kiln_gelu_args g = {.out = a->out, .inp = a->pre, .N = a->N, .H = a->OC};
-        be->ops->gelu_forward(be->ctx, &g);
-    }
 }
 
 static void fp8_backward(void *user, int l, enum kiln_linear k, const struct kiln_matmul_back_args *a) {
@@ -163,18 +259,20 @@ static void fp8_backward(void *user, int l, enum kiln_linear k, const struct kil
     }
     int rowwise = f->o.recipe == KILN_FP8_ROWWISE;
     enum kiln_fp8_fmt gf = f->o.grad_fmt;
+    // dout (N, OC): as it is for dinp, transposed for dW; one pass for both with tensorwise scales
+    struct operand *dy = scratch(f, S_DY, (size_t)a->N * a->OC, 1, max_sz(a->N, a->OC));
+    cast_layouts(f, dy, slot_of(f, l, k, OP_DY), a->dout, a->N, a->OC, a->dinp != NULL, 1, gf);
     if (a->dinp) {
-        // dinp (N, IC) = dout (N, OC) @ W (OC, IC): the GEMM reads W^T (IC, OC), cast transposed; the previous
-        // layer's GELU backward (DGELU) is its epilogue
-        uint8_t *qd = operand(f, 0, slot_of(f, l, k, OP_DY), a->dout, a->N, a->OC, 0, gf);
-        uint8_t *qwt = operand(f, 1, slot_of(f, l, k, OP_W), a->weight, a->OC, a->IC, 1, KILN_FP8_E4M3);
+        // dinp (N, IC) = dout (N, OC) @ W (OC, IC): the GEMM reads W^T (IC, OC), the step's transposed copy;
+        // the previous layer's GELU backward (DGELU) is its epilogue
+        struct operand *w = weight(f, l, k, a->weight, a->OC, a->IC);
         struct kiln_fp8_matmul_args m = {.out = a->dinp,
-                                         .a = qd,
-                                         .b = qwt,
+                                         .a = dy->q,
+                                         .b = w->qt,
                                          .a_fmt = gf,
                                          .b_fmt = KILN_FP8_E4M3,
-                                         .a_amax = f->amax[0],
-                                         .b_amax = f->amax[1],
+                                         .a_scale_inv = sinv_of(f, dy, 0),
+                                         .b_scale_inv = sinv_of(f, w, 1),
                                          .a_rowwise = rowwise,
                                          .b_rowwise = rowwise,
                                          .gelu_pre = a->dinp_gelu_pre,
@@ -187,15 +285,15 @@ static void fp8_backward(void *user, int l, enum kiln_linear k, const struct kil
         be->ops->fp8_matmul(be->ctx, &m);
     }
     // dW (OC, IC) = dout^T (OC, N) @ inp (N, IC): both operands transposed, reducing over the N rows
-    uint8_t *qdt = operand(f, 0, slot_of(f, l, k, OP_DY), a->dout, a->N, a->OC, 1, gf);
-    uint8_t *qxt = operand(f, 1, slot_of(f, l, k, OP_X), a->inp, a->N, a->IC, 1, KILN_FP8_E4M3);
+    struct operand *x = scratch(f, S_X, (size_t)a->N * a->IC, 1, max_sz(a->N, a->IC));
+    cast_layouts(f, x, slot_of(f, l, k, OP_X), a->inp, a->N, a->IC, 0, 1, KILN_FP8_E4M3);
     struct kiln_fp8_matmul_args m = {.out = a->dweight,
-                                     .a = qdt,
-                                     .b = qxt,
+                                     .a = dy->qt,
+                                     .b = x->qt,
                                      .a_fmt = gf,
                                      .b_fmt = KILN_FP8_E4M3,
-                                     .a_amax = f->amax[0],
-                                     .b_amax = f->amax[1],
+                                     .a_scale_inv = sinv_of(f, dy, 1),
+                                     .b_scale_inv = sinv_of(f, x, 1),
                                      .a_rowwise = rowwise,
                                      .b_rowwise = rowwise,
                                      .M = a->OC,
@@ -213,6 +311,17 @@ static void fp8_backward(void *user, int l, enum kiln_linear k, const struct kil
 
 // ---- the strategy -------------------------------------------------------------------------------------
 
+// delayed: the amax each slot's casts scale by, the history's largest (an empty slot of the ring holds 0)
+static void delayed_use(struct kiln_fp8 *f) {
+    struct kiln_amax_args aa = {.amax = f->use,
+                                .x = f->hist,
+                                .rows = f->n_slots,
+                                .cols = f->o.history,
+                                .per = KILN_FP8_ROWS,
+                                .x_f32 = 1};
+    f->be->ops->amax(f->be->ctx, &aa);
+}
+
 int kiln_fp8_apply(struct kiln_fp8 **out, struct kiln_model *g, const struct kiln_backend *be,
                    const struct kiln_fp8_opts *o, int n_layer, struct kiln_error *err) {
     *out = NULL;
@@ -226,10 +335,15 @@ int kiln_fp8_apply(struct kiln_fp8 **out, struct kiln_model *g, const struct kil
     f->o = *o;
     f->be = be;
     f->n_layer = n_layer;
+    f->n_wc = (n_layer + 1) * KILN_LINEARS;
+    f->wc = kiln_xcalloc((size_t)f->n_wc, sizeof(*f->wc));
     if (o->recipe == KILN_FP8_DELAYED) {
         f->n_slots = (n_layer + 1) * KILN_LINEARS * OPS;
-        f->hist = kiln_xcalloc((size_t)f->n_slots * o->history, sizeof(float));
-        f->cur = kiln_xcalloc((size_t)f->n_slots, sizeof(float));
+        size_t hb = (size_t)f->n_slots * o->history * sizeof(float), sb = (size_t)f->n_slots * sizeof(float);
+        f->hist = be->ops->alloc(be->ctx, hb);
+        f->cur = be->ops->alloc(be->ctx, sb);
+        f->use = be->ops->alloc(be->ctx, sb);
+        KILN_ASSERT(f->hist && f->cur && f->use); // a few KiB
     }
     struct kiln_model_linear h = {.user = f, .forward = fp8_forward, .backward = fp8_backward};
     kiln_model_set_linear(g, &h, &f->prev);
@@ -245,16 +359,21 @@ int kiln_fp8_apply(struct kiln_fp8 **out, struct kiln_model *g, const struct kil
 }
 
 void kiln_fp8_after_step(struct kiln_fp8 *f) {
-    if (!f || f->o.recipe != KILN_FP8_DELAYED)
+    if (!f)
         return;
-    int H = f->o.history;
-    for (int s = 0; s < f->n_slots; s++) {
-        f->hist[(size_t)s * H + f->pos] = f->cur[s];
-        f->cur[s] = 0.0f;
-    }
-    f->pos = (f->pos + 1) % H;
-    if (f->filled < H)
+    f->step++; // the weights changed: their FP8 copies are stale
+    if (f->o.recipe != KILN_FP8_DELAYED)
+        return;
+    // on the backend's stream, no wait: the step's amaxes into the ring's column pos, then the next step's
+    const struct kiln_backend *be = f->be;
+    size_t H = (size_t)f->o.history;
+    be->ops->copy_2d(be->ctx, f->hist + f->pos, H * sizeof(float), f->cur, sizeof(float), sizeof(float),
+                     (size_t)f->n_slots);
+    be->ops->zero(be->ctx, f->cur, (size_t)f->n_slots * sizeof(float));
+    f->pos = (f->pos + 1) % f->o.history;
+    if (f->filled < f->o.history)
         f->filled++;
+    delayed_use(f);
 }
 
 // ---- checkpoints: the histories as the hex of their f32 bytes (bit for bit) -----------------------------
@@ -269,12 +388,14 @@ cJSON *kiln_fp8_state_to_json(const struct kiln_fp8 *f) {
     cJSON_AddNumberToObject(j, "pos", f->pos);
     cJSON_AddNumberToObject(j, "filled", f->filled);
     size_t n = (size_t)f->n_slots * f->o.history * sizeof(float);
+    unsigned char *b = kiln_xcalloc(n ? n : 1, 1);
+    f->be->ops->download(f->be->ctx, b, f->hist, n); // a checkpoint's one wait
     char *hex = kiln_xcalloc(2 * n + 1, 1);
-    const unsigned char *b = (const unsigned char *)f->hist;
     for (size_t i = 0; i < n; i++)
         snprintf(hex + 2 * i, 3, "%02x", b[i]);
     cJSON_AddStringToObject(j, "amax_history", hex);
     free(hex);
+    free(b);
     return j;
 }
 
@@ -308,17 +429,27 @@ int kiln_fp8_state_from_json(struct kiln_fp8 *f, const cJSON *j, struct kiln_err
         strlen(hx->valuestring) != 2 * n)
         return kiln_errorf(err, KILN_ERR_RUNTIME, "state.json's precision state is malformed (pos, filled or "
                                                   "amax_history): the checkpoint is damaged");
-    unsigned char *b = (unsigned char *)f->hist;
+    unsigned char *b = kiln_xcalloc(n ? n : 1, 1);
     for (size_t i = 0; i < n; i++) {
         unsigned v;
-        if (sscanf(hx->valuestring + 2 * i, "%2x", &v) != 1)
+        if (sscanf(hx->valuestring + 2 * i, "%2x", &v) != 1) {
+            free(b);
             return kiln_errorf(err, KILN_ERR_RUNTIME,
                                "state.json's precision amax_history is not hex: the checkpoint is damaged");
+        }
         b[i] = (unsigned char)v;
     }
+    // the ring's entries not yet filled count as 0 (the largest is taken over all of them)
+    float *h = (float *)b;
+    for (int s = 0; s < slots; s++)
+        for (int i = filled; i < H; i++)
+            h[(size_t)s * H + i] = 0.0f;
+    f->be->ops->upload(f->be->ctx, f->hist, b, n);
+    free(b);
     f->pos = pos;
     f->filled = filled;
-    memset(f->cur, 0, sizeof(float) * (size_t)f->n_slots);
+    f->be->ops->zero(f->be->ctx, f->cur, sizeof(float) * (size_t)f->n_slots);
+    delayed_use(f);
     return 0;
 }
 
@@ -336,11 +467,14 @@ void kiln_fp8_describe(const struct kiln_fp8_opts *o, const char *device, char *
 void kiln_fp8_free(struct kiln_fp8 *f) {
     if (!f)
         return;
-    for (int i = 0; i < 2; i++) {
-        f->be->ops->free(f->be->ctx, f->q[i]);
-        f->be->ops->free(f->be->ctx, f->amax[i]);
-    }
-    free(f->hist);
-    free(f->cur);
+    const struct kiln_backend *be = f->be;
+    for (int i = 0; i < S_COUNT; i++)
+        operand_free(be, &f->s[i]);
+    for (int i = 0; f->wc && i < f->n_wc; i++)
+        operand_free(be, &f->wc[i].op);
+    free(f->wc);
+    be->ops->free(be->ctx, f->hist);
+    be->ops->free(be->ctx, f->cur);
+    be->ops->free(be->ctx, f->use);
     free(f);
 }

@@ -317,6 +317,8 @@ void opt_describe(const struct opt_case *c, char *buf, size_t cap) {
     FIELD("tb", "%d", c->tb, c->tb);
     FIELD("dgelu", "%d", c->dgelu, c->dgelu);
     FIELD("grad_out", "%d", c->grad_out, c->grad_out);
+    FIELD("gelu", "%d", c->gelu, c->gelu);
+    FIELD("both", "%d", c->both, c->both);
 #undef FIELD
 }
 

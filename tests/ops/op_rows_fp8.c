@@ -102,9 +102,40 @@ const struct opt_row opt_row_amax = {
 // ---- fp8_matmul, with the amax and the casts of its operands ----------------------------------------------
 // out (M, N) [+]= (fp8(a sa) / sa) @ (fp8(b sb) / sb)^T [+ bias] [* gelu'(pre)], M = N rows, K = IC, N = OC.
 // Fields: N, IC, OC; per (1: rowwise scales); fmt_a, fmt_b; ta, tb (an operand stored (K, M) or (K, N), its
-// amax per column and its cast transposing it); bias; accum; dgelu; grad_out.
+// amax per column and its cast transposing it); bias; accum; dgelu; grad_out; gelu (out = gelu(pre), pre the
+// sum); both (each cast writes both layouts in one pass, the GEMM reads the one it needs, and the cast
+// records the amax it saw into a value that starts at 2).
 
-enum { FM_A, FM_B, FM_BIAS, FM_PRE, FM_AMAXA, FM_AMAXB, FM_QA, FM_QB, FM_OUT, FM_COUNT };
+enum {
+    FM_A,
+    FM_B,
+    FM_BIAS,
+    FM_PRE,
+    FM_AMAXA,
+    FM_AMAXB,
+    FM_SINVA,
+    FM_SINVB,
+    FM_SEENA,
+    FM_SEENB,
+    FM_QA,
+    FM_QB,
+    FM_QA2,
+    FM_QB2,
+    FM_OUT,
+    FM_PREACT,
+    FM_COUNT
+};
+
+static struct opt_tensor seen_tensor(const char *name, int present) {
+    return (struct opt_tensor){.name = name,
+                               .dtype = OPT_F32,
+                               .role = OPT_INOUT,
+                               .n = present ? 1 : 0,
+                               .init = OPT_CONST,
+                               .a = 2.0f,
+                               .of = -1,
+                               .of2 = -1};
+}
 
 static int fp8mm_tensors(const struct opt_case *c, struct opt_tensor *t) {
     size_t M = c->N, K = c->IC, N = c->OC;
@@ -114,34 +145,57 @@ static int fp8mm_tensors(const struct opt_case *c, struct opt_tensor *t) {
     t[FM_PRE] = opt_input("gelu_pre", OPT_ACT, c->dgelu ? M * N : 0, 1.5f, 0);
     t[FM_AMAXA] = opt_saved("amax_a", OPT_F32, c->per ? M : 1);
     t[FM_AMAXB] = opt_saved("amax_b", OPT_F32, c->per ? N : 1);
+    t[FM_SINVA] = opt_saved("scale_inv_a", OPT_F32, c->per ? M : 1); // 1/s: exact everywhere
+    t[FM_SINVB] = opt_saved("scale_inv_b", OPT_F32, c->per ? N : 1);
+    t[FM_SEENA] = seen_tensor("amax_seen_a", c->both && !c->per);
+    t[FM_SEENB] = seen_tensor("amax_seen_b", c->both && !c->per);
     t[FM_QA] = opt_scratch("a_fp8", OPT_ACT, M * K); // bytes enough for M*K codes on any backend
     t[FM_QB] = opt_scratch("b_fp8", OPT_ACT, N * K);
+    t[FM_QA2] = opt_scratch("a_fp8_other", OPT_ACT, c->both ? M * K : 0);
+    t[FM_QB2] = opt_scratch("b_fp8_other", OPT_ACT, c->both ? N * K : 0);
     t[FM_OUT] = opt_output("out", c->grad_out ? OPT_GRAD : OPT_ACT, M * N, c->accum);
+    // a weight gradient in f32 on the GPU is a sum of products in another order than the CPU's: not exact, so
+    // not the row's f32 threshold (0: the amaxes and inverse scales are); a parameter gradient's
+    if (c->grad_out)
+        t[FM_OUT].nmse = OPT_NMSE_F32G;
+    t[FM_PREACT] = opt_output("pre", OPT_ACT, c->gelu ? M * N : 0, 0);
     return FM_COUNT;
 }
 
-// amax and cast of one operand, (rows, K) as the GEMM reads it, stored transposed when tr
-static void cast_operand(const struct opt_args *x, const void *src, float *amax, uint8_t *q, int rows, int K,
-                         int tr, enum kiln_fp8_fmt fmt) {
+// amax and cast of one operand, (rows, K) as the GEMM reads it, stored transposed when tr; with both, the
+// cast writes the stored layout's codes too (into q2) and records the amax it saw into seen
+static void cast_operand(const struct opt_args *x, const void *src, float *amax, float *sinv, float *seen,
+                         uint8_t *q, uint8_t *q2, int rows, int K, int tr, enum kiln_fp8_fmt fmt) {
     enum kiln_fp8_per per = !x->c->per ? KILN_FP8_TENSOR : tr ? KILN_FP8_COLS : KILN_FP8_ROWS;
     struct kiln_amax_args am = {.amax = amax, .x = src, .rows = tr ? K : rows, .cols = tr ? rows : K, .per = per};
     x->be->ops->amax(x->be->ctx, &am);
-    struct kiln_fp8_cast_args ca = {
-        .out = q, .x = src, .amax = amax, .rows = am.rows, .cols = am.cols, .transpose = tr, .fmt = fmt, .per = per};
+    struct kiln_fp8_cast_args ca = {.out = tr ? q2 : q,
+                                    .out_t = tr ? q : q2,
+                                    .x = src,
+                                    .amax = amax,
+                                    .scale_inv = sinv,
+                                    .amax_seen = seen,
+                                    .rows = am.rows,
+                                    .cols = am.cols,
+                                    .fmt = fmt,
+                                    .per = per};
     x->be->ops->fp8_cast(x->be->ctx, &ca);
 }
 
 static void fp8mm_fwd(const struct opt_args *x) {
     const struct opt_case *c = x->c;
-    cast_operand(x, x->t[FM_A], x->t[FM_AMAXA], x->t[FM_QA], c->N, c->IC, c->ta, c->fmt_a);
-    cast_operand(x, x->t[FM_B], x->t[FM_AMAXB], x->t[FM_QB], c->OC, c->IC, c->tb, c->fmt_b);
+    cast_operand(x, x->t[FM_A], x->t[FM_AMAXA], x->t[FM_SINVA], x->t[FM_SEENA], x->t[FM_QA], x->t[FM_QA2],
+                 c->N, c->IC, c->ta, c->fmt_a);
+    cast_operand(x, x->t[FM_B], x->t[FM_AMAXB], x->t[FM_SINVB], x->t[FM_SEENB], x->t[FM_QB], x->t[FM_QB2],
+                 c->OC, c->IC, c->tb, c->fmt_b);
     struct kiln_fp8_matmul_args a = {.out = x->t[FM_OUT],
+                                     .pre = x->t[FM_PREACT],
                                      .a = x->t[FM_QA],
                                      .b = x->t[FM_QB],
                                      .a_fmt = c->fmt_a,
                                      .b_fmt = c->fmt_b,
-                                     .a_amax = x->t[FM_AMAXA],
-                                     .b_amax = x->t[FM_AMAXB],
+                                     .a_scale_inv = x->t[FM_SINVA],
+                                     .b_scale_inv = x->t[FM_SINVB],
                                      .a_rowwise = c->per,
                                      .b_rowwise = c->per,
                                      .bias = x->t[FM_BIAS],
@@ -173,11 +227,24 @@ static double *quantize_d(const double *src, int rows, int K, int tr, int rowwis
     return q;
 }
 
+static double gelu_d(double x) {
+    double k = sqrt(2.0 / M_PI);
+    return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+}
+
 static void fp8mm_ref(const struct opt_case *c, double *const *v) {
     int M = c->N, K = c->IC, N = c->OC;
     double *ia = malloc(sizeof(double) * M), *ib = malloc(sizeof(double) * N);
     double *qa = quantize_d(v[FM_A], M, K, c->ta, c->per, c->fmt_a, v[FM_AMAXA], ia);
     double *qb = quantize_d(v[FM_B], N, K, c->tb, c->per, c->fmt_b, v[FM_AMAXB], ib);
+    for (int i = 0; i < (c->per ? M : 1); i++)
+        v[FM_SINVA][i] = ia[i];
+    for (int i = 0; i < (c->per ? N : 1); i++)
+        v[FM_SINVB][i] = ib[i];
+    if (c->both && !c->per) {
+        v[FM_SEENA][0] = v[FM_AMAXA][0] > v[FM_SEENA][0] ? v[FM_AMAXA][0] : v[FM_SEENA][0];
+        v[FM_SEENB][0] = v[FM_AMAXB][0] > v[FM_SEENB][0] ? v[FM_AMAXB][0] : v[FM_SEENB][0];
+    }
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             double s = 0;
@@ -189,7 +256,12 @@ static void fp8mm_ref(const struct opt_case *c, double *const *v) {
             if (c->dgelu)
                 s *= gelu_grad_d(v[FM_PRE][(size_t)m * N + n]);
             double *o = &v[FM_OUT][(size_t)m * N + n];
-            *o = c->accum ? *o + s : s;
+            if (c->gelu) {
+                v[FM_PREACT][(size_t)m * N + n] = s;
+                *o = gelu_d(s);
+            } else {
+                *o = c->accum ? *o + s : s;
+            }
         }
     free(qa);
     free(qb);
@@ -201,8 +273,9 @@ static double fp8mm_flops(const struct opt_case *c, int backward) {
     return 2.0 * c->N * c->IC * c->OC;
 }
 
-// the model's three GEMMs of a linear layer: forward (e4m3 x e4m3, bias), dinp (e5m2 dout x e4m3 W^T, the
-// weight stored (OC, IC) = (K, N): tb; DGELU), dweight (e5m2 dout^T x e4m3 inp^T: ta and tb, grad out, +=)
+// the model's three GEMMs of a linear layer: forward (e4m3 x e4m3, bias, GELU), dinp (e5m2 dout x e4m3 W^T,
+// the weight stored (OC, IC) = (K, N): tb; DGELU), dweight (e5m2 dout^T x e4m3 inp^T: ta and tb, grad out,
+// +=); casts of both layouts at once (the weights' and the output gradient's)
 static const struct opt_case fp8mm_fd[] = {
     {.N = 5, .IC = 7, .OC = 9, .bias = 1},
     {.N = 6, .IC = 16, .OC = 8, .per = 1, .accum = 1},
@@ -210,6 +283,9 @@ static const struct opt_case fp8mm_fd[] = {
     {.N = 7, .IC = 6, .OC = 10, .fmt_a = KILN_FP8_E5M2, .tb = 1, .dgelu = 1, .per = 1},
     {.N = 3, .IC = 8, .OC = 4, .fmt_a = KILN_FP8_E5M2, .fmt_b = KILN_FP8_E5M2, .bias = 1},
     {.N = 64, .IC = 300, .OC = 40, .bias = 1, .per = 1}, // past a panel (KC), and threaded
+    {.N = 6, .IC = 5, .OC = 7, .bias = 1, .gelu = 1},
+    {.N = 5, .IC = 6, .OC = 4, .ta = 1, .both = 1, .accum = 1},
+    {.N = 4, .IC = 7, .OC = 6, .tb = 1, .both = 1, .per = 1},
 };
 static const struct opt_case fp8mm_gpu[] = {
     {.N = 256, .IC = 768, .OC = 2304, .bias = 1},
@@ -218,12 +294,18 @@ static const struct opt_case fp8mm_gpu[] = {
     {.N = 256, .IC = 3072, .OC = 768, .fmt_a = KILN_FP8_E5M2, .tb = 1, .dgelu = 1},
     {.N = 256, .IC = 768, .OC = 768, .fmt_a = KILN_FP8_E5M2, .tb = 1, .per = 1, .accum = 1},
     {.N = 4096, .IC = 768, .OC = 3072, .bias = 1},
+    {.N = 1024, .IC = 768, .OC = 3072, .bias = 1, .gelu = 1},
+    {.N = 512, .IC = 1024, .OC = 256, .fmt_a = KILN_FP8_E5M2, .ta = 1, .tb = 1, .grad_out = 1, .both = 1},
+    {.N = 512, .IC = 768, .OC = 1024, .tb = 1, .both = 1, .accum = 1},
+    {.N = 256, .IC = 3072, .OC = 768, .fmt_a = KILN_FP8_E5M2, .tb = 1, .dgelu = 1, .accum = 1},
+    {.N = 100, .IC = 72, .OC = 40, .bias = 1, .gelu = 1}, // not multiples of 16: the plain kernel
+    {.N = 200, .IC = 300, .OC = 130, .ta = 1, .both = 1}, // the casts' edges
 };
 const struct opt_row opt_row_fp8_matmul = {
     .name = "fp8_matmul",
     .ops = {OPT_OP(amax), OPT_OP(fp8_cast), OPT_OP(fp8_matmul)},
-    .about = "amax + fp8_cast (plain and transposing) + fp8_matmul: e4m3/e5m2, tensorwise and rowwise, bias, "
-             "+=, DGELU, grad out (no backward)",
+    .about = "amax + fp8_cast (plain, transposing, both) + fp8_matmul: e4m3/e5m2, tensorwise and rowwise, "
+             "bias, GELU, +=, DGELU, grad out (no backward)",
     .fd_cases = fp8mm_fd,
     .n_fd = OPT_COUNT(fp8mm_fd),
     .gpu_cases = fp8mm_gpu,

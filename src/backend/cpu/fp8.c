@@ -116,11 +116,24 @@ void kiln_cpu_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a) {
         for (int c = 0; c < C; c++) {
             float amax = a->amax[a->per == KILN_FP8_ROWS ? r : a->per == KILN_FP8_COLS ? c : 0];
             uint8_t q = kiln_fp8_encode(x[(size_t)r * ld + c] * kiln_fp8_scale(amax, a->fmt), a->fmt);
-            if (a->transpose)
-                a->out[(size_t)c * R + r] = q;
-            else
+            if (a->out)
                 a->out[(size_t)r * C + c] = q;
+            if (a->out_t)
+                a->out_t[(size_t)c * R + r] = q;
         }
+    if (a->scale_inv) {
+        int n = a->per == KILN_FP8_ROWS ? R : a->per == KILN_FP8_COLS ? C : 1;
+        for (int i = 0; i < n; i++)
+            a->scale_inv[i] = 1.0f / kiln_fp8_scale(a->amax[i], a->fmt);
+    }
+    if (a->amax_seen) {
+        KILN_ASSERT(a->per == KILN_FP8_TENSOR);
+        float m = a->amax_seen[0];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++)
+                m = amax_step(m, x[(size_t)r * ld + c]);
+        a->amax_seen[0] = m;
+    }
 }
 
 // ---- GEMM ---------------------------------------------------------------------------------------------
@@ -136,15 +149,6 @@ static float *decode_all(void *ctx, const uint8_t *q, size_t n, enum kiln_fp8_fm
     return out;
 }
 
-// 1/s of each row of an operand (or of all of them)
-static float *inverse_scales(void *ctx, const float *amax, int n, int rowwise, enum kiln_fp8_fmt fmt) {
-    float *inv = kiln_cpu_alloc(ctx, (size_t)(rowwise ? n : 1) * sizeof(float));
-    KILN_ASSERT(inv);
-    for (int i = 0; i < (rowwise ? n : 1); i++)
-        inv[i] = 1.0f / kiln_fp8_scale(amax[i], fmt);
-    return inv;
-}
-
 void kiln_cpu_fp8_matmul(void *ctx, const struct kiln_fp8_matmul_args *a) {
     int M = a->M, N = a->N, K = a->K, ldc = a->ldc ? a->ldc : a->N;
     int ldp = a->gelu_pre_stride ? a->gelu_pre_stride : a->N;
@@ -154,10 +158,11 @@ void kiln_cpu_fp8_matmul(void *ctx, const struct kiln_fp8_matmul_args *a) {
     struct kiln_cpu_gemm g = {
         .M = M, .N = N, .K = K, .A = A, .lda = K, .ta = 0, .B = B, .ldb = K, .tb = 1, .C = acc, .ldc = N};
     kiln_cpu_gemm(ctx, &g);
-    float *ia = inverse_scales(ctx, a->a_amax, M, a->a_rowwise, a->a_fmt);
-    float *ib = inverse_scales(ctx, a->b_amax, N, a->b_rowwise, a->b_fmt);
-    const float *bias = a->bias, *pre = a->gelu_pre;
-    float *out = a->out;
+    const float *ia = a->a_scale_inv, *ib = a->b_scale_inv;
+    const float *bias = a->bias, *gpre = a->gelu_pre;
+    KILN_ASSERT(!a->pre || (!a->accumulate && !gpre));
+    float *out = a->pre ? a->pre : a->out; // with the GELU: the pre-activation first, then its GELU
+    int ldo = a->pre ? N : ldc;
 #pragma omp parallel for num_threads(kiln_cpu_threads(ctx)) schedule(static) if (KILN_CPU_PAR((double)M * N))
     for (int m = 0; m < M; m++) {
         float sa = ia[a->a_rowwise ? m : 0];
@@ -165,14 +170,17 @@ void kiln_cpu_fp8_matmul(void *ctx, const struct kiln_fp8_matmul_args *a) {
             float v = acc[(size_t)m * N + n] * sa * ib[a->b_rowwise ? n : 0];
             if (bias)
                 v += bias[n];
-            if (pre)
-                v *= kiln_cpu_gelu_grad(pre[(size_t)m * ldp + n]);
-            float *o = &out[(size_t)m * ldc + n];
+            if (gpre)
+                v *= kiln_cpu_gelu_grad(gpre[(size_t)m * ldp + n]);
+            float *o = &out[(size_t)m * ldo + n];
             *o = a->accumulate ? *o + v : v;
         }
     }
-    kiln_cpu_free(ctx, ia);
-    kiln_cpu_free(ctx, ib);
+    if (a->pre) {
+        KILN_ASSERT(ldc == N);
+        struct kiln_gelu_args ga = {.out = a->out, .inp = a->pre, .N = M, .H = N};
+        kiln_cpu_gelu_forward(ctx, &ga);
+    }
     kiln_cpu_free(ctx, acc);
     kiln_cpu_free(ctx, A);
     kiln_cpu_free(ctx, B);

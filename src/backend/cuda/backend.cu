@@ -381,6 +381,7 @@ static void cuda_close(struct kiln_backend *b) {
     free(c->adam_spans_host);
     free(c->host_stage);
     kiln_cuda_matmul_cache_free(c);
+    kiln_cuda_fp8_cache_free(c);
     cudaFree(c->workspace);
     free(c->mem_blocks);
     if (c->lt)
@@ -535,6 +536,7 @@ extern "C" int kiln_cuda_set_kernel(void *ctx, const char *knob, const char *val
         // whether to time the candidates is decided when a GEMM configuration is first planned: plan anew
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         kiln_cuda_matmul_cache_free(c);
+        kiln_cuda_fp8_cache_free(c);
     }
     c->kernel[which] = index;
     return 0;

@@ -96,6 +96,9 @@ struct cuda_ctx {
     // cuBLASLt: descriptors and heuristic answers per GEMM configuration (matmul.cu), lt_cache_n entries
     void *lt_cache;
     int lt_cache_n, lt_cache_cap;
+    // and the FP8 GEMMs' (fp8.cu), fp8_cache_n entries
+    void *fp8_cache;
+    int fp8_cache_n, fp8_cache_cap;
     // host staging for dtype conversion
     void *host_stage;
     size_t host_stage_bytes;
@@ -177,6 +180,7 @@ void kiln_cuda_adamw(void *ctx, const struct kiln_adamw_args *a);
 void kiln_cuda_colsum_bf16(struct cuda_ctx *c, void *out, const bf16 *x, int N, int C, int assign);
 void kiln_cuda_add_f32(struct cuda_ctx *c, float *out, const float *x, int n); // out += x
 void kiln_cuda_matmul_cache_free(struct cuda_ctx *c); // matmul.cu: the cuBLASLt descriptor cache
+void kiln_cuda_fp8_cache_free(struct cuda_ctx *c);    // fp8.cu: the FP8 GEMMs' cache
 // FP8 (fp8.cu)
 void kiln_cuda_amax(void *ctx, const struct kiln_amax_args *a);
 void kiln_cuda_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a);

@@ -139,18 +139,37 @@ static void test_random_values_round_to_the_nearest_code(void **state) {
     }
 }
 
-// The cast op: scale, round, transpose; its codes are kiln_fp8_encode's of x * s
+// The cast op: scale, round, transpose (x's codes, x^T's, or both in one pass); its codes are
+// kiln_fp8_encode's of x * s, its inverse scales 1 / s in f32, and the amax it records the larger of the
+// tensor's and what the record held
 static void test_cast_scales_each_group_and_transposes(void **state) {
     int R = 5, C = 7;
-    float *x = frand((size_t)R * C, 3.0f), *amax = falloc(C);
-    uint8_t *q = g_be.ops->alloc(g_be.ctx, (size_t)R * C);
+    float *x = frand((size_t)R * C, 3.0f), *amax = falloc(C), *sinv = falloc(C), *seen = falloc(1);
+    uint8_t *q = g_be.ops->alloc(g_be.ctx, (size_t)R * C), *qt = g_be.ops->alloc(g_be.ctx, (size_t)R * C);
+    float x_amax = 0;
+    for (int i = 0; i < R * C; i++)
+        x_amax = fmaxf(x_amax, fabsf(x[i]));
     for (int per = 0; per < 3; per++)
-        for (int tr = 0; tr < 2; tr++) {
+        for (int layouts = 1; layouts < 4; layouts++) { // 1: x's codes, 2: x^T's, 3: both
             struct kiln_amax_args am = {.amax = amax, .x = x, .rows = R, .cols = C, .per = per};
             g_be.ops->amax(g_be.ctx, &am);
-            struct kiln_fp8_cast_args ca = {.out = q, .x = x, .amax = amax, .rows = R, .cols = C,
-                                            .transpose = tr, .fmt = KILN_FP8_E4M3, .per = per};
+            memset(q, 0xff, (size_t)R * C);
+            memset(qt, 0xff, (size_t)R * C);
+            float before = layouts == 3 ? x_amax * 2 : x_amax / 2; // the record stays, or takes the tensor's
+            seen[0] = before;
+            struct kiln_fp8_cast_args ca = {.out = layouts & 1 ? q : NULL,
+                                            .out_t = layouts & 2 ? qt : NULL,
+                                            .x = x,
+                                            .amax = amax,
+                                            .scale_inv = sinv,
+                                            .amax_seen = per == KILN_FP8_TENSOR ? seen : NULL,
+                                            .rows = R,
+                                            .cols = C,
+                                            .fmt = KILN_FP8_E4M3,
+                                            .per = per};
             g_be.ops->fp8_cast(g_be.ctx, &ca);
+            if (per == KILN_FP8_TENSOR)
+                assert_true(seen[0] == fmaxf(before, x_amax));
             for (int r = 0; r < R; r++)
                 for (int c = 0; c < C; c++) {
                     float want_amax = 0;
@@ -159,18 +178,24 @@ static void test_cast_scales_each_group_and_transposes(void **state) {
                         want_amax = fmaxf(want_amax, fabsf(v));
                     }
                     if (per == KILN_FP8_TENSOR)
-                        for (int i = 0; i < R * C; i++)
-                            want_amax = fmaxf(want_amax, fabsf(x[i]));
+                        want_amax = x_amax;
                     float s = 448.0f / want_amax;
-                    int got = q[tr ? c * R + r : r * C + c];
-                    assert_int_equal(got, kiln_fp8_encode(x[r * C + c] * s, KILN_FP8_E4M3));
+                    int g = per == KILN_FP8_ROWS ? r : per == KILN_FP8_COLS ? c : 0;
+                    assert_true(sinv[g] == 1.0f / s);
+                    int want = kiln_fp8_encode(x[r * C + c] * s, KILN_FP8_E4M3);
+                    // a layout not asked for is not written
+                    assert_int_equal(q[r * C + c], layouts & 1 ? want : 0xff);
+                    assert_int_equal(qt[c * R + r], layouts & 2 ? want : 0xff);
                     // the group's largest element lands on fmax itself
                     if (fabsf(x[r * C + c]) == want_amax)
-                        assert_int_equal(got & 0x7f, 0x7e);
+                        assert_int_equal(want & 0x7f, 0x7e);
                 }
         }
     ffree(q);
+    ffree(qt);
     ffree(amax);
+    ffree(sinv);
+    ffree(seen);
     ffree(x);
 }
 

@@ -240,6 +240,33 @@ static void test_every_op_of_the_table_is_a_row_or_has_no_numerics(void **state)
                      k, k > 0 && name[k - 1] ? name[k - 1] : "?");
 }
 
+// ---- every gradient the GPU program compares has a threshold
+// ----------------------------------------------- A tensor of the grad dtype is a sum that a GPU forms in
+// another order than the CPU: never bit for bit the same, so no GPU case may compare one at threshold 0 (the
+// f32 kinds' default where a row's exact outputs, amaxes and scales, set it to 0), with f32 or bf16
+// gradients.
+static void test_every_gradient_the_gpu_compares_has_a_threshold(void **state) {
+    for (int g = 0; g < 2; g++) {
+        struct kiln_backend gpu = {.act_dtype = KILN_BF16, .grad_dtype = g ? KILN_BF16 : KILN_F32};
+        for (int r = 0; r < opt_n_rows; r++)
+            for (int k = 0; k < opt_rows[r]->n_gpu; k++) {
+                struct opt_inst in;
+                memset(&in, 0, sizeof(in));
+                in.row = opt_rows[r];
+                in.c = opt_rows[r]->gpu_cases[k];
+                in.nt = in.row->tensors(&in.c, in.t);
+                for (int i = 0; i < in.nt; i++) {
+                    const struct opt_tensor *t = &in.t[i];
+                    if (t->n && t->dtype == OPT_GRAD && t->role != OPT_IN && t->role != OPT_DOUT &&
+                        t->role != OPT_SCRATCH && !(opt_nmse_tol(&in, i, &gpu) > 0))
+                        fail_msg("row %s, GPU case %d: %s (grad dtype, %s gradients) is compared at "
+                                 "threshold 0",
+                                 in.row->name, k, t->name, g ? "bf16" : "f32");
+                }
+            }
+    }
+}
+
 // be's ops table with only the row's ops and those without numerics left in it
 static void restrict_to_row(const struct opt_row *row, const struct kiln_backend *be, struct kiln_ops *ops,
                             struct kiln_backend *out) {
@@ -310,6 +337,7 @@ int main(void) {
     static char names[64][96];
     int n = 0;
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_every_op_of_the_table_is_a_row_or_has_no_numerics);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_every_gradient_the_gpu_compares_has_a_threshold);
     for (int r = 0; r < opt_n_rows && n < 64; r++) {
         if (!opt_row_selected(opt_rows[r]))
             continue;
