@@ -40,4 +40,7 @@ a_all=$(acts)
 # layouts that cannot be made
 expect_error 2 "heads 64 split 3 ways" -- info --preset=llama-70b --tp=3 --world=3
 expect_error 2 "world of 12 ranks is not a multiple" -- info --preset=llama-70b --tp=8 --world=12
+expect_error 2 "mlp-hidden 66 split 4 ways" -- info --preset=shakespeare-char --mlp-hidden=66 --tp=4 --world=4
+expect_error 2 "padded vocabulary 66 split 4 ways" -- info --preset=shakespeare-char --vocab-multiple=66 --tp=4 --world=4
+expect_error 2 "qk-norm with heads split" -- info --preset=shakespeare-char --qk-norm=1 --tp=2 --world=2
 finish
