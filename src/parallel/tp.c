@@ -194,8 +194,9 @@ static void *slot(const struct kiln_tp *t, int i) {
     return i < t->lo.tp ? act_at(t, t->gath, n * i) : act_at(t, t->part, n * (i - t->lo.tp));
 }
 
-// Slots each of a ring's buffers takes turns in: two (one the GEMM reads or writes, one in flight), one where
-// the ring has a single transfer (tp 2)
+// Slots that the chunks a ring sends take turns in: two (one in flight while the GEMM reads or writes the
+// other), one where the ring has a single transfer (tp 2). What a ring receives needs one slot: it is read
+// before the next transfer is issued.
 static int turns(const struct kiln_tp *t) {
     return t->lo.tp > 2 ? 2 : 1;
 }
@@ -266,7 +267,7 @@ static void row_forward_ring(struct kiln_tp *t, int l, enum kiln_linear k, const
         if (got)
             t->be->ops->add(t->be->ctx, q.out, q.out, got, Nr * OC);
         if (!own) {
-            got = slot(t, g + s % g);
+            got = slot(t, g);
             w = ring_pass(t, q.out, got, OC);
         }
     }
@@ -302,7 +303,7 @@ static void column_backward_ring(struct kiln_tp *t, int l, enum kiln_linear k,
             kiln_comm_wait_stream(t->comm, wd);
             if (got)
                 t->be->ops->add(t->be->ctx, q.dinp, q.dinp, got, Nr * IC);
-            got = slot(t, 2 * g + (s - 1) % g);
+            got = slot(t, 2 * g);
             wd = ring_pass(t, q.dinp, got, IC);
         }
         held = next;
