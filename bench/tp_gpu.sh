@@ -4,10 +4,13 @@
 # KILN_PART (default "tests correct perf"):
 #   tests    test_op_table_gpu's rows of the vocabulary-parallel loss and the embedding's vocabulary slice
 #   correct  a Llama-shaped model (GQA 8/2, RoPE, RMSNorm, SwiGLU) with deterministic kernels, 12 steps: one
-#            GPU against --tp=2, --tp=NG (key/value head copies where NG > 2), and --tp=2 x ZeRO-1 over the rest;
-#            the loss at every step (bf16: the sums' order differs, so within 2%)
+#            GPU against --tp=2, --tp=NG (key/value head copies where NG > 2; the overlapped ring, the default,
+#            and --tp-overlap=off), and --tp=2 x ZeRO-1 over the rest; the loss at every step (bf16: the sums'
+#            order differs, so within 2%)
 #   perf     KILN_TP_MODEL (llama-8b) at T=KILN_TP_T (8192), B=1 a data-parallel rank: ZeRO-3 over all GPUs,
-#            --tp=NG, and --tp=2 x ZeRO-3 over NG/2; tok/s a GPU, MFU and peak memory
+#            --tp=NG (its collectives overlapped around a ring, the default), --tp=NG --tp-overlap=off (the
+#            synchronous order), and --tp=2 x ZeRO-3 over NG/2; tok/s a GPU, MFU and peak memory, and the
+#            ring's speed-up over the synchronous order
 # KILN_DEADLINE (seconds, default 560): runs that would end later are skipped and say so.
 set -u
 cd "$(dirname "$0")/.."
@@ -46,7 +49,7 @@ if has correct; then
     --seq=256 --block-size=256 --batch=4 --max-steps=12 --eval-every=0 --quiet --log-every=1 --device=cuda
     --deterministic=1 --schedule=constant --warmup=0 --lr=1e-3 --checkpoint=0 --data=random)
   timeout -k 10 120 "$K" train "${a[@]}" --out=/tmp/tp1 >"$OUT/tp1.log" 2>&1
-  runs=("2:--tp=2" "$NG:--tp=$NG")
+  runs=("2:--tp=2" "$NG:--tp=$NG" "$NG:--tp=$NG --tp-overlap=off")
   [ "$NG" -ge 4 ] && runs+=("$NG:--tp=2 --zero=1 --total-batch=$((4 * 256 * NG / 2))")
   for r in "${runs[@]}"; do
     n=${r%%:*}
@@ -88,7 +91,8 @@ PY
 if has perf; then
   m=${KILN_TP_MODEL:-llama-8b}
   T=${KILN_TP_T:-8192}
-  for flags in "--zero=3" "--tp=$NG" "--tp=2 --zero=3"; do
+  declare -A tokof
+  for flags in "--zero=3" "--tp=$NG" "--tp=$NG --tp-overlap=off" "--tp=2 --zero=3"; do
     intime 90 "$m $flags" || continue
     rm -rf /tmp/tpperf
     # shellcheck disable=SC2086 # (flags: words)
@@ -97,11 +101,16 @@ if has perf; then
       --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/tpperf >>"$OUT/perf.log" 2>&1
     rc=$?
     read -r ms tok gib mfu < <(kstats /tmp/tpperf/metrics.jsonl)
+    [ $rc -eq 0 ] && tokof[$flags]=$tok
     took=$(grep -o 'recompute=auto: [a-z]*' "$OUT/perf.log" | tail -1)
     echo "| $m T=$T $flags, $NG GPUs ${took:+($took)} | exit $rc: $(python3 -c "print(round($tok / $NG))" 2>/dev/null) tok/s per GPU, MFU $mfu%, $gib GiB, $ms ms/step |" |
       tee -a "$OUT/table.md"
     [ $rc -ne 0 ] && grep -v '^\s' "$OUT/perf.log" | tail -2
   done
+  ring=${tokof[--tp=$NG]:-} off=${tokof[--tp=$NG --tp-overlap=off]:-}
+  [ -n "$ring" ] && [ -n "$off" ] &&
+    echo "| $m T=$T --tp=$NG: the ring (--tp-overlap=ring) against the synchronous order (off) | $(python3 -c "print(f'{$ring / $off:.3f}x')") |" |
+    tee -a "$OUT/table.md"
 fi
 echo
 cat "$OUT/table.md"

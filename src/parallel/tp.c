@@ -24,10 +24,15 @@ int kiln_tp_plan(int tp, int seq, int world, int rank, const struct kiln_model_c
         return 0;
     out->split =
         (struct kiln_model_split){.heads = tp, .kv_heads = tp, .hidden = tp, .vocab = tp, .seq = seq ? tp : 1};
+    kiln_tp_plan_overlap(out, KILN_TP_OVERLAP_RING);
     struct kiln_error e = {0};
     if (kiln_model_split_check(m, &out->split, &e))
         return kiln_errorf(err, KILN_ERR_USAGE, "--tp=%d (option): %s", tp, e.msg);
     return 0;
+}
+
+void kiln_tp_plan_overlap(struct kiln_tp_layout *lo, enum kiln_tp_overlap overlap) {
+    lo->overlap = kiln_split_parts(lo->split.seq) > 1 ? overlap : KILN_TP_OVERLAP_OFF;
 }
 
 // ---- the gradient norm's weights -------------------------------------------------------------------------
@@ -114,8 +119,9 @@ struct kiln_tp {
     void *ev; // a compute-stream event (NULL on the CPU)
     // Megatron's sequence parallelism (split.seq): the step's N token rows, this rank's Nr of them, and two
     // act (N, C) buffers: an input gathered from every rank's rows, and a partial output before its
-    // reduce-scatter; the LM head's gathered targets and losses (N each)
-    int seq;
+    // reduce-scatter; the LM head's gathered targets and losses (N each). Under --tp-overlap=ring (ring set)
+    // the two buffers are 2 tp chunk slots of (Nr, C) for the ring's transfers and partial sums (slot()).
+    int seq, ring;
     size_t N, Nr, C;
     void *gath, *part;
     int32_t *tgt;
@@ -179,6 +185,162 @@ static int column_parallel(enum kiln_linear k) {
     return k == KILN_LINEAR_QKV || k == KILN_LINEAR_MLP_IN || k == KILN_LINEAR_FUSED_IN;
 }
 
+// ---- --tp-overlap=ring: the sequence split's collectives folded into the GEMMs, a chunk at a time (tp.h) --
+
+// Chunk slot i (Nr, C) of the 2 tp that the two sequence buffers hold
+static void *slot(const struct kiln_tp *t, int i) {
+    KILN_ASSERT(i >= 0 && i < 2 * t->lo.tp);
+    size_t n = t->Nr * t->C;
+    return i < t->lo.tp ? act_at(t, t->gath, n * i) : act_at(t, t->part, n * (i - t->lo.tp));
+}
+
+// Slots that the chunks a ring sends take turns in: two (one in flight while the GEMM reads or writes the
+// other), one where the ring has a single transfer (tp 2). What a ring receives needs one slot: it is read
+// before the next transfer is issued.
+static int turns(const struct kiln_tp *t) {
+    return t->lo.tp > 2 ? 2 : 1;
+}
+
+// The first row of the chunk a ring serves at step s: rank me + s's rows
+static size_t chunk_row(const struct kiln_tp *t, int s) {
+    return (size_t)((t->lo.tp_rank + s) % t->lo.tp) * t->Nr;
+}
+
+// One step around the ring: send (Nr, w) to rank me - 1 while (Nr, w) arrives from rank me + 1, once the
+// compute stream has done all it was given so far (what send holds, and the last read of recv)
+static struct kiln_comm_work *ring_pass(struct kiln_tp *t, const void *send, void *recv, size_t w) {
+    int n = t->lo.tp, me = t->lo.tp_rank;
+    struct kiln_coll k = {.op = KILN_COLL_SEND_RECV,
+                          .send = send,
+                          .recv = recv,
+                          .count = t->Nr * w,
+                          .dtype = t->be->act_dtype,
+                          .peer = (me + n - 1) % n,
+                          .src = (me + 1) % n,
+                          .device = t->be->device_memory};
+    return kiln_comm_submit(t->comm, &k, after_compute(t));
+}
+
+// Column-parallel forward: out's rows of rank me + s from its input rows, which step s - 1's transfer
+// brought, while step s's brings rank me + s + 1's into the other gather slot (the all-gather, under the
+// GEMMs)
+static void column_forward_ring(struct kiln_tp *t, int l, enum kiln_linear k,
+                                const struct kiln_matmul_args *a) {
+    int n = t->lo.tp, g = turns(t);
+    size_t IC = (size_t)a->IC, OC = (size_t)a->OC;
+    const void *held = a->inp; // (Nr, IC) input rows of rank me + s
+    struct kiln_comm_work *w = NULL;
+    for (int s = 0; s < n; s++) {
+        kiln_comm_wait_stream(t->comm, w); // (the rows held now)
+        void *next = slot(t, s % g);
+        w = s + 1 < n ? ring_pass(t, held, next, IC) : NULL;
+        size_t r0 = chunk_row(t, s);
+        struct kiln_matmul_args p = *a;
+        p.inp = held;
+        p.N = (int)t->Nr;
+        p.out = act_at(t, a->out, r0 * OC);
+        p.pre = a->pre ? act_at(t, a->pre, r0 * OC) : NULL;
+        kiln_model_linear_forward_with(&t->next, t->be, l, k, &p);
+        held = next;
+    }
+}
+
+// Row-parallel forward (p: the layer with the bias on rank 0 alone): at step s the partial output of rank
+// me + s + 1's rows, plus the partial sum for them received at step s - 1, goes on to rank me - 1; the last
+// step's rows are this rank's own, written into out (=, or += with accumulate), and the other ranks' sum
+// arrives to be added (the reduce-scatter, under the GEMMs)
+static void row_forward_ring(struct kiln_tp *t, int l, enum kiln_linear k, const struct kiln_matmul_args *a,
+                             const struct kiln_matmul_args *p) {
+    int n = t->lo.tp, g = turns(t);
+    size_t IC = (size_t)a->IC, OC = (size_t)a->OC, Nr = t->Nr;
+    struct kiln_comm_work *w = NULL;
+    void *got = NULL; // (Nr, OC) the partial sum received at the previous step
+    for (int s = 0; s < n; s++) {
+        int own = s == n - 1;
+        struct kiln_matmul_args q = *p;
+        q.inp = act_at(t, a->inp, chunk_row(t, s + 1) * IC);
+        q.N = (int)Nr;
+        q.out = own ? a->out : slot(t, s % g);
+        q.accumulate = own ? a->accumulate : 0;
+        kiln_model_linear_forward_with(&t->next, t->be, l, k, &q);
+        kiln_comm_wait_stream(t->comm, w);
+        if (got)
+            t->be->ops->add(t->be->ctx, q.out, q.out, got, Nr * OC);
+        if (!own) {
+            got = slot(t, g);
+            w = ring_pass(t, q.out, got, OC);
+        }
+    }
+}
+
+// Column-parallel backward (p: the layer as the caller wants its gradients): at step s the rows of rank
+// me + s give dW (assigned on the first step as the caller asked, added after) from the input rows gathered
+// around the ring, and a part of dL/dinput for those rows: this rank's own into dinp at step 0; from step 1,
+// rank me + s's, plus the sum received for them, sent on to rank me - 1; the other ranks' sum of this rank's
+// rows arrives after the last step and is added to dinp
+static void column_backward_ring(struct kiln_tp *t, int l, enum kiln_linear k,
+                                 const struct kiln_matmul_back_args *p) {
+    int n = t->lo.tp, g = turns(t);
+    size_t IC = (size_t)p->IC, OC = (size_t)p->OC, Nr = t->Nr;
+    const void *held = p->inp; // (Nr, IC) input rows of rank me + s
+    void *got = NULL;          // (Nr, IC) the partial dL/dinput received at the previous step
+    struct kiln_comm_work *wi = NULL, *wd = NULL; // the input's transfer, dL/dinput's
+    for (int s = 0; s < n; s++) {
+        kiln_comm_wait_stream(t->comm, wi);
+        void *next = slot(t, s % g);
+        wi = s + 1 < n ? ring_pass(t, held, next, IC) : NULL;
+        struct kiln_matmul_back_args q = *p;
+        q.inp = held;
+        q.dout = act_at(t, p->dout, chunk_row(t, s) * OC);
+        q.N = (int)Nr;
+        q.grad_assign = p->grad_assign && s == 0;
+        if (p->dinp && s > 0) {
+            q.dinp = slot(t, g + (s - 1) % g);
+            q.dinp_accumulate = 0;
+        }
+        kiln_model_linear_backward_with(&t->next, t->be, l, k, &q);
+        if (p->dinp && s > 0) {
+            kiln_comm_wait_stream(t->comm, wd);
+            if (got)
+                t->be->ops->add(t->be->ctx, q.dinp, q.dinp, got, Nr * IC);
+            got = slot(t, 2 * g);
+            wd = ring_pass(t, q.dinp, got, IC);
+        }
+        held = next;
+    }
+    if (p->dinp) {
+        kiln_comm_wait_stream(t->comm, wd);
+        t->be->ops->add(t->be->ctx, p->dinp, p->dinp, got, Nr * IC);
+    }
+}
+
+// Row-parallel backward: at step s the rows of rank me + s, their dL/doutput brought by step s - 1's
+// transfer, give their rows of dL/dinput and a chunk of dW (assigned on the first step as the caller asked)
+static void row_backward_ring(struct kiln_tp *t, int l, enum kiln_linear k,
+                              const struct kiln_matmul_back_args *a) {
+    int n = t->lo.tp, g = turns(t);
+    size_t IC = (size_t)a->IC, OC = (size_t)a->OC;
+    size_t ldi = a->dinp_stride ? (size_t)a->dinp_stride : IC;
+    size_t ldp = a->gelu_pre_stride ? (size_t)a->gelu_pre_stride : IC;
+    const void *held = a->dout; // (Nr, OC) dL/doutput of rank me + s's rows
+    struct kiln_comm_work *w = NULL;
+    for (int s = 0; s < n; s++) {
+        kiln_comm_wait_stream(t->comm, w);
+        void *next = slot(t, s % g);
+        w = s + 1 < n ? ring_pass(t, held, next, OC) : NULL;
+        size_t r0 = chunk_row(t, s);
+        struct kiln_matmul_back_args q = *a;
+        q.dout = held;
+        q.inp = act_at(t, a->inp, r0 * IC);
+        q.dinp = a->dinp ? act_at(t, a->dinp, r0 * ldi) : NULL;
+        q.dinp_gelu_pre = a->dinp_gelu_pre ? act_at(t, a->dinp_gelu_pre, r0 * ldp) : NULL;
+        q.N = (int)t->Nr;
+        q.grad_assign = a->grad_assign && s == 0;
+        kiln_model_linear_backward_with(&t->next, t->be, l, k, &q);
+        held = next;
+    }
+}
+
 static void tp_forward(void *user, int l, enum kiln_linear k, const struct kiln_matmul_args *a) {
     struct kiln_tp *t = user;
     if (k == KILN_LINEAR_HEAD) { // the vocabulary hook's own local GEMM
@@ -189,6 +351,10 @@ static void tp_forward(void *user, int l, enum kiln_linear k, const struct kiln_
     if (column_parallel(k)) { // under a sequence split, on the rows of every rank
         if (t->seq) {
             KILN_ASSERT((size_t)a->N == t->N && (size_t)a->IC <= t->C);
+            if (t->ring) {
+                column_forward_ring(t, l, k, a);
+                return;
+            }
             gather_rows(t, a->inp, t->Nr, (size_t)a->IC);
             p.inp = t->gath;
         }
@@ -203,6 +369,10 @@ static void tp_forward(void *user, int l, enum kiln_linear k, const struct kiln_
         p.bias = NULL;
     if (t->seq) {
         KILN_ASSERT((size_t)a->N == t->N && (size_t)a->OC <= t->C);
+        if (t->ring) {
+            row_forward_ring(t, l, k, a, &p);
+            return;
+        }
         p.out = t->part;
         p.accumulate = 0;
         kiln_model_linear_forward_with(&t->next, t->be, l, k, &p);
@@ -229,16 +399,20 @@ static void grad_add(struct kiln_tp *t, void *dst, const void *src, size_t n, in
 }
 
 // c_attn's backward where the key/value heads are copies: this micro-step's weight gradient goes to scratch,
-// its k and v rows are summed over the copies' sharers, and the result accumulates as the model asked
+// its k and v rows are summed over the copies' sharers, and the result accumulates as the model asked.
+// The GEMMs run as p says, or (ring) around the ring from the model's args p.
 static void qkv_backward_shared(struct kiln_tp *t, int l, const struct kiln_matmul_back_args *a,
-                                const struct kiln_matmul_back_args *p) {
+                                const struct kiln_matmul_back_args *p, int ring) {
     struct kiln_matmul_back_args s = *p;
     size_t nw = (size_t)a->OC * a->IC, q = (size_t)(t->m->n_head / t->lo.tp) * kiln_model_head_size(t->m);
     KILN_ASSERT(nw <= t->kv_dw_n && (!a->dbias || (size_t)a->OC <= t->kv_db_n));
     s.dweight = t->kv_dw;
     s.dbias = a->dbias ? t->kv_db : NULL;
     s.grad_assign = 1;
-    kiln_model_linear_backward_with(&t->next, t->be, l, KILN_LINEAR_QKV, &s);
+    if (ring)
+        column_backward_ring(t, l, KILN_LINEAR_QKV, &s);
+    else
+        kiln_model_linear_backward_with(&t->next, t->be, l, KILN_LINEAR_QKV, &s);
     size_t gb = kiln_dtype_bytes(t->be->grad_dtype);
     reduce(t, t->kv, (char *)t->kv_dw + q * a->IC * gb, nw - q * a->IC, t->be->grad_dtype, KILN_RED_SUM);
     grad_add(t, a->dweight, t->kv_dw, nw, a->grad_assign);
@@ -252,6 +426,23 @@ static void tp_backward(void *user, int l, enum kiln_linear k, const struct kiln
     struct kiln_tp *t = user;
     struct kiln_matmul_back_args p = *a;
     int sum_dinp = column_parallel(k) && a->dinp;
+    if (t->ring && k != KILN_LINEAR_HEAD) { // each collective chunk by chunk under the GEMMs
+        KILN_ASSERT((size_t)a->N == t->N);
+        if (!column_parallel(k)) {
+            KILN_ASSERT((size_t)a->OC <= t->C);
+            row_backward_ring(t, l, k, a);
+        } else {
+            KILN_ASSERT((size_t)a->IC <= t->C && !a->dinp_gelu_pre &&
+                        (!a->dinp_stride || a->dinp_stride == a->IC));
+            if (t->kv && (k == KILN_LINEAR_QKV || k == KILN_LINEAR_FUSED_IN) && a->dweight) {
+                KILN_ASSERT(k == KILN_LINEAR_QKV); // (as below)
+                qkv_backward_shared(t, l, a, a, 1);
+            } else {
+                column_backward_ring(t, l, k, a);
+            }
+        }
+        return;
+    }
     if (t->seq && k != KILN_LINEAR_HEAD) {
         KILN_ASSERT((size_t)a->N == t->N);
         if (column_parallel(k)) { // the input as the forward saw it, and dL/dinput reduce-scattered below
@@ -273,7 +464,7 @@ static void tp_backward(void *user, int l, enum kiln_linear k, const struct kiln
     }
     if (t->kv && (k == KILN_LINEAR_QKV || k == KILN_LINEAR_FUSED_IN) && a->dweight) {
         KILN_ASSERT(k == KILN_LINEAR_QKV); // a parallel block's fused GEMM takes no key/value copies (tp_create)
-        qkv_backward_shared(t, l, a, &p);
+        qkv_backward_shared(t, l, a, &p, 0);
     } else {
         kiln_model_linear_backward_with(&t->next, t->be, l, k, &p);
     }
@@ -450,6 +641,7 @@ int kiln_tp_create(struct kiln_tp **out, const struct kiln_tp_layout *lo, struct
     int buffers_ok = t->stats && (!t->kv || (t->kv_dw && t->kv_db));
     if (lo->split.seq > 1) {
         t->seq = 1;
+        t->ring = lo->overlap == KILN_TP_OVERLAP_RING;
         t->N = (size_t)B * T;
         t->Nr = t->N / (size_t)lo->tp;
         t->C = (size_t)m->n_embd;

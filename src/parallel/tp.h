@@ -19,6 +19,29 @@
 //   key/value heads fewer than tp: each rank holds a copy of the one its query heads read; the copies'
 //     gradients are summed over the ranks that share the head, every micro-step, before they accumulate.
 // Norms and biases of the row-parallel layers are whole on every rank and see the same gradients there.
+//
+// Under Megatron's sequence parallelism (--tp-sp) the residual stream holds this rank's Nr = N / tp token
+// rows, and the collectives at the edges of the tensor-parallel region run one of two ways (--tp-overlap):
+//   off   the synchronous order: an all-gather of the input rows, then one GEMM on all N rows (column-
+//         parallel); one GEMM, then a reduce-scatter of its partial output (row-parallel); the compute
+//         stream waits for each collective right after issuing it;
+//   ring  the collective folded into the GEMM chunk by chunk (a "collective matmul", torchtitan's async TP):
+//         tp steps around the group's ring, each a GEMM on one rank's Nr rows while a send/receive with the
+//         neighbours (send to rank me - 1, receive from rank me + 1) moves the next chunk on the comm stream;
+//         the compute stream waits for a transfer only right before the GEMM that reads what it brought.
+//           column-parallel forward: at step s the input rows of rank me + s (its own first, then each
+//             received in turn into one of two buffers), their output rows written in place;
+//           row-parallel forward: at step s the partial output of rank me + s + 1's rows, plus the partial
+//             sum received for them, is sent on; after tp - 1 steps the rank's own rows' GEMM (into out,
+//             the bias on rank 0) adds the sum of every other rank's;
+//           column-parallel backward: the input re-gathered around the ring for dW (accumulated chunk by
+//             chunk, assigned on the first), and dL/dinput reduce-scattered around it: the own rows' part
+//             first, into dinp, then rank me + s's part plus the sum received, sent on, and the other
+//             ranks' sum added at the end (the one transfer not under a GEMM);
+//           row-parallel backward: dL/doutput gathered around the ring, the dinp GEMM and dW per chunk.
+//         The sums run in another order than the reduce-scatter's (within the tests' 1e-5), and the chunks
+//         live in the two sequence buffers, so the ring takes no memory of its own. The LM head and the
+//         embedding stay synchronous.
 #ifndef KILN_PARALLEL_TP_H
 #define KILN_PARALLEL_TP_H
 
@@ -29,19 +52,26 @@
 #include "model/params.h"
 #include "util/error.h"
 
+// --tp-overlap: how the sequence split's all-gathers and reduce-scatters meet the GEMMs (above)
+enum kiln_tp_overlap { KILN_TP_OVERLAP_OFF = 0, KILN_TP_OVERLAP_RING = 1 };
+
 struct kiln_tp_layout {
     int tp, tp_rank;         // the group's size, and this rank's place in it
     int cross, cross_rank;   // world / tp, and this rank's index among the ranks of its tp_rank
     struct kiln_model_split split; // what this rank holds (model/config.h)
+    enum kiln_tp_overlap overlap;  // OFF without a sequence split
 };
 
 // Plans the layout of rank `rank` of `world` for --tp=tp and model m: tp divides the world, the heads, the
 // MLP's width and the padded vocabulary, and the model can be split (a usage error naming the option
 // otherwise). tp <= 1 is no tensor parallelism (tp = 1, the whole model).
 // seq: Megatron's sequence parallelism inside the group (--tp-sp): the residual stream's rows split tp ways
-// too (split.seq), all-gathers before column-parallel layers and reduce-scatters after row-parallel ones.
+// too (split.seq), all-gathers before column-parallel layers and reduce-scatters after row-parallel ones,
+// overlapped with the GEMMs around a ring (overlap RING, the default; kiln_tp_plan_overlap changes it).
 int kiln_tp_plan(int tp, int seq, int world, int rank, const struct kiln_model_config *m,
                  struct kiln_tp_layout *out, struct kiln_error *err);
+// --tp-overlap: how the layout's sequence split meets the GEMMs (kept OFF without one)
+void kiln_tp_plan_overlap(struct kiln_tp_layout *lo, enum kiln_tp_overlap overlap);
 
 // A weight for each element of the rank's flat parameter buffer that the group's ranks hold more than one
 // copy of: the gradient norm counts each copy 1 / copies (replicated norms and biases: 1 / tp; key/value head

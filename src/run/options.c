@@ -123,6 +123,11 @@ static const struct opt OPTS[] = {
      "with --tp: Megatron's sequence parallelism inside the group: the norms and the residual stream hold "
      "1/tp of the token rows, with an all-gather before each column-parallel layer and a reduce-scatter after "
      "each row-parallel one, instead of all-reduces (0: every rank holds every row)"},
+    {"tp-overlap", OPT_ENUM, OFF(tp_overlap), 0, 0, "off ring",
+     "with --tp and --tp-sp: ring runs each all-gather and reduce-scatter chunk by chunk around the group, "
+     "each chunk's transfer under the GEMM of another chunk (async TP, a collective matmul); off issues each "
+     "collective whole and waits for it before the GEMM (the synchronous order, for an A/B). The LM head and "
+     "the embedding stay synchronous"},
     {"sp", OPT_INT, OFF(sp), 1, 65536, NULL,
      "sequence parallelism: ranks that split each sequence (world = sp x data-parallel ranks)"},
     {"sp-mode", OPT_ENUM, OFF(sp_mode), 0, 0, "ulysses ring hybrid auto",
@@ -338,6 +343,7 @@ static void config_defaults(struct kiln_config *c) {
     c->sp = 1;
     c->tp = 1;
     c->tp_sp = 1;
+    c->tp_overlap = 1; // ring
     c->save_model = 1;
     c->hang_timeout = 600;
     c->world = 1;

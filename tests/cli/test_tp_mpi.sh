@@ -2,8 +2,11 @@
 # Tensor parallelism on the CPU under mpirun (label mpi): --tp=2 and --tp=4 follow the single-process run
 # (loss, gradient norm and validation loss at every step of 12, and the whole model it writes) for GPT-2's
 # block, Llama's (RMSNorm, SwiGLU, RoPE, GQA, with fewer key/value heads than ranks too), the parallel block;
-# with Megatron's sequence parallelism inside the group (the default) and without it (--tp-sp=0); tp x dp
-# under every ZeRO level; tp x sp; bad combinations fail with one line.
+# with Megatron's sequence parallelism inside the group (the default) and without it (--tp-sp=0), its
+# collectives overlapped around a ring (--tp-overlap=ring, the default) and in the synchronous order (off),
+# the ring with collectives that complete late too (a GEMM that read a chunk before it arrived would show);
+# tp x dp under every ZeRO level; tp x sp; checkpoints across degrees and overlaps; bad combinations fail
+# with one line.
 source "$(dirname "$0")/lib.sh" tp_mpi "$@"
 if ! command -v mpirun >/dev/null; then
   echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
@@ -40,6 +43,8 @@ PY
 }
 
 # check NAME NP MODEL-ARGS -- PARALLEL-ARGS: the single-process run against NP ranks with PARALLEL-ARGS
+# (mpirun gets the words of $mpi_env too, as -x VAR=VALUE)
+mpi_env=()
 check() {
   local name=$1 np=$2
   shift 2
@@ -52,7 +57,7 @@ check() {
       bad "$name: single-process run failed: $(tail -2 "$T/err")"
   fi
   echo "$name ($np ranks: $*)"
-  "${MPI[@]}" -np "$np" "$KILN" train "${args[@]}" "${extra[@]}" "$@" --out="$T/$name" 2>"$T/err" ||
+  "${MPI[@]}" "${mpi_env[@]}" -np "$np" "$KILN" train "${args[@]}" "${extra[@]}" "$@" --out="$T/$name" 2>"$T/err" ||
     { bad "$name failed: $(tail -3 "$T/err")"; return; }
   same_steps "$single" "$T/$name" 1e-5 && same_run "$single" "$T/$name" 1e-5 && ok ||
     bad "$name left the single-process run"
@@ -67,6 +72,20 @@ check tp2_llama 2 "${llama[@]}" -- --tp=2
 check tp4_llama_kvcopy 4 "${llama[@]}" -- --tp=4
 check tp2_mqa 2 --pos=rope --kv-heads=1 -- --tp=2
 check tp2_parallel 2 --block=parallel -- --tp=2
+check tp4_parallel 4 --block=parallel -- --tp=4
+# the sequence split's collectives named: the ring (the default above), and the synchronous order
+check tp2_gpt_ring 2 "${gpt[@]}" -- --tp=2 --tp-overlap=ring
+check tp2_gpt_off 2 "${gpt[@]}" -- --tp=2 --tp-overlap=off
+check tp4_gpt_off 4 "${gpt[@]}" -- --tp=4 --tp-overlap=off
+check tp4_llama_kvcopy_off 4 "${llama[@]}" -- --tp=4 --tp-overlap=off
+check tp2_parallel_off 2 --block=parallel -- --tp=2 --tp-overlap=off
+# every transfer of the ring completing late (the MPI worker sleeps before each): a GEMM that read a chunk
+# before its transfer was awaited, or a buffer refilled while a transfer still read it, gives other sums
+mpi_env=(-x KILN_COMM_DELAY_US=3000)
+check tp4_llama_ring_late 4 "${llama[@]}" -- --tp=4 --tp-overlap=ring
+check tp4_gpt_ring_late 4 "${gpt[@]}" -- --tp=4 --tp-overlap=ring
+check tp2_parallel_ring_late 2 --block=parallel -- --tp=2 --tp-overlap=ring
+mpi_env=()
 # every rank holding every row: all-reduces instead of all-gathers and reduce-scatters
 check tp2_gpt_nosp 2 "${gpt[@]}" -- --tp=2 --tp-sp=0
 check tp4_llama_kvcopy_nosp 4 "${llama[@]}" -- --tp=4 --tp-sp=0
@@ -77,8 +96,10 @@ check tp2_dp2_zero1_nosp 4 "${llama[@]}" --total-batch=128 -- --tp=2 --zero=1 --
 for z in 0 1 2 3; do
   check tp2_dp2_zero$z 4 "${llama[@]}" --total-batch=128 -- --tp=2 --zero=$z
 done
+check tp2_dp2_zero3_off 4 "${llama[@]}" --total-batch=128 -- --tp=2 --zero=3 --tp-overlap=off
 check tp2_sp2 4 "${gpt[@]}" -- --tp=2 --sp=2
 check tp2_sp2_ring 4 "${llama[@]}" -- --tp=2 --sp=2 --sp-mode=ring
+check tp2_sp2_off 4 "${gpt[@]}" -- --tp=2 --sp=2 --tp-overlap=off
 
 # checkpoints reshard across tensor-parallel degrees: 6 steps under one layout, 6 more under another, against
 # 12 steps of one process (metrics of every step, and the final weights); a constant learning rate, so that
@@ -110,6 +131,9 @@ resume_check ck_tp2_to_1 2 --tp=2 -- 1
 resume_check ck_1_to_tp2 1 -- 2 --tp=2 --tp-sp=0
 resume_check ck_tp4_to_tp2dp2 4 --tp=4 -- 4 --tp=2 --zero=1
 resume_check ck_tp2dp2z3_to_tp4 4 --tp=2 --zero=3 -- 4 --tp=4
+# the overlap is no part of a checkpoint's layout: one written under either resumes under the other
+resume_check ck_tp4off_to_tp2ring 4 --tp=4 --tp-overlap=off -- 2 --tp=2 --tp-overlap=ring
+resume_check ck_tp4ring_to_tp4off 4 --tp=4 --tp-overlap=ring -- 4 --tp=4 --tp-overlap=off
 
 # one line for what cannot be split or laid out
 mpi_error() { # mpi_error NP PATTERN ARGS...: every rank exits non-zero; rank 0's one error line has PATTERN
