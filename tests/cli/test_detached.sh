@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# bench/detached.sh, which runs a training step longer than a device command (1M tokens on one GPU) in a
-# process session of its own (which the device tool leaves running between commands): wait reports a run
-# still going (3) and one that ended (0, its exit status kept), stop ends the whole session (which only a
-# session leader's group kill does: the children too), and bad input is one line, exit 2.
+# bench/detached.sh, which runs a training step longer than one remote command may last (1M tokens on one GPU)
+# in a process group of its own, which outlives the shell that started it: wait reports a run still going
+# (3) and one that ended (0, its exit status kept), stop ends the whole group (its leader's group kill: the
+# children too), and bad input is one line, exit 2.
 source "$(dirname "$0")/lib.sh" detached "$@"
 cd "$(dirname "$0")/../.."
 D=(env KILN_DETACHED_DIR="$T/d" OUT="$T")
@@ -14,7 +14,7 @@ bash -c "$(printf '%q ' "${D[@]}") bash bench/detached.sh start r1 -- bash -c 'e
 "${D[@]}" bash bench/detached.sh wait r1 30 >"$T/w1" 2>&1
 [ $? -eq 0 ] && grep -q "ended, exit 7" "$T/w1" && grep -q two "$T/r1.log" && ok ||
   bad "wait for the run's end: $(cat "$T/w1"); log: $(cat "$T/r1.log" 2>/dev/null)"
-# stop ends the session, child processes included
+# stop ends the process group, child processes included
 "${D[@]}" bash bench/detached.sh start r2 -- bash -c 'sleep 300 & sleep 301; wait' >/dev/null 2>&1
 sleep 1
 "${D[@]}" bash bench/detached.sh stop r2 >/dev/null 2>&1
