@@ -15,11 +15,14 @@ bash -c "$(printf '%q ' "${D[@]}") bash bench/detached.sh start r1 -- bash -c 'e
 [ $? -eq 0 ] && grep -q "ended, exit 7" "$T/w1" && grep -q two "$T/r1.log" && ok ||
   bad "wait for the run's end: $(cat "$T/w1"); log: $(cat "$T/r1.log" 2>/dev/null)"
 # stop ends the process group, child processes included
-"${D[@]}" bash bench/detached.sh start r2 -- bash -c 'sleep 300 & sleep 301; wait' >/dev/null 2>&1
+# (durations of this run's own, so that another run's sleeps on the machine are not taken for these)
+s1=$((100000 + RANDOM)) s2=$((200000 + RANDOM))
+"${D[@]}" bash bench/detached.sh start r2 -- bash -c "sleep $s1 & sleep $s2; wait" >/dev/null 2>&1
 sleep 1
+pgrep -f "sleep ($s1|$s2)" >/dev/null && ok || bad "the run to stop did not start its processes"
 "${D[@]}" bash bench/detached.sh stop r2 >/dev/null 2>&1
 sleep 1
-pgrep -f "sleep 30[01]" >/dev/null && bad "stop left the run's processes" || ok
+pgrep -f "sleep ($s1|$s2)" >/dev/null && bad "stop left the run's processes" || ok
 # a second start of a running name is refused; bad names, verbs and seconds are one line, exit 2
 "${D[@]}" bash bench/detached.sh start r3 -- sleep 5 >/dev/null 2>&1
 "${D[@]}" bash bench/detached.sh start r3 -- sleep 5 >"$T/e" 2>&1
