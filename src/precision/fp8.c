@@ -51,6 +51,8 @@ struct kiln_fp8 {
     float *hist; // (n_slots, history)
     float *cur;  // (n_slots)
     float *use;  // (n_slots)
+    void (*reduce)(void *user, float *amax, size_t n); // kiln_fp8_set_amax_reduce (NULL: one rank)
+    void *reduce_user;
     int pos, filled;
 };
 
@@ -358,15 +360,26 @@ int kiln_fp8_apply(struct kiln_fp8 **out, struct kiln_model *g, const struct kil
     return 0;
 }
 
+void kiln_fp8_set_amax_reduce(struct kiln_fp8 *f, void (*reduce)(void *user, float *amax, size_t n),
+                              void *user) {
+    if (!f)
+        return;
+    f->reduce = reduce;
+    f->reduce_user = user;
+}
+
 void kiln_fp8_after_step(struct kiln_fp8 *f) {
     if (!f)
         return;
     f->step++; // the weights changed: their FP8 copies are stale
     if (f->o.recipe != KILN_FP8_DELAYED)
         return;
-    // on the backend's stream, no wait: the step's amaxes into the ring's column pos, then the next step's
+    // on the backend's stream, no wait: the step's amaxes (the largest over the ranks) into the ring's column
+    // pos, then the next step's
     const struct kiln_backend *be = f->be;
     size_t H = (size_t)f->o.history;
+    if (f->reduce)
+        f->reduce(f->reduce_user, f->cur, (size_t)f->n_slots);
     be->ops->copy_2d(be->ctx, f->hist + f->pos, H * sizeof(float), f->cur, sizeof(float), sizeof(float),
                      (size_t)f->n_slots);
     be->ops->zero(be->ctx, f->cur, (size_t)f->n_slots * sizeof(float));

@@ -46,6 +46,12 @@ int kiln_fp8_apply(struct kiln_fp8 **out, struct kiln_model *g, const struct kil
                    const struct kiln_fp8_opts *o, int n_layer, struct kiln_error *err);
 // After each optimizer step (skipped ones too): delayed scaling's histories take the step's amaxes.
 void kiln_fp8_after_step(struct kiln_fp8 *f);
+// Several ranks: before the step's amaxes join the histories, reduce(user, amax, n) takes their largest over
+// every rank (in place, n floats of backend memory), so that every rank scales each operand alike: data
+// parallelism's ranks see other tokens, tensor parallelism's other parts of a weight (Transformer Engine
+// reduces its amaxes so). It is called from kiln_fp8_after_step, on every rank at the same point.
+void kiln_fp8_set_amax_reduce(struct kiln_fp8 *f, void (*reduce)(void *user, float *amax, size_t n),
+                              void *user);
 // The recipe's state for a checkpoint (state.json's "precision"): the delayed histories, bit for bit. NULL
 // where the recipe has none. The caller owns it.
 cJSON *kiln_fp8_state_to_json(const struct kiln_fp8 *f);

@@ -863,12 +863,6 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
                            "fp8-history %d with recipe %s (--fp8-history): only delayed scaling keeps a "
                            "history; add --fp8-recipe=delayed or drop it",
                            c->fp8_history, c->fp8_recipe ? "rowwise" : "tensorwise");
-    if (c->precision && c->fp8_recipe == 2 && c->world > 1)
-        return kiln_errorf(err, KILN_ERR_USAGE,
-                           "fp8-recipe delayed with %d ranks (--fp8-recipe): the amax histories are not yet "
-                           "reduced across ranks, so the ranks' scales would differ; use "
-                           "--fp8-recipe=tensorwise or rowwise",
-                           c->world);
     if ((c->offload & KILN_OFFLOAD_OPTIMIZER) && c->stochastic_rounding)
         return kiln_errorf(
             err, KILN_ERR_USAGE,

@@ -699,6 +699,21 @@ static void auto_offload_hint(const struct run *r, const struct kiln_config *cfg
                 kiln_recompute_name(rc), planned / 1073741824.0);
 }
 
+// FP8's delayed scaling: the step's amaxes, the largest over every rank (in place, backend memory)
+static void fp8_amax_max(void *user, float *amax, size_t n) {
+    struct kiln_comm *c = user;
+    if (c->be) // the step's casts wrote them on the compute stream
+        c->be->ops->synchronize(c->be->ctx);
+    struct kiln_coll k = {.op = KILN_COLL_ALL_REDUCE,
+                          .send = amax,
+                          .recv = amax,
+                          .count = n,
+                          .dtype = KILN_F32,
+                          .red = KILN_RED_MAX,
+                          .device = c->be ? c->be->device_memory : 0};
+    kiln_comm_wait(c, kiln_comm_submit(c, &k, NULL));
+}
+
 // The master weights' initial values, into the optimizer's state and with them the compute copy (data
 // parallelism's part of them: ZeRO-3 scatters them to the shards). An offloaded DDP's whole host master is
 // filled in place: a second copy of an 8B model's weights would not fit the host.
@@ -877,6 +892,8 @@ static int run_setup(struct run *r, struct kiln_error *err) {
                                    .history = cfg->fp8_history};
         if ((rc = kiln_fp8_apply(&r->fp8, r->g, &r->be, &fo, cfg->model.n_layer, err)))
             return rc;
+        if (r->comm && r->comm->size > 1) // delayed scaling: every rank's amaxes, the largest
+            kiln_fp8_set_amax_reduce(r->fp8, fp8_amax_max, r->comm);
     }
     struct kiln_model_buffers mb;
     kiln_model_buffers(r->g, &mb);
