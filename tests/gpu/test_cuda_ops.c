@@ -261,8 +261,8 @@ static void test_embedding_matches_cpu(void **state) {
         pair_randn(&wte, 1.0f);
         pair_randn(&wpe, 1.0f);
         pair_poison(&out);
-        struct kiln_embed_args a_c = {out.c, tok.c, hti, wte.c, learned ? wpe.c : NULL, B, T, C, NULL, 0};
-        struct kiln_embed_args a_g = {out.g, tok.g, hti, wte.g, learned ? wpe.g : NULL, B, T, C, NULL, 0};
+        struct kiln_embed_args a_c = {out.c, tok.c, hti, wte.c, learned ? wpe.c : NULL, B, T, C, NULL, 0, 0, 0};
+        struct kiln_embed_args a_g = {out.g, tok.g, hti, wte.g, learned ? wpe.g : NULL, B, T, C, NULL, 0, 0, 0};
         RUN(e, embed_forward, &a);
         check(e, "embed_forward", sh, "out", &out, TOL_BF16);
 
@@ -272,9 +272,9 @@ static void test_embedding_matches_cpu(void **state) {
         pair_randn(&out, 1.0f); // reuse as dout
         for (int with_host = 1; with_host >= 0; with_host--) {
             struct kiln_embed_back_args b_c = {
-                dwte.c, learned ? dwpe.c : NULL, out.c, tok.c, hti, B, T, C, NULL, 0};
+                dwte.c, learned ? dwpe.c : NULL, out.c, tok.c, hti, B, T, C, NULL, 0, 0, 0};
             struct kiln_embed_back_args b_g = {
-                dwte.g, learned ? dwpe.g : NULL, out.g, tok.g, with_host ? hti : NULL, B, T, C, NULL, 0};
+                dwte.g, learned ? dwpe.g : NULL, out.g, tok.g, with_host ? hti : NULL, B, T, C, NULL, 0, 0, 0};
             RUN(e, embed_backward, &b);
         }
         check(e, "embed_backward", sh, "dwte", &dwte, TOL_F32G);
@@ -329,7 +329,9 @@ static void test_embedding_with_split_positions_matches_cpu(void **state) {
                                       T,
                                       C,
                                       two ? pair_at(&wpe, 0, (size_t)hi * C) : NULL,
-                                      split};
+                                      split,
+                                      0,
+                                      0};
         struct kiln_embed_args a_g = {out.g,
                                       tok.g,
                                       hti,
@@ -339,7 +341,9 @@ static void test_embedding_with_split_positions_matches_cpu(void **state) {
                                       T,
                                       C,
                                       two ? pair_at(&wpe, 1, (size_t)hi * C) : NULL,
-                                      split};
+                                      split,
+                                      0,
+                                      0};
         RUN(e, embed_forward, &a);
         check(e, "embed_forward", sh, "out", &out, TOL_BF16);
 
@@ -357,7 +361,9 @@ static void test_embedding_with_split_positions_matches_cpu(void **state) {
                                            T,
                                            C,
                                            two ? pair_at(&dwpe, 0, (size_t)hi * C) : NULL,
-                                           split};
+                                           split,
+                                           0,
+                                           0};
         struct kiln_embed_back_args b_g = {dwte.g,
                                            pair_at(&dwpe, 1, (size_t)lo * C),
                                            out.g,
@@ -367,7 +373,9 @@ static void test_embedding_with_split_positions_matches_cpu(void **state) {
                                            T,
                                            C,
                                            two ? pair_at(&dwpe, 1, (size_t)hi * C) : NULL,
-                                           split};
+                                           split,
+                                           0,
+                                           0};
         RUN(e, embed_backward, &b);
         check(e, "embed_backward", sh, "dwte", &dwte, TOL_F32G);
         check(e, "embed_backward", sh, "dwpe", &dwpe, TOL_F32G);
@@ -1587,9 +1595,9 @@ static void test_bf16_gradients_of_embedding_backward_match_cpu(void **state) {
         pair_fill(&dwpe, 0.0f);
         for (int pass = 0; pass < 2; pass++) {
             struct kiln_embed_back_args b_c = {
-                dwte.c, learned ? dwpe.c : NULL, dout.c, tok.c, hti, B, T, C, NULL, 0};
+                dwte.c, learned ? dwpe.c : NULL, dout.c, tok.c, hti, B, T, C, NULL, 0, 0, 0};
             struct kiln_embed_back_args b_g = {
-                dwte.g, learned ? dwpe.g : NULL, dout.g, tok.g, hti, B, T, C, NULL, 0};
+                dwte.g, learned ? dwpe.g : NULL, dout.g, tok.g, hti, B, T, C, NULL, 0, 0, 0};
             RUN_ON(e, g, embed_backward, &b);
         }
         check(e, "embed_backward", sh, "dwte", &dwte, TOL_BF16G);
@@ -1818,7 +1826,7 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
     same = 1;
     for (int run = 0; run < 2; run++) {
         g->ops->zero(g->ctx, dwte.g, (size_t)Vp * C * 4);
-        struct kiln_embed_back_args eb = {dwte.g, NULL, inp.g, tok.g, hti, B, T, C, NULL, 0};
+        struct kiln_embed_back_args eb = {dwte.g, NULL, inp.g, tok.g, hti, B, T, C, NULL, 0, 0, 0};
         g->ops->embed_backward(g->ctx, &eb);
         if (run == 0)
             g->ops->download(g->ctx, snap, dwte.g, (size_t)Vp * C * 4);
