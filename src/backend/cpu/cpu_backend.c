@@ -11,15 +11,20 @@
 
 // ---- OpenMP waiting ----------------------------------------------------------------------------------
 // Between parallel regions libgomp's idle threads spin (300,000 polls by default) before they sleep. A CPU
-// training step runs thousands of short regions, so kiln's threads spin nearly all the time; where other
+// training step runs hundreds of short regions, so kiln's threads spin nearly all the time; where other
 // programs are busy they hold the cores those need and wait on each other: 10 steps of the default model
-// took 3-15x longer beside two busy processes (docs/cpu_threads.md). Passive waiting (threads sleep at once)
-// costs the demo model 15-30% on a quiet machine, and is kiln's default: the smaller worst case. libgomp
-// reads OMP_WAIT_POLICY once, as it is loaded, before main and before this program's own constructors
-// (setting it later changes nothing, and no omp_set_* call sets it), so the program sets it and starts itself
-// again: same process, arguments and open files, before anything else has run. A user's own OMP_WAIT_POLICY
-// or GOMP_SPINCOUNT is kept; so is the process as it is where the restart cannot happen.
-__attribute__((constructor)) static void cpu_wait_passive(int argc, char **argv, char **envp) {
+// took 3-15x longer beside two busy processes (docs/cpu_threads.md). Sleeping at once (passive waiting) costs
+// a sleeping thread's wake-up at every region, about 100 us on a virtual machine: the demo model ran 15% slower
+// on a quiet machine. A short spin, 1,000 polls (tens of microseconds) before sleeping, catches the next region
+// while it is close and sleeps through everything longer: as fast as spinning when the machine is quiet, and
+// as passive waiting when it is busy. libgomp reads GOMP_SPINCOUNT once, as it is loaded, before main and
+// before this program's own constructors (setting it later changes nothing, and no omp_set_* call sets it),
+// so the program sets it and starts itself again: same process, arguments and open files, before anything
+// else has run. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept; so is the process as it is where the
+// restart cannot happen.
+#define KILN_CPU_SPINCOUNT "1000"
+
+__attribute__((constructor)) static void cpu_wait_short(int argc, char **argv, char **envp) {
     (void)envp;
     if (argc < 1 || !argv || getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
         return;
@@ -28,10 +33,10 @@ __attribute__((constructor)) static void cpu_wait_passive(int argc, char **argv,
     if (n <= 0)
         return;
     exe[n] = 0;
-    if (setenv("OMP_WAIT_POLICY", "passive", 0))
+    if (setenv("GOMP_SPINCOUNT", KILN_CPU_SPINCOUNT, 0))
         return;
     execv(exe, argv);
-    unsetenv("OMP_WAIT_POLICY"); // no restart (the file went away, say): this process spins as before
+    unsetenv("GOMP_SPINCOUNT"); // no restart (the file went away, say): this process spins as before
 }
 
 // On the CPU all memory is host memory: plain malloc.
