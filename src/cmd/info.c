@@ -36,6 +36,17 @@ static void print_plan(const char *label, const struct kiln_mem_plan *p, int tok
 }
 
 // Data parallelism's share of rank 0's memory (the ranks' differ by an element a bucket at most): what the
+// Why the data-parallel level and the gradients' dtype are what they are (docs/distributed.md, Strategies).
+static void print_dp_choice(const struct kiln_config *cfg, int zero_auto) {
+    if (zero_auto)
+        printf("data parallelism: zero %d (auto: ZeRO-1 over %d data-parallel ranks moves 6 bytes a parameter "
+               "where DDP's all-reduce moves 8, and keeps 1/%d of the AdamW state; --zero=0 for DDP)\n",
+               cfg->zero, kiln_config_dp(cfg), kiln_config_dp(cfg));
+    if (cfg->reduce_dtype != KILN_GRAD_BF16)
+        printf("gradients between ranks: fp32 (--reduce-dtype=bf16 is faster on GPUs, 96.4%% of one H100's "
+               "speed a GPU against 92.8%% for ZeRO-1 on 4, but rounds every partial sum to bf16)\n");
+}
+
 // model holds under --zero/--offload, and what dp.c adds. The sharded state is what falls as 1/N.
 static void print_rank_plan(const char *label, const struct kiln_config *cfg, const struct kiln_knobs *knobs,
                             const struct kiln_param_table *pt, int world, const struct kiln_sp_layout *sp,
@@ -312,7 +323,8 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
     if (take_world(&argc, argv, &world, &err) || take_lengths(&argc, argv, lengths, 32, &n_lengths, &err) ||
         kiln_config_parse(&cfg, argc, argv, &err))
         return kiln_error_print(&err);
-    cfg.world = world;
+    int zero_auto = cfg.zero < 0;
+    kiln_config_resolve(&cfg, world);
     // the vocabulary size comes from the tokenizer
     if (!strcmp(cfg.tokenizer, "char")) {
         size_t n;
@@ -427,6 +439,8 @@ int cmd_info(int argc, char **argv, const struct kiln_knobs *knobs) {
         struct kiln_rank_plan rp;
         kiln_rank_plan(&cfg, knobs, &pt, world, &sp, cfg.recompute, KILN_BF16, grad, 0, &rp);
         on_gpu = rp.total;
+        if (kiln_config_dp(&cfg) > 1)
+            print_dp_choice(&cfg, zero_auto);
     }
     print_fit(on_gpu, knobs);
     if (strategies)

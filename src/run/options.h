@@ -73,7 +73,8 @@ struct kiln_config {
 
     // many processes (docs/distributed.md)
     char comm[16];     // auto, nccl, mpi, single: the transport (parallel/comm/comm.h)
-    int zero;          // 0 DDP, 1 optimizer state sharded, 2 gradients too, 3 parameters too (ZeRO-1/2/3)
+    int zero;          // 0 DDP, 1 optimizer state sharded, 2 gradients too, 3 parameters too (ZeRO-1/2/3);
+                       // -1 auto until kiln_config_resolve
     int prefetch;      // ZeRO-3: layers gathered ahead of the computing one (1 or 2)
     int zero3_reshard; // ZeRO-3: a layer's gathered weights go after its forward (1), or stay to its
                        // backward (0)
@@ -141,6 +142,10 @@ int kiln_config_validate(const struct kiln_config *cfg, struct kiln_error *err);
 // accumulation. So the same --total-batch trains the same model on 1 or 8 ranks.
 // The data-parallel ranks: world / (tp x sp), the groups that read different sequences
 int kiln_config_dp(const struct kiln_config *c);
+// Sets the world size and what "auto" left to it: --zero=auto becomes 1 with several data-parallel ranks, else 0.
+void kiln_config_resolve(struct kiln_config *c, int world);
+// The ZeRO level c runs with: --zero, or what auto becomes at c's world size.
+int kiln_config_zero(const struct kiln_config *c);
 int kiln_config_micro_steps(const struct kiln_config *cfg);
 // The parameter-gradient dtype of a run on a mixed-precision backend (mixed = 1: bf16 activations, as the
 // GPU's) or on the fp32 reference (mixed = 0): KILN_BF16 when asked for, or for auto on a mixed backend with

@@ -22,7 +22,9 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
         pt = &part;
         world = world / tp > 0 ? world / tp : 1;
     }
-    struct kiln_dp_opts o = {.zero = cfg->zero,
+    // --zero=auto as kiln_config_resolve reads it: ZeRO-1 with several data-parallel ranks (world / sp here)
+    int dp = world / (sp && sp->sp > 1 ? sp->sp : 1), zero = cfg->zero >= 0 ? cfg->zero : dp > 1 ? 1 : 0;
+    struct kiln_dp_opts o = {.zero = zero,
                              .bucket_mb = cfg->bucket_mb,
                              .prefetch = cfg->prefetch,
                              .keep_gathered = !cfg->zero3_reshard,
@@ -38,7 +40,7 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
                                .split = split};
     kiln_model_tuning(&go, k);
     struct kiln_optim_state_opts so = {.total = pt->total}; // without data parallelism: every element, flat
-    if (world > 1 || cfg->zero || o.offload || tp > 1)
+    if (world > 1 || zero || o.offload || tp > 1)
         kiln_dp_plan_memory(pt, &o, world, 0, act, grad, kiln_config_micro_steps(cfg), &go, &so, &out->dp);
     kiln_model_plan(&cfg->model, &go, act, grad, alias, &out->model);
     struct kiln_optim_plan op;

@@ -779,7 +779,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
     int rc = kiln_dist_env_read(&r->env, NULL, err);
     if (rc)
         return rc;
-    cfg->world = r->env.world;
+    kiln_config_resolve(cfg, r->env.world);
     r->rank0 = r->env.rank == 0;
     // the ranks of a tensor- and sequence-parallel group read the same sequences: the loader partitions over
     // groups

@@ -43,7 +43,7 @@ for np in 2 3; do
   refused "$np" "$r" --dim=48 "rank $r has dim=48 where rank 0 has dim=32 (--dim): every rank must run the same config"
   refused "$np" "$r" --data=random "rank $r has data=random where rank 0 has data=(none) (--data): "
   refused "$np" "$r" --schedule=linear "rank $r has schedule=linear where rank 0 has schedule=cosine (--schedule): "
-  refused "$np" "$r" --zero=1 "rank $r has zero=1 where rank 0 has zero=0 (--zero): "
+  refused "$np" "$r" --zero=2 "rank $r has zero=2 where rank 0 has zero=1 (--zero): "
 done
 # with two ranks differing, the first is named
 refused 3 1 --bucket-mb=1 "rank 1 has bucket-mb=1 where rank 0 has bucket-mb=25 (--bucket-mb): "

@@ -70,20 +70,35 @@ static void flight_push(struct kiln_comm *c, struct kiln_comm_work *w, uint64_t 
     pthread_mutex_unlock(&f->mu);
 }
 
+// w's place in f's queue (under f->mu), or -1
+static int flight_find(const struct kiln_comm_flight *f, const struct kiln_comm_work *w) {
+    for (int i = 0; i < f->n; i++)
+        if (f->q[i].w == w)
+            return i;
+    return -1;
+}
+
 // w completed, and with it everything issued before it on c
 static void flight_complete(struct kiln_comm *c, const struct kiln_comm_work *w) {
     struct kiln_comm_flight *f = c->flight;
     pthread_mutex_lock(&f->mu);
-    int at = -1;
-    for (int i = 0; i < f->n && at < 0; i++)
-        if (f->q[i].w == w)
-            at = i;
+    int at = flight_find(f, w);
     for (int i = 0; i <= at; i++)
         kiln_flight_done(f->q[i].token);
     if (at >= 0) {
         memmove(f->q, f->q + at + 1, (size_t)(f->n - at - 1) * sizeof(*f->q));
         f->n -= at + 1;
     }
+    pthread_mutex_unlock(&f->mu);
+}
+
+// the host waits for w, and with it for everything issued before it on c
+static void flight_waiting(struct kiln_comm *c, const struct kiln_comm_work *w) {
+    struct kiln_comm_flight *f = c->flight;
+    pthread_mutex_lock(&f->mu);
+    int at = flight_find(f, w);
+    for (int i = 0; i <= at; i++)
+        kiln_flight_waiting(f->q[i].token);
     pthread_mutex_unlock(&f->mu);
 }
 
@@ -260,6 +275,7 @@ struct kiln_comm_work *kiln_comm_submit(struct kiln_comm *c, const struct kiln_c
 void kiln_comm_wait(struct kiln_comm *c, struct kiln_comm_work *w) {
     if (!w)
         return;
+    flight_waiting(c, w);
     double t0 = kiln_now_s();
     c->impl->wait(c->state, w);
     c->wait_s += kiln_now_s() - t0;
@@ -272,6 +288,7 @@ void kiln_comm_wait(struct kiln_comm *c, struct kiln_comm_work *w) {
 void kiln_comm_wait_stream(struct kiln_comm *c, struct kiln_comm_work *w) {
     if (!w)
         return;
+    flight_waiting(c, w);
     double t0 = kiln_now_s();
     c->impl->wait_stream(c->state, w);
     c->wait_s += kiln_now_s() - t0;

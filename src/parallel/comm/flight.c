@@ -18,6 +18,7 @@ struct slot {
     int comm, op, dtype, layer;
     double t_issue;
     _Atomic double t_done;
+    _Atomic double t_wait;
 };
 
 static struct slot ring[KILN_FLIGHT_SLOTS];
@@ -49,6 +50,7 @@ uint64_t kiln_flight_issue(int comm, uint64_t seq, int op, int dtype, uint64_t b
     s->layer = atomic_load_explicit(&cur_layer, memory_order_relaxed);
     s->t_issue = now;
     atomic_store_explicit(&s->t_done, 0.0, memory_order_relaxed);
+    atomic_store_explicit(&s->t_wait, 0.0, memory_order_relaxed);
     atomic_store_explicit(&s->gen, idx + 1, memory_order_release);
     atomic_store_explicit(&last_progress, now, memory_order_relaxed);
     return idx + 1;
@@ -62,6 +64,14 @@ void kiln_flight_done(uint64_t token) {
     if (atomic_load_explicit(&s->gen, memory_order_acquire) == token)
         atomic_store_explicit(&s->t_done, now, memory_order_relaxed);
     atomic_store_explicit(&last_progress, now, memory_order_relaxed);
+}
+
+void kiln_flight_waiting(uint64_t token) {
+    if (!token)
+        return;
+    struct slot *s = &ring[(token - 1) % KILN_FLIGHT_SLOTS];
+    if (atomic_load_explicit(&s->gen, memory_order_acquire) == token)
+        atomic_store_explicit(&s->t_wait, kiln_now_s(), memory_order_relaxed);
 }
 
 void kiln_flight_set_step(int64_t step) {
@@ -124,7 +134,8 @@ static int read_slot(size_t i, struct kiln_flight_rec *r) {
                                   .step = s->step,
                                   .layer = s->layer,
                                   .t_issue = s->t_issue,
-                                  .t_done = atomic_load_explicit(&s->t_done, memory_order_relaxed)};
+                                  .t_done = atomic_load_explicit(&s->t_done, memory_order_relaxed),
+                                  .t_wait = atomic_load_explicit(&s->t_wait, memory_order_relaxed)};
     atomic_thread_fence(memory_order_acquire);
     return atomic_load_explicit(&s->gen, memory_order_relaxed) == g;
 }
@@ -157,17 +168,19 @@ void kiln_flight_write_records(FILE *f, double now) {
     for (int i = 0; i < n_comms && i < MAX_COMMS; i++)
         fprintf(f, "%d %s %d %d\n", i, comms[i].name, comms[i].rank, comms[i].size);
     pthread_mutex_unlock(&comms_mu);
-    fprintf(f, "[records]\n# seq comm op dtype bytes step layer issued_ago_s done_ago_s\n");
+    fprintf(f, "[records]\n# seq comm op dtype bytes step layer issued_ago_s done_ago_s waited_ago_s\n");
     struct kiln_flight_rec *recs = malloc(KILN_FLIGHT_SLOTS * sizeof(*recs));
     int n = recs ? kiln_flight_snapshot(recs, KILN_FLIGHT_SLOTS) : 0;
     for (int i = 0; i < n; i++) {
         const struct kiln_flight_rec *r = &recs[i];
-        char done[32] = "-";
+        char done[32] = "-", waited[32] = "-";
         if (r->t_done > 0)
             snprintf(done, sizeof(done), "%.3f", now - r->t_done);
-        fprintf(f, "%llu %d %s %s %llu %lld %d %.3f %s\n", (unsigned long long)r->seq, r->comm,
+        if (r->t_wait > 0)
+            snprintf(waited, sizeof(waited), "%.3f", now - r->t_wait);
+        fprintf(f, "%llu %d %s %s %llu %lld %d %.3f %s %s\n", (unsigned long long)r->seq, r->comm,
                 kiln_flight_op_name(r->op), kiln_dtype_name((enum kiln_dtype)r->dtype),
-                (unsigned long long)r->bytes, (long long)r->step, r->layer, now - r->t_issue, done);
+                (unsigned long long)r->bytes, (long long)r->step, r->layer, now - r->t_issue, done, waited);
     }
     free(recs);
 }
@@ -226,13 +239,15 @@ static void header_field(struct kiln_hang_dump *d, const char *k, const char *v)
 }
 
 static int parse_record(struct kiln_hang_dump *d, const char *line) {
-    char op[32], dt[16], done[32];
+    char op[32], dt[16], done[32], waited[32] = "-";
     unsigned long long seq, bytes;
     long long step;
     int comm, layer;
     double issued;
-    if (sscanf(line, "%llu %d %31s %15s %llu %lld %d %lf %31s", &seq, &comm, op, dt, &bytes, &step, &layer,
-               &issued, done) != 9)
+    // waited_ago_s, the last field, is absent from the dumps of earlier versions
+    int got = sscanf(line, "%llu %d %31s %15s %llu %lld %d %lf %31s %31s", &seq, &comm, op, dt, &bytes, &step,
+                     &layer, &issued, done, waited);
+    if (got != 9 && got != 10)
         return -1;
     int o = kiln_flight_op_from_name(op), t = kiln_flight_dtype_from_name(dt);
     if (o < 0 || t < 0)
@@ -246,7 +261,8 @@ static int parse_record(struct kiln_hang_dump *d, const char *line) {
                                   .step = step,
                                   .layer = layer,
                                   .t_issue = d->mono_now - issued,
-                                  .t_done = strcmp(done, "-") ? d->mono_now - strtod(done, NULL) : 0};
+                                  .t_done = strcmp(done, "-") ? d->mono_now - strtod(done, NULL) : 0,
+                                  .t_wait = strcmp(waited, "-") ? d->mono_now - strtod(waited, NULL) : 0};
     return 0;
 }
 
@@ -377,16 +393,31 @@ static void rank_list(char *out, size_t cap, const struct kiln_hang_dump *d, con
             len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", d[i].rank);
 }
 
-// Where a rank that never entered a collective was: its step and layer, what it last waited in, its stack.
+// The oldest unfinished operation that the host had begun to wait for, or NULL.
+static const struct kiln_flight_rec *oldest_waited(const struct kiln_hang_dump *d) {
+    const struct kiln_flight_rec *p = NULL;
+    for (int i = 0; i < d->n_recs; i++)
+        if (d->recs[i].t_done == 0 && d->recs[i].t_wait > 0 && (!p || d->recs[i].t_issue < p->t_issue))
+            p = &d->recs[i];
+    return p;
+}
+
+// Where a rank that never entered a collective was: its step and layer, what it waited in, its stack. An
+// operation issued and left running (ZeRO's gathers of the updated weights, waited for by the next forward)
+// is named as such: the rank is not blocked in it.
 static void where_rank(FILE *out, const struct kiln_hang_dump *d) {
-    const struct kiln_flight_rec *p = oldest_pending(d);
+    const struct kiln_flight_rec *w = oldest_waited(d), *p = oldest_pending(d);
     fprintf(out, "  rank %d (pid %d on %s): step %lld, layer %d, ", d->rank, d->pid, d->host,
             (long long)d->step, d->layer);
-    if (p) {
-        char what[200];
+    char what[200];
+    if (w) {
+        describe_rec(what, sizeof(what), w);
+        fprintf(out, "waiting in collective #%llu on communicator %d (%s), ", (unsigned long long)w->seq,
+                w->comm, what);
+    } else if (p) {
         describe_rec(what, sizeof(what), p);
-        fprintf(out, "waiting in collective #%llu on communicator %d (%s), ", (unsigned long long)p->seq,
-                p->comm, what);
+        fprintf(out, "outside any collective (collective #%llu on communicator %d, %s, issued and not yet waited "
+                "for), ", (unsigned long long)p->seq, p->comm, what);
     } else {
         fprintf(out, "outside any collective, ");
     }

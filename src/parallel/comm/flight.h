@@ -36,6 +36,7 @@ struct kiln_flight_rec {
     int layer;      // the model layer whose hook issued it; -1 outside the layers
     double t_issue; // monotonic seconds (kiln_now_s)
     double t_done;  // 0 while pending
+    double t_wait;  // when the host began to wait for it (kiln_comm_wait); 0: not waited for (yet)
 };
 
 // ---- recording (hot path: no locks, no allocation) ----
@@ -43,6 +44,8 @@ struct kiln_flight_rec {
 uint64_t kiln_flight_issue(int comm, uint64_t seq, int op, int dtype, uint64_t bytes);
 // The host saw the operation of token complete (a no-op when its slot was reused since).
 void kiln_flight_done(uint64_t token);
+// The host began to wait for the operation of token (one issued and left running is not waited for until then).
+void kiln_flight_waiting(uint64_t token);
 void kiln_flight_set_step(int64_t step); // the trainer, at the start of each step (1-based)
 void kiln_flight_set_layer(int layer);   // the model hooks (parallel/dp.c); -1 outside the layers
 int64_t kiln_flight_step(void);

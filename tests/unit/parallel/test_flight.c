@@ -75,7 +75,7 @@ static void test_a_dump_reads_back_field_for_field(void **state) {
     kiln_flight_set_step(3);
     kiln_flight_set_layer(7);
     kiln_flight_done(kiln_flight_issue(0, 1, KILN_COLL_BROADCAST, KILN_U8, 17));
-    kiln_flight_issue(1, 1, KILN_COLL_ALL_GATHER, KILN_F64, 800); // pending
+    kiln_flight_waiting(kiln_flight_issue(1, 1, KILN_COLL_ALL_GATHER, KILN_F64, 800)); // pending, waited for
     kiln_flight_done(kiln_flight_issue(0, 2, KILN_FLIGHT_OP_SPLIT, KILN_U8, 0));
     kiln_log_remember("step 3/10 | loss 1.0");
     struct kiln_watchdog_opts o = {.dir = dir, .rank = 2, .world = 4, .timeout_s = 9, .job = 0xabcdef};
@@ -112,7 +112,9 @@ static void test_a_dump_reads_back_field_for_field(void **state) {
         assert_int_equal(d.recs[i].layer, mine[i].layer);
         assert_true(fabs(d.recs[i].t_issue - mine[i].t_issue) < 2e-3);
         assert_int_equal(d.recs[i].t_done > 0, mine[i].t_done > 0);
+        assert_int_equal(d.recs[i].t_wait > 0, mine[i].t_wait > 0);
     }
+    assert_true(d.recs[1].t_wait > 0 && d.recs[0].t_wait == 0);
     kiln_hang_dump_free(&d);
     // the log lines are in the dump
     char *text = NULL;
@@ -216,6 +218,37 @@ static void test_doctor_names_the_rank_that_never_entered_the_collective(void **
     free(text);
     for (int r = 0; r < 4; r++)
         kiln_hang_dump_free(&d[r]);
+}
+
+// The rank that never entered is "waiting in" an earlier operation only where its host had begun to wait for
+// it; one issued and left running (ZeRO-1's gather of the new weights, waited for by the next forward) is said
+// to be so, the rank outside any collective.
+static void test_doctor_tells_waiting_from_left_running(void **state) {
+    (void)state;
+    for (int waited = 0; waited < 2; waited++) {
+        struct kiln_hang_dump d[3];
+        make_ranks(d, 3);
+        for (int r = 0; r < 3; r++) {
+            for (uint64_t q = 1; q <= 4; q++)
+                add(&d[r], q, KILN_COLL_REDUCE_SCATTER, 64, 1);
+            add(&d[r], 5, KILN_COLL_ALL_GATHER, 64, r != 1); // rank 1's gather is still unfinished
+            if (r != 1)
+                add(&d[r], 6, KILN_COLL_REDUCE_SCATTER, 64, 0);
+        }
+        if (waited)
+            d[1].recs[4].t_wait = 96 + 5;
+        int findings;
+        char *text = diagnose(d, 3, &findings);
+        assert_non_null(strstr(text, "rank 1 never entered collective #6 on communicator 0 (world)"));
+        assert_non_null(strstr(text, waited ? "rank 1 (pid 0 on ): step 4, layer 0, waiting in collective #5 on "
+                                              "communicator 0 (all_gather, 64 bytes f32, step 4, layer 2), stack"
+                                            : "rank 1 (pid 0 on ): step 4, layer 0, outside any collective "
+                                              "(collective #5 on communicator 0, all_gather, 64 bytes f32, step 4, "
+                                              "layer 2, issued and not yet waited for), stack"));
+        free(text);
+        for (int r = 0; r < 3; r++)
+            kiln_hang_dump_free(&d[r]);
+    }
 }
 
 static void test_doctor_flags_a_collective_of_another_size(void **state) {
@@ -334,6 +367,7 @@ int main(void) {
         cmocka_unit_test(test_a_pending_record_carries_step_and_layer_until_done),
         cmocka_unit_test(test_a_dump_reads_back_field_for_field),
         cmocka_unit_test(test_doctor_names_the_rank_that_never_entered_the_collective),
+        cmocka_unit_test(test_doctor_tells_waiting_from_left_running),
         cmocka_unit_test(test_doctor_flags_a_collective_of_another_size),
         cmocka_unit_test(test_doctor_names_a_stopped_rank_from_its_late_dump),
         cmocka_unit_test(test_doctor_names_a_rank_without_a_dump),
