@@ -90,4 +90,13 @@ for v in "" "abc" "5," "0" "1,,2" "99999999999"; do
   [ $rc -eq 2 ] && [ "$(wc -l <"$T/e")" -eq 1 ] && grep -q "for lengths (--lengths)" "$T/e" && ok ||
     bad "--lengths='$v': exit $rc, $(cat "$T/e")"
 done
+# --zero=auto (the default) says which level it took over several ranks, and why gradients travel in fp32
+"$KILN" info --preset=gpt2-124m --world=4 >"$T/z" 2>&1
+grep -q "^data parallelism: zero 1 (auto: ZeRO-1 over 4 data-parallel ranks" "$T/z" && grep -q "^per rank (cuda; zero 1, 4 ranks" "$T/z" &&
+  grep -q "^gradients between ranks: fp32 (--reduce-dtype=bf16" "$T/z" && ok || bad "kiln info --world=4: $(grep -i 'zero\|between ranks' "$T/z")"
+"$KILN" info --preset=gpt2-124m --world=4 --zero=0 --reduce-dtype=bf16 >"$T/z0" 2>&1
+grep -q "^per rank (cuda; zero 0, 4 ranks" "$T/z0" && ! grep -q "^data parallelism:\|^gradients between ranks" "$T/z0" && ok ||
+  bad "kiln info --world=4 --zero=0 --reduce-dtype=bf16: $(grep -i 'zero\|between ranks' "$T/z0")"
+"$KILN" info --preset=gpt2-124m --world=4 --tp=4 >"$T/z4" 2>&1
+grep -q "^per rank (cuda; zero 0, 4 ranks" "$T/z4" && ok || bad "kiln info --world=4 --tp=4: $(grep -i 'zero' "$T/z4")"
 finish

@@ -59,6 +59,42 @@ static void test_auto_is_bf16_only_on_cuda_with_one_micro_step(void **state) {
     assert_int_equal(kiln_config_grad_dtype(&c, 1), KILN_BF16);
 }
 
+// --zero defaults to auto: ZeRO-1 where there are several data-parallel ranks (world over tp x sp), else 0;
+// a level given is kept at every world size, and a bad value names the range and auto
+static void test_zero_auto_is_zero1_with_several_data_parallel_ranks(void **state) {
+    struct kiln_config c;
+    struct kiln_error e;
+    char *none[] = {NULL};
+    assert_int_equal(parse_validate(&c, &e, 0, none), 0);
+    assert_int_equal(c.zero, -1);
+    struct {
+        int world, tp, sp, want;
+    } cases[] = {{1, 1, 1, 0}, {2, 1, 1, 1}, {4, 2, 1, 1}, {4, 4, 1, 0}, {4, 2, 2, 0}, {8, 2, 2, 1}, {4, 1, 4, 0}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        assert_int_equal(parse_validate(&c, &e, 0, none), 0);
+        c.tp = cases[i].tp, c.sp = cases[i].sp;
+        c.world = cases[i].world;
+        assert_int_equal(kiln_config_zero(&c), cases[i].want);
+        kiln_config_resolve(&c, cases[i].world);
+        assert_int_equal(c.zero, cases[i].want);
+        assert_int_equal(c.world, cases[i].world);
+    }
+    char *zero0[] = {"--zero=0"}, *zero3[] = {"--zero=3"}, *autos[] = {"--zero=3", "--zero=auto"};
+    assert_int_equal(parse_validate(&c, &e, 1, zero0), 0);
+    kiln_config_resolve(&c, 4);
+    assert_int_equal(c.zero, 0);
+    assert_int_equal(parse_validate(&c, &e, 1, zero3), 0);
+    kiln_config_resolve(&c, 1);
+    assert_int_equal(c.zero, 3);
+    assert_int_equal(parse_validate(&c, &e, 2, autos), 0);
+    assert_int_equal(c.zero, -1);
+    char *neg[] = {"--zero=-1"}, *word[] = {"--zero=all"};
+    assert_int_equal(kiln_config_parse(&c, 1, neg, &e), KILN_ERR_USAGE);
+    assert_string_equal(e.msg, "bad value '-1' for zero (--zero): allowed range is 0 to 3, or auto");
+    assert_int_equal(kiln_config_parse(&c, 1, word, &e), KILN_ERR_USAGE);
+    assert_string_equal(e.msg, "bad value 'all' for zero (--zero): expected an integer or auto");
+}
+
 static void test_bf16_gradients_with_accumulation_are_refused(void **state) {
     struct kiln_config c;
     struct kiln_error e;
@@ -304,6 +340,7 @@ int main(void) {
         cmocka_unit_test(test_config_lines_may_end_in_a_comment),
         cmocka_unit_test(test_floats_print_as_given_and_read_back_exactly),
         cmocka_unit_test(test_a_nul_byte_in_a_config_line_is_named),
+        cmocka_unit_test(test_zero_auto_is_zero1_with_several_data_parallel_ranks),
         cmocka_unit_test(test_ranges_print_integers_in_full),
         cmocka_unit_test(test_help_shows_each_options_range_and_default),
     };
