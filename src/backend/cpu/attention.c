@@ -93,6 +93,11 @@ static const float *rotated_qkv(void *ctx, const float *qkv, int *rs, int B, int
     return r;
 }
 
+void kiln_cpu_exp_shifted(float *x, int n, float shift) {
+    for (int i = 0; i < n; i++)
+        x[i] = kiln_cpu_exp_neg(x[i] - shift);
+}
+
 // ---- one query row ------------------------------------------------------------------------------------
 
 // Scores of query q (at position t) against keys 0..t: scores[s] = scale * q.k_s + slope * (s - t).
@@ -109,11 +114,10 @@ static float attend_row(const float *q, const float *k, const float *v, size_t k
     float maxv = -INFINITY;
     for (int s = 0; s <= t; s++)
         maxv = scores[s] > maxv ? scores[s] : maxv;
+    kiln_cpu_exp_shifted(scores, t + 1, maxv);
     double sum = 0;
-    for (int s = 0; s <= t; s++) {
-        scores[s] = expf(scores[s] - maxv);
+    for (int s = 0; s <= t; s++)
         sum += scores[s];
-    }
     float inv = (float)(1.0 / sum);
     for (int i = 0; i < HS; i++)
         out[i] = 0.0f;
@@ -188,8 +192,9 @@ void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a)
             float *dq = dqkv + ((size_t)b * T + t) * DW + h * HS;
             for (int i = 0; i < HS; i++)
                 dq[i] = 0.0f;
+            kiln_cpu_exp_shifted(scores, t + 1, row_lse);
             for (int s = 0; s <= t; s++) {
-                float p = expf(scores[s] - row_lse);
+                float p = scores[s];
                 float ds = p * (kiln_cpu_dot(dy, v + (size_t)s * W, HS) - Dt) * scale;
                 const float *ks = k + (size_t)s * W;
                 for (int i = 0; i < HS; i++)
@@ -209,11 +214,15 @@ void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a)
                 dk[i] = dv[i] = 0.0f;
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
                 float slope = a->pos == KILN_POS_ALIBI ? kiln_cpu_alibi_slope(h, NH) : 0.0f;
+                const float *row_lse = lse + ((size_t)b * NH + h) * T;
+                for (int t = s; t < T; t++) // P[t][s] for every query t >= s, exponentiated together
+                    scores[t] = scale * kiln_cpu_dot(base + (size_t)t * W + h * HS, ks, HS) +
+                                slope * (float)(s - t) - row_lse[t];
+                kiln_cpu_exp_shifted(scores + s, T - s, 0.0f);
                 for (int t = s; t < T; t++) {
                     const float *q = base + (size_t)t * W + h * HS;
                     const float *dy = dout + ((size_t)b * T + t) * C + h * HS;
-                    float score = scale * kiln_cpu_dot(q, ks, HS) + slope * (float)(s - t);
-                    float p = expf(score - lse[((size_t)b * NH + h) * T + t]);
+                    float p = scores[t];
                     float ds = p * (kiln_cpu_dot(dy, vs, HS) - D[((size_t)b * NH + h) * T + t]) * scale;
                     for (int i = 0; i < HS; i++) {
                         dk[i] += ds * q[i];

@@ -139,12 +139,10 @@ static float attend_row(const struct block *g, const float *q, struct rows k, st
         scores[j] = score_of(g, q, row_at(k, b, j) + kvh * HS, slope, i, j);
         maxv = scores[j] > maxv ? scores[j] : maxv;
     }
-    scores[0] = expf(scores[0] - maxv);
+    kiln_cpu_exp_shifted(scores, last + 1, maxv);
     double sum = scores[0];
-    for (int j = 1; j <= last; j++) {
-        scores[j] = expf(scores[j] - maxv);
+    for (int j = 1; j <= last; j++)
         sum += scores[j];
-    }
     float inv = (float)(1.0 / sum);
     for (int j = 0; j <= last; j++) {
         float p = scores[j] * inv;
@@ -263,7 +261,7 @@ void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_b
                 acc[c] = 0.0f;
             for (int j = 0; j < n; j++) {
                 const float *kj = row_at(k, b, j) + kvh * HS;
-                float p = expf(score_of(&g, qi, kj, slope, i, j) - row_lse);
+                float p = kiln_cpu_exp_neg(score_of(&g, qi, kj, slope, i, j) - row_lse);
                 float ds = p * (kiln_cpu_dot(dy, row_at(v, b, j) + kvh * HS, HS) - Di) * g.scale;
                 for (int c = 0; c < HS; c++)
                     acc[c] += ds * kj[c];
@@ -293,7 +291,7 @@ void kiln_cpu_attention_block_backward(void *ctx, const struct kiln_attn_block_b
                         continue;
                     const float *qi = row_at(q, b, i) + h * HS;
                     const float *dy = row_at(dout, b, i) + h * HS;
-                    float p = expf(score_of(&g, qi, kj, slope, i, j) - row_lse);
+                    float p = kiln_cpu_exp_neg(score_of(&g, qi, kj, slope, i, j) - row_lse);
                     float ds = p * (kiln_cpu_dot(dy, vj, HS) - D[((size_t)b * NH + h) * Tq + i]) * g.scale;
                     for (int c = 0; c < HS; c++) {
                         dk_acc[c] += ds * qi[c];

@@ -45,6 +45,39 @@ static inline float kiln_cpu_dot(const float *a, const float *b, int n) {
     return s;
 }
 
+// exp(x) for the softmax's x <= 0 (a score less its row's maximum or log-sum-exp), in plain float operations
+// that gcc vectorizes (8 lanes under AVX2) where libm's expf is a call per element: the attention's softmax
+// spent a quarter of its time in expf. x = n ln2 + r with n = round(x / ln2) (by the 1.5 * 2^23 trick) and
+// |r| <= ln2 / 2 (ln2 in two parts, Cody-Waite); e^r by Cephes' degree-6 minimax polynomial; 2^n from its
+// exponent bits. Within 2 ulp of e^x over [-87, 0] (1 ulp at most over 2e7 points, as libm's expf); x below
+// -87.3 (e^x under FLT_MIN, -inf included) gives 0. The same operations in the same order in every lane and in
+// scalar code: results do not depend on whether or how the loop was vectorized (ISO C: no FMA contraction).
+static inline float kiln_cpu_exp_neg(float x) {
+    const float lo = -87.33654f;       // ln(FLT_MIN): 2^n below stays a normal number
+    float keep = x < lo ? 0.0f : 1.0f; // a NaN keeps its NaN
+    x = x < lo ? lo : x;
+    float t = x * 1.44269504088896341f + 12582912.0f; // n = round(x / ln2) in t's low mantissa bits (1.5 * 2^23)
+    float n = t - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    union {
+        float f;
+        uint32_t u;
+    } tb = {.f = t}, two_n;
+    two_n.u = (tb.u - 0x4B400000u + 127u) << 23; // 2^n: n's biased exponent, no float-to-int conversion
+    return p * two_n.f * keep;
+}
+
+// x[i] = e^(x[i] - shift) for i < n, where every x[i] <= shift (kiln_cpu_exp_neg)
+void kiln_cpu_exp_shifted(float *x, int n, float shift);
+
 // Parallel regions only pay off above some work (and spinning threads hurt a loaded machine): regions use
 // `if (KILN_CPU_PAR(work))` with work ~ the number of element operations. The result is the same either way.
 #define KILN_CPU_PAR(work) ((double)(work) >= 65536.0)

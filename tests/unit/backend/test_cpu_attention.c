@@ -8,6 +8,50 @@
 
 #include <math.h>
 
+// ---- the softmax's exponential ----------------------------------------------------------------------------
+
+// ulps between two positive normal floats
+static long ulps_apart(float a, float b) {
+    union {
+        float f;
+        int32_t i;
+    } ua = {.f = a}, ub = {.f = b};
+    long d = (long)ua.i - (long)ub.i;
+    return d < 0 ? -d : d;
+}
+
+// kiln_cpu_exp_neg: within 2 ulp of the exact e^x over the softmax's range, exact at 0, 0 below FLT_MIN's
+// logarithm and for -inf, NaN kept; the array form (vectorized) gives the scalar's bits in every lane.
+static void test_exp_neg_is_within_2_ulp_and_the_array_form_matches_the_scalar(void **state) {
+    (void)state;
+    long worst = 0;
+    enum { N = 1 << 16 };
+    static float x[N], y[N];
+    for (int i = 0; i < N; i++) // evenly over [-87, 0], and the ends
+        x[i] = i == 0 ? 0.0f : -87.0f * (float)i / (float)(N - 1);
+    for (int i = 0; i < N; i++) {
+        float got = kiln_cpu_exp_neg(x[i]), want = (float)exp((double)x[i]);
+        long u = ulps_apart(got, want);
+        worst = u > worst ? u : worst;
+        y[i] = x[i] + 3.25f; // shifted back by kiln_cpu_exp_shifted
+    }
+    assert_true(worst <= 2);
+    assert_true(kiln_cpu_exp_neg(0.0f) == 1.0f);
+    assert_true(kiln_cpu_exp_neg(-88.0f) == 0.0f && kiln_cpu_exp_neg(-1e30f) == 0.0f);
+    assert_true(kiln_cpu_exp_neg(-INFINITY) == 0.0f);
+    assert_true(isnan(kiln_cpu_exp_neg(NAN)));
+    assert_true(kiln_cpu_exp_neg(-87.0f) > 0.0f && isnormal(kiln_cpu_exp_neg(-87.3f)));
+    kiln_cpu_exp_shifted(y, N, 3.25f);
+    for (int i = 0; i < N; i++)
+        if (memcmp(&y[i], &(float){kiln_cpu_exp_neg(x[i] + 3.25f - 3.25f)}, sizeof(float)))
+            fail_msg("lane %d: %.9g against the scalar's %.9g", i, (double)y[i],
+                     (double)kiln_cpu_exp_neg(x[i] + 3.25f - 3.25f));
+    float odd[7] = {-1, -2, NAN, -INFINITY, -0.5f, -100, 0}; // a tail shorter than a vector, NaN and -inf in it
+    kiln_cpu_exp_shifted(odd, 7, 0.0f);
+    assert_true(isnan(odd[2]) && odd[3] == 0.0f && odd[5] == 0.0f && odd[6] == 1.0f);
+    assert_true(ulps_apart(odd[0], (float)exp(-1.0)) <= 2 && ulps_apart(odd[4], (float)exp(-0.5)) <= 2);
+}
+
 // ---- the reference -------------------------------------------------------------------------------------
 
 // ALiBi slopes as in the paper's reference code (get_slopes): for a power of two n, a geometric sequence
@@ -357,6 +401,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alibi_slopes_follow_the_paper),
         cmocka_unit_test(test_attention_forward_matches_naive_softmax_attention),
+        cmocka_unit_test(test_exp_neg_is_within_2_ulp_and_the_array_form_matches_the_scalar),
         cmocka_unit_test(test_rope_and_alibi_change_the_output),
         cmocka_unit_test(test_attention_gradients_match_finite_differences),
         cmocka_unit_test(test_attention_decode_reproduces_forward_rows),
