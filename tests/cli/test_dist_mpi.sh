@@ -23,19 +23,24 @@ args=(--layers=2 --heads=2 --dim=32 --seq=32 --batch=2 --total-batch=768 --eval-
 
 "$KILN" train "${args[@]}" --max-steps=8 --out="$T/single" || bad "single-process run failed"
 for np in 2 3 4; do
-  "${MPI[@]}" -np $np "$KILN" train "${args[@]}" --max-steps=8 --out="$T/ddp$np" 2>"$T/err" || bad "DDP at $np ranks failed: $(tail -3 "$T/err")"
+  "${MPI[@]}" -np $np "$KILN" train "${args[@]}" --max-steps=8 --zero=0 --out="$T/ddp$np" 2>"$T/err" || bad "DDP at $np ranks failed: $(tail -3 "$T/err")"
   same_run "$T/single" "$T/ddp$np" 2e-5 && ok || bad "DDP at $np ranks left the single-process trajectory"
 done
 grep -q '"comm_wait_ms":' "$T/ddp2/metrics.jsonl" && ok || bad "metrics.jsonl has no comm_wait_ms"
 [ "$(grep -c '"step":8,' "$T/ddp2/metrics.jsonl")" -eq 1 ] && ok || bad "metrics.jsonl written more than once per step (only rank 0 writes)"
 grep -q '"val_loss":' "$T/ddp3/metrics.jsonl" && ok || bad "no sharded evaluation in metrics.jsonl"
 
-"${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=8 --out="$T/ddp2b" 2>/dev/null || bad "repeat failed"
+"${MPI[@]}" -np 2 "$KILN" train "${args[@]}" --max-steps=8 --zero=0 --out="$T/ddp2b" 2>/dev/null || bad "repeat failed"
 cmp -s "$T/ddp2/model.safetensors" "$T/ddp2b/model.safetensors" && ok || bad "DDP at 2 ranks is not bitwise repeatable"
 for z in 1 2; do
   "${MPI[@]}" -np 4 "$KILN" train "${args[@]}" --max-steps=8 --zero=$z --out="$T/zero$z" 2>"$T/err" || bad "zero $z failed: $(tail -3 "$T/err")"
 done
 cmp -s "$T/ddp4/model.safetensors" "$T/zero1/model.safetensors" && ok || bad "ZeRO-1's weights differ from DDP's at 4 ranks"
+# the default, --zero=auto, is ZeRO-1 with several ranks (the run's config says so), none in one process
+"${MPI[@]}" -np 4 "$KILN" train "${args[@]}" --max-steps=8 --out="$T/auto4" 2>"$T/err" || bad "--zero=auto at 4 ranks failed: $(tail -3 "$T/err")"
+grep -q '^zero = 1$' "$T/auto4/config" && cmp -s "$T/zero1/model.safetensors" "$T/auto4/model.safetensors" &&
+  ok || bad "--zero=auto at 4 ranks is not ZeRO-1: $(grep -i zero "$T/err" "$T/auto4/config")"
+grep -q '^zero = 0$' "$T/single/config" && ok || bad "--zero=auto in one process: $(grep '^zero' "$T/single/config")"
 # at 3 ranks the buckets do not split evenly: each rank's slice of the reduce-scatter differs in length. The
 # comm thread is slow (3 ms before each operation): the updated weights' gathers land while the next forward
 # runs, and each layer must wait for its bucket's
@@ -87,7 +92,7 @@ cp -r "$T/zero2" "$T/re42"
 grep -q "resuming from .*step_00000008" "$T/err" && ok || bad "resume 4 -> 2 did not resume: $(cat "$T/err")"
 same_run "$T/single12" "$T/re42" 2e-5 && ok || bad "4 -> 2 ranks (ZeRO-2 -> ZeRO-1) left the trajectory"
 cp -r "$T/ddp2" "$T/re23"
-"${MPI[@]}" -np 3 "$KILN" train "${args[@]}" --max-steps=12 --out="$T/re23" 2>"$T/err" || bad "resume 2 -> 3 failed: $(tail -3 "$T/err")"
+"${MPI[@]}" -np 3 "$KILN" train "${args[@]}" --max-steps=12 --zero=0 --out="$T/re23" 2>"$T/err" || bad "resume 2 -> 3 failed: $(tail -3 "$T/err")"
 same_run "$T/single12" "$T/re23" 2e-5 && ok || bad "2 -> 3 ranks left the trajectory"
 cp -r "$T/zero1" "$T/re41"
 "$KILN" train "${args[@]}" --max-steps=12 --out="$T/re41" 2>"$T/err" || bad "resume 4 -> 1 failed: $(tail -3 "$T/err")"
