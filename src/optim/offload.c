@@ -318,6 +318,8 @@ void kiln_offload_wait(struct kiln_offload_pipe *o, int chunks) {
     if (!p)
         return;
     double t0 = kiln_now_s();
+    opipe_wait(p, &p->weights_out, chunks < o->n_chunks ? chunks : o->n_chunks);
+    o->stats.wait_s += kiln_now_s() - t0; // for the weights, not for the threads' ends below
     if (chunks >= o->n_chunks) {
         pthread_join(p->stepper, NULL);
         pthread_join(p->copier, NULL);
@@ -326,10 +328,7 @@ void kiln_offload_wait(struct kiln_offload_pipe *o, int chunks) {
         o->stats.copy_bytes += (double)p->copy_bytes;
         opipe_free(p);
         o->pipe = NULL;
-    } else {
-        opipe_wait(p, &p->weights_out, chunks);
     }
-    o->stats.wait_s += kiln_now_s() - t0;
 }
 
 void kiln_offload_wait_grads(struct kiln_offload_pipe *o, int chunks) {

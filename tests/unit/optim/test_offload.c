@@ -332,8 +332,10 @@ static void check_readers_wait(enum layout lay) {
     }
     struct kiln_offload_stats st;
     kiln_offload_stats(off, &st);
-    // the reader waited (the host slept 3 ms before each of ~10 chunks a step), within the steps' time
-    assert_true(st.wait_s > 0.02 && st.wait_s <= st.busy_s + 1e-3);
+    // the reader waited (the host slept 3 ms before each of ~10 chunks a step), within the steps' time: up to
+    // the last chunk's weights, less the scheduler's delay in waking the reader after it (10 ms a step, for a
+    // machine busy with other programs)
+    assert_true(st.wait_s > 0.02 && st.wait_s <= st.busy_s + 0.02);
     kiln_offload_free(off);
     setup_close(&s);
 }
