@@ -894,7 +894,11 @@ void kiln_config_resolve(struct kiln_config *c, int world) {
 }
 
 int kiln_config_zero(const struct kiln_config *c) {
-    return c->zero >= 0 ? c->zero : kiln_config_dp(c) > 1 ? 1 : 0;
+    return kiln_config_zero_at(c, kiln_config_dp(c));
+}
+
+int kiln_config_zero_at(const struct kiln_config *c, int dp) {
+    return c->zero >= 0 ? c->zero : dp > 1 ? 1 : 0;
 }
 
 int kiln_config_micro_steps(const struct kiln_config *c) {

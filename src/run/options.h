@@ -146,6 +146,8 @@ int kiln_config_dp(const struct kiln_config *c);
 void kiln_config_resolve(struct kiln_config *c, int world);
 // The ZeRO level c runs with: --zero, or what auto becomes at c's world size.
 int kiln_config_zero(const struct kiln_config *c);
+// The same over dp data-parallel ranks (a plan for another world size than c's).
+int kiln_config_zero_at(const struct kiln_config *c, int dp);
 int kiln_config_micro_steps(const struct kiln_config *cfg);
 // The parameter-gradient dtype of a run on a mixed-precision backend (mixed = 1: bf16 activations, as the
 // GPU's) or on the fp32 reference (mixed = 0): KILN_BF16 when asked for, or for auto on a mixed backend with

@@ -22,8 +22,8 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
         pt = &part;
         world = world / tp > 0 ? world / tp : 1;
     }
-    // --zero=auto as kiln_config_resolve reads it: ZeRO-1 with several data-parallel ranks (world / sp here)
-    int dp = world / (sp && sp->sp > 1 ? sp->sp : 1), zero = cfg->zero >= 0 ? cfg->zero : dp > 1 ? 1 : 0;
+    // --zero=auto over this plan's data-parallel ranks (world / sp here)
+    int zero = kiln_config_zero_at(cfg, world / (sp && sp->sp > 1 ? sp->sp : 1));
     struct kiln_dp_opts o = {.zero = zero,
                              .bucket_mb = cfg->bucket_mb,
                              .prefetch = cfg->prefetch,
