@@ -3,7 +3,8 @@
 # call (alternating, KILN_FP8_ROUNDS rounds, default 1) at GPT-2 124M, 350M, the 1.3B shape and llama-1b:
 # median ms a step of steps 10-30, tok/s and the loss at step 30 (random tokens: a check that it trains, not
 # a quality figure). KILN_FP8_SHAPES picks shapes by name; KILN_FP8_FLAGS adds flags to the fp8 runs
-# (e.g. --fp8-recipe=rowwise). Logs in $OUT; a table last.
+# (e.g. --fp8-recipe=rowwise); KILN_FP8_TORCH=1 adds the PyTorch peer (bench/torch_fp8.py: torch._scaled_mm
+# with tensorwise scales under torch.compile) in bf16 and fp8 for each shape. Logs in $OUT; a table last.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-fp8}
@@ -26,6 +27,11 @@ SHAPES=("124m --preset=gpt2-124m --batch=32 --seq=1024"
   "350m --preset=gpt2-350m --batch=16 --seq=1024"
   "1.3b --preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --batch=8 --seq=1024"
   "llama-1b --preset=llama-1b --batch=4 --seq=2048")
+# the PyTorch peer's arguments for the same shapes (bench/torch_fp8.py), run with KILN_FP8_TORCH=1
+declare -A TORCH=([124m]="--model gpt --layers 12 --dim 768 --heads 12 --batch 32 --seq 1024"
+  [350m]="--model gpt --layers 24 --dim 1024 --heads 16 --batch 16 --seq 1024"
+  [1.3b]="--model gpt --layers 24 --dim 2048 --heads 16 --batch 8 --seq 1024"
+  [llama-1b]="--model llama --layers 16 --dim 2048 --heads 32 --kv-heads 8 --hidden 8192 --batch 4 --seq 2048")
 stats() { # metrics.jsonl -> median ms of steps 10 on, median tok/s, last loss
   python3 -c "
 import json, statistics, sys
@@ -53,6 +59,19 @@ for s in "${SHAPES[@]}"; do
       [ $rc -ne 0 ] && tail -3 "$OUT/${p}_${name}_$r.log"
     done
   done
+  if [ -n "${KILN_FP8_TORCH:-}" ]; then
+    for p in 0 1; do
+      # shellcheck disable=SC2086 # (arguments: words)
+      PYTHONUNBUFFERED=1 timeout -k 10 300 python3 bench/torch_fp8.py ${TORCH[$name]} --fp8 $p \
+        >"$OUT/torch_${name}_fp8$p.log" 2>&1
+      python3 -c "
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')]
+print(sys.argv[2], 'torch', r[-1]['precision'], r[-1]['tok_per_s'], r[-1]['peak_mem_GiB'], r[-1]['loss'])" \
+        "$OUT/torch_${name}_fp8$p.log" "$name" >>"$OUT/torch_runs.txt" 2>/dev/null ||
+        { echo "torch $name fp8=$p failed:"; tail -3 "$OUT/torch_${name}_fp8$p.log"; }
+    done
+  fi
   python3 - "$name" "$OUT/fp8_runs.txt" <<'PY' | tee -a "$OUT/fp8.md"
 import statistics, sys
 name, path = sys.argv[1], sys.argv[2]
@@ -63,6 +82,12 @@ def med(p, i):
 b, f = med("bf16", 5), med("fp8", 5)
 print(f"| {name} fp8 vs bf16 | {f:.0f} vs {b:.0f} tok/s ({f / b:.3f}x); ms {med('fp8', 4):.2f} vs {med('bf16', 4):.2f}; "
       f"loss at step 30 {med('fp8', 6):.4f} vs {med('bf16', 6):.4f} |")
+try:
+    t = {r[2]: float(r[3]) for r in (l.split() for l in open(path.replace("fp8_runs", "torch_runs"))) if r[0] == name}
+    print(f"| {name} PyTorch (torch.compile, _scaled_mm) fp8 vs bf16 | {t['fp8']:.0f} vs {t['bf16']:.0f} tok/s "
+          f"({t['fp8'] / t['bf16']:.3f}x); kiln fp8 / PyTorch fp8 {f / t['fp8']:.3f}x |")
+except (OSError, KeyError, ZeroDivisionError):
+    pass
 PY
 done
 echo

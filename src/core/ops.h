@@ -108,6 +108,7 @@ struct kiln_matmul_args {
     int N, IC, OC;
     enum kiln_act act;
     int accumulate;     // out += instead of out = (only with act == NONE)
+    int rows_part;      // a part of the layer's rows (tensor parallelism's ring), not its whole input
 };
 
 // Given dout = dL/d(out) of a matmul with act == NONE:
@@ -127,6 +128,7 @@ struct kiln_matmul_back_args {
     int grad_assign;          // dweight, dbias = instead of += (the first write of a step: no zeroing pass)
     int dinp_stride;          // elements between rows of dinp (0 = IC): a column slice of a wider buffer
     int gelu_pre_stride;      // elements between rows of dinp_gelu_pre (0 = IC)
+    int rows_part;            // a part of the layer's rows (as kiln_matmul_args's): inp is not the forward's
 };
 
 // Causal multi-head attention with grouped K/V heads, FlashAttention-style: no (T, T) matrix is kept;

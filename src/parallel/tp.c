@@ -237,6 +237,7 @@ static void column_forward_ring(struct kiln_tp *t, int l, enum kiln_linear k,
         struct kiln_matmul_args p = *a;
         p.inp = held;
         p.N = (int)t->Nr;
+        p.rows_part = 1;
         p.out = act_at(t, a->out, r0 * OC);
         p.pre = a->pre ? act_at(t, a->pre, r0 * OC) : NULL;
         kiln_model_linear_forward_with(&t->next, t->be, l, k, &p);
@@ -259,6 +260,7 @@ static void row_forward_ring(struct kiln_tp *t, int l, enum kiln_linear k, const
         struct kiln_matmul_args q = *p;
         q.inp = act_at(t, a->inp, chunk_row(t, s + 1) * IC);
         q.N = (int)Nr;
+        q.rows_part = 1;
         q.out = own ? a->out : slot(t, s % g);
         q.accumulate = own ? a->accumulate : 0;
         kiln_model_linear_forward_with(&t->next, t->be, l, k, &q);
@@ -292,6 +294,7 @@ static void column_backward_ring(struct kiln_tp *t, int l, enum kiln_linear k,
         q.inp = held;
         q.dout = act_at(t, p->dout, chunk_row(t, s) * OC);
         q.N = (int)Nr;
+        q.rows_part = 1;
         q.grad_assign = p->grad_assign && s == 0;
         if (p->dinp && s > 0) {
             q.dinp = slot(t, g + (s - 1) % g);
@@ -334,6 +337,7 @@ static void row_backward_ring(struct kiln_tp *t, int l, enum kiln_linear k,
         q.dinp = a->dinp ? act_at(t, a->dinp, r0 * ldi) : NULL;
         q.dinp_gelu_pre = a->dinp_gelu_pre ? act_at(t, a->dinp_gelu_pre, r0 * ldp) : NULL;
         q.N = (int)t->Nr;
+        q.rows_part = 1;
         q.grad_assign = a->grad_assign && s == 0;
         kiln_model_linear_backward_with(&t->next, t->be, l, k, &q);
         held = next;

@@ -51,6 +51,13 @@ struct kiln_fp8 {
     float *hist; // (n_slots, history)
     float *cur;  // (n_slots)
     float *use;  // (n_slots)
+    // tensorwise: each (layer, linear)'s input amax from its forward (backend memory), which the backward's
+    // transposed cast of the same input reuses instead of a pass of its own; and what it was taken of
+    float *xamax;
+    struct xseen {
+        const void *inp;
+        int N, IC;
+    } * xseen;
     void (*reduce)(void *user, float *amax, size_t n); // kiln_fp8_set_amax_reduce (NULL: one rank)
     void *reduce_user;
     int pos, filled;
@@ -126,23 +133,30 @@ static int slot_of(const struct kiln_fp8 *f, int l, enum kiln_linear k, int op) 
     return (layer * KILN_LINEARS + (int)k) * OPS + op;
 }
 
+// Where a tensorwise amax goes (at: NULL, the operand's own) and whether it already holds x's (ready)
+struct amax_at {
+    float *at;
+    int ready;
+};
+
 // Casts x (rows, cols) into o: its codes (out), its transpose's (out_t), or both in one pass, with the
 // inverse scales in o->sinv. per says the amax groups (rowwise: the GEMM's reduction runs along x's rows for
 // the plain layout, down its columns for the transposed one). The delayed recipe scales by the slot's
 // history (the tensor's own amax on the first step) and records the tensor's amax in the same pass.
 static void cast_into(struct kiln_fp8 *f, struct operand *o, int slot, const void *x, int rows, int cols,
-                      uint8_t *out, uint8_t *out_t, enum kiln_fp8_per per, float *sinv,
-                      enum kiln_fp8_fmt fmt) {
+                      uint8_t *out, uint8_t *out_t, enum kiln_fp8_per per, float *sinv, enum kiln_fp8_fmt fmt,
+                      struct amax_at am) {
     const struct kiln_backend *be = f->be;
-    const float *amax = o->amax;
+    float *own = am.at && per == KILN_FP8_TENSOR ? am.at : o->amax;
+    const float *amax = own;
     float *seen = NULL;
     if (f->o.recipe == KILN_FP8_DELAYED) {
         seen = &f->cur[slot];
         if (f->filled)
             amax = &f->use[slot];
     }
-    if (amax == o->amax) {
-        struct kiln_amax_args aa = {.amax = o->amax, .x = x, .rows = rows, .cols = cols, .per = per};
+    if (amax == own && !(own == am.at && am.ready)) {
+        struct kiln_amax_args aa = {.amax = own, .x = x, .rows = rows, .cols = cols, .per = per};
         be->ops->amax(be->ctx, &aa);
     }
     struct kiln_fp8_cast_args ca = {.out = out,
@@ -166,18 +180,36 @@ static const float *sinv_of(const struct kiln_fp8 *f, const struct operand *o, i
 // are one pass for both layouts; rowwise ones differ per layout (rows for the plain, columns for the
 // transposed), so each layout is its own amax and cast
 static void cast_layouts(struct kiln_fp8 *f, struct operand *o, int slot, const void *x, int rows, int cols,
-                         int plain, int transposed, enum kiln_fp8_fmt fmt) {
+                         int plain, int transposed, enum kiln_fp8_fmt fmt, struct amax_at am) {
     if (f->o.recipe != KILN_FP8_ROWWISE) {
         cast_into(f, o, slot, x, rows, cols, plain ? o->q : NULL, transposed ? o->qt : NULL, KILN_FP8_TENSOR,
-                  o->sinv, fmt);
+                  o->sinv, fmt, am);
         return;
     }
+    struct amax_at none = {0};
     if (plain)
-        cast_into(f, o, slot, x, rows, cols, o->q, NULL, KILN_FP8_ROWS, o->sinv, fmt);
+        cast_into(f, o, slot, x, rows, cols, o->q, NULL, KILN_FP8_ROWS, o->sinv, fmt, none);
     if (transposed) {
         // the transposed layout's amaxes after the plain one's: both cast from the tensor, one at a time
-        cast_into(f, o, slot, x, rows, cols, NULL, o->qt, KILN_FP8_COLS, o->sinv_t, fmt);
+        cast_into(f, o, slot, x, rows, cols, NULL, o->qt, KILN_FP8_COLS, o->sinv_t, fmt, none);
     }
+}
+
+// A layer's input: its forward records the amax it takes (a whole layer's input, tensorwise), and the
+// backward's cast of the same input (the same rows at the same place) finds it ready
+static struct amax_at input_amax(struct kiln_fp8 *f, int slot, const void *inp, int N, int IC, int part,
+                                 int backward) {
+    struct amax_at am = {0};
+    if (f->o.recipe != KILN_FP8_TENSORWISE || part)
+        return am;
+    struct xseen *s = &f->xseen[slot / OPS];
+    am.at = &f->xamax[slot / OPS];
+    if (!backward) {
+        *s = (struct xseen){.inp = inp, .N = N, .IC = IC};
+        return am;
+    }
+    am.ready = s->inp == inp && s->N == N && s->IC == IC;
+    return am;
 }
 
 // The weight W (OC, IC) of (l, k), both layouts, from the step's copies where it can
@@ -203,7 +235,7 @@ static struct operand *weight(struct kiln_fp8 *f, int l, enum kiln_linear k, con
         c = NULL;
     }
     struct operand *o = c ? &c->op : scratch(f, S_W, n, 1, groups);
-    cast_layouts(f, o, slot, w, OC, IC, 1, 1, KILN_FP8_E4M3);
+    cast_layouts(f, o, slot, w, OC, IC, 1, 1, KILN_FP8_E4M3, (struct amax_at){0});
     if (c) {
         c->w = w;
         c->OC = OC;
@@ -232,7 +264,9 @@ static void fp8_forward(void *user, int l, enum kiln_linear k, const struct kiln
     int rowwise = f->o.recipe == KILN_FP8_ROWWISE;
     struct operand *w = weight(f, l, k, a->weight, a->OC, a->IC); // (OC, IC)
     struct operand *x = scratch(f, S_X, (size_t)a->N * a->IC, 0, max_sz(a->N, a->IC));
-    cast_layouts(f, x, slot_of(f, l, k, OP_X), a->inp, a->N, a->IC, 1, 0, KILN_FP8_E4M3); // (N, IC)
+    int xs = slot_of(f, l, k, OP_X);
+    cast_layouts(f, x, xs, a->inp, a->N, a->IC, 1, 0, KILN_FP8_E4M3,
+                 input_amax(f, xs, a->inp, a->N, a->IC, a->rows_part, 0)); // (N, IC)
     // bias and GELU in the GEMM's epilogue: pre gets the sum, out its GELU
     struct kiln_fp8_matmul_args m = {.out = a->out,
                                      .pre = a->act == KILN_ACT_GELU ? a->pre : NULL,
@@ -263,7 +297,8 @@ static void fp8_backward(void *user, int l, enum kiln_linear k, const struct kil
     enum kiln_fp8_fmt gf = f->o.grad_fmt;
     // dout (N, OC): as it is for dinp, transposed for dW; one pass for both with tensorwise scales
     struct operand *dy = scratch(f, S_DY, (size_t)a->N * a->OC, 1, max_sz(a->N, a->OC));
-    cast_layouts(f, dy, slot_of(f, l, k, OP_DY), a->dout, a->N, a->OC, a->dinp != NULL, 1, gf);
+    cast_layouts(f, dy, slot_of(f, l, k, OP_DY), a->dout, a->N, a->OC, a->dinp != NULL, 1, gf,
+                 (struct amax_at){0});
     if (a->dinp) {
         // dinp (N, IC) = dout (N, OC) @ W (OC, IC): the GEMM reads W^T (IC, OC), the step's transposed copy;
         // the previous layer's GELU backward (DGELU) is its epilogue
@@ -288,7 +323,9 @@ static void fp8_backward(void *user, int l, enum kiln_linear k, const struct kil
     }
     // dW (OC, IC) = dout^T (OC, N) @ inp (N, IC): both operands transposed, reducing over the N rows
     struct operand *x = scratch(f, S_X, (size_t)a->N * a->IC, 1, max_sz(a->N, a->IC));
-    cast_layouts(f, x, slot_of(f, l, k, OP_X), a->inp, a->N, a->IC, 0, 1, KILN_FP8_E4M3);
+    int xs = slot_of(f, l, k, OP_X);
+    cast_layouts(f, x, xs, a->inp, a->N, a->IC, 0, 1, KILN_FP8_E4M3,
+                 input_amax(f, xs, a->inp, a->N, a->IC, a->rows_part, 1));
     struct kiln_fp8_matmul_args m = {.out = a->dweight,
                                      .a = dy->qt,
                                      .b = x->qt,
@@ -339,6 +376,9 @@ int kiln_fp8_apply(struct kiln_fp8 **out, struct kiln_model *g, const struct kil
     f->n_layer = n_layer;
     f->n_wc = (n_layer + 1) * KILN_LINEARS;
     f->wc = kiln_xcalloc((size_t)f->n_wc, sizeof(*f->wc));
+    f->xseen = kiln_xcalloc((size_t)f->n_wc, sizeof(*f->xseen));
+    f->xamax = be->ops->alloc(be->ctx, (size_t)f->n_wc * sizeof(float));
+    KILN_ASSERT(f->xamax); // a few hundred bytes
     if (o->recipe == KILN_FP8_DELAYED) {
         f->n_slots = (n_layer + 1) * KILN_LINEARS * OPS;
         size_t hb = (size_t)f->n_slots * o->history * sizeof(float), sb = (size_t)f->n_slots * sizeof(float);
@@ -486,6 +526,8 @@ void kiln_fp8_free(struct kiln_fp8 *f) {
     for (int i = 0; f->wc && i < f->n_wc; i++)
         operand_free(be, &f->wc[i].op);
     free(f->wc);
+    free(f->xseen);
+    be->ops->free(be->ctx, f->xamax);
     be->ops->free(be->ctx, f->hist);
     be->ops->free(be->ctx, f->cur);
     be->ops->free(be->ctx, f->use);

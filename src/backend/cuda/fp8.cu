@@ -7,7 +7,8 @@
 //
 // The casts read x once: 16-byte loads where the rows are dense, the scale computed once a thread (a
 // division per element cost as much as the memory), and one tiled pass that writes both x's codes and x^T's
-// where both are asked for (the weights', and the output gradient's of the backward). Every cast writes the
+// where both are asked for (the weights', and the output gradient's of the backward), 16-byte loads and
+// stores where the shape allows (fp8_cast_t8_kernel). Every cast writes the
 // inverse scales the GEMM dequantizes by (one block, from the amax: nothing crosses to the host), and may
 // record the amax it saw (delayed scaling: one atomic a warp).
 //
@@ -16,9 +17,10 @@
 // (K x M, ld K), both with K contiguous. With tensorwise scales cuBLASLt does everything in the GEMM: the
 // inverse scales are its A and B scale pointers (device memory, read by the kernel), D is the output in its
 // own dtype (bf16, or the f32 or bf16 weight gradient), += is beta = 1 with C = D, the bias is the BIAS
-// epilogue, the forward's GELU GELU_AUX(_BIAS) with the pre-activation as aux, the backward's DGELU the
-// DGELU epilogue; where cuBLASLt has no algorithm for a GELU epilogue with FP8 operands, the GEMM writes the
-// plain result and one elementwise kernel applies the GELU or its derivative. Descriptors, layouts and the
+// epilogue, the forward's GELU GELU_AUX(_BIAS) with the pre-activation as aux (where cuBLASLt has no
+// algorithm for it, the GEMM writes the sum and one elementwise kernel applies the GELU); the backward's
+// DGELU is one elementwise pass after the plain GEMM (cuBLASLt's FP8 DGELU epilogue is slower than both
+// together, below). Descriptors, layouts and the
 // algorithm are built once per configuration (struct fp8_key) and kept in the context; the first call of a
 // configuration that overwrites its output times the heuristic's candidates, as matmul.cu does.
 // Rowwise scales (one per row of each operand), the e5m2 x e5m2 product, DGELU with +=, and shapes
@@ -292,6 +294,71 @@ __global__ void fp8_cast_tile_kernel(struct fp8_cast_k k) {
     }
 }
 
+// Two codes in one conversion (the low byte is a's), the same bits as two fp8_encode calls
+static __device__ __forceinline__ unsigned fp8_encode2(float a, float b, int fmt) {
+    return (unsigned)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE,
+                                              fmt == KILN_FP8_E5M2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+// The transposing cast where x is dense enough (R % 128 == 0, C % 64 == 0, ld % 8 == 0, 16-byte aligned):
+// 128 rows x 64 columns a block of 256 threads. A thread reads 4 rows x 8 columns (four 16-byte loads),
+// writes their codes (8-byte stores) where out is asked, and packs each column's 4 codes into one word of x^T
+// in shared memory (rows 33 words apart: at most two threads of a warp on a bank); the block then writes
+// x^T's 64 rows of 128 codes, 16 bytes a thread. The fallback above moved bytes one at a time.
+#define T8_R 128
+#define T8_C 64
+__global__ void __launch_bounds__(256) fp8_cast_t8_kernel(struct fp8_cast_k k) {
+    __shared__ uint32_t tt[T8_C][T8_R / 4 + 1];
+    write_scale_inv(k);
+    int t = threadIdx.x, cq = t & 7, rq = t >> 3;
+    int c0 = blockIdx.x * T8_C, r0 = blockIdx.y * T8_R, c = c0 + cq * 8;
+    float s_t = k.per == KILN_FP8_TENSOR ? fp8_scale_of(k.amax[0], k.fmt) : 0.0f;
+    float s_c[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        s_c[j] = k.per == KILN_FP8_COLS ? fp8_scale_of(k.amax[c + j], k.fmt) : s_t;
+    uint32_t w[8];
+    unsigned m = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = r0 + rq * 4 + i;
+        bf16x8 v;
+        v.u = *(const uint4 *)(k.x + (size_t)r * k.ld + c);
+        float s_r = k.per == KILN_FP8_ROWS ? fp8_scale_of(k.amax[r], k.fmt) : 0.0f;
+        unsigned b[8];
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            float sa = k.per == KILN_FP8_ROWS ? s_r : s_c[j], sb = k.per == KILN_FP8_ROWS ? s_r : s_c[j + 1];
+            unsigned q2 = fp8_encode2(__fmul_rn(bf2f(v.h[j]), sa), __fmul_rn(bf2f(v.h[j + 1]), sb), k.fmt);
+            b[j] = q2 & 0xffu;
+            b[j + 1] = q2 >> 8;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            unsigned ab = abs_bits(v.h[j]);
+            m = ab > m ? ab : m;
+            w[j] = i == 0 ? b[j] : w[j] | (b[j] << (8 * i));
+        }
+        if (k.out)
+            *(uint2 *)(k.out + (size_t)r * k.C + c) =
+                make_uint2(b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24, b[4] | b[5] << 8 | b[6] << 16 | b[7] << 24);
+    }
+    if (k.out_t) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            tt[cq * 8 + j][rq] = w[j];
+        __syncthreads();
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+            int j = p * 32 + (t >> 3), seg = t & 7;
+            uint4 o = make_uint4(tt[j][seg * 4], tt[j][seg * 4 + 1], tt[j][seg * 4 + 2], tt[j][seg * 4 + 3]);
+            *(uint4 *)(k.out_t + (size_t)(c0 + j) * k.R + r0 + seg * 16) = o;
+        }
+    }
+    if (k.seen)
+        block_max_into(k.seen, m);
+}
+
 extern "C" void kiln_cuda_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a) {
     struct cuda_ctx *c = cuda_ctx_of(ctx);
     int R = a->rows, C = a->cols, ld = a->stride ? a->stride : a->cols;
@@ -313,6 +380,10 @@ extern "C" void kiln_cuda_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a
     if (!a->out_t && ld == C && C % 8 == 0 && host_aligned16(a->x) && ((uintptr_t)a->out & 7) == 0) {
         size_t n8 = (size_t)R * C / 8;
         fp8_cast_vec_kernel<<<grid_for(n8, 256, 2 * c->prop.multiProcessorCount * 8), 256, 0, c->stream>>>(k);
+    } else if (R % T8_R == 0 && C % T8_C == 0 && ld % 8 == 0 && host_aligned16(a->x) &&
+               ((uintptr_t)a->out & 7) == 0 && host_aligned16(a->out_t)) {
+        dim3 grid(C / T8_C, R / T8_R);
+        fp8_cast_t8_kernel<<<grid, 256, 0, c->stream>>>(k);
     } else {
         dim3 grid(KILN_CEIL_DIV(C, FP8_TILE), KILN_CEIL_DIV(R, FP8_TILE)), block(32, 8);
         fp8_cast_tile_kernel<<<grid, block, 0, c->stream>>>(k);
@@ -372,11 +443,24 @@ __global__ void fp8_epilogue_kernel(struct fp8_epi e) {
     }
 }
 
-// y *= gelu'(pre) over (M, N), y rows ldy apart, pre rows ldp apart (after a GEMM without the DGELU epilogue)
-__global__ void fp8_dgelu_kernel(bf16 *y, int ldy, const bf16 *pre, int ldp, int M, int N) {
-    size_t n = (size_t)M * N;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+// y *= gelu'(pre) over (M, N), y rows ldy apart, pre rows ldp apart (after a GEMM without the DGELU epilogue);
+// vec: 8 elements a thread (N, ldy, ldp multiples of 8, both 16-byte aligned)
+__global__ void fp8_dgelu_kernel(bf16 *y, int ldy, const bf16 *pre, int ldp, int M, int N, int vec) {
+    size_t n = (size_t)M * N, stride = (size_t)gridDim.x * blockDim.x;
+    if (vec) {
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n / 8; i += stride) {
+            size_t m = i * 8 / N, j = i * 8 % N;
+            bf16x8 v, p;
+            v.u = *(const uint4 *)(y + m * ldy + j);
+            p.u = *(const uint4 *)(pre + m * ldp + j);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v.h[e] = f2bf(bf2f(v.h[e]) * gelu_tanh_grad(bf2f(p.h[e])));
+            *(uint4 *)(y + m * ldy + j) = v.u;
+        }
+        return;
+    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride) {
         size_t m = i / N, j = i % N;
         bf16 *p = y + m * ldy + j;
         *p = f2bf(bf2f(*p) * gelu_tanh_grad(bf2f(pre[m * ldp + j])));
@@ -667,21 +751,18 @@ static int fp8_matmul_fused(struct cuda_ctx *c, const struct kiln_fp8_matmul_arg
         kiln_cuda_gelu_forward(c, &ga);
         return 0;
     }
-    if (a->gelu_pre) { // D = gelu'(aux) . (the product)
-        g.epi = CUBLASLT_EPILOGUE_DGELU;
-        g.aux = a->gelu_pre;
-        g.aux_ld = ldp;
-        if (!bias && !out_f32 && fp8_lt_matmul(c, &k, &g) == 0)
-            return 0;
-        g.aux = NULL;
-    }
+    // DGELU: the plain product, then one elementwise pass. cuBLASLt's DGELU epilogue with FP8 operands ran
+    // as a generic kernel at under half the FP8 GEMM's rate (H100, CUDA 13: 0.57 ms where the GEMM and the
+    // pass take about 0.4), so it is not asked for.
     g.epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     if (fp8_lt_matmul(c, &k, &g))
         return -1;
     if (a->gelu_pre) {
         size_t n = (size_t)a->M * a->N;
-        fp8_dgelu_kernel<<<grid_for(n, 256, 4096), 256, 0, c->stream>>>(
-            (bf16 *)a->out, ldc, (const bf16 *)a->gelu_pre, ldp, a->M, a->N);
+        int vec = a->N % 8 == 0 && ldc % 8 == 0 && ldp % 8 == 0 && host_aligned16(a->out) &&
+                  host_aligned16(a->gelu_pre);
+        fp8_dgelu_kernel<<<grid_for(vec ? n / 8 : n, 256, 4096), 256, 0, c->stream>>>(
+            (bf16 *)a->out, ldc, (const bf16 *)a->gelu_pre, ldp, a->M, a->N, vec);
         CUDA_CHECK_LAUNCH();
     }
     return 0;

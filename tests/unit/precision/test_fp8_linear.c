@@ -5,7 +5,8 @@
 //    gradients (those of L = sum dout * (x W^T + b), here in double) within the formats' rounding, and not
 //    equal to them (the GEMMs are FP8);
 //  - delayed scaling scales by the history, not the tensor now, and its state survives JSON bit for bit;
-//  - it composes: a hook installed after it runs its GEMMs through it; it refuses to go on top of another.
+//  - it composes: a hook installed after it runs its GEMMs through it; it refuses to go on top of another;
+//  - the backward reuses the forward's input amax only where its input is the forward's whole input.
 #include "test_util.h"
 
 #include "core/backend.h"
@@ -280,6 +281,60 @@ static void test_a_hook_above_runs_through_fp8_and_fp8_refuses_to_go_above_one(v
     kiln_model_free(g);
 }
 
+// One layer's forward on fx, then its backward on bx (rows_part as given to both): dweight into dw
+static void forward_then_backward(const struct kiln_model_linear *h, struct layer *L, const float *fx,
+                                  const float *bx, int part) {
+    struct kiln_matmul_args a = {.out = L->out, .inp = fx, .weight = L->w, .bias = L->b, .N = N, .IC = IC,
+                                 .OC = OC, .rows_part = part};
+    kiln_model_linear_forward_with(h, &g_be, 0, KILN_LINEAR_MLP_IN, &a);
+    struct kiln_matmul_back_args b = {.dinp = L->dinp, .dweight = L->dw, .dout = L->dout, .inp = bx,
+                                      .weight = L->w, .N = N, .IC = IC, .OC = OC, .grad_assign = 1,
+                                      .rows_part = part};
+    kiln_model_linear_backward_with(h, &g_be, 0, KILN_LINEAR_MLP_IN, &b);
+}
+
+// Tensorwise scaling takes a layer's input amax once, in its forward, and the backward's transposed cast of
+// the same input reuses it. Where the backward's input is another tensor (another place, or rows of a part
+// that tensor parallelism's ring may refill in place), the backward takes the amax of what it is given: its
+// weight gradient equals that of a layer that saw only that tensor. A reuse there would scale by the
+// forward's smaller amax and saturate.
+static void test_the_backward_reuses_the_forward_input_amax_only_for_the_same_whole_input(void **state) {
+    static struct layer L, R;
+    static float big[N * IC];
+    fill(&L, 0);
+    for (int i = 0; i < N * IC; i++)
+        big[i] = 8.0f * L.x[i];
+    for (int c = 0; c < 3; c++) { // the same input; another array; the same array refilled, rows_part
+        struct kiln_model *g = tiny_model(), *g2 = tiny_model();
+        struct kiln_model_linear h, h2;
+        struct kiln_fp8 *f = fp8_hook(g, KILN_FP8_TENSORWISE, KILN_FP8_E4M3, &h);
+        struct kiln_fp8 *f2 = fp8_hook(g2, KILN_FP8_TENSORWISE, KILN_FP8_E4M3, &h2);
+        R = L;
+        static float x[N * IC];
+        memcpy(x, L.x, sizeof(x));
+        const float *bx = c == 0 ? x : big;
+        if (c == 2) { // the forward on x, then x refilled with the larger rows before the backward
+            struct kiln_matmul_args a = {.out = L.out, .inp = x, .weight = L.w, .bias = L.b, .N = N, .IC = IC,
+                                         .OC = OC, .rows_part = 1};
+            kiln_model_linear_forward_with(&h, &g_be, 0, KILN_LINEAR_MLP_IN, &a);
+            memcpy(x, big, sizeof(x));
+            struct kiln_matmul_back_args b = {.dinp = L.dinp, .dweight = L.dw, .dout = L.dout, .inp = x,
+                                              .weight = L.w, .N = N, .IC = IC, .OC = OC, .grad_assign = 1,
+                                              .rows_part = 1};
+            kiln_model_linear_backward_with(&h, &g_be, 0, KILN_LINEAR_MLP_IN, &b);
+        } else {
+            forward_then_backward(&h, &L, x, bx, 0);
+        }
+        forward_then_backward(&h2, &R, bx, bx, c == 2);
+        if (memcmp(L.dw, R.dw, sizeof(L.dw)))
+            fail_msg("case %d: the weight gradient differs from a layer that saw only the backward's input", c);
+        kiln_fp8_free(f);
+        kiln_fp8_free(f2);
+        kiln_model_free(g);
+        kiln_model_free(g2);
+    }
+}
+
 static int setup(void **state) {
     struct kiln_backend_opts o = {.threads = 1};
     struct kiln_error e;
@@ -300,6 +355,7 @@ int main(void) {
         cmocka_unit_test(test_random_operands_give_straight_through_gradients_within_fp8_rounding),
         cmocka_unit_test(test_delayed_scaling_uses_the_history_and_its_state_round_trips),
         cmocka_unit_test(test_a_hook_above_runs_through_fp8_and_fp8_refuses_to_go_above_one),
+        cmocka_unit_test(test_the_backward_reuses_the_forward_input_amax_only_for_the_same_whole_input),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
