@@ -2,7 +2,7 @@
 # FP8's quality against bf16 on real text: GPT-2 124M and the 1.3B shape trained on the Project Gutenberg corpus
 # for KILN_Q_STEPS (2000) steps each, bf16 and --precision=fp8 (tensorwise, KILN_Q_FP8_FLAGS adds flags), the
 # same data order, with validation every 250 steps on a held-out million tokens. With 4 GPUs the four runs go
-# side by side (one a GPU); with fewer, in turn.
+# side by side (one a GPU); with fewer, in turn. KILN_Q_SHAPES picks shapes ("124m 1.3b") or runs (124m_fp8).
 #   bash bench/fp8_quality.sh DATA_DIR     (DATA_DIR holds gutenberg_en_train.txt.xz)
 # Each run's metrics.jsonl goes to $OUT/q_NAME.jsonl (for `kiln plot`); a table of the final validation losses
 # last.
@@ -23,12 +23,16 @@ RUNS=("124m_bf16 --preset=gpt2-124m --batch=16 --lr=6e-4"
   "124m_fp8 --preset=gpt2-124m --batch=16 --lr=6e-4 --precision=fp8 ${KILN_Q_FP8_FLAGS:-}"
   "1.3b_bf16 --preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --batch=8 --lr=3e-4"
   "1.3b_fp8 --preset=gpt2-124m --layers=24 --dim=2048 --heads=16 --batch=8 --lr=3e-4 --precision=fp8 ${KILN_Q_FP8_FLAGS:-}")
+want() { # a run's name (124m_fp8) picked by KILN_Q_SHAPES, by its shape or by its name
+  [[ " ${KILN_Q_SHAPES:-124m 1.3b} " == *" ${1%_*} "* || " ${KILN_Q_SHAPES:-} " == *" $1 "* ]]
+}
 i=0
 pids=()
 for r in "${RUNS[@]}"; do
   set -- $r
   name=$1
   shift
+  want "$name" || continue
   rm -rf "/tmp/q_$name"
   # shellcheck disable=SC2068 # (flags: words)
   CUDA_VISIBLE_DEVICES=$((i % (NG > 0 ? NG : 1))) timeout -k 10 "${KILN_Q_LIMIT:-420}" "$K" train $@ --seq=1024 \
@@ -45,6 +49,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 echo "runs: $(($(date +%s) - t0)) s"
 for r in "${RUNS[@]}"; do
   name=${r%% *}
+  want "$name" || continue
   cp "/tmp/q_$name/metrics.jsonl" "$OUT/q_$name.jsonl" 2>/dev/null || { echo "$name: no metrics"; tail -3 "$OUT/q_$name.log"; }
 done
 python3 - "$OUT" <<'PY'
