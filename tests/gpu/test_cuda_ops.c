@@ -656,7 +656,8 @@ static void test_matmul_matches_cpu(void **state) {
                                            IC,
                                            OC,
                                            gelu ? KILN_ACT_GELU : KILN_ACT_NONE,
-                                           acc};
+                                           acc,
+                                           0};
             struct kiln_matmul_args a_g = {out.g,
                                            gelu ? pre.g : NULL,
                                            inp.g,
@@ -666,7 +667,8 @@ static void test_matmul_matches_cpu(void **state) {
                                            IC,
                                            OC,
                                            gelu ? KILN_ACT_GELU : KILN_ACT_NONE,
-                                           acc};
+                                           acc,
+                                           0};
             RUN(e, matmul_forward, &a);
             check(e, "matmul_forward", sh, "out", &out, TOL_BF16);
             if (gelu)
@@ -698,6 +700,7 @@ static void test_matmul_matches_cpu(void **state) {
                                                 dacc,
                                                 gassign,
                                                 0,
+                                                0,
                                                 0};
             struct kiln_matmul_back_args b_g = {dinp.g,
                                                 dw.g,
@@ -711,6 +714,7 @@ static void test_matmul_matches_cpu(void **state) {
                                                 OC,
                                                 dacc,
                                                 gassign,
+                                                0,
                                                 0,
                                                 0};
             RUN(e, matmul_backward, &b);
@@ -1228,7 +1232,8 @@ static void test_strided_activations_match_cpu(void **state) {
                                                 acc,
                                                 0,
                                                 ld,
-                                                ld};
+                                                ld,
+                                                0};
             struct kiln_matmul_back_args m_g = {(char *)mdinp.g + off * eb,
                                                 dw.g,
                                                 db.g,
@@ -1242,7 +1247,8 @@ static void test_strided_activations_match_cpu(void **state) {
                                                 acc,
                                                 0,
                                                 ld,
-                                                ld};
+                                                ld,
+                                                0};
             RUN(e, matmul_backward, &m);
             char sh2[160];
             snprintf(sh2, sizeof(sh2), "%s dinp%s*gelu'", sh, acc ? "+=" : "=");
@@ -1742,7 +1748,7 @@ static void test_deterministic_mode_is_bitwise_repeatable(void **state) {
     for (int run = 0; run < 2; run++) {
         g->ops->copy(g->ctx, dw.g, dw0.g, bdw);
         g->ops->zero(g->ctx, db.g, bdb);
-        struct kiln_matmul_back_args b = {dinp.g, dw.g, db.g, dout.g, inp.g, w.g, NULL, N, C, OC, 0, 0, 0, 0};
+        struct kiln_matmul_back_args b = {dinp.g, dw.g, db.g, dout.g, inp.g, w.g, NULL, N, C, OC, 0, 0, 0, 0, 0};
         g->ops->matmul_backward(g->ctx, &b);
         if (run == 0) {
             snap_dw = malloc(bdw);
