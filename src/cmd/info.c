@@ -74,8 +74,10 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg, co
            "%.3f)\n",
            state, state / GIB, p->params_bytes / GIB, p->weights_bytes / GIB,
            (p->grads_bytes + rp.dp.grad_shard) / GIB, p->optim_bytes / GIB);
-    printf("  gradient staging %.3f GiB, gathered weights %.3f GiB, activations %.3f GiB\n",
-           rp.dp.staging / GIB, rp.dp.gathered / GIB, p->acts_bytes / GIB);
+    printf("  gradient staging %.3f GiB, gathered weights %.3f GiB%s, activations %.3f GiB\n",
+           rp.dp.staging / GIB, rp.dp.gathered / GIB,
+           rp.dpo.fp8_groups && rp.dpo.zero == 3 ? " (the layers' linear weights as FP8 codes)" : "",
+           p->acts_bytes / GIB);
     if (rp.attn_ws)
         printf("  attention workspace %.3f GiB (dQ accumulator, RoPE's rotated q and k)\n", rp.attn_ws / GIB);
     if (rp.dpo.accumulate_whole) // counted in the gradients above, but whole on every rank: it does not fall

@@ -481,6 +481,9 @@ struct kiln_ops {
     void (*fp8_cast)(void *ctx, const struct kiln_fp8_cast_args *a);
     void (*fp8_matmul)(void *ctx, const struct kiln_fp8_matmul_args *a);
     void (*bias_backward)(void *ctx, const struct kiln_bias_back_args *a);
+    // out (cols, rows) = in (rows, cols)^T, both dense FP8 codes (bytes): the transposed layout of weights
+    // gathered as codes (ZeRO-3's FP8 all-gather), which the backward's dinp GEMM reads
+    void (*fp8_transpose)(void *ctx, uint8_t *out, const uint8_t *in, int rows, int cols);
 };
 
 // ---- a backend: the ops table, its context, and what the model and trainer need to know about it ----

@@ -47,6 +47,10 @@ void kiln_params_split_runs(const struct kiln_model_config *m, const struct kiln
     kiln_model_family_of(m)->split_runs(m, s, r, local, i, f, user);
 }
 
+void kiln_model_linear_groups(const struct kiln_model_config *m, const struct kiln_param_table *t, int *group) {
+    kiln_model_family_of(m)->linear_groups(m, t, group);
+}
+
 struct copy_runs {
     float *dst;
     const float *src;

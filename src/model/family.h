@@ -45,6 +45,8 @@ struct kiln_model_family {
     void (*split_runs)(const struct kiln_model_config *m, const struct kiln_model_split *s, int r,
                        const struct kiln_param_table *local, int i,
                        void (*f)(void *user, size_t local_at, size_t whole_at, size_t n), void *user);
+    // which tensors of table t are the blocks' linear-layer weights (kiln_model_linear_groups)
+    void (*linear_groups)(const struct kiln_model_config *m, const struct kiln_param_table *t, int *group);
     // the memory a model of these options needs (kiln_model_plan)
     void (*plan)(const struct kiln_model_config *m, const struct kiln_model_opts *o, enum kiln_dtype act,
                  enum kiln_dtype grad, int weights_alias_master, struct kiln_mem_plan *plan);

@@ -72,6 +72,10 @@ size_t kiln_params_aligned(size_t elems);
 void kiln_params_init(const struct kiln_param_table *t, const struct kiln_model_config *m, float *params,
                       uint64_t seed);
 
+// The blocks' linear-layer weights of table t (the GEMM weights a precision hook casts, not the LM head's):
+// group[i] (t->n entries) is the first tensor of the GEMM weight tensor i is part of (i itself, or the tensor
+// before it where one GEMM reads two that touch: a parallel block's [c_attn; c_fc]), -1 for every other tensor.
+void kiln_model_linear_groups(const struct kiln_model_config *m, const struct kiln_param_table *t, int *group);
 // Where part r of split s of tensor i sits in the whole tensor: f gets each contiguous run of the part, as
 // (element offset in the part's tensor, element offset in the whole tensor, elements), in order. A tensor
 // the split leaves whole is one run. (Megatron's layout: part r holds the r-th share of the heads, of the

@@ -73,6 +73,10 @@ void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_ba
     dp->comm = comm;
     dp->be = be;
     plan(dp, pt, o, comm->size, comm->rank);
+    if (o->fp8_groups && dp->zero == 3 && !dp->in_place && !dp->offload) {
+        dp->fp8_groups = kiln_xcalloc((size_t)pt->n, sizeof(int));
+        memcpy(dp->fp8_groups, o->fp8_groups, (size_t)pt->n * sizeof(int));
+    }
     dp->held = held_of(&dp->sh, dp->zero);
     dp->b = kiln_xcalloc((size_t)dp->nb, sizeof(*dp->b));
     for (int i = 0; i < dp->nb; i++)
@@ -102,6 +106,8 @@ void kiln_dp_plan_memory(const struct kiln_param_table *pt, const struct kiln_dp
     }
     if (dp.zero == 3 && !dp.in_place) // the gathered top and bottom buckets, and the ring of layers
         out->gathered = (top + bottom + (size_t)dp.K * mid) * ab;
+    if (o->fp8_groups && dp.zero == 3 && !dp.in_place && !dp.offload) // the layers' codes, and the shard's
+        out->gathered += (size_t)dp.K * mid + n;
     if (dp.offload) // master and moments in f32, and the pipeline's staging (two chunks each way)
         out->host = kiln_offload_host_bytes(n, dp.chunk, grad, act);
     kiln_shard_plan_free(&dp.sh);
@@ -124,6 +130,7 @@ void kiln_dp_free(struct kiln_dp *dp) {
     kiln_offload_settle(dp->off); // (the state frees its pipeline)
     free(dp->norm_w);
     free(dp->sum_w);
+    free(dp->fp8_groups);
     for (int i = 0; dp->wg && i < dp->nb; i++)
         kiln_comm_wait(dp->comm, dp->wg[i]);
     free(dp->wg);

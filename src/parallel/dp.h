@@ -54,6 +54,11 @@ struct kiln_dp_opts {
                           // (to trace the prefetch's overlap on one GPU)
     int gather_wait;      // measurements: ZeRO-1/2 wait for the updated weights' gathers right after AdamW,
                           // instead of letting the next forward wait for each bucket as it reaches it
+    // ZeRO-3, FP8 training: the blocks' linear weights of the layers between the top and bottom buckets are
+    // all-gathered as e4m3 codes (half the bytes), with tensorwise scales every rank agrees on
+    // (kiln_model_linear_groups's groups, the table's n entries; read at kiln_dp_create, NULL: off). The
+    // FP8 hook takes them through kiln_dp_fp8_weight. Not with offload.
+    const int *fp8_groups;
 };
 
 struct kiln_dp;
@@ -63,6 +68,10 @@ struct kiln_dp;
 void kiln_dp_create(struct kiln_dp **out, struct kiln_comm *comm, struct kiln_backend *be,
                     const struct kiln_param_table *pt, const struct kiln_dp_opts *o);
 void kiln_dp_free(struct kiln_dp *dp);
+// kiln_fp8_set_weight_source's source under ZeRO-3's FP8 all-gather (user: the kiln_dp): the gathered codes
+// of the GEMM weight at w (n elements, from a group's first tensor) and their inverse scale; nonzero where w is
+// not such a weight of a gathered layer (the hook casts it then)
+int kiln_dp_fp8_weight(void *user, const void *w, size_t n, const uint8_t **codes, const float **scale_inv);
 // AdamW moments this rank holds (kiln_optim_state_opts.elems): every element under DDP, its slices' under ZeRO.
 size_t kiln_dp_optim_elems(const struct kiln_dp *dp);
 // Installs the model's hooks, and takes the optimizer's state to step (kept, not owned; offloaded: starts its

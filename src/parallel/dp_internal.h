@@ -32,6 +32,43 @@ struct unit {
     int valid;    // gathered (or being gathered) since the last update
     void *issued; // the compute stream's point where its gather was issued (NULL on the CPU)
     struct kiln_comm_work *work;
+    uint8_t *q;   // FP8 all-gather: the bucket's codes (a layer between the top and bottom buckets), or NULL
+};
+
+// ZeRO-3's FP8 all-gather (kiln_dp_opts.fp8_groups). Each step, once the weights are updated: the small
+// tensors of the layers between (norms, biases: whatever no GEMM casts) go to every rank by one all-reduce
+// (each rank writes its own elements, zeros elsewhere: the sum is exact); each GEMM weight's amax is the
+// largest of the ranks' (one all-reduce of a float each); each rank casts its slices of those weights to
+// e4m3 codes with that scale. Each layer's gather then moves the codes (one byte an element), and the small
+// tensors are copied into the gathered buffer from the all-reduced copy.
+struct dp_fp8_group {
+    size_t lo, hi; // flat elements of the GEMM weight (its tensors, touching)
+};
+struct dp_fp8_seg {
+    int g;         // the group (codes), or -1 (a small tensor)
+    size_t lo, hi; // flat elements: a piece of this rank's range
+    size_t so;     // its state offset (in the shard's weights and codes)
+    size_t at;     // small: where it sits in the all-reduced copy
+};
+struct dp_fp8_small {
+    size_t lo, n, at; // a small tensor of a gathered layer: flat elements, and its place in the copy
+};
+struct dp_fp8 {
+    struct dp_fp8_group *grp; // sorted by lo
+    int ng;
+    struct dp_fp8_seg *seg; // this rank's pieces
+    int nseg;
+    struct dp_fp8_small *small; // every rank's, sorted by lo
+    int nsmall;
+    size_t small_elems;
+    uint8_t *q;         // (optim_elems) this rank's codes at its ranges' state offsets
+    void *S;            // (small_elems) act dtype: the small tensors, all-reduced
+    float *amax, *sinv; // (ng) each group's amax (the largest of the ranks') and inverse scale
+    void *unit_x;       // (ng) act dtype zeros, and (ng) bytes: what the inverse scales' one cast reads and writes
+    uint8_t *unit_q;
+    void *ev;           // the compute stream's point before each of the step's two all-reduces
+    int ready;          // cast since the last update
+    struct kiln_comm_work *s_work; // the small tensors' all-reduce, until a layer waits for it
 };
 
 // ZeRO-2's staging buffers: the top bucket (the final norm and head, written from the classifier on) and the
@@ -89,6 +126,8 @@ struct kiln_dp {
     // so the model reads the shard in place; the units only name the bucket, and hold no memory
     int in_place;
     struct unit *top_w, *bottom_w; // the top and bottom buckets' gathered weights
+    int *fp8_groups;               // (the table's n) kiln_dp_opts.fp8_groups, or NULL
+    struct dp_fp8 *fp8;            // the FP8 all-gather's state, once attached (NULL: off)
     struct unit *slots;            // (K) the layers' between, slot l % K for layer l
     float *host_master; // (the table's total) the whole master weights, after kiln_dp_gather_master
     // --offload=optimizer: this rank's part (optim_elems, at the spans' state offsets) of the f32 master

@@ -58,6 +58,11 @@ struct kiln_fp8 {
         const void *inp;
         int N, IC;
     } * xseen;
+    // kiln_fp8_set_weight_source: weights given as codes, and the operand that views them (its q not owned;
+    // qt the transpose made per use, in the S_W scratch)
+    int (*source)(void *user, const void *w, size_t n, const uint8_t **codes, const float **scale_inv);
+    void *source_user;
+    struct operand given;
     void (*reduce)(void *user, float *amax, size_t n); // kiln_fp8_set_amax_reduce (NULL: one rank)
     void *reduce_user;
     int pos, filled;
@@ -212,10 +217,26 @@ static struct amax_at input_amax(struct kiln_fp8 *f, int slot, const void *inp, 
     return am;
 }
 
-// The weight W (OC, IC) of (l, k), both layouts, from the step's copies where it can
-static struct operand *weight(struct kiln_fp8 *f, int l, enum kiln_linear k, const void *w, int OC, int IC) {
+// The weight W (OC, IC) of (l, k), both layouts, from the step's copies where it can; where the weight source
+// gives its codes, those, and (transposed) the transpose made from them
+static struct operand *weight(struct kiln_fp8 *f, int l, enum kiln_linear k, const void *w, int OC, int IC,
+                              int transposed) {
     int slot = slot_of(f, l, k, OP_W);
     size_t n = (size_t)OC * IC, groups = (size_t)(OC > IC ? OC : IC);
+    const uint8_t *codes;
+    const float *sinv;
+    if (f->source && f->source(f->source_user, w, n, &codes, &sinv) == 0) {
+        struct operand *o = &f->given;
+        o->q = (uint8_t *)codes;
+        o->sinv = (float *)sinv;
+        o->qt = NULL;
+        if (transposed) {
+            struct operand *t = scratch(f, S_W, n, 1, 1);
+            f->be->ops->fp8_transpose(f->be->ctx, t->qt, codes, OC, IC);
+            o->qt = t->qt;
+        }
+        return o;
+    }
     struct wcache *c = f->cache_off ? NULL : &f->wc[slot / OPS];
     if (c && c->w == w && c->OC == OC && c->IC == IC && c->step == f->step)
         return &c->op;
@@ -262,7 +283,7 @@ static void fp8_forward(void *user, int l, enum kiln_linear k, const struct kiln
         return;
     }
     int rowwise = f->o.recipe == KILN_FP8_ROWWISE;
-    struct operand *w = weight(f, l, k, a->weight, a->OC, a->IC); // (OC, IC)
+    struct operand *w = weight(f, l, k, a->weight, a->OC, a->IC, 0); // (OC, IC)
     struct operand *x = scratch(f, S_X, (size_t)a->N * a->IC, 0, max_sz(a->N, a->IC));
     int xs = slot_of(f, l, k, OP_X);
     cast_layouts(f, x, xs, a->inp, a->N, a->IC, 1, 0, KILN_FP8_E4M3,
@@ -302,7 +323,7 @@ static void fp8_backward(void *user, int l, enum kiln_linear k, const struct kil
     if (a->dinp) {
         // dinp (N, IC) = dout (N, OC) @ W (OC, IC): the GEMM reads W^T (IC, OC), the step's transposed copy;
         // the previous layer's GELU backward (DGELU) is its epilogue
-        struct operand *w = weight(f, l, k, a->weight, a->OC, a->IC);
+        struct operand *w = weight(f, l, k, a->weight, a->OC, a->IC, 1);
         struct kiln_fp8_matmul_args m = {.out = a->dinp,
                                          .a = dy->q,
                                          .b = w->qt,
@@ -406,6 +427,17 @@ void kiln_fp8_set_amax_reduce(struct kiln_fp8 *f, void (*reduce)(void *user, flo
         return;
     f->reduce = reduce;
     f->reduce_user = user;
+}
+
+void kiln_fp8_set_weight_source(struct kiln_fp8 *f,
+                                int (*source)(void *user, const void *w, size_t n, const uint8_t **codes,
+                                              const float **scale_inv),
+                                void *user) {
+    if (!f)
+        return;
+    KILN_ASSERT(!source || f->o.recipe == KILN_FP8_TENSORWISE);
+    f->source = source;
+    f->source_user = user;
 }
 
 void kiln_fp8_after_step(struct kiln_fp8 *f) {

@@ -52,6 +52,14 @@ void kiln_fp8_after_step(struct kiln_fp8 *f);
 // reduces its amaxes so). It is called from kiln_fp8_after_step, on every rank at the same point.
 void kiln_fp8_set_amax_reduce(struct kiln_fp8 *f, void (*reduce)(void *user, float *amax, size_t n),
                               void *user);
+// Where weights may already be FP8 codes (ZeRO-3's FP8 all-gather): source(user, w, n) gives the e4m3 codes
+// of the n elements at weight pointer w, laid out as w is, and their inverse scale (one, tensorwise, in
+// backend memory), or returns nonzero where it holds none (the hook then casts w itself). Codes it gives must
+// stay valid until the GEMMs that read them have run (the backend's stream orders them). Tensorwise only.
+void kiln_fp8_set_weight_source(struct kiln_fp8 *f,
+                                int (*source)(void *user, const void *w, size_t n, const uint8_t **codes,
+                                              const float **scale_inv),
+                                void *user);
 // The recipe's state for a checkpoint (state.json's "precision"): the delayed histories, bit for bit. NULL
 // where the recipe has none. The caller owns it.
 cJSON *kiln_fp8_state_to_json(const struct kiln_fp8 *f);

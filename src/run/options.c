@@ -147,6 +147,9 @@ static const struct opt OPTS[] = {
     {"fp8-grad", OPT_ENUM, OFF(fp8_grad), 0, 0, "e5m2 e4m3", "fp8: the format of the output gradients"},
     {"fp8-head", OPT_BOOL, OFF(fp8_head), 0, 1, NULL, "fp8: the LM head in FP8 too"},
     {"fp8-history", OPT_INT, OFF(fp8_history), 1, 1024, NULL, "fp8 delayed: steps of amax history"},
+    {"fp8-all-gather", OPT_BOOL, OFF(fp8_all_gather), 0, 1, NULL,
+     "fp8 tensorwise with --zero=3: the layers' linear weights all-gathered as FP8 codes (half the bytes), "
+     "not in bf16 and cast on each use"},
     {"bucket-mb", OPT_FLOAT, OFF(bucket_mb), 0.001, 1e5, NULL,
      "MiB of gradients per reduction bucket, each reduced while the backward goes on"},
     {"reduce-dtype", OPT_ENUM, OFF(reduce_dtype), 0, 0, "auto fp32 bf16",
@@ -860,11 +863,30 @@ int kiln_config_validate(const struct kiln_config *c, struct kiln_error *err) {
                            "blocks; add --recompute=block",
                            c->offload == KILN_OFFLOAD_ALL ? "all" : "activations");
     // precision: the fp8 options need fp8, and what fp8 does not do yet is refused
-    if (!c->precision && (c->fp8_recipe || c->fp8_grad || c->fp8_head || c->fp8_history != 16))
+    if (!c->precision && (c->fp8_recipe || c->fp8_grad || c->fp8_head || c->fp8_history != 16 || c->fp8_all_gather))
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "--fp8-%s with precision bf16 (--precision): the fp8 options apply to FP8 "
                            "training; add --precision=fp8 or drop them",
-                           c->fp8_recipe ? "recipe" : c->fp8_grad ? "grad" : c->fp8_head ? "head" : "history");
+                           c->fp8_recipe  ? "recipe"
+                           : c->fp8_grad  ? "grad"
+                           : c->fp8_head  ? "head"
+                           : c->fp8_all_gather ? "all-gather"
+                                          : "history");
+    if (c->fp8_all_gather && c->zero != 3)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "fp8-all-gather without --zero=3 (--fp8-all-gather): only ZeRO-3 gathers the weights "
+                           "for each layer; add --zero=3 or drop it");
+    if (c->fp8_all_gather && c->fp8_recipe)
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "fp8-all-gather with recipe %s (--fp8-all-gather): the gathered codes carry one "
+                           "scale a weight, taken when they are cast; use --fp8-recipe=tensorwise",
+                           c->fp8_recipe == 1 ? "rowwise" : "delayed");
+    if (c->fp8_all_gather && (c->offload & KILN_OFFLOAD_OPTIMIZER))
+        return kiln_errorf(err, KILN_ERR_USAGE,
+                           "fp8-all-gather with --offload=%s (--fp8-all-gather): the offloaded optimizer updates "
+                           "the shard layer by layer under the forward, and the codes are cast from the whole "
+                           "updated shard; drop one of the two",
+                           c->offload == KILN_OFFLOAD_ALL ? "all" : "optimizer");
     if (c->precision && c->fp8_recipe != 2 && c->fp8_history != 16)
         return kiln_errorf(err, KILN_ERR_USAGE,
                            "fp8-history %d with recipe %s (--fp8-history): only delayed scaling keeps a "

@@ -97,6 +97,7 @@ struct kiln_config {
     int fp8_grad;    // the gradients' format: 0 e5m2, 1 e4m3
     int fp8_head;    // the LM head in FP8 too
     int fp8_history; // delayed: steps of amax history
+    int fp8_all_gather; // ZeRO-3: the layers' linear weights gathered as FP8 codes
 
     // checkpoints and resume
     int checkpoint;    // write checkpoints at all (0: none, for benchmarks)

@@ -30,6 +30,10 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
                              .keep_gathered = !cfg->zero3_reshard,
                              .accumulate_whole = cfg->zero3_accumulate == KILN_ACCUMULATE_WHOLE,
                              .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0};
+    // --fp8-all-gather: the plan counts the codes' buffers (it reads no groups: any non-NULL stands for them)
+    static const int fp8_groups_planned = 0;
+    if (cfg->precision && cfg->fp8_all_gather)
+        o.fp8_groups = &fp8_groups_planned;
     kiln_dp_tuning(&o, k);
     out->dpo = o;
     struct kiln_model_opts go = {.B = cfg->batch_size,

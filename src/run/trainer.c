@@ -862,8 +862,15 @@ static int run_setup(struct run *r, struct kiln_error *err) {
                                    .accumulate_whole = cfg->zero3_accumulate == KILN_ACCUMULATE_WHOLE,
                                    .offload = (cfg->offload & KILN_OFFLOAD_OPTIMIZER) != 0,
                                    .host_threads = cfg->threads};
+        int *groups = NULL; // --fp8-all-gather: the weights ZeRO-3 gathers as codes
+        if (cfg->precision && cfg->fp8_all_gather) {
+            groups = kiln_xcalloc((size_t)pt.n, sizeof(int));
+            kiln_model_linear_groups(&cfg->model, &pt, groups);
+            dpo.fp8_groups = groups;
+        }
         kiln_dp_tuning(&dpo, r->knobs);
         kiln_dp_create(&r->dp, r->cross, &r->be, &pt, &dpo);
+        free(groups);
         if (r->tp) { // the gradient norm over the group's parts, each copy counted once
             int nw, ns;
             struct kiln_norm_weight *w = kiln_tp_norm_weights(&r->tp_lo, &cfg->model, &pt, &nw);
@@ -894,6 +901,8 @@ static int run_setup(struct run *r, struct kiln_error *err) {
             return rc;
         if (r->comm && r->comm->size > 1) // delayed scaling: every rank's amaxes, the largest
             kiln_fp8_set_amax_reduce(r->fp8, fp8_amax_max, r->comm);
+        if (r->dp && cfg->fp8_all_gather) // the layers' weights come gathered as codes
+            kiln_fp8_set_weight_source(r->fp8, kiln_dp_fp8_weight, r->dp);
     }
     struct kiln_model_buffers mb;
     kiln_model_buffers(r->g, &mb);

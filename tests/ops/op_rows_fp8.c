@@ -151,8 +151,8 @@ static int fp8mm_tensors(const struct opt_case *c, struct opt_tensor *t) {
     t[FM_SEENB] = seen_tensor("amax_seen_b", c->both && !c->per);
     t[FM_QA] = opt_scratch("a_fp8", OPT_ACT, M * K); // bytes enough for M*K codes on any backend
     t[FM_QB] = opt_scratch("b_fp8", OPT_ACT, N * K);
-    t[FM_QA2] = opt_scratch("a_fp8_other", OPT_ACT, c->both ? M * K : 0);
-    t[FM_QB2] = opt_scratch("b_fp8_other", OPT_ACT, c->both ? N * K : 0);
+    t[FM_QA2] = opt_scratch("a_fp8_other", OPT_ACT, c->both || c->via_t ? M * K : 0);
+    t[FM_QB2] = opt_scratch("b_fp8_other", OPT_ACT, c->both || c->via_t ? N * K : 0);
     t[FM_OUT] = opt_output("out", c->grad_out ? OPT_GRAD : OPT_ACT, M * N, c->accum);
     // a weight gradient in f32 on the GPU is a sum of products in another order than the CPU's: not exact, so
     // not the row's f32 threshold (0: the amaxes and inverse scales are); a parameter gradient's
@@ -169,6 +169,19 @@ static void cast_operand(const struct opt_args *x, const void *src, float *amax,
     enum kiln_fp8_per per = !x->c->per ? KILN_FP8_TENSOR : tr ? KILN_FP8_COLS : KILN_FP8_ROWS;
     struct kiln_amax_args am = {.amax = amax, .x = src, .rows = tr ? K : rows, .cols = tr ? rows : K, .per = per};
     x->be->ops->amax(x->be->ctx, &am);
+    if (tr && x->c->via_t) { // the stored layout's codes, then their transpose
+        struct kiln_fp8_cast_args cs = {.out = q2,
+                                        .x = src,
+                                        .amax = amax,
+                                        .scale_inv = sinv,
+                                        .rows = am.rows,
+                                        .cols = am.cols,
+                                        .fmt = fmt,
+                                        .per = per};
+        x->be->ops->fp8_cast(x->be->ctx, &cs);
+        x->be->ops->fp8_transpose(x->be->ctx, q, q2, am.rows, am.cols);
+        return;
+    }
     struct kiln_fp8_cast_args ca = {.out = tr ? q2 : q,
                                     .out_t = tr ? q : q2,
                                     .x = src,
@@ -286,6 +299,7 @@ static const struct opt_case fp8mm_fd[] = {
     {.N = 6, .IC = 5, .OC = 7, .bias = 1, .gelu = 1},
     {.N = 5, .IC = 6, .OC = 4, .ta = 1, .both = 1, .accum = 1},
     {.N = 4, .IC = 7, .OC = 6, .tb = 1, .both = 1, .per = 1},
+    {.N = 5, .IC = 6, .OC = 7, .fmt_a = KILN_FP8_E5M2, .ta = 1, .tb = 1, .via_t = 1, .grad_out = 1},
 };
 static const struct opt_case fp8mm_gpu[] = {
     {.N = 256, .IC = 768, .OC = 2304, .bias = 1},
@@ -300,11 +314,14 @@ static const struct opt_case fp8mm_gpu[] = {
     {.N = 256, .IC = 3072, .OC = 768, .fmt_a = KILN_FP8_E5M2, .tb = 1, .dgelu = 1, .accum = 1},
     {.N = 100, .IC = 72, .OC = 40, .bias = 1, .gelu = 1}, // not multiples of 16: the plain kernel
     {.N = 200, .IC = 300, .OC = 130, .ta = 1, .both = 1}, // the casts' edges
+    {.N = 256, .IC = 768, .OC = 512, .fmt_a = KILN_FP8_E5M2, .tb = 1, .via_t = 1}, // fp8_transpose's words
+    {.N = 200, .IC = 300, .OC = 130, .ta = 1, .tb = 1, .via_t = 1},                 // and its edges
 };
 const struct opt_row opt_row_fp8_matmul = {
     .name = "fp8_matmul",
-    .ops = {OPT_OP(amax), OPT_OP(fp8_cast), OPT_OP(fp8_matmul)},
-    .about = "amax + fp8_cast (plain, transposing, both) + fp8_matmul: e4m3/e5m2, tensorwise and rowwise, "
+    .ops = {OPT_OP(amax), OPT_OP(fp8_cast), OPT_OP(fp8_matmul), OPT_OP(fp8_transpose)},
+    .about = "amax + fp8_cast (plain, transposing, both, or fp8_transpose after) + fp8_matmul: e4m3/e5m2, "
+             "tensorwise and rowwise, "
              "bias, GELU, +=, DGELU, grad out (no backward)",
     .fd_cases = fp8mm_fd,
     .n_fd = OPT_COUNT(fp8mm_fd),

@@ -90,8 +90,9 @@ struct opt_case {
     // FP8 (op_rows_fp8.c): the amax's groups (enum kiln_fp8_per; the matmul: 1 = rowwise scales), the
     // operands' formats (enum kiln_fp8_fmt), operands stored transposed and cast to the "TN" layout, the
     // DGELU factor, an output in grad dtype, the forward's GELU (a pre-activation out too), casts that write
-    // both layouts in one pass (and record the amax they saw)
-    int per, fmt_a, fmt_b, ta, tb, dgelu, grad_out, gelu, both;
+    // both layouts in one pass (and record the amax they saw), operands stored transposed cast as stored and
+    // then put in the GEMM's layout by fp8_transpose (via_t)
+    int per, fmt_a, fmt_b, ta, tb, dgelu, grad_out, gelu, both, via_t;
 };
 
 // What a callback sees.

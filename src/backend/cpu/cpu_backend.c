@@ -104,6 +104,7 @@ static const struct kiln_ops cpu_ops = {
     .fp8_cast = kiln_cpu_fp8_cast,
     .fp8_matmul = kiln_cpu_fp8_matmul,
     .bias_backward = kiln_cpu_bias_backward,
+    .fp8_transpose = kiln_cpu_fp8_transpose,
 };
 
 static void cpu_close(struct kiln_backend *b) {

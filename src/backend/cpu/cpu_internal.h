@@ -140,6 +140,7 @@ void kiln_cpu_adamw(void *ctx, const struct kiln_adamw_args *a);
 // FP8 (fp8.c): the ops, and one value each way, exactly as the hardware's saturating conversion rounds
 void kiln_cpu_amax(void *ctx, const struct kiln_amax_args *a);
 void kiln_cpu_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a);
+void kiln_cpu_fp8_transpose(void *ctx, uint8_t *out, const uint8_t *in, int rows, int cols);
 void kiln_cpu_fp8_matmul(void *ctx, const struct kiln_fp8_matmul_args *a);
 void kiln_cpu_bias_backward(void *ctx, const struct kiln_bias_back_args *a);
 uint8_t kiln_fp8_encode(float x, enum kiln_fp8_fmt fmt);

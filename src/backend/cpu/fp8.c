@@ -136,6 +136,13 @@ void kiln_cpu_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a) {
     }
 }
 
+void kiln_cpu_fp8_transpose(void *ctx, uint8_t *out, const uint8_t *in, int rows, int cols) {
+#pragma omp parallel for num_threads(kiln_cpu_threads(ctx)) schedule(static) if (KILN_CPU_PAR((double)rows * cols))
+    for (int c = 0; c < cols; c++)
+        for (int r = 0; r < rows; r++)
+            out[(size_t)c * rows + r] = in[(size_t)r * cols + c];
+}
+
 // ---- GEMM ---------------------------------------------------------------------------------------------
 
 static float *decode_all(void *ctx, const uint8_t *q, size_t n, enum kiln_fp8_fmt fmt) {

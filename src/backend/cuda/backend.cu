@@ -357,6 +357,7 @@ static const struct kiln_ops cuda_ops = {
     kiln_cuda_fp8_cast,
     kiln_cuda_fp8_matmul,
     kiln_cuda_bias_backward,
+    kiln_cuda_fp8_transpose,
 };
 
 static void cuda_close(struct kiln_backend *b) {

@@ -184,6 +184,7 @@ void kiln_cuda_fp8_cache_free(struct cuda_ctx *c);    // fp8.cu: the FP8 GEMMs' 
 // FP8 (fp8.cu)
 void kiln_cuda_amax(void *ctx, const struct kiln_amax_args *a);
 void kiln_cuda_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a);
+void kiln_cuda_fp8_transpose(void *ctx, uint8_t *out, const uint8_t *in, int rows, int cols);
 void kiln_cuda_fp8_matmul(void *ctx, const struct kiln_fp8_matmul_args *a);
 void kiln_cuda_bias_backward(void *ctx, const struct kiln_bias_back_args *a);
 #ifdef __cplusplus

@@ -391,6 +391,51 @@ extern "C" void kiln_cuda_fp8_cast(void *ctx, const struct kiln_fp8_cast_args *a
     CUDA_CHECK_LAUNCH();
 }
 
+// out (C, R) = in (R, C)^T over bytes: 64 x 64 tiles, block (16, 16). Where the tile is whole and rows are
+// 4-byte aligned, a thread reads 4 codes a row (one word) and writes 4 of out's (one word, packed from four
+// rows of the tile); at the edges, a byte at a time.
+__global__ void fp8_transpose_kernel(uint8_t *out, const uint8_t *in, int R, int C, int words) {
+    __shared__ uint8_t tile[64][64 + 4];
+    int r0 = blockIdx.y * 64, c0 = blockIdx.x * 64, tx = threadIdx.x, ty = threadIdx.y;
+    int whole = words && r0 + 64 <= R && c0 + 64 <= C;
+    if (whole) {
+        for (int i = ty; i < 64; i += 16) {
+            uint32_t w = *(const uint32_t *)(in + (size_t)(r0 + i) * C + c0 + tx * 4);
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+                tile[i][tx * 4 + b] = (uint8_t)(w >> (8 * b));
+        }
+        __syncthreads();
+        for (int j = ty; j < 64; j += 16) {
+            uint32_t w = 0;
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+                w |= (uint32_t)tile[tx * 4 + b][j] << (8 * b);
+            *(uint32_t *)(out + (size_t)(c0 + j) * R + r0 + tx * 4) = w;
+        }
+        return;
+    }
+    for (int i = ty; i < 64; i += 16)
+        for (int j = tx; j < 64; j += 16)
+            if (r0 + i < R && c0 + j < C)
+                tile[i][j] = in[(size_t)(r0 + i) * C + c0 + j];
+    __syncthreads();
+    for (int j = ty; j < 64; j += 16)
+        for (int i = tx; i < 64; i += 16)
+            if (r0 + i < R && c0 + j < C)
+                out[(size_t)(c0 + j) * R + r0 + i] = tile[i][j];
+}
+
+extern "C" void kiln_cuda_fp8_transpose(void *ctx, uint8_t *out, const uint8_t *in, int rows, int cols) {
+    struct cuda_ctx *c = cuda_ctx_of(ctx);
+    if (rows == 0 || cols == 0)
+        return;
+    int words = rows % 4 == 0 && cols % 4 == 0 && (((uintptr_t)out | (uintptr_t)in) & 3) == 0;
+    dim3 grid(KILN_CEIL_DIV(cols, 64), KILN_CEIL_DIV(rows, 64)), block(16, 16);
+    fp8_transpose_kernel<<<grid, block, 0, c->stream>>>(out, in, rows, cols, words);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ---- GEMM ---------------------------------------------------------------------------------------------
 
 // acc (M, N) f32 = a (M, K) . b (N, K)^T on decoded values, one output a thread: the shapes cuBLASLt's FP8

@@ -62,6 +62,7 @@ const struct kiln_model_family kiln_family_gpt = {
     .params_init = gpt_params_init,
     .params_init_tensor = gpt_params_init_tensor,
     .split_runs = gpt_split_runs,
+    .linear_groups = gpt_linear_groups,
     .plan = gpt_plan,
     .forward = gpt_forward,
     .backward = gpt_backward,

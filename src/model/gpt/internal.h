@@ -224,6 +224,7 @@ void gpt_params_build(struct kiln_param_table *t, const struct kiln_model_config
                       const struct kiln_model_split *split);
 void gpt_params_init_tensor(const struct kiln_param_table *t, const struct kiln_model_config *m, int i, float *x,
                             uint64_t seed);
+void gpt_linear_groups(const struct kiln_model_config *m, const struct kiln_param_table *t, int *group);
 void gpt_split_runs(const struct kiln_model_config *m, const struct kiln_model_split *s, int r,
                     const struct kiln_param_table *local, int i,
                     void (*f)(void *user, size_t local_at, size_t whole_at, size_t n), void *user);

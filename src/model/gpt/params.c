@@ -174,3 +174,20 @@ void gpt_split_runs(const struct kiln_model_config *m, const struct kiln_model_s
     for (int64_t row = 0; row < p->shape[0]; row++)
         f(user, (size_t)(row * cols), (size_t)(row * wcols + r * cols), (size_t)cols);
 }
+
+// The blocks' GEMM weights: c_attn, attn.c_proj, c_fc (SwiGLU's [gate | up] is one tensor) and mlp.c_proj; a
+// parallel block's c_fc joins c_attn's GEMM where the two touch (as gpt/layout.c decides)
+void gpt_linear_groups(const struct kiln_model_config *m, const struct kiln_param_table *t, int *group) {
+    for (int i = 0; i < t->n; i++)
+        group[i] = -1;
+    static const int kinds[] = {KILN_QKV_W, KILN_ATTNO_W, KILN_FC_W, KILN_MLPO_W};
+    for (int l = 0; l < m->n_layer; l++) {
+        const int *ix = t->layer[l];
+        for (int k = 0; k < 4; k++)
+            if (ix[kinds[k]] >= 0)
+                group[ix[kinds[k]]] = ix[kinds[k]];
+        int q = ix[KILN_QKV_W], f = ix[KILN_FC_W];
+        if (m->parallel_block && q >= 0 && f >= 0 && t->p[f].offset == t->p[q].offset + t->p[q].count)
+            group[f] = q;
+    }
+}
