@@ -3,7 +3,7 @@
 # call (alternating, KILN_FP8_ROUNDS rounds, default 1) at GPT-2 124M, 350M, the 1.3B shape and llama-1b:
 # median ms a step of steps 10-30, tok/s and the loss at step 30 (random tokens: a check that it trains, not
 # a quality figure). KILN_FP8_SHAPES picks shapes by name; KILN_FP8_FLAGS adds flags to the fp8 runs
-# (e.g. --fp8-recipe=rowwise); KILN_FP8_TORCH=1 adds the PyTorch peer (bench/torch_fp8.py: torch._scaled_mm
+# (e.g. --fp8-recipe=rowwise); KILN_FP8_VARIANTS more fp8 runs (below); KILN_FP8_TORCH=1 adds the PyTorch peer (bench/torch_fp8.py: torch._scaled_mm
 # with tensorwise scales under torch.compile) in bf16 and fp8 for each shape. Logs in $OUT; a table last.
 set -u
 cd "$(dirname "$0")/.."
@@ -44,11 +44,18 @@ for s in "${SHAPES[@]}"; do
   name=$1
   shift
   [ -n "${KILN_FP8_SHAPES:-}" ] && [[ " $KILN_FP8_SHAPES " != *" $name "* ]] && continue
+  # KILN_FP8_VARIANTS: more fp8 runs, flag sets separated by ';' (e.g. "--fp8-head=1;--fp8-grad=e4m3"), each
+  # a row of its own against the same bf16 runs
+  IFS=';' read -r -a variants <<<"${KILN_FP8_VARIANTS:-}"
+  runs=(bf16 fp8)
+  for v in $(seq ${#variants[@]}); do runs+=("fp8v$v"); done
   for r in $(seq "${KILN_FP8_ROUNDS:-1}"); do
-    for p in bf16 fp8; do
+    for p in "${runs[@]}"; do
       extra=()
       # shellcheck disable=SC2206 # (flags: words)
       [ "$p" = fp8 ] && extra=(--precision=fp8 ${KILN_FP8_FLAGS:-})
+      # shellcheck disable=SC2206
+      [[ $p == fp8v* ]] && extra=(--precision=fp8 ${KILN_FP8_FLAGS:-} ${variants[${p#fp8v} - 1]})
       dir=/tmp/fp8_${p}_${name}_$r
       rm -rf "$dir"
       timeout -k 10 200 "$BUILD/kiln" train "$@" "${extra[@]}" --data=random --max-steps=30 --warmup=10 --device=cuda \
@@ -72,7 +79,7 @@ print(sys.argv[2], 'torch', r[-1]['precision'], r[-1]['tok_per_s'], r[-1]['peak_
         { echo "torch $name fp8=$p failed:"; tail -3 "$OUT/torch_${name}_fp8$p.log"; }
     done
   fi
-  python3 - "$name" "$OUT/fp8_runs.txt" <<'PY' | tee -a "$OUT/fp8.md"
+  python3 - "$name" "$OUT/fp8_runs.txt" "${KILN_FP8_VARIANTS:-}" <<'PY' | tee -a "$OUT/fp8.md"
 import statistics, sys
 name, path = sys.argv[1], sys.argv[2]
 rows = [l.split() for l in open(path) if l.split()[0] == name]
@@ -82,6 +89,10 @@ def med(p, i):
 b, f = med("bf16", 5), med("fp8", 5)
 print(f"| {name} fp8 vs bf16 | {f:.0f} vs {b:.0f} tok/s ({f / b:.3f}x); ms {med('fp8', 4):.2f} vs {med('bf16', 4):.2f}; "
       f"loss at step 30 {med('fp8', 6):.4f} vs {med('bf16', 6):.4f} |")
+for i, flags in enumerate(v for v in sys.argv[3].split(";") if v):
+    p = f"fp8v{i + 1}"
+    print(f"| {name} fp8 {flags} vs bf16 | {med(p, 5):.0f} vs {b:.0f} tok/s ({med(p, 5) / b:.3f}x); "
+          f"loss at step 30 {med(p, 6):.4f} |")
 try:
     t = {r[2]: float(r[3]) for r in (l.split() for l in open(path.replace("fp8_runs", "torch_runs"))) if r[0] == name}
     print(f"| {name} PyTorch (torch.compile, _scaled_mm) fp8 vs bf16 | {t['fp8']:.0f} vs {t['bf16']:.0f} tok/s "
