@@ -117,7 +117,7 @@ struct kiln_matmul_args {
 //   dweight += dout^T @ inp;  dbias += sum over rows of dout  (= for both with grad_assign).
 struct kiln_matmul_back_args {
     void *dinp;               // act (N, IC), or NULL to skip
-    void *dweight;            // grad (OC, IC), +=
+    void *dweight;            // grad (OC, IC), +=, or NULL to skip (dbias NULL too): dinp alone
     void *dbias;              // grad (OC), +=, or NULL
     const void *dout;         // act (N, OC)
     const void *inp;          // act (N, IC)

@@ -120,7 +120,7 @@ struct kiln_tp {
     // act (N, C) buffers: an input gathered from every rank's rows, and a partial output before its
     // reduce-scatter; the LM head's gathered targets and losses (N each). Under --tp-overlap=ring (ring set)
     // the two buffers are 2 tp chunk slots of (Nr, C) for the ring's transfers and partial sums (slot()).
-    int seq, ring;
+    int seq, ring, bulk; // bulk: --tp-overlap=bulk (column_backward_bulk)
     size_t N, Nr, C;
     void *gath, *part;
     int32_t *tgt;
@@ -425,6 +425,46 @@ static void qkv_backward_shared(struct kiln_tp *t, int l, const struct kiln_matm
     }
 }
 
+// --tp-overlap=bulk: a column-parallel layer's backward under the sequence split (a: the model's args, every
+// row). The input's all-gather is issued first and runs under the dinp GEMM, which does not read it; dinp's
+// reduce-scatter is issued after that GEMM and runs under the dW GEMM, which reads the gathered input. The
+// same GEMMs and collectives as the synchronous order, in another order in time: the same sums.
+static void column_backward_bulk(struct kiln_tp *t, int l, enum kiln_linear k,
+                                 const struct kiln_matmul_back_args *a) {
+    size_t IC = (size_t)a->IC, n = t->Nr * IC;
+    struct kiln_coll ag = {.op = KILN_COLL_ALL_GATHER,
+                           .send = a->inp,
+                           .recv = t->gath,
+                           .count = n * t->lo.tp,
+                           .dtype = t->be->act_dtype,
+                           .device = t->be->device_memory};
+    struct kiln_comm_work *wg = kiln_comm_submit(t->comm, &ag, after_compute(t));
+    struct kiln_matmul_back_args d = *a; // dL/dinput of every row, the partial sum of this rank's columns
+    d.inp = t->gath;                      // (not read without dweight)
+    d.dinp = t->part;
+    d.dinp_accumulate = 0;
+    d.dweight = NULL;
+    d.dbias = NULL;
+    kiln_model_linear_backward_with(&t->next, t->be, l, k, &d);
+    void *mine = act_at(t, t->part, n * t->lo.tp_rank);
+    struct kiln_coll rs = {.op = KILN_COLL_REDUCE_SCATTER,
+                           .send = t->part,
+                           .recv = a->dinp_accumulate ? mine : a->dinp,
+                           .count = n * t->lo.tp,
+                           .dtype = t->be->act_dtype,
+                           .red = KILN_RED_SUM,
+                           .device = t->be->device_memory};
+    struct kiln_comm_work *wr = kiln_comm_submit(t->comm, &rs, after_compute(t));
+    kiln_comm_wait_stream(t->comm, wg);
+    struct kiln_matmul_back_args w = *a; // dW (and dbias) from the gathered input
+    w.inp = t->gath;
+    w.dinp = NULL;
+    kiln_model_linear_backward_with(&t->next, t->be, l, k, &w);
+    kiln_comm_wait_stream(t->comm, wr);
+    if (a->dinp_accumulate)
+        t->be->ops->add(t->be->ctx, a->dinp, a->dinp, mine, n);
+}
+
 static void tp_backward(void *user, int l, enum kiln_linear k, const struct kiln_matmul_back_args *a) {
     struct kiln_tp *t = user;
     struct kiln_matmul_back_args p = *a;
@@ -448,6 +488,12 @@ static void tp_backward(void *user, int l, enum kiln_linear k, const struct kiln
     }
     if (t->seq && k != KILN_LINEAR_HEAD) {
         KILN_ASSERT((size_t)a->N == t->N);
+        if (column_parallel(k) && t->bulk && a->dinp && a->dweight &&
+            !(t->kv && (k == KILN_LINEAR_QKV || k == KILN_LINEAR_FUSED_IN))) {
+            KILN_ASSERT((size_t)a->IC <= t->C && !a->dinp_gelu_pre && (!a->dinp_stride || a->dinp_stride == a->IC));
+            column_backward_bulk(t, l, k, a);
+            return;
+        }
         if (column_parallel(k)) { // the input as the forward saw it, and dL/dinput reduce-scattered below
             KILN_ASSERT((size_t)a->IC <= t->C && !a->dinp_gelu_pre && (!a->dinp_stride || a->dinp_stride == a->IC));
             gather_rows(t, a->inp, t->Nr, (size_t)a->IC);
@@ -645,6 +691,7 @@ int kiln_tp_create(struct kiln_tp **out, const struct kiln_tp_layout *lo, struct
     if (lo->split.seq > 1) {
         t->seq = 1;
         t->ring = lo->overlap == KILN_TP_OVERLAP_RING;
+        t->bulk = lo->overlap == KILN_TP_OVERLAP_BULK;
         t->N = (size_t)B * T;
         t->Nr = t->N / (size_t)lo->tp;
         t->C = (size_t)m->n_embd;

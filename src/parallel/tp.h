@@ -21,7 +21,7 @@
 // Norms and biases of the row-parallel layers are whole on every rank and see the same gradients there.
 //
 // Under Megatron's sequence parallelism (--tp-sp) the residual stream holds this rank's Nr = N / tp token
-// rows, and the collectives at the edges of the tensor-parallel region run one of two ways (--tp-overlap):
+// rows, and the collectives at the edges of the tensor-parallel region run one of three ways (--tp-overlap):
 //   off   the synchronous order: an all-gather of the input rows, then one GEMM on all N rows (column-
 //         parallel); one GEMM, then a reduce-scatter of its partial output (row-parallel); the compute
 //         stream waits for each collective right after issuing it;
@@ -44,6 +44,10 @@
 //         embedding stay synchronous. On 4 H100s (llama-8b, T=8192, 2026-11-27) the ring ran 0.83x the
 //         synchronous order's speed (NCCL's send/receive pairs and GEMMs of Nr rows against one
 //         collective and one GEMM of N), so off is the default; the ring stays for measurement.
+//   bulk  the synchronous order's collectives and GEMMs, whole, with a column-parallel layer's backward split
+//         in two (Megatron's bulk overlap): the input's all-gather is issued before the dinp GEMM, which
+//         does not need it, and dinp's reduce-scatter before the dW GEMM, so that each runs under a GEMM.
+//         The same sums as off, to the bit. The forward and the row-parallel backward stay as off's.
 #ifndef KILN_PARALLEL_TP_H
 #define KILN_PARALLEL_TP_H
 
@@ -55,7 +59,7 @@
 #include "util/error.h"
 
 // --tp-overlap: how the sequence split's all-gathers and reduce-scatters meet the GEMMs (above)
-enum kiln_tp_overlap { KILN_TP_OVERLAP_OFF = 0, KILN_TP_OVERLAP_RING = 1 };
+enum kiln_tp_overlap { KILN_TP_OVERLAP_OFF = 0, KILN_TP_OVERLAP_RING = 1, KILN_TP_OVERLAP_BULK = 2 };
 
 struct kiln_tp_layout {
     int tp, tp_rank;         // the group's size, and this rank's place in it

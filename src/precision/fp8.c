@@ -318,7 +318,7 @@ static void fp8_backward(void *user, int l, enum kiln_linear k, const struct kil
     enum kiln_fp8_fmt gf = f->o.grad_fmt;
     // dout (N, OC): as it is for dinp, transposed for dW; one pass for both with tensorwise scales
     struct operand *dy = scratch(f, S_DY, (size_t)a->N * a->OC, 1, max_sz(a->N, a->OC));
-    cast_layouts(f, dy, slot_of(f, l, k, OP_DY), a->dout, a->N, a->OC, a->dinp != NULL, 1, gf,
+    cast_layouts(f, dy, slot_of(f, l, k, OP_DY), a->dout, a->N, a->OC, a->dinp != NULL, a->dweight != NULL, gf,
                  (struct amax_at){0});
     if (a->dinp) {
         // dinp (N, IC) = dout (N, OC) @ W (OC, IC): the GEMM reads W^T (IC, OC), the step's transposed copy;
@@ -343,6 +343,9 @@ static void fp8_backward(void *user, int l, enum kiln_linear k, const struct kil
         be->ops->fp8_matmul(be->ctx, &m);
     }
     // dW (OC, IC) = dout^T (OC, N) @ inp (N, IC): both operands transposed, reducing over the N rows
+    KILN_ASSERT(a->dweight || !a->dbias);
+    if (!a->dweight)
+        return;
     struct operand *x = scratch(f, S_X, (size_t)a->N * a->IC, 1, max_sz(a->N, a->IC));
     int xs = slot_of(f, l, k, OP_X);
     cast_layouts(f, x, xs, a->inp, a->N, a->IC, 0, 1, KILN_FP8_E4M3,

@@ -124,11 +124,13 @@ static const struct opt OPTS[] = {
      "with --tp: Megatron's sequence parallelism inside the group: the norms and the residual stream hold "
      "1/tp of the token rows, with an all-gather before each column-parallel layer and a reduce-scatter after "
      "each row-parallel one, instead of all-reduces (0: every rank holds every row)"},
-    {"tp-overlap", OPT_ENUM, OFF(tp_overlap), 0, 0, "off ring",
+    {"tp-overlap", OPT_ENUM, OFF(tp_overlap), 0, 0, "off ring bulk",
      "with --tp and --tp-sp: off (the default) issues each all-gather and reduce-scatter whole and waits for "
      "it before the GEMM; ring runs them chunk by chunk around the group, each chunk's transfer under the GEMM "
-     "of another chunk (async TP, a collective matmul: 0.83x off's speed on 4 H100s so far). The LM head and "
-     "the embedding stay synchronous"},
+     "of another chunk (async TP, a collective matmul: 0.83x off's speed on 4 H100s so far); bulk keeps off's "
+     "collectives whole but issues a column-parallel backward's all-gather before its dinp GEMM and dinp's "
+     "reduce-scatter before its dW GEMM, each under a GEMM (the same sums as off). The LM head and the "
+     "embedding stay synchronous"},
     {"sp", OPT_INT, OFF(sp), 1, 65536, NULL,
      "sequence parallelism: ranks that split each sequence (world = sp x data-parallel ranks)"},
     {"sp-mode", OPT_ENUM, OFF(sp_mode), 0, 0, "ulysses ring hybrid auto",

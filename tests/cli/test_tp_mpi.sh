@@ -3,8 +3,9 @@
 # (loss, gradient norm and validation loss at every step of 12, and the whole model it writes) for GPT-2's
 # block, Llama's (RMSNorm, SwiGLU, RoPE, GQA, with fewer key/value heads than ranks too), the parallel block;
 # with Megatron's sequence parallelism inside the group (the default) and without it (--tp-sp=0), its
-# collectives in the synchronous order (--tp-overlap=off, the default) and overlapped around a ring (ring),
-# the ring with collectives that complete late too (a GEMM that read a chunk before it arrived would show);
+# collectives in the synchronous order (--tp-overlap=off, the default), overlapped around a ring (ring), and
+# off's reordered (bulk, to the bit off's), with collectives that complete late too (a GEMM that read a chunk
+# before it arrived would show);
 # tp x dp under every ZeRO level; tp x sp; checkpoints across degrees and overlaps; bad combinations fail
 # with one line.
 source "$(dirname "$0")/lib.sh" tp_mpi "$@"
@@ -85,6 +86,27 @@ check tp4_llama_ring_late 4 "${llama[@]}" -- --tp=4 --tp-overlap=ring
 check tp4_gpt_ring_late 4 "${gpt[@]}" -- --tp=4 --tp-overlap=ring
 check tp2_parallel_ring_late 2 --block=parallel -- --tp=2 --tp-overlap=ring
 mpi_env=()
+# bulk: off's collectives and GEMMs, a column-parallel backward's all-gather issued before its dinp GEMM and
+# dinp's reduce-scatter before its dW GEMM; so off's sums to the bit, in bf16 (f32 here) and FP8, also with
+# every transfer late (a dW GEMM that read the input before its gather was awaited gives other sums)
+same_bits() { # same_bits A B: the loss and gradient norm of every step, as written
+  [ -s "$T/$1/metrics.jsonl" ] && [ "$(cut -d, -f1-4 "$T/$1/metrics.jsonl")" = "$(cut -d, -f1-4 "$T/$2/metrics.jsonl")" ] &&
+    ok || bad "$2: --tp-overlap=bulk's numbers differ from off's ($1)"
+}
+check tp2_gpt_bulk 2 "${gpt[@]}" -- --tp=2 --tp-overlap=bulk
+same_bits tp2_gpt_off tp2_gpt_bulk
+for fl in "2 --pos=rope --kv-heads=4 --mlp=swiglu --norm=rmsnorm --bias=0" "4 --block=parallel" \
+  "2 --pos=rope --kv-heads=4 --mlp=swiglu --norm=rmsnorm --bias=0 --precision=fp8"; do
+  read -r np flags <<<"$fl"
+  for o in off bulk; do
+    # shellcheck disable=SC2086 # (flags: words)
+    "${MPI[@]}" -x KILN_COMM_DELAY_US=3000 -np "$np" "$KILN" train "${args[@]}" $flags --tp="$np" --tp-overlap=$o \
+      --out="$T/late_$o" 2>"$T/err" || bad "$flags --tp=$np --tp-overlap=$o, late transfers: $(tail -3 "$T/err")"
+  done
+  echo "bulk against off, late transfers: --tp=$np $flags"
+  same_bits late_off late_bulk
+  rm -rf "$T/late_off" "$T/late_bulk"
+done
 # every rank holding every row: all-reduces instead of all-gathers and reduce-scatters
 check tp2_gpt_nosp 2 "${gpt[@]}" -- --tp=2 --tp-sp=0
 check tp4_llama_kvcopy_nosp 4 "${llama[@]}" -- --tp=4 --tp-sp=0
@@ -96,6 +118,7 @@ for z in 0 1 2 3; do
   check tp2_dp2_zero$z 4 "${llama[@]}" --total-batch=128 -- --tp=2 --zero=$z
 done
 check tp2_dp2_zero3_ring 4 "${llama[@]}" --total-batch=128 -- --tp=2 --zero=3 --tp-overlap=ring
+check tp2_dp2_zero3_bulk 4 "${llama[@]}" --total-batch=128 -- --tp=2 --zero=3 --tp-overlap=bulk
 check tp2_sp2 4 "${gpt[@]}" -- --tp=2 --sp=2
 check tp2_sp2_ring 4 "${llama[@]}" -- --tp=2 --sp=2 --sp-mode=ring
 check tp2_sp2_tpring 4 "${gpt[@]}" -- --tp=2 --sp=2 --tp-overlap=ring

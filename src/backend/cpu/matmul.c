@@ -313,6 +313,9 @@ void kiln_cpu_matmul_backward(void *ctx, const struct kiln_matmul_back_args *a) 
         kiln_cpu_free(ctx, tmp);
     }
     // dweight (OC, IC) (+)= dout^T (OC, N) @ inp (N, IC)
+    KILN_ASSERT(a->dweight || !a->dbias);
+    if (!a->dweight)
+        return;
     struct kiln_cpu_gemm gw = {.M = OC,
                                .N = IC,
                                .K = N,

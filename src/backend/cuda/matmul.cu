@@ -539,5 +539,7 @@ extern "C" void kiln_cuda_matmul_backward(void *ctx, const struct kiln_matmul_ba
             CUDA_CHECK_LAUNCH();
         }
     }
-    matmul_dweight(c, a);
+    KILN_ASSERT(a->dweight || !a->dbias);
+    if (a->dweight)
+        matmul_dweight(c, a);
 }
