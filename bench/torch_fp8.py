@@ -4,10 +4,10 @@
 # gradients, everything else in bf16 autocast, under torch.compile. torchao is not assumed to be installed;
 # this is the recipe it runs, written out. --fp8 0 gives the bf16 model for the same call's ratio.
 # Prints one JSON line (tok/s, MFU against the bf16 peak, peak memory, the last loss).
-import argparse, json, time
+import argparse, json
 import torch, torch.nn as nn, torch.nn.functional as F
 
-from torch_models import Llama  # (bench/ is on the path: this script's folder)
+from torch_models import Llama, timed_steps  # (bench/ is on the path: this script's folder)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", choices=["gpt", "llama"], default="gpt")
@@ -122,29 +122,7 @@ x = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
 y = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
 
 
-def step():
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = fn(x, y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss
-
-
-t0 = time.time()
-for _ in range(args.warmup):
-    step()
-torch.cuda.synchronize()
-warm = time.time() - t0
-torch.cuda.reset_peak_memory_stats()
-e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-e0.record()
-for _ in range(args.steps):
-    loss = step()
-e1.record()
-torch.cuda.synchronize()
-ms = e0.elapsed_time(e1) / args.steps
+ms, loss, warm = timed_steps(m, fn, opt, x, y, args.warmup, args.steps)
 tok_s = args.batch * args.seq / (ms / 1e3)
 hs = args.dim // args.heads
 fpt = 6 * n_params + 12 * args.layers * args.heads * hs * args.seq
@@ -152,4 +130,4 @@ print(json.dumps(dict(impl="pytorch", precision="fp8" if args.fp8 else "bf16", m
                       layers=args.layers, dim=args.dim, seq=args.seq, batch=args.batch,
                       params_M=round(n_params / 1e6, 1), ms_per_step=round(ms, 2), tok_per_s=round(tok_s),
                       mfu_989=round(fpt * tok_s / args.peak, 4), warmup_s=round(warm, 1),
-                      peak_mem_GiB=round(torch.cuda.max_memory_allocated() / 2**30, 2), loss=float(loss))))
+                      peak_mem_GiB=round(torch.cuda.max_memory_allocated() / 2**30, 2), loss=loss)))

@@ -1,10 +1,10 @@
 # Llama-style peer baseline for kiln's llama presets: the nanoGPT-style GPT baseline (torch_gpt.py, not shipped)
 # extended to RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases, untied head. bf16 autocast, SDPA
 # flash attention, fused AdamW, torch.compile; random tokens. Prints one JSON line like torch_gpt.py.
-import argparse, json, time
+import argparse, json
 import torch
 
-from torch_models import Llama  # (bench/ is on the path: this script's folder)
+from torch_models import Llama, timed_steps  # (bench/ is on the path: this script's folder)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--layers", type=int, default=16)
@@ -33,32 +33,11 @@ x = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
 y = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
 
 
-def step():
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = fn(x, y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss
-
-
-t0 = time.time()
-for _ in range(args.warmup):
-    step()
-torch.cuda.synchronize()
-torch.cuda.reset_peak_memory_stats()
-e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-e0.record()
-for _ in range(args.steps):
-    loss = step()
-e1.record()
-torch.cuda.synchronize()
-ms = e0.elapsed_time(e1) / args.steps
+ms, loss, warm = timed_steps(m, fn, opt, x, y, args.warmup, args.steps)
 tok_s = args.batch * args.seq / (ms / 1e3)
 fpt = 6 * n_params + 12 * args.layers * args.heads * HS * args.seq
 print(json.dumps(dict(impl="pytorch-llama", layers=args.layers, dim=args.dim, heads=args.heads,
                       kv_heads=args.kv_heads, hidden=args.hidden, seq=args.seq, batch=args.batch,
                       params_M=round(n_params / 1e6, 1), ms_per_step=round(ms, 2), tok_per_s=round(tok_s),
-                      mfu_989=round(fpt * tok_s / args.peak, 4), warmup_s=round(time.time() - t0, 1),
-                      peak_mem_GiB=round(torch.cuda.max_memory_allocated() / 2**30, 2), loss=float(loss))))
+                      mfu_989=round(fpt * tok_s / args.peak, 4), warmup_s=round(warm, 1),
+                      peak_mem_GiB=round(torch.cuda.max_memory_allocated() / 2**30, 2), loss=loss)))

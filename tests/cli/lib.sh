@@ -116,3 +116,21 @@ finish() {
   echo "$pass passed, $fail failed"
   [ "$fail" -eq 0 ]
 }
+
+# need_mpirun: for the tests under mpirun. Skipped (exit 77) where there is none; OpenMPI may run as root and
+# oversubscribe the cores; MPI holds the words every such test starts its ranks with.
+need_mpirun() {
+  if ! command -v mpirun >/dev/null; then
+    echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
+    exit 77
+  fi
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  # shellcheck disable=SC2034 # (the sourcing test's)
+  MPI=(mpirun --oversubscribe --bind-to none)
+}
+
+# test_seed: seed is KILN_TEST_SEED, else a fresh one, printed so that a failure can be run again
+test_seed() {
+  seed=${KILN_TEST_SEED:-$((RANDOM + 1))}
+  echo "seed $seed"
+}

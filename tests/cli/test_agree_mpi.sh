@@ -6,12 +6,7 @@
 # --threads, --quiet, --out's spelling) run; a rank resuming from another checkpoint than rank 0's refuses,
 # and so does one whose --resume mode differs.
 source "$(dirname "$0")/lib.sh" agree_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --bind-to none)
+need_mpirun
 tiny=(--layers=2 --heads=2 --dim=32 --block-size=32 --seq=32 --batch=4 --threads=1 --eval-every=0 --quiet)
 # the wrapper: rank N's command line gets $R<N>ARGS appended
 cat >"$T/wrap.sh" <<'SH'

@@ -5,12 +5,7 @@
 # the run's checkpoints usable); a --resume path that does not exist is one line too. Every rank still exits
 # non-zero, and the job ends within seconds.
 source "$(dirname "$0")/lib.sh" ckpt_once_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --bind-to none)
+need_mpirun
 tiny=(--layers=2 --heads=2 --dim=32 --block-size=32 --seq=32 --batch=4 --threads=1 --eval-every=0 --quiet)
 # every rank's exit status: a wrapper writes it to $T/rc.RANK
 cat >"$T/wrap.sh" <<'SH'

@@ -6,15 +6,8 @@
 # stopped, bit-exact at the same world size; a SIGKILLed rank brings the job down; kiln launch restarts a
 # crashed group to the uninterrupted run's weights; bad environments fail with one line.
 source "$(dirname "$0")/lib.sh" dist_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --bind-to none)
-# a fresh seed each run, printed so that a failure can be run again: KILN_TEST_SEED=N
-seed=${KILN_TEST_SEED:-$((RANDOM + 1))}
-echo "seed $seed"
+need_mpirun
+test_seed
 # 2 layers, 3 buckets of gradients, clipping active; 768 tokens a step = 12 micro-batches of 2 x 32 (accum 12,
 # 6, 4, 3 on 1, 2, 3, 4 ranks); a constant LR, so that a run's schedule does not depend on --max-steps
 args=(--layers=2 --heads=2 --dim=32 --seq=32 --batch=2 --total-batch=768 --eval-every=4 --eval-steps=4

@@ -7,14 +7,8 @@
 # continues bit for bit; the run follows one process's within FP8's rounding; what it cannot do is refused
 # in one line.
 source "$(dirname "$0")/lib.sh" fp8_gather_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --bind-to none)
-seed=${KILN_TEST_SEED:-$((RANDOM + 1))}
-echo "seed $seed"
+need_mpirun
+test_seed
 args=(--layers=4 --heads=4 --kv-heads=2 --dim=32 --seq=32 --batch=2 --eval-every=0 --threads=1 --quiet
   --log-every=1 --lr=3e-3 --warmup=0 --schedule=constant --seed=$seed --max-steps=8 --pos=rope --norm=rmsnorm
   --mlp=swiglu --bias=0 --precision=fp8 --zero=3 --checkpoint=0 --total-batch=384)

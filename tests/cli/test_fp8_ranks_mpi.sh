@@ -5,14 +5,8 @@
 # resumed at step 5 continues bit for bit as the run that was not stopped (every rank restores the histories
 # rank 0 wrote, which are its own only if the ranks agreed on them).
 source "$(dirname "$0")/lib.sh" fp8_ranks_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --bind-to none)
-seed=${KILN_TEST_SEED:-$((RANDOM + 1))}
-echo "seed $seed"
+need_mpirun
+test_seed
 args=(--layers=2 --heads=4 --kv-heads=2 --dim=32 --seq=32 --batch=2 --eval-every=0 --threads=1 --quiet
   --log-every=1 --lr=3e-3 --warmup=0 --schedule=constant --seed=$seed --max-steps=10 --pos=rope --norm=rmsnorm
   --mlp=swiglu --bias=0 --precision=fp8 --fp8-recipe=delayed --fp8-history=4 --total-batch=128)

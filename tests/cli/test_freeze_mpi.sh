@@ -5,12 +5,7 @@
 # of its own) or is woken after the others gave up (its dump comes late, after it ran on): at 2 and 3 ranks,
 # each rank in turn.
 source "$(dirname "$0")/lib.sh" freeze_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --bind-to none)
+need_mpirun
 tiny=(--layers=1 --heads=2 --dim=16 --seq=16 --batch=2 --threads=1 --eval-every=0 --log-every=1 --quiet)
 # the kiln process of rank $2 among those whose command line holds $1
 rank_pid() {

@@ -6,12 +6,7 @@
 # --inject-stall values and doctor's own misuse give one-line errors. Also the trainer's reports: a custom model
 # is called custom, and a run of one step does not report 0 tok/s.
 source "$(dirname "$0")/lib.sh" hang_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --bind-to none)
+need_mpirun
 tiny=(--layers=1 --heads=2 --dim=16 --seq=16 --batch=2 --threads=1 --eval-every=0)
 now() { date +%s.%N; }
 # the kiln ranks (not mpirun) whose command line holds $1

@@ -5,12 +5,7 @@
 # that it died and only its launcher knows how; the job ends non-zero within seconds. A run that ends
 # normally, ranks leaving at their own pace, names no rank.
 source "$(dirname "$0")/lib.sh" rank_death_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --bind-to none)
+need_mpirun
 tiny=(--layers=2 --heads=2 --dim=32 --block-size=32 --seq=32 --batch=4 --threads=1 --eval-every=0 --quiet)
 
 # the pid of rank R of the job writing into RUN

@@ -7,12 +7,8 @@
 # its job; the "requeued" run of the same script resumes from that checkpoint and ends with the uninterrupted
 # run's weights, byte for byte.
 source "$(dirname "$0")/lib.sh" slurm_requeue_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
+need_mpirun
 EX=$(cd "$(dirname "$0")/../../examples/slurm" && pwd)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # --ckpt-every=0: the only checkpoint before the end is the signal's. The signal comes at about step 20 (50 ms
 # of polling after it), so STEPS leaves a margin of 480 steps (a step here takes 1-2 ms on an idle machine,
 # tens on a busy one); the three runs of 1,500 steps this took before spent minutes on a busy machine.

@@ -6,15 +6,8 @@
 # checkpoint resumed under another layout and world size; the peak memory within 10% of kiln info's plan, and
 # falling with sp; bad combinations fail with one line.
 source "$(dirname "$0")/lib.sh" sp_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --bind-to none)
-# a fresh seed each run, printed so that a failure can be run again: KILN_TEST_SEED=N
-seed=${KILN_TEST_SEED:-$((RANDOM + 1))}
-echo "seed $seed"
+need_mpirun
+test_seed
 args=(--layers=2 --heads=4 --dim=32 --seq=32 --batch=2 --eval-every=2 --eval-steps=2 --threads=1 --quiet
   --log-every=1 --grad-clip=0 --schedule=constant --warmup=0 --lr=3e-3 --seed=$seed --max-steps=4)
 

@@ -4,13 +4,8 @@
 # FP8's scales are each rank's part's own, so a split model rounds differently from a whole one: there the
 # loss stays within FP8's own error of the f32 run's (2% at every step, as test_fp8 allows one process).
 source "$(dirname "$0")/lib.sh" tp_modes_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-seed=${KILN_TEST_SEED:-$((RANDOM + 1))}
-echo "seed $seed"
+need_mpirun
+test_seed
 args=(--layers=2 --heads=4 --kv-heads=2 --dim=32 --seq=32 --batch=2 --eval-every=0 --threads=1 --quiet
   --log-every=1 --lr=3e-3 --warmup=2 --seed=$seed --max-steps=8 --checkpoint=0 --pos=rope --norm=rmsnorm
   --mlp=swiglu --bias=0)

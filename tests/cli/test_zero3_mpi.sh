@@ -9,15 +9,8 @@
 # and without offload, on another world size; per-rank memory falls as the ranks grow and stays within 10% of
 # kiln info's plan; bad combinations fail with one line.
 source "$(dirname "$0")/lib.sh" zero3_mpi "$@"
-if ! command -v mpirun >/dev/null; then
-  echo "mpirun not found: skipped (scripts/install-deps.sh installs openmpi-bin)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --bind-to none)
-# a fresh seed each run, printed so that a failure can be run again: KILN_TEST_SEED=N
-seed=${KILN_TEST_SEED:-$((RANDOM + 1))}
-echo "seed $seed"
+need_mpirun
+test_seed
 # the offloaded optimizer in chunks of 777 elements, so that its pipeline has many (32M by default)
 export KILN_OFFLOAD_CHUNK=777
 # 4 layers (a bottom, two ring and a top bucket), 768 tokens a step = 12 micro-batches of 2 x 32, clipping on
