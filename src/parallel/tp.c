@@ -344,6 +344,42 @@ static void row_backward_ring(struct kiln_tp *t, int l, enum kiln_linear k,
     }
 }
 
+// --tp-overlap=bulk, a column-parallel layer's forward under the sequence split: the input's all-gather is
+// issued first, the GEMM of the rank's own rows (from its own input) runs under it, then one GEMM on the rows
+// before them and one on the rows after, from the gathered input. Each output row is the same product as
+// the GEMM on every row gives on the CPU (GPUs may take other algorithms for the smaller GEMMs).
+static void column_forward_split(struct kiln_tp *t, int l, enum kiln_linear k, const struct kiln_matmul_args *a) {
+    size_t IC = (size_t)a->IC, OC = (size_t)a->OC, Nr = t->Nr;
+    int me = t->lo.tp_rank, n = t->lo.tp;
+    struct kiln_coll ag = {.op = KILN_COLL_ALL_GATHER,
+                           .send = a->inp,
+                           .recv = t->gath,
+                           .count = Nr * IC * (size_t)n,
+                           .dtype = t->be->act_dtype,
+                           .device = t->be->device_memory};
+    struct kiln_comm_work *wg = kiln_comm_submit(t->comm, &ag, after_compute(t));
+    // rows [r0, r0 + rows * Nr) from src
+    struct {
+        int r0, rows;
+        const void *src;
+    } part[3] = {{me, 1, a->inp}, {0, me, t->gath}, {me + 1, n - 1 - me, NULL}};
+    part[2].src = act_at(t, t->gath, (size_t)(me + 1) * Nr * IC);
+    for (int i = 0; i < 3; i++) {
+        if (i == 1)
+            kiln_comm_wait_stream(t->comm, wg);
+        if (!part[i].rows)
+            continue;
+        struct kiln_matmul_args p = *a;
+        size_t r0 = (size_t)part[i].r0 * Nr;
+        p.inp = part[i].src;
+        p.N = (int)((size_t)part[i].rows * Nr);
+        p.out = act_at(t, a->out, r0 * OC);
+        p.pre = a->pre ? act_at(t, a->pre, r0 * OC) : NULL;
+        p.rows_part = 1;
+        kiln_model_linear_forward_with(&t->next, t->be, l, k, &p);
+    }
+}
+
 static void tp_forward(void *user, int l, enum kiln_linear k, const struct kiln_matmul_args *a) {
     struct kiln_tp *t = user;
     if (k == KILN_LINEAR_HEAD) { // the vocabulary hook's own local GEMM
@@ -356,6 +392,10 @@ static void tp_forward(void *user, int l, enum kiln_linear k, const struct kiln_
             KILN_ASSERT((size_t)a->N == t->N && (size_t)a->IC <= t->C);
             if (t->ring) {
                 column_forward_ring(t, l, k, a);
+                return;
+            }
+            if (t->bulk) {
+                column_forward_split(t, l, k, a);
                 return;
             }
             gather_rows(t, a->inp, t->Nr, (size_t)a->IC);

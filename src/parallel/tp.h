@@ -44,10 +44,14 @@
 //         embedding stay synchronous. On 4 H100s (llama-8b, T=8192, 2026-11-27) the ring ran 0.83x the
 //         synchronous order's speed (NCCL's send/receive pairs and GEMMs of Nr rows against one
 //         collective and one GEMM of N), so off is the default; the ring stays for measurement.
-//   bulk  the synchronous order's collectives and GEMMs, whole, with a column-parallel layer's backward split
-//         in two (Megatron's bulk overlap): the input's all-gather is issued before the dinp GEMM, which
-//         does not need it, and dinp's reduce-scatter before the dW GEMM, so that each runs under a GEMM.
-//         The same sums as off, to the bit. The forward and the row-parallel backward stay as off's.
+//   bulk  the synchronous order's collectives, whole, each issued early enough to run under a GEMM:
+//           column-parallel forward: the input's all-gather, under the GEMM of the rank's own rows (from its
+//             own input); then a GEMM on the rows before them and one on the rows after;
+//           column-parallel backward (Megatron's bulk overlap): the input's all-gather issued before the dinp
+//             GEMM, which does not read it, and dinp's reduce-scatter before the dW GEMM.
+//         Every output row is the same product as off's (to the bit on the CPU; a GPU may take other GEMM
+//         algorithms for the row blocks, and FP8 scales each block's input by its own amax). The row-parallel
+//         layers stay as off's.
 #ifndef KILN_PARALLEL_TP_H
 #define KILN_PARALLEL_TP_H
 

@@ -79,9 +79,11 @@ check tp4_llama_ring_late 4 "${llama[@]}" -- --tp=4 --tp-overlap=ring
 check tp4_gpt_ring_late 4 "${gpt[@]}" -- --tp=4 --tp-overlap=ring
 check tp2_parallel_ring_late 2 --block=parallel -- --tp=2 --tp-overlap=ring
 mpi_env=()
-# bulk: off's collectives and GEMMs, a column-parallel backward's all-gather issued before its dinp GEMM and
-# dinp's reduce-scatter before its dW GEMM; so off's sums to the bit, in bf16 (f32 here) and FP8, also with
-# every transfer late (a dW GEMM that read the input before its gather was awaited gives other sums)
+# bulk: off's collectives, with a column-parallel forward's GEMM of the rank's own rows under the input's
+# all-gather (then the rows before and after), and its backward's all-gather issued before the dinp GEMM and
+# dinp's reduce-scatter before the dW GEMM: every output row the same product, so off's sums to the bit
+# here (f32), also with every transfer late (a GEMM that read the input before its gather was awaited gives
+# other sums). Under FP8 the forward's row blocks are scaled each by its own amax: within FP8's rounding.
 same_bits() { # same_bits A B: the loss and gradient norm of every step, as written
   [ -s "$T/$1/metrics.jsonl" ] && [ "$(cut -d, -f1-4 "$T/$1/metrics.jsonl")" = "$(cut -d, -f1-4 "$T/$2/metrics.jsonl")" ] &&
     ok || bad "$2: --tp-overlap=bulk's numbers differ from off's ($1)"
@@ -97,7 +99,11 @@ for fl in "2 --pos=rope --kv-heads=4 --mlp=swiglu --norm=rmsnorm --bias=0" "4 --
       --out="$T/late_$o" 2>"$T/err" || bad "$flags --tp=$np --tp-overlap=$o, late transfers: $(tail -3 "$T/err")"
   done
   echo "bulk against off, late transfers: --tp=$np $flags"
-  same_bits late_off late_bulk
+  if [[ $flags == *fp8* ]]; then
+    same_steps "$T/late_off" "$T/late_bulk" 5e-3 && ok || bad "$flags: --tp-overlap=bulk left off's run by more than FP8's rounding"
+  else
+    same_bits late_off late_bulk
+  fi
   rm -rf "$T/late_off" "$T/late_bulk"
 done
 # every rank holding every row: all-reduces instead of all-gathers and reduce-scatters
