@@ -505,6 +505,50 @@ static void column_backward_bulk(struct kiln_tp *t, int l, enum kiln_linear k,
         t->be->ops->add(t->be->ctx, a->dinp, a->dinp, mine, n);
 }
 
+// --tp-overlap=bulk, a row-parallel layer's backward under the sequence split: dL/doutput's all-gather is
+// issued first, the dinp GEMM of the rank's own rows (from its own dL/doutput rows) runs under it, then the
+// rows before and after, and dW from every row, as off computes it: the same products.
+static void row_backward_split(struct kiln_tp *t, int l, enum kiln_linear k,
+                               const struct kiln_matmul_back_args *a) {
+    size_t IC = (size_t)a->IC, OC = (size_t)a->OC, Nr = t->Nr;
+    size_t ldi = a->dinp_stride ? (size_t)a->dinp_stride : IC;
+    size_t ldp = a->gelu_pre_stride ? (size_t)a->gelu_pre_stride : IC;
+    int me = t->lo.tp_rank, n = t->lo.tp;
+    struct kiln_coll ag = {.op = KILN_COLL_ALL_GATHER,
+                           .send = a->dout,
+                           .recv = t->gath,
+                           .count = Nr * OC * (size_t)n,
+                           .dtype = t->be->act_dtype,
+                           .device = t->be->device_memory};
+    struct kiln_comm_work *wg = kiln_comm_submit(t->comm, &ag, after_compute(t));
+    struct {
+        int r0, rows;
+        const void *dout;
+    } part[3] = {{me, 1, a->dout}, {0, me, t->gath}, {me + 1, n - 1 - me, NULL}};
+    part[2].dout = act_at(t, t->gath, (size_t)(me + 1) * Nr * OC);
+    for (int i = 0; i < 3; i++) {
+        if (i == 1)
+            kiln_comm_wait_stream(t->comm, wg);
+        if (!part[i].rows)
+            continue;
+        size_t r0 = (size_t)part[i].r0 * Nr;
+        struct kiln_matmul_back_args d = *a; // dinp of these rows alone
+        d.dout = part[i].dout;
+        d.inp = act_at(t, a->inp, r0 * IC); // (not read without dweight)
+        d.N = (int)((size_t)part[i].rows * Nr);
+        d.dinp = act_at(t, a->dinp, r0 * ldi);
+        d.dinp_gelu_pre = a->dinp_gelu_pre ? act_at(t, a->dinp_gelu_pre, r0 * ldp) : NULL;
+        d.dweight = NULL;
+        d.dbias = NULL;
+        d.rows_part = 1;
+        kiln_model_linear_backward_with(&t->next, t->be, l, k, &d);
+    }
+    struct kiln_matmul_back_args w = *a; // dW (and dbias) from every row
+    w.dout = t->gath;
+    w.dinp = NULL;
+    kiln_model_linear_backward_with(&t->next, t->be, l, k, &w);
+}
+
 static void tp_backward(void *user, int l, enum kiln_linear k, const struct kiln_matmul_back_args *a) {
     struct kiln_tp *t = user;
     struct kiln_matmul_back_args p = *a;
@@ -540,6 +584,10 @@ static void tp_backward(void *user, int l, enum kiln_linear k, const struct kiln
             p.inp = t->gath;
             p.dinp = a->dinp ? t->part : NULL;
             p.dinp_accumulate = 0;
+        } else if (t->bulk && a->dinp) {
+            KILN_ASSERT((size_t)a->OC <= t->C);
+            row_backward_split(t, l, k, a);
+            return;
         } else { // row-parallel: dL/doutput of every rank's rows
             KILN_ASSERT((size_t)a->OC <= t->C);
             gather_rows(t, a->dout, t->Nr, (size_t)a->OC);

@@ -48,10 +48,12 @@
 //           column-parallel forward: the input's all-gather, under the GEMM of the rank's own rows (from its
 //             own input); then a GEMM on the rows before them and one on the rows after;
 //           column-parallel backward (Megatron's bulk overlap): the input's all-gather issued before the dinp
-//             GEMM, which does not read it, and dinp's reduce-scatter before the dW GEMM.
+//             GEMM, which does not read it, and dinp's reduce-scatter before the dW GEMM;
+//           row-parallel backward: dL/doutput's all-gather, under the dinp GEMM of the rank's own rows; then
+//             the rows before and after, and dW from every row.
 //         Every output row is the same product as off's (to the bit on the CPU; a GPU may take other GEMM
-//         algorithms for the row blocks, and FP8 scales each block's input by its own amax). The row-parallel
-//         layers stay as off's.
+//         algorithms for the row blocks, and FP8 scales each block by its own amax). The row-parallel forward's
+//         reduce-scatter stays as off's.
 #ifndef KILN_PARALLEL_TP_H
 #define KILN_PARALLEL_TP_H
 

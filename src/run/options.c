@@ -128,9 +128,10 @@ static const struct opt OPTS[] = {
      "with --tp and --tp-sp: off (the default) issues each all-gather and reduce-scatter whole and waits for "
      "it before the GEMM; ring runs them chunk by chunk around the group, each chunk's transfer under the GEMM "
      "of another chunk (async TP, a collective matmul: 0.83x off's speed on 4 H100s so far); bulk keeps off's "
-     "collectives whole but runs each under a GEMM: a column-parallel forward's all-gather under the GEMM of "
-     "the rank's own rows, its backward's all-gather under the dinp GEMM and dinp's reduce-scatter under the "
-     "dW GEMM (off's products). The LM head and the embedding stay synchronous"},
+     "collectives whole but runs each under a GEMM: an all-gather under the GEMM of the rank's own rows "
+     "(column-parallel forward, row-parallel backward) or under the dinp GEMM, and dinp's reduce-scatter under "
+     "the dW GEMM (column-parallel backward); off's products. The row-parallel forward's reduce-scatter, the "
+     "LM head and the embedding stay synchronous"},
     {"sp", OPT_INT, OFF(sp), 1, 65536, NULL,
      "sequence parallelism: ranks that split each sequence (world = sp x data-parallel ranks)"},
     {"sp-mode", OPT_ENUM, OFF(sp_mode), 0, 0, "ulysses ring hybrid auto",

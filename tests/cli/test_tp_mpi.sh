@@ -79,9 +79,10 @@ check tp4_llama_ring_late 4 "${llama[@]}" -- --tp=4 --tp-overlap=ring
 check tp4_gpt_ring_late 4 "${gpt[@]}" -- --tp=4 --tp-overlap=ring
 check tp2_parallel_ring_late 2 --block=parallel -- --tp=2 --tp-overlap=ring
 mpi_env=()
-# bulk: off's collectives, with a column-parallel forward's GEMM of the rank's own rows under the input's
-# all-gather (then the rows before and after), and its backward's all-gather issued before the dinp GEMM and
-# dinp's reduce-scatter before the dW GEMM: every output row the same product, so off's sums to the bit
+# bulk: off's collectives, with the GEMM of the rank's own rows under an all-gather (a column-parallel
+# forward's input, a row-parallel backward's dL/doutput; then the rows before and after), and a
+# column-parallel backward's all-gather issued before the dinp GEMM and dinp's reduce-scatter before the dW
+# GEMM: every output row the same product, so off's sums to the bit
 # here (f32), also with every transfer late (a GEMM that read the input before its gather was awaited gives
 # other sums). Under FP8 the forward's row blocks are scaled each by its own amax: within FP8's rounding.
 same_bits() { # same_bits A B: the loss and gradient norm of every step, as written
