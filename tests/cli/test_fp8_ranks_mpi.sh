@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # FP8's delayed scaling over several ranks (label mpi): each step's amaxes are the largest over every rank, so
-# every rank keeps the same histories and scales each operand alike. At 2 ranks (data parallelism) and
-# 2 x 2 (tensor x data parallelism): the run follows one process's within FP8's rounding; a run stopped and
-# resumed at step 5 continues bit for bit as the run that was not stopped (every rank restores the histories
-# rank 0 wrote, which are its own only if the ranks agreed on them).
+# every rank keeps the same histories and scales each operand alike. At 2 ranks (data parallelism), 2 x 2
+# (tensor x data parallelism), 2 (a ring over the sequence) and 2 x 2 (Ulysses x ZeRO-3): the run follows one
+# process's within FP8's rounding; a run stopped and resumed at step 5 continues bit for bit as the run that
+# was not stopped (every rank restores the histories rank 0 wrote, which are its own only if the ranks agreed
+# on them).
 source "$(dirname "$0")/lib.sh" fp8_ranks_mpi "$@"
 need_mpirun
 test_seed
@@ -26,7 +27,7 @@ PY
 }
 
 "$KILN" train "${args[@]}" --checkpoint=0 --out="$T/one" 2>"$T/err" || bad "one process: $(tail -2 "$T/err")"
-for layout in "2 --zero=1" "4 --tp=2 --zero=1"; do
+for layout in "2 --zero=1" "4 --tp=2 --zero=1" "2 --sp=2 --sp-mode=ring" "4 --sp=2 --zero=3"; do
   read -r np flags <<<"$layout"
   name=np${np}$(echo "$flags" | tr -d ' -=')
   echo "$np ranks: $flags"
