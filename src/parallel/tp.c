@@ -142,14 +142,18 @@ static char *act_at(const struct kiln_tp *t, const void *base, size_t elems) {
 }
 
 // gath (rows x tp, w) = every rank's rows (rows, w) of x, in rank order
-static void gather_rows(struct kiln_tp *t, const void *x, size_t rows, size_t w) {
+static struct kiln_comm_work *gather_rows_issue(struct kiln_tp *t, const void *x, size_t rows, size_t w) {
     struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER,
                           .send = x,
                           .recv = t->gath,
                           .count = rows * w * t->lo.tp,
                           .dtype = t->be->act_dtype,
                           .device = t->be->device_memory};
-    kiln_comm_wait_stream(t->comm, kiln_comm_submit(t->comm, &k, after_compute(t)));
+    return kiln_comm_submit(t->comm, &k, after_compute(t));
+}
+
+static void gather_rows(struct kiln_tp *t, const void *x, size_t rows, size_t w) {
+    kiln_comm_wait_stream(t->comm, gather_rows_issue(t, x, rows, w));
 }
 
 // out (rows, w) = (or +=, accumulate) this rank's rows of the sum over the ranks of part (rows x tp, w)
@@ -348,33 +352,38 @@ static void row_backward_ring(struct kiln_tp *t, int l, enum kiln_linear k,
 // issued first, the GEMM of the rank's own rows (from its own input) runs under it, then one GEMM on the rows
 // before them and one on the rows after, from the gathered input. Each output row is the same product as
 // the GEMM on every row gives on the CPU (GPUs may take other algorithms for the smaller GEMMs).
+// The row blocks a split GEMM runs in turn: this rank's own (from its own rows, mine, while the all-gather
+// goes on), then those before and after it (from the gathered rows, w wide, once the gather is awaited)
+struct row_block {
+    size_t r0, rows;
+    const void *src;
+};
+static void row_blocks(const struct kiln_tp *t, const void *mine, size_t w, struct row_block b[3]) {
+    size_t Nr = t->Nr, me = (size_t)t->lo.tp_rank, n = (size_t)t->lo.tp;
+    b[0] = (struct row_block){me * Nr, Nr, mine};
+    b[1] = (struct row_block){0, me * Nr, t->gath};
+    b[2] = (struct row_block){(me + 1) * Nr, (n - 1 - me) * Nr, act_at(t, t->gath, (me + 1) * Nr * w)};
+}
+
+// --tp-overlap=bulk, a column-parallel layer's forward under the sequence split: the input's all-gather is
+// issued first, the GEMM of the rank's own rows (from its own input) runs under it, then one GEMM on the rows
+// before them and one on the rows after, from the gathered input. Each output row is the same product as
+// the GEMM on every row gives on the CPU (GPUs may take other algorithms for the smaller GEMMs).
 static void column_forward_split(struct kiln_tp *t, int l, enum kiln_linear k, const struct kiln_matmul_args *a) {
-    size_t IC = (size_t)a->IC, OC = (size_t)a->OC, Nr = t->Nr;
-    int me = t->lo.tp_rank, n = t->lo.tp;
-    struct kiln_coll ag = {.op = KILN_COLL_ALL_GATHER,
-                           .send = a->inp,
-                           .recv = t->gath,
-                           .count = Nr * IC * (size_t)n,
-                           .dtype = t->be->act_dtype,
-                           .device = t->be->device_memory};
-    struct kiln_comm_work *wg = kiln_comm_submit(t->comm, &ag, after_compute(t));
-    // rows [r0, r0 + rows * Nr) from src
-    struct {
-        int r0, rows;
-        const void *src;
-    } part[3] = {{me, 1, a->inp}, {0, me, t->gath}, {me + 1, n - 1 - me, NULL}};
-    part[2].src = act_at(t, t->gath, (size_t)(me + 1) * Nr * IC);
+    size_t IC = (size_t)a->IC, OC = (size_t)a->OC;
+    struct kiln_comm_work *wg = gather_rows_issue(t, a->inp, t->Nr, IC);
+    struct row_block b[3];
+    row_blocks(t, a->inp, IC, b);
     for (int i = 0; i < 3; i++) {
         if (i == 1)
             kiln_comm_wait_stream(t->comm, wg);
-        if (!part[i].rows)
+        if (!b[i].rows)
             continue;
         struct kiln_matmul_args p = *a;
-        size_t r0 = (size_t)part[i].r0 * Nr;
-        p.inp = part[i].src;
-        p.N = (int)((size_t)part[i].rows * Nr);
-        p.out = act_at(t, a->out, r0 * OC);
-        p.pre = a->pre ? act_at(t, a->pre, r0 * OC) : NULL;
+        p.inp = b[i].src;
+        p.N = (int)b[i].rows;
+        p.out = act_at(t, a->out, b[i].r0 * OC);
+        p.pre = a->pre ? act_at(t, a->pre, b[i].r0 * OC) : NULL;
         p.rows_part = 1;
         kiln_model_linear_forward_with(&t->next, t->be, l, k, &p);
     }
@@ -472,13 +481,7 @@ static void qkv_backward_shared(struct kiln_tp *t, int l, const struct kiln_matm
 static void column_backward_bulk(struct kiln_tp *t, int l, enum kiln_linear k,
                                  const struct kiln_matmul_back_args *a) {
     size_t IC = (size_t)a->IC, n = t->Nr * IC;
-    struct kiln_coll ag = {.op = KILN_COLL_ALL_GATHER,
-                           .send = a->inp,
-                           .recv = t->gath,
-                           .count = n * t->lo.tp,
-                           .dtype = t->be->act_dtype,
-                           .device = t->be->device_memory};
-    struct kiln_comm_work *wg = kiln_comm_submit(t->comm, &ag, after_compute(t));
+    struct kiln_comm_work *wg = gather_rows_issue(t, a->inp, t->Nr, IC);
     struct kiln_matmul_back_args d = *a; // dL/dinput of every row, the partial sum of this rank's columns
     d.inp = t->gath;                      // (not read without dweight)
     d.dinp = t->part;
@@ -510,34 +513,23 @@ static void column_backward_bulk(struct kiln_tp *t, int l, enum kiln_linear k,
 // rows before and after, and dW from every row, as off computes it: the same products.
 static void row_backward_split(struct kiln_tp *t, int l, enum kiln_linear k,
                                const struct kiln_matmul_back_args *a) {
-    size_t IC = (size_t)a->IC, OC = (size_t)a->OC, Nr = t->Nr;
+    size_t IC = (size_t)a->IC, OC = (size_t)a->OC;
     size_t ldi = a->dinp_stride ? (size_t)a->dinp_stride : IC;
     size_t ldp = a->gelu_pre_stride ? (size_t)a->gelu_pre_stride : IC;
-    int me = t->lo.tp_rank, n = t->lo.tp;
-    struct kiln_coll ag = {.op = KILN_COLL_ALL_GATHER,
-                           .send = a->dout,
-                           .recv = t->gath,
-                           .count = Nr * OC * (size_t)n,
-                           .dtype = t->be->act_dtype,
-                           .device = t->be->device_memory};
-    struct kiln_comm_work *wg = kiln_comm_submit(t->comm, &ag, after_compute(t));
-    struct {
-        int r0, rows;
-        const void *dout;
-    } part[3] = {{me, 1, a->dout}, {0, me, t->gath}, {me + 1, n - 1 - me, NULL}};
-    part[2].dout = act_at(t, t->gath, (size_t)(me + 1) * Nr * OC);
+    struct kiln_comm_work *wg = gather_rows_issue(t, a->dout, t->Nr, OC);
+    struct row_block b[3];
+    row_blocks(t, a->dout, OC, b);
     for (int i = 0; i < 3; i++) {
         if (i == 1)
             kiln_comm_wait_stream(t->comm, wg);
-        if (!part[i].rows)
+        if (!b[i].rows)
             continue;
-        size_t r0 = (size_t)part[i].r0 * Nr;
         struct kiln_matmul_back_args d = *a; // dinp of these rows alone
-        d.dout = part[i].dout;
-        d.inp = act_at(t, a->inp, r0 * IC); // (not read without dweight)
-        d.N = (int)((size_t)part[i].rows * Nr);
-        d.dinp = act_at(t, a->dinp, r0 * ldi);
-        d.dinp_gelu_pre = a->dinp_gelu_pre ? act_at(t, a->dinp_gelu_pre, r0 * ldp) : NULL;
+        d.dout = b[i].src;
+        d.inp = act_at(t, a->inp, b[i].r0 * IC); // (not read without dweight)
+        d.N = (int)b[i].rows;
+        d.dinp = act_at(t, a->dinp, b[i].r0 * ldi);
+        d.dinp_gelu_pre = a->dinp_gelu_pre ? act_at(t, a->dinp_gelu_pre, b[i].r0 * ldp) : NULL;
         d.dweight = NULL;
         d.dbias = NULL;
         d.rows_part = 1;
