@@ -169,21 +169,9 @@ static void cast_operand(const struct opt_args *x, const void *src, float *amax,
     enum kiln_fp8_per per = !x->c->per ? KILN_FP8_TENSOR : tr ? KILN_FP8_COLS : KILN_FP8_ROWS;
     struct kiln_amax_args am = {.amax = amax, .x = src, .rows = tr ? K : rows, .cols = tr ? rows : K, .per = per};
     x->be->ops->amax(x->be->ctx, &am);
-    if (tr && x->c->via_t) { // the stored layout's codes, then their transpose
-        struct kiln_fp8_cast_args cs = {.out = q2,
-                                        .x = src,
-                                        .amax = amax,
-                                        .scale_inv = sinv,
-                                        .rows = am.rows,
-                                        .cols = am.cols,
-                                        .fmt = fmt,
-                                        .per = per};
-        x->be->ops->fp8_cast(x->be->ctx, &cs);
-        x->be->ops->fp8_transpose(x->be->ctx, q, q2, am.rows, am.cols);
-        return;
-    }
+    int via = tr && x->c->via_t; // the stored layout's codes alone, then their transpose by fp8_transpose
     struct kiln_fp8_cast_args ca = {.out = tr ? q2 : q,
-                                    .out_t = tr ? q : q2,
+                                    .out_t = via ? NULL : tr ? q : q2,
                                     .x = src,
                                     .amax = amax,
                                     .scale_inv = sinv,
@@ -193,6 +181,8 @@ static void cast_operand(const struct opt_args *x, const void *src, float *amax,
                                     .fmt = fmt,
                                     .per = per};
     x->be->ops->fp8_cast(x->be->ctx, &ca);
+    if (via)
+        x->be->ops->fp8_transpose(x->be->ctx, q, q2, am.rows, am.cols);
 }
 
 static void fp8mm_fwd(const struct opt_args *x) {
