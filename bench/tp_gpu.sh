@@ -11,9 +11,15 @@
 #            --tp=NG (the synchronous order, the default), --tp=NG with --tp-overlap=bulk and =ring, and
 #            --tp=2 x ZeRO-3 over NG/2; tok/s a GPU, MFU and peak memory, and each overlap's speed-up over
 #            the synchronous order
+#   trace    where the time of --tp=NG goes: KILN_TP_MODEL cut to KILN_TP_LAYERS layers (8) at T=KILN_TP_T,
+#            B=1, no recompute, 10 steps, each KILN_TP_TRACE variant ("OVERLAP[:ENV=V,...]", or zero3: ZeRO-3
+#            over the GPUs, the same model's step at full GEMM sizes; default: zero3, off, bulk, and bulk with
+#            the gathers on the copy engines, the comm stream at high priority, GEMMs for 16 SMs fewer) under
+#            KILN_TRACE_COMM: the step time, and per collective the comm stream's busy time and the compute
+#            stream's wait for it (bench/overlap.py, rank 0, the first 30% of the trace left out)
 # KILN_DEADLINE (seconds, default 560): runs that would end later are skipped and say so.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/kiln-tp}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
@@ -114,6 +120,33 @@ if has perf; then
       echo "| $m T=$T --tp=$NG: --tp-overlap=$o against the synchronous order (off, the default) | $(python3 -c "print(f'{$v / $off:.3f}x')") |" |
       tee -a "$OUT/table.md"
   done
+fi
+if has trace; then
+  m=${KILN_TP_MODEL:-llama-8b}
+  T=${KILN_TP_T:-8192}
+  L=${KILN_TP_LAYERS:-8}
+  tr=(--preset="$m" --layers="$L" --seq="$T" --block-size="$T" --batch=1 --recompute=none --data=random --max-steps=10
+    --warmup=2 --device=cuda --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/tptrace)
+  for v in ${KILN_TP_TRACE:-zero3 off bulk bulk:KILN_TP_COPY_ENGINE=1 bulk:KILN_NCCL_STREAM_PRIORITY=high bulk:KILN_GEMM_SM_MARGIN=16}; do
+    intime 40 "$m/$L layers $v" || continue
+    ov=${v%%:*} envs=()
+    [[ $v == *:* ]] && IFS=, read -ra envs <<<"${v#*:}"
+    flags=(--tp="$NG" --tp-overlap="$ov")
+    [ "$ov" = zero3 ] && flags=(--zero=3)
+    rm -rf /tmp/tptrace /tmp/tptrace.csv*
+    env "${envs[@]}" KILN_TRACE_COMM=/tmp/tptrace.csv timeout -k 20 150 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- \
+      "${tr[@]}" "${flags[@]}" >>"$OUT/trace.log" 2>&1
+    rc=$?
+    read -r ms tok gib mfu < <(kstats /tmp/tptrace/metrics.jsonl)
+    cp /tmp/tptrace.csv.rank0 "$OUT/trace_${v//[:=,]/_}.csv" 2>/dev/null
+    loss=$(grep -o '"loss":[-0-9.e]*' /tmp/tptrace/metrics.jsonl 2>/dev/null | tail -1) # (the same data: runs agree)
+    echo "| $m, $L layers, T=$T, ${flags[*]} ${envs[*]} | exit $rc: $ms ms/step, MFU $mfu%, $gib GiB, last ${loss:-loss n/a} |" |
+      tee -a "$OUT/table.md"
+    [ -f /tmp/tptrace.csv.rank0 ] && python3 bench/overlap.py /tmp/tptrace.csv.rank0 30% | sed 's/^/    /' | tee -a "$OUT/table.md"
+  done
+  # (with NCCL_DEBUG=INFO in a variant's environment, NCCL names the collectives it runs on the copy engines)
+  n=$(grep -c 'Copy Engine' "$OUT/trace.log")
+  [ "$n" -gt 0 ] && echo "| NCCL's log: $n lines name the copy engine |" | tee -a "$OUT/table.md"
 fi
 echo
 cat "$OUT/table.md"
