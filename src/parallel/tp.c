@@ -123,6 +123,7 @@ struct kiln_tp {
     int seq, ring, bulk; // bulk: --tp-overlap=bulk (column_backward_bulk)
     size_t N, Nr, C;
     void *gath, *part;
+    void *gath_win; // gath, where it is the group's symmetric window (lo.copy_engine)
     int32_t *tgt;
     float *loss;
 };
@@ -348,10 +349,6 @@ static void row_backward_ring(struct kiln_tp *t, int l, enum kiln_linear k,
     }
 }
 
-// --tp-overlap=bulk, a column-parallel layer's forward under the sequence split: the input's all-gather is
-// issued first, the GEMM of the rank's own rows (from its own input) runs under it, then one GEMM on the rows
-// before them and one on the rows after, from the gathered input. Each output row is the same product as
-// the GEMM on every row gives on the CPU (GPUs may take other algorithms for the smaller GEMMs).
 // The row blocks a split GEMM runs in turn: this rank's own (from its own rows, mine, while the all-gather
 // goes on), then those before and after it (from the gathered rows, w wide, once the gather is awaited)
 struct row_block {
@@ -734,7 +731,9 @@ int kiln_tp_create(struct kiln_tp **out, const struct kiln_tp_layout *lo, struct
     t->m = m;
     // the group (consecutive ranks), then the cross communicator of each tp_rank (collective over world, in
     // the same order on every rank)
-    if ((rc = kiln_comm_split(world, lo->cross_rank, lo->tp_rank, &t->comm, err)) ||
+    if ((rc = kiln_comm_split_flags(world, lo->cross_rank, lo->tp_rank,
+                                    lo->copy_engine && lo->split.seq > 1 ? KILN_COMM_SPLIT_COPY_ENGINE : 0,
+                                    &t->comm, err)) ||
         (rc = kiln_comm_split(world, lo->tp_rank, lo->cross_rank, cross, err))) {
         kiln_tp_free(t);
         return rc;
@@ -775,7 +774,10 @@ int kiln_tp_create(struct kiln_tp **out, const struct kiln_tp_layout *lo, struct
         t->N = (size_t)B * T;
         t->Nr = t->N / (size_t)lo->tp;
         t->C = (size_t)m->n_embd;
-        t->gath = be->ops->alloc(be->ctx, t->N * t->C * kiln_dtype_bytes(be->act_dtype));
+        size_t gb = t->N * t->C * kiln_dtype_bytes(be->act_dtype);
+        if (lo->copy_engine) // (every rank of the group asks, in the same order)
+            t->gath_win = kiln_comm_window_alloc(t->comm, gb);
+        t->gath = t->gath_win ? t->gath_win : be->ops->alloc(be->ctx, gb);
         t->part = be->ops->alloc(be->ctx, t->N * t->C * kiln_dtype_bytes(be->act_dtype));
         t->tgt = be->ops->alloc(be->ctx, t->N * sizeof(int32_t));
         t->loss = be->ops->alloc(be->ctx, t->N * sizeof(float));
@@ -848,7 +850,11 @@ void kiln_tp_free(struct kiln_tp *t) {
         o->free(t->be->ctx, t->kv_db);
     if (t->ev)
         o->event_destroy(t->be->ctx, t->ev);
-    void *bufs[] = {t->gath, t->part, t->tgt, t->loss};
+    if (t->gath_win)
+        kiln_comm_window_free(t->comm, t->gath_win);
+    else if (t->gath)
+        o->free(t->be->ctx, t->gath);
+    void *bufs[] = {t->part, t->tgt, t->loss};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i])
             o->free(t->be->ctx, bufs[i]);

@@ -72,6 +72,9 @@ struct kiln_tp_layout {
     int cross, cross_rank;   // world / tp, and this rank's index among the ranks of its tp_rank
     struct kiln_model_split split; // what this rank holds (model/config.h)
     enum kiln_tp_overlap overlap;  // OFF without a sequence split
+    // the sequence split's all-gathers on the copy engines where the transport has them (KILN_TP_COPY_ENGINE:
+    // NCCL's zero-CTA policy for the group, the gathers' output in a symmetric window; comm.h)
+    int copy_engine;
 };
 
 // Plans the layout of rank `rank` of `world` for --tp=tp and model m: tp divides the world, the heads, the

@@ -82,6 +82,13 @@ const struct kiln_knob_def kiln_knob_table[KILN_KNOB_COUNT] = {
          .def = "0",
          .layer = "parallel/dp",
          .help = "1: ZeRO-2/3's gradient staging filled with NaN before each use (tests)"},
+    [KILN_KNOB_TP_COPY_ENGINE] = {.name = "KILN_TP_COPY_ENGINE",
+                                  .type = KILN_KNOB_BOOL,
+                                  .offset = FIELD(tp_copy_engine),
+                                  .def = "0",
+                                  .layer = "parallel/tp",
+                                  .help = "1: --tp's sequence all-gathers on the copy engines (NCCL 2.28's "
+                                          "zero-CTA policy and a symmetric window; docs/distributed.md)"},
     [KILN_KNOB_ZERO3_GATHER] = {.name = "KILN_ZERO3_GATHER",
                                 .type = KILN_KNOB_BOOL,
                                 .offset = FIELD(zero3_gather),

@@ -48,6 +48,7 @@ enum kiln_knob {
     KILN_KNOB_NCCL_MAX_CTAS,
     KILN_KNOB_NCCL_STREAM_PRIORITY,
     KILN_KNOB_COMM_DELAY_US,
+    KILN_KNOB_TP_COPY_ENGINE,
     // data: where the source tree's data/gpt2 is (data/tokenizer.h)
     KILN_KNOB_SOURCE_DIR,
     KILN_KNOB_COUNT
@@ -79,6 +80,7 @@ struct kiln_knobs {
     int poison_staging;   // KILN_POISON_STAGING: ZeRO-2/3's gradient staging filled with NaN before use
     int zero3_gather;     // KILN_ZERO3_GATHER: ZeRO-3 gathers at world size 1 too
     int zero_gather;      // KILN_ZERO_GATHER: 0 overlap, 1 wait
+    int tp_copy_engine;   // KILN_TP_COPY_ENGINE: struct kiln_tp_layout's copy_engine
     int ckpt_delay_ms;    // KILN_CKPT_DELAY_MS: rank r's checkpoint writer waits (r + 1) times this
     double mem_budget_mb; // KILN_MEM_BUDGET_MB: --recompute=auto's budget in MiB (0: the GPU's free memory)
     int kernel[KILN_KERNEL_COUNT];       // KILN_ATTN ... KILN_BGRAD (struct kiln_backend_opts.kernel)

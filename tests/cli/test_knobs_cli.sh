@@ -22,7 +22,7 @@ head -1 "$T/knobs" | grep -q '^knob  *value  *source  *read by  *what it does$' 
 [ "$(tail -n +2 "$T/knobs" | awk '$3 != "default"' | wc -l)" -eq 0 ] && ok ||
   bad "knobs not at their default in a clean environment: $(tail -n +2 "$T/knobs" | awk '$3 != "default" {print $1}')"
 # each line: name, value, source, the layer that reads it, then its help and its values in brackets
-awk 'NR > 1 && !($4 ~ /^(model|parallel\/dp|parallel\/comm|run\/[a-z_]+|backend\/cuda|data)$/ && NF > 6 && /\[.*\]$/)' \
+awk 'NR > 1 && !($4 ~ /^(model|parallel\/dp|parallel\/tp|parallel\/comm|run\/[a-z_]+|backend\/cuda|data)$/ && NF > 6 && /\[.*\]$/)' \
   "$T/knobs" >"$T/odd"
 [ ! -s "$T/odd" ] && ok || bad "lines without a layer, help or values: $(cat "$T/odd")"
 grep -q '^KILN_ATTN  *wgmma  *default  *backend/cuda .*\[one of wgmma (the default), fa2, ref\]$' "$T/knobs" && ok ||

@@ -209,8 +209,8 @@ int kiln_comm_open_world(const struct kiln_dist_env *env, const struct kiln_comm
     return 0;
 }
 
-static int split_named(struct kiln_comm *c, int color, int key, const char *name, struct kiln_comm **out,
-                       struct kiln_error *err) {
+static int split_named(struct kiln_comm *c, int color, int key, unsigned flags, const char *name,
+                       struct kiln_comm **out, struct kiln_error *err) {
     KILN_ASSERT(color >= 0);
     struct kiln_comm *d = kiln_xcalloc(1, sizeof(*d));
     *d = *c;
@@ -219,7 +219,7 @@ static int split_named(struct kiln_comm *c, int color, int key, const char *name
     d->flight = NULL;
     // the split is itself an operation of c: it is recorded, so that a rank that never joins it shows
     uint64_t token = kiln_flight_issue(c->id, ++c->seq, KILN_FLIGHT_OP_SPLIT, KILN_U8, 0);
-    int rc = c->impl->split(c->state, color, key, &d->state, &d->rank, &d->size, err);
+    int rc = c->impl->split(c->state, color, key, flags, &d->state, &d->rank, &d->size, err);
     kiln_flight_done(token);
     if (rc) {
         free(d);
@@ -231,16 +231,32 @@ static int split_named(struct kiln_comm *c, int color, int key, const char *name
     return 0;
 }
 
-int kiln_comm_split(struct kiln_comm *c, int color, int key, struct kiln_comm **out, struct kiln_error *err) {
+int kiln_comm_split_flags(struct kiln_comm *c, int color, int key, unsigned flags, struct kiln_comm **out,
+                          struct kiln_error *err) {
     char name[48];
     snprintf(name, sizeof(name), "split-of-%d-color-%d", c->id, color);
-    return split_named(c, color, key, name, out, err);
+    return split_named(c, color, key, flags, name, out, err);
+}
+
+int kiln_comm_split(struct kiln_comm *c, int color, int key, struct kiln_comm **out, struct kiln_error *err) {
+    return kiln_comm_split_flags(c, color, key, 0, out, err);
+}
+
+void *kiln_comm_window_alloc(struct kiln_comm *c, size_t bytes) {
+    return c->impl->window_alloc ? c->impl->window_alloc(c->state, bytes) : NULL;
+}
+
+void kiln_comm_window_free(struct kiln_comm *c, void *p) {
+    if (p) {
+        KILN_ASSERT(c->impl->window_free);
+        c->impl->window_free(c->state, p);
+    }
 }
 
 int kiln_comm_dup(struct kiln_comm *c, struct kiln_comm **out, struct kiln_error *err) {
     char name[48];
     snprintf(name, sizeof(name), "dup-of-%d", c->id);
-    return split_named(c, 0, c->rank, name, out, err);
+    return split_named(c, 0, c->rank, 0, name, out, err);
 }
 
 void kiln_comm_close(struct kiln_comm *c) {

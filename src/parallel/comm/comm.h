@@ -73,12 +73,18 @@ struct kiln_comm_impl {
     struct kiln_comm_work *(*submit)(void *impl, const struct kiln_coll *c, void *after_event);
     void (*wait)(void *impl, struct kiln_comm_work *w);        // host waits, then frees w
     void (*wait_stream)(void *impl, struct kiln_comm_work *w); // compute stream waits, then frees w
-    // the ranks that pass the same color, ordered by key: a new communicator (collective over this one)
-    int (*split)(void *impl, int color, int key, void **out, int *rank, int *size, struct kiln_error *err);
+    // the ranks that pass the same color, ordered by key: a new communicator (collective over this one);
+    // flags: KILN_COMM_SPLIT_* (a transport ignores those it has no use for)
+    int (*split)(void *impl, int color, int key, unsigned flags, void **out, int *rank, int *size,
+                 struct kiln_error *err);
     void (*close)(void *impl); // frees this communicator
     // Unblocks every operation in flight so that the process can exit after a hang (ncclCommAbort); NULL
     // where ending the process is enough (MPI_Abort ends every rank's operations).
     void (*abort)(void *impl);
+    // Device memory registered with the communicator as a symmetric window (collective over it; NULL hooks:
+    // the transport has none). See kiln_comm_window_alloc.
+    void *(*window_alloc)(void *impl, size_t bytes);
+    void (*window_free)(void *impl, void *p);
 };
 
 struct kiln_comm {
@@ -134,6 +140,17 @@ int kiln_comm_dup(struct kiln_comm *c, struct kiln_comm **out, struct kiln_error
 // ranks that pass the same color form one new communicator, ranked by key (ties by their rank in c). Like
 // every operation, it must be called in the same order on every rank.
 int kiln_comm_split(struct kiln_comm *c, int color, int key, struct kiln_comm **out, struct kiln_error *err);
+// KILN_COMM_SPLIT_COPY_ENGINE (NCCL 2.28+): the new communicator asks for NCCL's zero-CTA policy, under which
+// an all-gather whose output lies in one of its windows (kiln_comm_window_alloc) runs on the GPU's copy
+// engines, leaving every SM to the GEMMs it overlaps; its other collectives still run as kernels.
+#define KILN_COMM_SPLIT_COPY_ENGINE 1u
+int kiln_comm_split_flags(struct kiln_comm *c, int color, int key, unsigned flags, struct kiln_comm **out,
+                          struct kiln_error *err);
+// bytes of device memory registered with c as a symmetric window (every rank of c calls it, in the same
+// order, with the same size), for the outputs of c's collectives; NULL where the transport has no windows
+// (the caller allocates as usual). Free with kiln_comm_window_free before closing c.
+void *kiln_comm_window_alloc(struct kiln_comm *c, size_t bytes);
+void kiln_comm_window_free(struct kiln_comm *c, void *p); // NULL is fine
 void kiln_comm_close(struct kiln_comm *c); // NULL is fine
 // Ends this process after a fatal error in a job of several processes, so that no other rank waits forever
 // in a collective it can never complete: MPI_Abort under MPI (mpirun then stops every rank), else exit(code)

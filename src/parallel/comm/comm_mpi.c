@@ -352,9 +352,10 @@ static struct mpi_state *state_new(MPI_Comm comm, struct kiln_backend *be, int d
     return s;
 }
 
-static int mpi_split(void *impl, int color, int key, void **out, int *rank, int *size,
+static int mpi_split(void *impl, int color, int key, unsigned flags, void **out, int *rank, int *size,
                      struct kiln_error *err) {
     (void)err;
+    (void)flags;
     struct mpi_state *s = impl;
     struct kiln_comm_work w = {.op = OP_SPLIT, .color = color, .key = key};
     await(s, enqueue(s, &w));

@@ -136,6 +136,10 @@ struct nccl_state {
     cudaEvent_t issued; // the compute stream's end, when the caller gave no event
     void *dev_stage;    // host operands pass through here
     size_t dev_stage_bytes;
+    // the symmetric windows registered with comm (nccl_window_alloc): their memory and handles
+    int nwin;
+    void *win_mem[4];
+    ncclWindow_t win[4];
 };
 
 static ncclDataType_t nccl_type(enum kiln_dtype dt) {
@@ -329,17 +333,52 @@ static struct nccl_state *state_new(ncclComm_t comm, const struct nccl_state *li
     return s;
 }
 
-static int nccl_split(void *impl, int color, int key, void **out, int *rank, int *size,
+static int nccl_split(void *impl, int color, int key, unsigned flags, void **out, int *rank, int *size,
                       struct kiln_error *err) {
     (void)err;
     struct nccl_state *s = (struct nccl_state *)impl;
     ncclComm_t comm;
-    NCCL_CHECK(ncclCommSplit(s->comm, color, key, &comm, NULL));
+    // no config: the parent's (KILN_NCCL_CTA_POLICY, KILN_NCCL_MAX_CTAS); copy engine: the zero-CTA policy
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+    NCCL_CHECK(ncclCommSplit(s->comm, color, key, &comm, (flags & KILN_COMM_SPLIT_COPY_ENGINE) ? &cfg : NULL));
     struct nccl_state *d = state_new(comm, s, s->be, s->device, s->stream_high);
     *rank = d->rank;
     *size = d->size;
     *out = d;
     return 0;
+}
+
+// A symmetric window (NCCL 2.27+): memory from NCCL's allocator (CUDA's virtual memory management, which
+// registration needs), registered with every rank of the communicator. A rank that cannot allocate ends
+// the job (the others are already inside the collective registration).
+static void *nccl_window_alloc(void *impl, size_t bytes) {
+    struct nccl_state *s = (struct nccl_state *)impl;
+    if (s->nwin == (int)(sizeof(s->win) / sizeof(s->win[0])))
+        return NULL;
+    CUDA_OK(cudaSetDevice(s->device));
+    void *p = NULL;
+    NCCL_CHECK(ncclMemAlloc(&p, bytes));
+    NCCL_CHECK(ncclCommWindowRegister(s->comm, p, bytes, &s->win[s->nwin], NCCL_WIN_COLL_SYMMETRIC));
+    s->win_mem[s->nwin++] = p;
+    return p;
+}
+
+static void nccl_window_free(void *impl, void *p) {
+    struct nccl_state *s = (struct nccl_state *)impl;
+    CUDA_OK(cudaSetDevice(s->device));
+    CUDA_OK(cudaStreamSynchronize(s->stream));
+    for (int i = 0; i < s->nwin; i++) {
+        if (s->win_mem[i] != p)
+            continue;
+        NCCL_CHECK(ncclCommWindowDeregister(s->comm, s->win[i]));
+        NCCL_CHECK(ncclMemFree(p));
+        s->nwin--;
+        s->win_mem[i] = s->win_mem[s->nwin];
+        s->win[i] = s->win[s->nwin];
+        return;
+    }
+    KILN_ASSERT(!"nccl_window_free: not a window of this communicator");
 }
 
 static void nccl_close(void *impl) {
@@ -348,6 +387,8 @@ static void nccl_close(void *impl) {
     cudaStreamSynchronize(s->stream);
     if (trace_on())
         trace_write();
+    while (s->nwin > 0) // (windows the owner left: freed before the communicator goes)
+        nccl_window_free(s, s->win_mem[s->nwin - 1]);
     ncclCommDestroy(s->comm);
     cudaEventDestroy(s->issued);
     cudaStreamDestroy(s->stream);
@@ -363,7 +404,8 @@ static void nccl_abort(void *impl) {
 }
 
 static const struct kiln_comm_impl nccl_impl = {
-    "nccl", nccl_submit, nccl_wait, nccl_wait_stream, nccl_split, nccl_close, nccl_abort,
+    "nccl",    nccl_submit, nccl_wait,   nccl_wait_stream, nccl_split, nccl_close,
+    nccl_abort, nccl_window_alloc, nccl_window_free,
 };
 
 extern "C" int kiln_comm_nccl_open_gpu(struct kiln_comm *c, const struct kiln_dist_env *env,

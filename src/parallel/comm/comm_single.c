@@ -45,9 +45,10 @@ static void single_wait(void *impl, struct kiln_comm_work *w) {
     KILN_ASSERT(!w);
 }
 
-static int single_split(void *impl, int color, int key, void **out, int *rank, int *size,
+static int single_split(void *impl, int color, int key, unsigned flags, void **out, int *rank, int *size,
                         struct kiln_error *err) {
     (void)err;
+    (void)flags;
     (void)color;
     (void)key;
     *rank = 0;
