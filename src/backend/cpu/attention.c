@@ -130,44 +130,188 @@ static float attend_row(const float *q, const float *k, const float *v, size_t k
     return maxv + (float)log(sum);
 }
 
+// ---- tiles of queries: the products as GEMMs ------------------------------------------------------------
+// A tile of QT query rows [t0, t0 + m) of one head against keys [0, t0 + m): the scores, their softmax and
+// the products with v (and in the backward with dout, k and q) are small GEMMs (kiln_cpu_gemm_serial) on the
+// calling thread, each with its packing buffers; the keys past a row's position (inside the diagonal tile)
+// are computed and then masked. Each element's arithmetic depends on the shapes alone, never on the thread
+// that computes it or how many there are.
+#define QT 64
+
+struct tile_ws {
+    float *apack, *bpack; // kiln_cpu_gemm_serial's
+    float *S, *dS;        // (QT, T): scores, then probabilities; dL/dP, then dL/dS
+};
+
+static struct tile_ws tile_ws_new(int T) {
+    struct tile_ws w;
+    w.apack = aligned_alloc(64, (size_t)KILN_CPU_MB * KILN_CPU_KC * sizeof(float));
+    w.bpack = aligned_alloc(64, (size_t)KILN_CPU_KC * KILN_CPU_NC * sizeof(float));
+    w.S = malloc((size_t)QT * T * sizeof(float));
+    w.dS = malloc((size_t)QT * T * sizeof(float));
+    KILN_ASSERT(w.apack && w.bpack && w.S && w.dS);
+    return w;
+}
+
+static void tile_ws_free(struct tile_ws *w) {
+    free(w->apack), free(w->bpack), free(w->S), free(w->dS);
+}
+
+// C (M, N) = or += A (M, K) @ B (K, N), A transposed where ta, B where tb (struct kiln_cpu_gemm)
+static void tile_mm(struct tile_ws *w, int M, int N, int K, const float *A, int lda, int ta, const float *B,
+                    int ldb, int tb, float *C, int ldc, int accumulate) {
+    struct kiln_cpu_gemm g = {.M = M,
+                              .N = N,
+                              .K = K,
+                              .A = A,
+                              .lda = lda,
+                              .ta = ta,
+                              .B = B,
+                              .ldb = ldb,
+                              .tb = tb,
+                              .C = C,
+                              .ldc = ldc,
+                              .accumulate = accumulate};
+    kiln_cpu_gemm_serial(&g, w->apack, w->bpack);
+}
+
+// S (m, n) = the scores of query rows t0.. (q, rows W apart) against keys 0..n-1 (k), scaled and with
+// ALiBi's bias, for the keys each row sees (s <= t); the others are left as the GEMM wrote them.
+static void tile_scores(struct tile_ws *w, const float *q, const float *k, int W, int t0, int m, int n,
+                        int HS, float scale, float slope) {
+    tile_mm(w, m, n, HS, q, W, 0, k, W, 1, w->S, n, 0);
+    for (int i = 0; i < m; i++) {
+        float *row = w->S + (size_t)i * n;
+        int t = t0 + i;
+        for (int s = 0; s <= t; s++)
+            row[s] = scale * row[s] + slope * (float)(s - t);
+    }
+}
+
+// One forward tile: out rows (rows C apart) and lse (one a row) of query rows t0..t0+m-1
+static void tile_forward(struct tile_ws *w, const float *q, const float *k, const float *v, int W, int t0,
+                         int m, int HS, float scale, float slope, float *out, int C, float *lse) {
+    int n = t0 + m;
+    tile_scores(w, q, k, W, t0, m, n, HS, scale, slope);
+    for (int i = 0; i < m; i++) {
+        float *row = w->S + (size_t)i * n;
+        int t = t0 + i;
+        float maxv = -INFINITY;
+        for (int s = 0; s <= t; s++)
+            maxv = row[s] > maxv ? row[s] : maxv;
+        kiln_cpu_exp_shifted(row, t + 1, maxv);
+        double sum = 0;
+        for (int s = 0; s <= t; s++)
+            sum += row[s];
+        float inv = (float)(1.0 / sum);
+        for (int s = 0; s <= t; s++)
+            row[s] *= inv;
+        for (int s = t + 1; s < n; s++)
+            row[s] = 0.0f;
+        lse[i] = maxv + (float)log(sum);
+    }
+    tile_mm(w, m, HS, n, w->S, n, 0, v, W, 0, out, C, 0);
+}
+
 // ---- ops -------------------------------------------------------------------------------------------
 
 void kiln_cpu_attention_forward(void *ctx, const struct kiln_attn_args *a) {
     int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, HS = a->HS;
     KILN_ASSERT(NKV > 0 && NH % NKV == 0);
-    int group = NH / NKV, W = a->qkv_stride ? a->qkv_stride : (NH + 2 * NKV) * HS;
+    int group = NH / NKV, W = a->qkv_stride ? a->qkv_stride : (NH + 2 * NKV) * HS, C = NH * HS;
+    int tiles = (T + QT - 1) / QT;
     float scale = 1.0f / sqrtf((float)HS);
     float *owned;
     const float *qkv = rotated_qkv(ctx, a->qkv, &W, B, T, NH, NKV, HS, a->pos, a->rope_theta, &owned);
     float *out = a->out;
 #pragma omp parallel num_threads(kiln_cpu_threads(ctx)) if (KILN_CPU_PAR((double)B * NH * T * T * HS))
     {
-        float *scores = malloc((size_t)T * sizeof(float));
-        KILN_ASSERT(scores);
-#pragma omp for schedule(dynamic, 4)
-        for (int task = 0; task < B * NH * T; task++) {
-            int t = T - 1 - task % T, h = (task / T) % NH, b = task / (T * NH); // long rows first
-            int kvh = h / group;
+        struct tile_ws w = tile_ws_new(T);
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < B * NH * tiles; task++) {
+            int tile = tiles - 1 - task % tiles, h = (task / tiles) % NH,
+                b = task / (tiles * NH); // long first
+            int t0 = tile * QT, m = T - t0 < QT ? T - t0 : QT, kvh = h / group;
             const float *base = qkv + (size_t)b * T * W;
             float slope = a->pos == KILN_POS_ALIBI ? kiln_cpu_alibi_slope(h, NH) : 0.0f;
-            a->lse[((size_t)b * NH + h) * T + t] = attend_row(
-                base + (size_t)t * W + h * HS, base + (NH + kvh) * HS, base + (NH + NKV + kvh) * HS, W, t, HS,
-                scale, slope, scores, out + ((size_t)b * T + t) * NH * HS + h * HS);
+            tile_forward(&w, base + (size_t)t0 * W + h * HS, base + (NH + kvh) * HS,
+                         base + (NH + NKV + kvh) * HS, W, t0, m, HS, scale, slope,
+                         out + ((size_t)b * T + t0) * C + h * HS, C, a->lse + ((size_t)b * NH + h) * T + t0);
         }
-        free(scores);
+        tile_ws_free(&w);
     }
     free(owned);
 }
 
-void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a) {
-    int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, HS = a->HS, nt = kiln_cpu_threads(ctx);
-    KILN_ASSERT(NKV > 0 && NH % NKV == 0);
-    int group = NH / NKV, C = NH * HS;
-    int W = a->qkv_stride ? a->qkv_stride : (NH + 2 * NKV) * HS;    // qkv rows (after rotated_qkv)
-    int DW = a->dqkv_stride ? a->dqkv_stride : (NH + 2 * NKV) * HS; // dqkv rows
+// The backward in one pass, a task a (batch, key/value head): for each of the group's heads and each tile of
+// queries, P from the scores and lse, dL/dP = dout v^T, dL/dS = P (dL/dP - D) scale, then dq = dL/dS k for
+// the tile's rows, and dk += dL/dS^T q, dv += P^T dout for the keys it sees: 5 products of the head size a
+// (query, key) pair. The tasks own their dk and dv rows, so nothing is shared; with fewer tasks than
+// ONE_PASS_TASKS (a small batch of few key/value heads), the two-pass row backward below runs instead, which
+// parallelizes over rows (7 products a pair).
+#define ONE_PASS_TASKS 8
+
+static void backward_one_pass(void *ctx, const struct kiln_attn_back_args *a, const float *qkv, int W,
+                              int DW) {
+    int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, HS = a->HS, C = NH * HS, group = NH / NKV;
+    int tiles = (T + QT - 1) / QT;
     float scale = 1.0f / sqrtf((float)HS);
-    float *owned;
-    const float *qkv = rotated_qkv(ctx, a->qkv, &W, B, T, NH, NKV, HS, a->pos, a->rope_theta, &owned);
+    const float *dout = a->dout, *out = a->out;
+    float *dqkv = a->dqkv;
+#pragma omp parallel num_threads(kiln_cpu_threads(ctx)) if (KILN_CPU_PAR((double)B * NH * T * T * HS))
+    {
+        struct tile_ws w = tile_ws_new(T);
+        float *Dt = malloc(QT * sizeof(float));
+        KILN_ASSERT(Dt);
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < B * NKV; task++) {
+            int kvh = task % NKV, b = task / NKV;
+            const float *base = qkv + (size_t)b * T * W;
+            const float *k = base + (NH + kvh) * HS, *v = base + (NH + NKV + kvh) * HS;
+            float *dq0 = dqkv + (size_t)b * T * DW;
+            float *dk = dq0 + (NH + kvh) * HS, *dv = dq0 + (NH + NKV + kvh) * HS;
+            for (int s = 0; s < T; s++) {
+                memset(dk + (size_t)s * DW, 0, (size_t)HS * sizeof(float));
+                memset(dv + (size_t)s * DW, 0, (size_t)HS * sizeof(float));
+            }
+            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                float slope = a->pos == KILN_POS_ALIBI ? kiln_cpu_alibi_slope(h, NH) : 0.0f;
+                for (int tile = 0; tile < tiles; tile++) {
+                    int t0 = tile * QT, m = T - t0 < QT ? T - t0 : QT, n = t0 + m;
+                    const float *q = base + (size_t)t0 * W + h * HS;
+                    const float *dy = dout + ((size_t)b * T + t0) * C + h * HS;
+                    const float *o = out + ((size_t)b * T + t0) * C + h * HS;
+                    const float *lse = a->lse + ((size_t)b * NH + h) * T + t0;
+                    tile_scores(&w, q, k, W, t0, m, n, HS, scale, slope);
+                    tile_mm(&w, m, n, HS, dy, C, 0, v, W, 1, w.dS, n, 0); // dL/dP
+                    for (int i = 0; i < m; i++) {
+                        int t = t0 + i;
+                        float *p = w.S + (size_t)i * n, *ds = w.dS + (size_t)i * n;
+                        Dt[i] = kiln_cpu_dot(dy + (size_t)i * C, o + (size_t)i * C, HS);
+                        kiln_cpu_exp_shifted(p, t + 1, lse[i]);
+                        for (int s = 0; s <= t; s++)
+                            ds[s] = p[s] * (ds[s] - Dt[i]) * scale;
+                        for (int s = t + 1; s < n; s++)
+                            p[s] = ds[s] = 0.0f;
+                    }
+                    tile_mm(&w, m, HS, n, w.dS, n, 0, k, W, 0, dq0 + (size_t)t0 * DW + h * HS, DW, 0);
+                    tile_mm(&w, n, HS, m, w.dS, n, 1, q, W, 0, dk, DW, 1);
+                    tile_mm(&w, n, HS, m, w.S, n, 1, dy, C, 0, dv, DW, 1);
+                }
+            }
+        }
+        free(Dt);
+        tile_ws_free(&w);
+    }
+}
+
+// The backward row by row, in two passes over every (query, key) pair: dq a task a query row, then dk and dv
+// a task a (batch, key/value head, key)
+static void backward_two_pass(void *ctx, const struct kiln_attn_back_args *a, const float *qkv, int W,
+                              int DW) {
+    int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, HS = a->HS, nt = kiln_cpu_threads(ctx);
+    int group = NH / NKV, C = NH * HS;
+    float scale = 1.0f / sqrtf((float)HS);
     const float *dout = a->dout, *out = a->out, *lse = a->lse;
     float *dqkv = a->dqkv;
     float *D = malloc((size_t)B * NH * T * sizeof(float) + 1); // (B, NH, T) dout . out
@@ -234,7 +378,21 @@ void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a)
         free(scores);
     }
     free(D);
+}
+
+void kiln_cpu_attention_backward(void *ctx, const struct kiln_attn_back_args *a) {
+    int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, HS = a->HS, nt = kiln_cpu_threads(ctx);
+    KILN_ASSERT(NKV > 0 && NH % NKV == 0);
+    int W = a->qkv_stride ? a->qkv_stride : (NH + 2 * NKV) * HS;    // qkv rows (after rotated_qkv)
+    int DW = a->dqkv_stride ? a->dqkv_stride : (NH + 2 * NKV) * HS; // dqkv rows
+    float *owned;
+    const float *qkv = rotated_qkv(ctx, a->qkv, &W, B, T, NH, NKV, HS, a->pos, a->rope_theta, &owned);
+    if (B * NKV >= ONE_PASS_TASKS)
+        backward_one_pass(ctx, a, qkv, W, DW);
+    else
+        backward_two_pass(ctx, a, qkv, W, DW);
     free(owned);
+    float *dqkv = a->dqkv;
     if (a->pos == KILN_POS_ROPE) { // back from the rotated frame
         float *sn;
         float *cs = rope_table(T, HS, a->rope_theta, &sn);

@@ -95,6 +95,10 @@ struct kiln_cpu_gemm {
     int accumulate;
 };
 void kiln_cpu_gemm(struct kiln_cpu_ctx *ctx, const struct kiln_cpu_gemm *g);
+// The same product on the calling thread alone, inside another parallel region: apack holds
+// KILN_CPU_MB x KILN_CPU_KC floats and bpack KILN_CPU_KC x KILN_CPU_NC, both 64-byte aligned, the caller's
+// own. Each element's arithmetic is kiln_cpu_gemm's.
+void kiln_cpu_gemm_serial(const struct kiln_cpu_gemm *g, float *apack, float *bpack);
 
 // 64-byte aligned, zero-filled host memory; NULL on failure.
 void *kiln_cpu_alloc(void *ctx, size_t bytes);

@@ -163,7 +163,10 @@ static void tile_update(const struct kiln_cpu_gemm *g, int kc, const float *ap, 
             c[(size_t)i * g->ldc + j] = add ? c[(size_t)i * g->ldc + j] + tmp[i * NR + j] : tmp[i * NR + j];
 }
 
-void kiln_cpu_gemm(struct kiln_cpu_ctx *ctx, const struct kiln_cpu_gemm *g) {
+// The loop nest on `threads` threads with the given packing buffers. With threads = 1 the region is inactive
+// and its work-sharing loops run whole on the calling thread: that is how a task inside another parallel
+// region (kiln_cpu_gemm_serial) runs it, with buffers of its own.
+static void gemm_on(const struct kiln_cpu_gemm *g, float *apack, float *bpack, int threads) {
     if (g->M <= 0 || g->N <= 0)
         return;
     if (g->K <= 0) {
@@ -172,8 +175,7 @@ void kiln_cpu_gemm(struct kiln_cpu_ctx *ctx, const struct kiln_cpu_gemm *g) {
                 memset(g->C + (size_t)i * g->ldc, 0, (size_t)g->N * sizeof(float));
         return;
     }
-    float *apack = ctx->apack, *bpack = ctx->bpack;
-#pragma omp parallel num_threads(ctx->threads) if (KILN_CPU_PAR((double)g->M * g->N * g->K / 16))
+#pragma omp parallel num_threads(threads) if (threads > 1 && KILN_CPU_PAR((double)g->M * g->N * g->K / 16))
     for (int jc = 0; jc < g->N; jc += NC) {
         int nc = g->N - jc < NC ? g->N - jc : NC;
         int n_panels = (nc + NR - 1) / NR;
@@ -203,6 +205,14 @@ void kiln_cpu_gemm(struct kiln_cpu_ctx *ctx, const struct kiln_cpu_gemm *g) {
             }
         }
     }
+}
+
+void kiln_cpu_gemm(struct kiln_cpu_ctx *ctx, const struct kiln_cpu_gemm *g) {
+    gemm_on(g, ctx->apack, ctx->bpack, ctx->threads);
+}
+
+void kiln_cpu_gemm_serial(const struct kiln_cpu_gemm *g, float *apack, float *bpack) {
+    gemm_on(g, apack, bpack, 1);
 }
 
 // ---- GELU (tanh approximation, as GPT-2) --------------------------------------------------------------

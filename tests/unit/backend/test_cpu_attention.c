@@ -98,12 +98,13 @@ static void rotate_d(double *x, int HS, int t, double theta) {
 static double attn_ref_loss(void *p) {
     struct attn_ref *r = p;
     int T = r->T, NH = r->NH, NKV = r->NKV, HS = r->HS, W = (NH + 2 * NKV) * HS;
+    assert_true(T <= 256 && NH <= 64); // (sc and slopes below)
     memcpy(r->rot, r->qkv, sizeof(double) * r->B * T * W);
     if (r->pos == KILN_POS_ROPE)
         for (int bt = 0; bt < r->B * T; bt++)
             for (int h = 0; h < NH + NKV; h++)
                 rotate_d(r->rot + (size_t)bt * W + h * HS, HS, bt % T, r->theta);
-    double slopes[64] = {0}, sc[64];
+    double slopes[64] = {0}, sc[256]; // (heads, and keys: T <= 256)
     if (r->pos == KILN_POS_ALIBI)
         alibi_slopes_ref(NH, slopes);
     for (int b = 0; b < r->B; b++)
@@ -206,10 +207,11 @@ static void run_forward(const struct attn_cfg *c, const float *qkv, float **out,
 
 static void test_attention_forward_matches_naive_softmax_attention(void **state) {
     static const enum kiln_pos poss[] = {KILN_POS_LEARNED, KILN_POS_NONE, KILN_POS_ROPE, KILN_POS_ALIBI};
-    static const int nkvs[] = {6, 2, 1}, ts[] = {7, 13, 1, 40}, hss[] = {24, 16};
+    // (T = 70: two tiles of 64 query rows, the second past the first's keys)
+    static const int nkvs[] = {6, 2, 1}, ts[] = {7, 13, 1, 40, 70}, hss[] = {24, 16};
     for (int p = 0; p < 4; p++)
         for (int k = 0; k < 3; k++)
-            for (int t = 0; t < 4; t++)
+            for (int t = 0; t < 5; t++)
                 for (int s = 0; s < 2; s++) {
                     struct attn_cfg c = {2,       ts[t],  6,
                                          nkvs[k], hss[s], poss[p]}; // NH = 6: ALiBi off a power of 2
@@ -295,6 +297,50 @@ static void test_attention_gradients_match_finite_differences(void **state) {
     check_attention_gradient(&c);
     struct attn_cfg ca = {1, 6, 3, 1, 10, KILN_POS_ALIBI};
     check_attention_gradient(&ca);
+    // batch x key/value heads >= 8: the one-pass backward, over two tiles of query rows
+    struct attn_cfg c1 = {2, 66, 4, 4, 2, KILN_POS_ALIBI};
+    check_attention_gradient(&c1);
+}
+
+// The two backwards agree: a batch of 8 sequences of one key/value head takes the one-pass backward (8
+// tasks), each sequence alone the two-pass one; over three tiles of query rows, with every position kind.
+static void test_attention_one_pass_backward_matches_two_pass(void **state) {
+    static const enum kiln_pos poss[] = {KILN_POS_LEARNED, KILN_POS_ROPE, KILN_POS_ALIBI};
+    for (int p = 0; p < 3; p++) {
+        struct attn_cfg c = {8, 150, 2, 1, 16, poss[p]}, c1 = c;
+        c1.B = 1;
+        size_t W = (size_t)(c.NH + 2 * c.NKV) * c.HS, per = (size_t)c.T * W, C = (size_t)c.NH * c.HS;
+        float *qkv = frand(c.B * per, 1), *dy = frand((size_t)c.B * c.T * C, 1), *out, *lse;
+        float *d8 = falloc(c.B * per), *d1 = falloc(c.B * per);
+        run_forward(&c, qkv, &out, &lse);
+        struct kiln_attn_back_args ba = {.dqkv = d8,
+                                         .dout = dy,
+                                         .qkv = qkv,
+                                         .out = out,
+                                         .lse = lse,
+                                         .B = c.B,
+                                         .T = c.T,
+                                         .NH = c.NH,
+                                         .NKV = c.NKV,
+                                         .HS = c.HS,
+                                         .pos = c.pos,
+                                         .rope_theta = 10000.0f};
+        g_be.ops->attention_backward(g_be.ctx, &ba);
+        for (int b = 0; b < c.B; b++) {
+            struct kiln_attn_back_args one = ba;
+            one.B = c1.B;
+            one.dqkv = d1 + b * per;
+            one.dout = dy + (size_t)b * c.T * C;
+            one.qkv = qkv + b * per;
+            one.out = out + (size_t)b * c.T * C;
+            one.lse = lse + (size_t)b * c.NH * c.T;
+            g_be.ops->attention_backward(g_be.ctx, &one);
+        }
+        char what[96];
+        snprintf(what, sizeof(what), "one-pass against two-pass backward, pos=%s", pos_name(c.pos));
+        assert_rel_err_le(d8, d1, c.B * per, 1e-5, what);
+        ffree(qkv), ffree(dy), ffree(out), ffree(lse), ffree(d8), ffree(d1);
+    }
 }
 
 // Decoding positions 0..T-1 one at a time reproduces the forward's rows, and the caches hold k (rotated) and
@@ -351,8 +397,7 @@ static void test_attention_decode_reproduces_forward_rows(void **state) {
     }
 }
 
-static void test_attention_is_bitwise_identical_with_1_and_2_threads(void **state) {
-    struct attn_cfg c = {2, 37, 4, 2, 24, KILN_POS_ROPE};
+static void check_bitwise_with_1_and_2_threads(struct attn_cfg c) {
     size_t W = (size_t)(c.NH + 2 * c.NKV) * c.HS, n = (size_t)c.B * c.T * W,
            no = (size_t)c.B * c.T * c.NH * c.HS;
     float *qkv = frand(n, 1), *dout = frand(no, 1);
@@ -397,6 +442,13 @@ static void test_attention_is_bitwise_identical_with_1_and_2_threads(void **stat
     ffree(qkv), ffree(dout);
 }
 
+static void test_attention_is_bitwise_identical_with_1_and_2_threads(void **state) {
+    check_bitwise_with_1_and_2_threads(
+        (struct attn_cfg){2, 37, 4, 2, 24, KILN_POS_ROPE}); // two-pass backward
+    check_bitwise_with_1_and_2_threads(
+        (struct attn_cfg){4, 100, 4, 2, 16, KILN_POS_ROPE}); // one-pass, 2 tiles
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alibi_slopes_follow_the_paper),
@@ -404,6 +456,7 @@ int main(void) {
         cmocka_unit_test(test_exp_neg_is_within_2_ulp_and_the_array_form_matches_the_scalar),
         cmocka_unit_test(test_rope_and_alibi_change_the_output),
         cmocka_unit_test(test_attention_gradients_match_finite_differences),
+        cmocka_unit_test(test_attention_one_pass_backward_matches_two_pass),
         cmocka_unit_test(test_attention_decode_reproduces_forward_rows),
         cmocka_unit_test(test_attention_is_bitwise_identical_with_1_and_2_threads),
     };
