@@ -8,13 +8,14 @@
 #            ring), and --tp=2 x ZeRO-1 over the rest; the loss at every step (bf16: the sums' order
 #            differs, so within 2%)
 #   perf     KILN_TP_MODEL (llama-8b) at T=KILN_TP_T (8192), B=1 a data-parallel rank: ZeRO-3 over all GPUs,
-#            --tp=NG (the synchronous order, the default), --tp=NG with --tp-overlap=bulk and =ring, and
+#            --tp=NG (the synchronous order, the default), --tp=NG with --tp-overlap=bulk (also with
+#            --tp-keep-gathered=1) and =ring, and
 #            --tp=2 x ZeRO-3 over NG/2; tok/s a GPU, MFU and peak memory, and each overlap's speed-up over
 #            the synchronous order
 #   trace    where the time of --tp=NG goes: KILN_TP_MODEL cut to KILN_TP_LAYERS layers (8) at T=KILN_TP_T,
-#            B=1, no recompute, 10 steps, each KILN_TP_TRACE variant ("OVERLAP[:ENV=V,...]", or zero3: ZeRO-3
-#            over the GPUs, the same model's step at full GEMM sizes; default: zero3, off, bulk, and bulk with
-#            the gathers on the copy engines, the comm stream at high priority, GEMMs for 16 SMs fewer) under
+#            B=1, no recompute, 10 steps, each KILN_TP_TRACE variant ("OVERLAP[+keep][:ENV=V,...]": +keep adds
+#            --tp-keep-gathered=1; or zero3: ZeRO-3 over the GPUs, the same model's step at full GEMM sizes;
+#            default: zero3, off, off+keep, bulk, bulk+keep; e.g. bulk:KILN_TP_COPY_ENGINE=1) under
 #            KILN_TRACE_COMM: the step time, and per collective the comm stream's busy time and the compute
 #            stream's wait for it (bench/overlap.py, rank 0, the first 30% of the trace left out)
 # KILN_DEADLINE (seconds, default 560): runs that would end later are skipped and say so.
@@ -98,7 +99,8 @@ if has perf; then
   m=${KILN_TP_MODEL:-llama-8b}
   T=${KILN_TP_T:-8192}
   declare -A tokof
-  for flags in "--zero=3" "--tp=$NG" "--tp=$NG --tp-overlap=bulk" "--tp=$NG --tp-overlap=ring" "--tp=2 --zero=3"; do
+  for flags in "--zero=3" "--tp=$NG" "--tp=$NG --tp-overlap=bulk" "--tp=$NG --tp-overlap=bulk --tp-keep-gathered=1" \
+    "--tp=$NG --tp-overlap=ring" "--tp=2 --zero=3"; do
     intime 90 "$m $flags" || continue
     rm -rf /tmp/tpperf
     # shellcheck disable=SC2086 # (flags: words)
@@ -114,7 +116,7 @@ if has perf; then
     [ $rc -ne 0 ] && grep -v '^\s' "$OUT/perf.log" | tail -2
   done
   off=${tokof[--tp=$NG]:-}
-  for o in bulk ring; do
+  for o in bulk "bulk --tp-keep-gathered=1" ring; do
     v=${tokof[--tp=$NG --tp-overlap=$o]:-}
     [ -n "$v" ] && [ -n "$off" ] &&
       echo "| $m T=$T --tp=$NG: --tp-overlap=$o against the synchronous order (off, the default) | $(python3 -c "print(f'{$v / $off:.3f}x')") |" |
@@ -127,11 +129,12 @@ if has trace; then
   L=${KILN_TP_LAYERS:-8}
   tr=(--preset="$m" --layers="$L" --seq="$T" --block-size="$T" --batch=1 --recompute=none --data=random --max-steps=10
     --warmup=2 --device=cuda --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1 --out=/tmp/tptrace)
-  for v in ${KILN_TP_TRACE:-zero3 off bulk bulk:KILN_TP_COPY_ENGINE=1 bulk:KILN_NCCL_STREAM_PRIORITY=high bulk:KILN_GEMM_SM_MARGIN=16}; do
+  for v in ${KILN_TP_TRACE:-zero3 off off+keep bulk bulk+keep}; do
     intime 40 "$m/$L layers $v" || continue
     ov=${v%%:*} envs=()
     [[ $v == *:* ]] && IFS=, read -ra envs <<<"${v#*:}"
-    flags=(--tp="$NG" --tp-overlap="$ov")
+    flags=(--tp="$NG" --tp-overlap="${ov%+keep}")
+    [[ $ov == *+keep ]] && flags+=(--tp-keep-gathered=1)
     [ "$ov" = zero3 ] && flags=(--zero=3)
     rm -rf /tmp/tptrace /tmp/tptrace.csv*
     env "${envs[@]}" KILN_TRACE_COMM=/tmp/tptrace.csv timeout -k 20 150 "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- \

@@ -58,13 +58,17 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg, co
     printf("per rank (%s; zero %d, %d ranks%s):\n", label, cfg->zero, world,
            rp.dpo.offload ? ", optimizer offloaded" : "");
     if (cfg->tp > 1)
-        printf("  tensor parallelism: tp %d x %d data- and sequence-parallel ranks, %s; each rank holds 1/%d of "
-               "the heads, MLP width and vocabulary; buffers %.3f GiB\n",
-               cfg->tp, world / cfg->tp,
-               cfg->tp_sp ? "Megatron's sequence parallelism inside the group (norms and residual on 1/tp of "
-                            "the rows)"
-                          : "every rank holding every row",
-               cfg->tp, rp.tp_bytes / GIB);
+        printf(
+            "  tensor parallelism: tp %d x %d data- and sequence-parallel ranks, %s; each rank holds 1/%d of "
+            "the heads, MLP width and vocabulary; buffers %.3f GiB%s\n",
+            cfg->tp, world / cfg->tp,
+            cfg->tp_sp ? "Megatron's sequence parallelism inside the group (norms and residual on 1/tp of "
+                         "the rows)"
+                       : "every rank holding every row",
+            cfg->tp, rp.tp_bytes / GIB,
+            cfg->tp_sp && cfg->tp_keep_gathered && cfg->tp_overlap != 1
+                ? " (with the column-parallel layers' gathered inputs kept for the backward)"
+                : "");
     if (sp->sp > 1)
         printf("  sequence parallelism: sp %d (%d Ulysses x %d ring) x dp %d, %d of %d tokens a rank, "
                "buffers %.3f GiB (q, k, v: %s)\n",

@@ -23,16 +23,22 @@ int kiln_tp_plan(int tp, int seq, int world, int rank, const struct kiln_model_c
     if (tp == 1)
         return 0;
     out->split = kiln_split_tensor_parallel(tp, seq);
-    kiln_tp_plan_overlap(out, KILN_TP_OVERLAP_OFF);
+    kiln_tp_plan_overlap(out, KILN_TP_OVERLAP_OFF, 0);
     struct kiln_error e = {0};
     if (kiln_model_split_check(m, &out->split, &e))
         return kiln_errorf(err, KILN_ERR_USAGE, "--tp=%d (option): %s", tp, e.msg);
     return 0;
 }
 
-void kiln_tp_plan_overlap(struct kiln_tp_layout *lo, enum kiln_tp_overlap overlap) {
+void kiln_tp_plan_overlap(struct kiln_tp_layout *lo, enum kiln_tp_overlap overlap, int keep_gathered) {
     lo->overlap = kiln_split_parts(lo->split.seq) > 1 ? overlap : KILN_TP_OVERLAP_OFF;
+    lo->keep_gathered =
+        kiln_split_parts(lo->split.seq) > 1 && lo->overlap != KILN_TP_OVERLAP_RING && keep_gathered;
 }
+
+// column-parallel inputs kept a layer under --tp-keep-gathered: qkv's (or a parallel block's fused [qkv |
+// fc]) and the MLP's (a parallel block runs its two GEMMs apart where the model does not fuse them)
+#define KEEP_SLOTS 2
 
 // ---- the gradient norm's weights -------------------------------------------------------------------------
 
@@ -124,6 +130,10 @@ struct kiln_tp {
     size_t N, Nr, C;
     void *gath, *part;
     void *gath_win; // gath, where it is the group's symmetric window (lo.copy_engine)
+    // lo.keep_gathered: (N, C) a layer and column-parallel layer (keep_at), and which hold this micro-step's
+    // gathered input (set by the forward, read by the backward)
+    void *keep;
+    unsigned char *kept;
     int32_t *tgt;
     float *loss;
 };
@@ -142,19 +152,41 @@ static char *act_at(const struct kiln_tp *t, const void *base, size_t elems) {
     return (char *)base + elems * act_bytes(t);
 }
 
-// gath (rows x tp, w) = every rank's rows (rows, w) of x, in rank order
-static struct kiln_comm_work *gather_rows_issue(struct kiln_tp *t, const void *x, size_t rows, size_t w) {
+// dst (rows x tp, w) = every rank's rows (rows, w) of x, in rank order
+static struct kiln_comm_work *gather_rows_into(struct kiln_tp *t, void *dst, const void *x, size_t rows,
+                                               size_t w) {
     struct kiln_coll k = {.op = KILN_COLL_ALL_GATHER,
                           .send = x,
-                          .recv = t->gath,
+                          .recv = dst,
                           .count = rows * w * t->lo.tp,
                           .dtype = t->be->act_dtype,
                           .device = t->be->device_memory};
     return kiln_comm_submit(t->comm, &k, after_compute(t));
 }
 
+// ... into gath
+static struct kiln_comm_work *gather_rows_issue(struct kiln_tp *t, const void *x, size_t rows, size_t w) {
+    return gather_rows_into(t, t->gath, x, rows, w);
+}
+
 static void gather_rows(struct kiln_tp *t, const void *x, size_t rows, size_t w) {
     kiln_comm_wait_stream(t->comm, gather_rows_issue(t, x, rows, w));
+}
+
+// --tp-keep-gathered: where layer l's column-parallel layer k keeps its gathered input (NULL: not kept)
+static int keep_index(const struct kiln_tp *t, int l, enum kiln_linear k) {
+    return l * KEEP_SLOTS + (k == KILN_LINEAR_MLP_IN);
+}
+static void *keep_at(const struct kiln_tp *t, int l, enum kiln_linear k) {
+    return t->keep ? act_at(t, t->keep, (size_t)keep_index(t, l, k) * t->N * t->C) : NULL;
+}
+// the backward's: the forward's gathered input of layer l's k (it ran this micro-step, or its recompute
+// did: the same rows), NULL without --tp-keep-gathered
+static void *kept_input(const struct kiln_tp *t, int l, enum kiln_linear k) {
+    if (!t->keep)
+        return NULL;
+    KILN_ASSERT(t->kept[keep_index(t, l, k)]); // (a backward without its forward)
+    return keep_at(t, l, k);
 }
 
 // out (rows, w) = (or +=, accumulate) this rank's rows of the sum over the ranks of part (rows x tp, w)
@@ -355,22 +387,24 @@ struct row_block {
     size_t r0, rows;
     const void *src;
 };
-static void row_blocks(const struct kiln_tp *t, const void *mine, size_t w, struct row_block b[3]) {
+static void row_blocks(const struct kiln_tp *t, const void *mine, const void *gathered, size_t w,
+                       struct row_block b[3]) {
     size_t Nr = t->Nr, me = (size_t)t->lo.tp_rank, n = (size_t)t->lo.tp;
     b[0] = (struct row_block){me * Nr, Nr, mine};
-    b[1] = (struct row_block){0, me * Nr, t->gath};
-    b[2] = (struct row_block){(me + 1) * Nr, (n - 1 - me) * Nr, act_at(t, t->gath, (me + 1) * Nr * w)};
+    b[1] = (struct row_block){0, me * Nr, gathered};
+    b[2] = (struct row_block){(me + 1) * Nr, (n - 1 - me) * Nr, act_at(t, gathered, (me + 1) * Nr * w)};
 }
 
 // --tp-overlap=bulk, a column-parallel layer's forward under the sequence split: the input's all-gather is
 // issued first, the GEMM of the rank's own rows (from its own input) runs under it, then one GEMM on the rows
 // before them and one on the rows after, from the gathered input. Each output row is the same product as
 // the GEMM on every row gives on the CPU (GPUs may take other algorithms for the smaller GEMMs).
-static void column_forward_split(struct kiln_tp *t, int l, enum kiln_linear k, const struct kiln_matmul_args *a) {
+static void column_forward_split(struct kiln_tp *t, int l, enum kiln_linear k,
+                                 const struct kiln_matmul_args *a, void *dst) {
     size_t IC = (size_t)a->IC, OC = (size_t)a->OC;
-    struct kiln_comm_work *wg = gather_rows_issue(t, a->inp, t->Nr, IC);
+    struct kiln_comm_work *wg = gather_rows_into(t, dst, a->inp, t->Nr, IC);
     struct row_block b[3];
-    row_blocks(t, a->inp, IC, b);
+    row_blocks(t, a->inp, dst, IC, b);
     for (int i = 0; i < 3; i++) {
         if (i == 1)
             kiln_comm_wait_stream(t->comm, wg);
@@ -400,12 +434,15 @@ static void tp_forward(void *user, int l, enum kiln_linear k, const struct kiln_
                 column_forward_ring(t, l, k, a);
                 return;
             }
+            void *dst = t->keep ? keep_at(t, l, k) : t->gath;
+            if (t->keep)
+                t->kept[keep_index(t, l, k)] = 1;
             if (t->bulk) {
-                column_forward_split(t, l, k, a);
+                column_forward_split(t, l, k, a, dst);
                 return;
             }
-            gather_rows(t, a->inp, t->Nr, (size_t)a->IC);
-            p.inp = t->gath;
+            kiln_comm_wait_stream(t->comm, gather_rows_into(t, dst, a->inp, t->Nr, (size_t)a->IC));
+            p.inp = dst;
         }
         kiln_model_linear_forward_with(&t->next, t->be, l, k, &p);
         return;
@@ -478,9 +515,11 @@ static void qkv_backward_shared(struct kiln_tp *t, int l, const struct kiln_matm
 static void column_backward_bulk(struct kiln_tp *t, int l, enum kiln_linear k,
                                  const struct kiln_matmul_back_args *a) {
     size_t IC = (size_t)a->IC, n = t->Nr * IC;
-    struct kiln_comm_work *wg = gather_rows_issue(t, a->inp, t->Nr, IC);
+    void *kept = kept_input(t, l, k); // (kept from the forward: no all-gather)
+    struct kiln_comm_work *wg = kept ? NULL : gather_rows_issue(t, a->inp, t->Nr, IC);
+    const void *gathered = kept ? kept : t->gath;
     struct kiln_matmul_back_args d = *a; // dL/dinput of every row, the partial sum of this rank's columns
-    d.inp = t->gath;                      // (not read without dweight)
+    d.inp = gathered;                    // (not read without dweight)
     d.dinp = t->part;
     d.dinp_accumulate = 0;
     d.dweight = NULL;
@@ -497,7 +536,7 @@ static void column_backward_bulk(struct kiln_tp *t, int l, enum kiln_linear k,
     struct kiln_comm_work *wr = kiln_comm_submit(t->comm, &rs, after_compute(t));
     kiln_comm_wait_stream(t->comm, wg);
     struct kiln_matmul_back_args w = *a; // dW (and dbias) from the gathered input
-    w.inp = t->gath;
+    w.inp = gathered;
     w.dinp = NULL;
     kiln_model_linear_backward_with(&t->next, t->be, l, k, &w);
     kiln_comm_wait_stream(t->comm, wr);
@@ -515,7 +554,7 @@ static void row_backward_split(struct kiln_tp *t, int l, enum kiln_linear k,
     size_t ldp = a->gelu_pre_stride ? (size_t)a->gelu_pre_stride : IC;
     struct kiln_comm_work *wg = gather_rows_issue(t, a->dout, t->Nr, OC);
     struct row_block b[3];
-    row_blocks(t, a->dout, OC, b);
+    row_blocks(t, a->dout, t->gath, OC, b);
     for (int i = 0; i < 3; i++) {
         if (i == 1)
             kiln_comm_wait_stream(t->comm, wg);
@@ -569,8 +608,10 @@ static void tp_backward(void *user, int l, enum kiln_linear k, const struct kiln
         }
         if (column_parallel(k)) { // the input as the forward saw it, and dL/dinput reduce-scattered below
             KILN_ASSERT((size_t)a->IC <= t->C && !a->dinp_gelu_pre && (!a->dinp_stride || a->dinp_stride == a->IC));
-            gather_rows(t, a->inp, t->Nr, (size_t)a->IC);
-            p.inp = t->gath;
+            void *kept = kept_input(t, l, k);
+            if (!kept)
+                gather_rows(t, a->inp, t->Nr, (size_t)a->IC);
+            p.inp = kept ? kept : t->gath;
             p.dinp = a->dinp ? t->part : NULL;
             p.dinp_accumulate = 0;
         } else if (t->bulk && a->dinp) {
@@ -698,13 +739,15 @@ static void tp_head(void *user, const struct kiln_model_head_args *h0) {
 }
 
 size_t kiln_tp_buffer_bytes(const struct kiln_model_config *m, const struct kiln_model_split *split, int B,
-                            int T, enum kiln_dtype act, enum kiln_dtype grad) {
+                            int T, enum kiln_dtype act, enum kiln_dtype grad, int keep) {
     int tp = split ? kiln_split_parts(split->heads) : 1;
     if (tp == 1)
         return 0;
     size_t N = (size_t)B * T, bytes = 3 * N * sizeof(float); // the loss's statistics
     if (kiln_split_parts(split->seq) > 1) // gathered and partial rows, the head's targets and losses
-        bytes += 2 * N * (size_t)m->n_embd * kiln_dtype_bytes(act) + N * (sizeof(int32_t) + sizeof(float));
+        bytes += (2 + (keep ? (size_t)m->n_layer * KEEP_SLOTS : 0)) * N * (size_t)m->n_embd *
+                     kiln_dtype_bytes(act) +
+                 N * (sizeof(int32_t) + sizeof(float));
     if (kiln_model_kv_heads(m) < tp) { // a key/value copy's gradient before it is summed
         struct kiln_param_table pt;
         kiln_params_build_split(&pt, m, split);
@@ -778,6 +821,12 @@ int kiln_tp_create(struct kiln_tp **out, const struct kiln_tp_layout *lo, struct
         if (lo->copy_engine) // (every rank of the group asks, in the same order)
             t->gath_win = kiln_comm_window_alloc(t->comm, gb);
         t->gath = t->gath_win ? t->gath_win : be->ops->alloc(be->ctx, gb);
+        if (lo->keep_gathered) {
+            size_t slots = (size_t)m->n_layer * KEEP_SLOTS;
+            t->keep = be->ops->alloc(be->ctx, slots * gb);
+            t->kept = kiln_xcalloc(slots, 1);
+            buffers_ok = buffers_ok && t->keep;
+        }
         t->part = be->ops->alloc(be->ctx, t->N * t->C * kiln_dtype_bytes(be->act_dtype));
         t->tgt = be->ops->alloc(be->ctx, t->N * sizeof(int32_t));
         t->loss = be->ops->alloc(be->ctx, t->N * sizeof(float));
@@ -854,7 +903,8 @@ void kiln_tp_free(struct kiln_tp *t) {
         kiln_comm_window_free(t->comm, t->gath_win);
     else if (t->gath)
         o->free(t->be->ctx, t->gath);
-    void *bufs[] = {t->part, t->tgt, t->loss};
+    free(t->kept);
+    void *bufs[] = {t->part, t->tgt, t->loss, t->keep};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i])
             o->free(t->be->ctx, bufs[i]);

@@ -72,6 +72,10 @@ struct kiln_tp_layout {
     int cross, cross_rank;   // world / tp, and this rank's index among the ranks of its tp_rank
     struct kiln_model_split split; // what this rank holds (model/config.h)
     enum kiln_tp_overlap overlap;  // OFF without a sequence split
+    // --tp-keep-gathered: each column-parallel layer's gathered input kept from the forward for its dW in the
+    // backward, instead of gathered again (a third of the all-gathers; (B T, C) a layer and column-parallel
+    // layer of memory). Off without a sequence split and under the ring, which never holds a whole one.
+    int keep_gathered;
     // the sequence split's all-gathers on the copy engines where the transport has them (KILN_TP_COPY_ENGINE:
     // NCCL's zero-CTA policy for the group, the gathers' output in a symmetric window; comm.h)
     int copy_engine;
@@ -85,8 +89,9 @@ struct kiln_tp_layout {
 // issued whole (overlap OFF, the default; kiln_tp_plan_overlap asks for the ring).
 int kiln_tp_plan(int tp, int seq, int world, int rank, const struct kiln_model_config *m,
                  struct kiln_tp_layout *out, struct kiln_error *err);
-// --tp-overlap: how the layout's sequence split meets the GEMMs (kept OFF without one)
-void kiln_tp_plan_overlap(struct kiln_tp_layout *lo, enum kiln_tp_overlap overlap);
+// --tp-overlap: how the layout's sequence split meets the GEMMs (kept OFF without one); --tp-keep-gathered
+// (kept 0 where it has no meaning: struct kiln_tp_layout)
+void kiln_tp_plan_overlap(struct kiln_tp_layout *lo, enum kiln_tp_overlap overlap, int keep_gathered);
 
 // A weight for each element of the rank's flat parameter buffer that the group's ranks hold more than one
 // copy of: the gradient norm counts each copy 1 / copies (replicated norms and biases: 1 / tp; key/value head
@@ -104,9 +109,10 @@ struct kiln_norm_weight *kiln_tp_norm_weights(const struct kiln_tp_layout *lo, c
 struct kiln_norm_weight *kiln_tp_sum_ranges(const struct kiln_tp_layout *lo, const struct kiln_model_config *m,
                                             const struct kiln_param_table *local, int *n);
 
-// The backend memory kiln_tp_create allocates for B x T tokens a micro-step (0 without a split)
+// The backend memory kiln_tp_create allocates for B x T tokens a micro-step (0 without a split); keep:
+// --tp-keep-gathered as kiln_tp_plan_overlap leaves it
 size_t kiln_tp_buffer_bytes(const struct kiln_model_config *m, const struct kiln_model_split *split, int B,
-                            int T, enum kiln_dtype act, enum kiln_dtype grad);
+                            int T, enum kiln_dtype act, enum kiln_dtype grad, int keep);
 
 struct kiln_comm;
 struct kiln_backend;

@@ -122,16 +122,25 @@ static const struct opt OPTS[] = {
      "consecutive ranks, innermost (world = tp x sp x data-parallel ranks)"},
     {"tp-sp", OPT_BOOL, OFF(tp_sp), 0, 1, NULL,
      "with --tp: Megatron's sequence parallelism inside the group: the norms and the residual stream hold "
-     "1/tp of the token rows, with an all-gather before each column-parallel layer and a reduce-scatter after "
+     "1/tp of the token rows, with an all-gather before each column-parallel layer and a reduce-scatter "
+     "after "
      "each row-parallel one, instead of all-reduces (0: every rank holds every row)"},
     {"tp-overlap", OPT_ENUM, OFF(tp_overlap), 0, 0, "off ring bulk",
      "with --tp and --tp-sp: off (the default) issues each all-gather and reduce-scatter whole and waits for "
-     "it before the GEMM; ring runs them chunk by chunk around the group, each chunk's transfer under the GEMM "
-     "of another chunk (async TP, a collective matmul: 0.83x off's speed on 4 H100s so far); bulk keeps off's "
+     "it before the GEMM; ring runs them chunk by chunk around the group, each chunk's transfer under the "
+     "GEMM "
+     "of another chunk (async TP, a collective matmul: 0.83x off's speed on 4 H100s so far); bulk keeps "
+     "off's "
      "collectives whole but runs each under a GEMM: an all-gather under the GEMM of the rank's own rows "
-     "(column-parallel forward, row-parallel backward) or under the dinp GEMM, and dinp's reduce-scatter under "
+     "(column-parallel forward, row-parallel backward) or under the dinp GEMM, and dinp's reduce-scatter "
+     "under "
      "the dW GEMM (column-parallel backward); off's products. The row-parallel forward's reduce-scatter, the "
      "LM head and the embedding stay synchronous"},
+    {"tp-keep-gathered", OPT_BOOL, OFF(tp_keep_gathered), 0, 1, NULL,
+     "with --tp and --tp-sp (off or bulk overlap): each column-parallel layer keeps the input it gathered in "
+     "the "
+     "forward for its weight gradient, instead of gathering it again in the backward: a third fewer "
+     "all-gathers, for (batch x seq x dim) activations a layer and column-parallel layer; the same numbers"},
     {"sp", OPT_INT, OFF(sp), 1, 65536, NULL,
      "sequence parallelism: ranks that split each sequence (world = sp x data-parallel ranks)"},
     {"sp-mode", OPT_ENUM, OFF(sp_mode), 0, 0, "ulysses ring hybrid auto",

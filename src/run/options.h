@@ -87,6 +87,7 @@ struct kiln_config {
     int tp;    // tensor parallelism: ranks that split each layer (world = tp x sp x data-parallel)
     int tp_sp; // and Megatron's sequence parallelism inside each tensor-parallel group
     int tp_overlap; // with tp_sp: its collectives under the GEMMs (1 ring) or not (0): enum kiln_tp_overlap
+    int tp_keep_gathered; // with tp_sp: column-parallel inputs kept for the backward (struct kiln_tp_layout)
     int sp;    // sequence parallelism: ranks that share each sequence (world = tp x sp x data-parallel)
     enum kiln_sp_mode sp_mode;
     int sp_ulysses; // hybrid: ranks of each Ulysses group (0: the ranks per node), the ring the rest

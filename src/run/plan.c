@@ -54,7 +54,10 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
     struct kiln_model_config heads;
     kiln_model_heads_of(&cfg->model, tp > 1 ? &split : NULL, &heads);
     if (tp > 1) {
-        out->tp_bytes = kiln_tp_buffer_bytes(&cfg->model, &split, cfg->batch_size, sp->T_local, act, grad);
+        struct kiln_tp_layout lo = {.split = split};
+        kiln_tp_plan_overlap(&lo, (enum kiln_tp_overlap)cfg->tp_overlap, cfg->tp_keep_gathered);
+        out->tp_bytes = kiln_tp_buffer_bytes(&cfg->model, &split, cfg->batch_size, sp->T_local, act, grad,
+                                             lo.keep_gathered);
         kiln_params_free(&part);
     }
     out->sp_bytes = kiln_sp_buffer_bytes(sp, &heads, cfg->batch_size, act);

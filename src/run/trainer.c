@@ -796,7 +796,7 @@ static int run_setup(struct run *r, struct kiln_error *err) {
         (rc = parse_step_list(cfg->inject_nan, &r->nan_steps, err)) ||
         (rc = parse_stall(cfg->inject_stall, r->env.world, &r->stall_rank, &r->stall_step, err)))
         return rc;
-    kiln_tp_plan_overlap(&r->tp_lo, (enum kiln_tp_overlap)cfg->tp_overlap);
+    kiln_tp_plan_overlap(&r->tp_lo, (enum kiln_tp_overlap)cfg->tp_overlap, cfg->tp_keep_gathered);
     r->tp_lo.copy_engine = r->knobs && r->knobs->tp_copy_engine;
 
     const char *device = kiln_backend_resolve(cfg->device);

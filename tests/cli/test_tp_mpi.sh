@@ -87,26 +87,58 @@ mpi_env=()
 # other sums). Under FP8 the forward's row blocks are scaled each by its own amax: within FP8's rounding.
 same_bits() { # same_bits A B: the loss and gradient norm of every step, as written
   [ -s "$T/$1/metrics.jsonl" ] && [ "$(cut -d, -f1-4 "$T/$1/metrics.jsonl")" = "$(cut -d, -f1-4 "$T/$2/metrics.jsonl")" ] &&
-    ok || bad "$2: --tp-overlap=bulk's numbers differ from off's ($1)"
+    ok || bad "$2's numbers differ from $1's"
 }
 check tp2_gpt_bulk 2 "${gpt[@]}" -- --tp=2 --tp-overlap=bulk
 same_bits tp2_gpt_off tp2_gpt_bulk
 for fl in "2 --pos=rope --kv-heads=4 --mlp=swiglu --norm=rmsnorm --bias=0" "4 --block=parallel" \
   "2 --pos=rope --kv-heads=4 --mlp=swiglu --norm=rmsnorm --bias=0 --precision=fp8"; do
   read -r np flags <<<"$fl"
+  # (and --tp-keep-gathered, below: the backward's column-parallel inputs kept from the forward)
   for o in off bulk; do
-    # shellcheck disable=SC2086 # (flags: words)
-    "${MPI[@]}" -x KILN_COMM_DELAY_US=3000 -np "$np" "$KILN" train "${args[@]}" $flags --tp="$np" --tp-overlap=$o \
-      --out="$T/late_$o" 2>"$T/err" || bad "$flags --tp=$np --tp-overlap=$o, late transfers: $(tail -3 "$T/err")"
+    for k in 0 1; do
+      # shellcheck disable=SC2086 # (flags: words)
+      "${MPI[@]}" -x KILN_COMM_DELAY_US=3000 -np "$np" "$KILN" train "${args[@]}" $flags --tp="$np" --tp-overlap=$o \
+        --tp-keep-gathered=$k --out="$T/late_${o}_$k" 2>"$T/err" ||
+        bad "$flags --tp=$np --tp-overlap=$o --tp-keep-gathered=$k, late transfers: $(tail -3 "$T/err")"
+    done
   done
-  echo "bulk against off, late transfers: --tp=$np $flags"
-  if [[ $flags == *fp8* ]]; then
-    same_steps "$T/late_off" "$T/late_bulk" 5e-3 && ok || bad "$flags: --tp-overlap=bulk left off's run by more than FP8's rounding"
-  else
-    same_bits late_off late_bulk
-  fi
-  rm -rf "$T/late_off" "$T/late_bulk"
+  echo "bulk against off, each with the gathered inputs kept too, late transfers: --tp=$np $flags"
+  for r in bulk_0 off_1 bulk_1; do
+    if [[ $flags == *fp8* ]] && [[ $r == bulk* ]]; then
+      same_steps "$T/late_off_0" "$T/late_$r" 5e-3 && ok || bad "$flags: late_$r left off's run by more than FP8's rounding"
+    else
+      same_bits late_off_0 "late_$r"
+    fi
+  done
+  rm -rf "$T"/late_*
 done
+# --tp-keep-gathered: each column-parallel layer's input as the forward gathered it, for dW: the same products
+# as gathering it again, so the same numbers to the bit; with key/value head copies, with block recompute (the
+# forward runs again inside the backward and gathers again), and over two micro-steps a step
+keep_same() { # keep_same NAME NP FLAGS...: the run with --tp-keep-gathered=1 against the one without
+  local name=$1 np=$2
+  shift 2
+  for k in 0 1; do
+    "${MPI[@]}" -np "$np" "$KILN" train "${args[@]}" "$@" --tp-keep-gathered=$k --out="$T/${name}_$k" 2>"$T/err" ||
+      bad "$name, --tp-keep-gathered=$k: $(tail -3 "$T/err")"
+  done
+  echo "$name: --tp-keep-gathered=1 against 0 ($np ranks: $*)"
+  same_bits "${name}_0" "${name}_1"
+}
+keep_same keep_kvcopy 4 "${llama[@]}" --tp=4
+keep_same keep_block 2 "${gpt[@]}" --tp=2 --recompute=block --tp-overlap=bulk
+keep_same keep_parallel_micro 2 --block=parallel --tp=2 --total-batch=128
+# kiln info counts the kept inputs: 8 layers x 2 column-parallel layers x (8 x 1024 rows, 1024 wide) f32, 0.5
+# GiB more
+tp_gib() {
+  "$KILN" info --layers=8 --heads=8 --dim=1024 --seq=1024 --block-size=1024 --batch=8 --tp=2 --world=2 "$@" |
+    awk '/tensor parallelism/ { sub(/.*buffers /, ""); print $1; exit }'
+}
+g0=$(tp_gib) g1=$(tp_gib --tp-keep-gathered=1)
+echo "kiln info, tensor parallelism's buffers: $g0 GiB, kept inputs $g1 GiB"
+python3 -c "import sys; sys.exit(0 if abs(float('$g1') - float('$g0') - 0.5) < 0.001 else 1)" 2>/dev/null && ok ||
+  bad "kiln info does not count --tp-keep-gathered's 0.5 GiB ($g0 then $g1 GiB)"
 # every rank holding every row: all-reduces instead of all-gathers and reduce-scatters
 check tp2_gpt_nosp 2 "${gpt[@]}" -- --tp=2 --tp-sp=0
 check tp4_llama_kvcopy_nosp 4 "${llama[@]}" -- --tp=4 --tp-sp=0

@@ -341,7 +341,8 @@ static int nccl_split(void *impl, int color, int key, unsigned flags, void **out
     // no config: the parent's (KILN_NCCL_CTA_POLICY, KILN_NCCL_MAX_CTAS); copy engine: the zero-CTA policy
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
-    NCCL_CHECK(ncclCommSplit(s->comm, color, key, &comm, (flags & KILN_COMM_SPLIT_COPY_ENGINE) ? &cfg : NULL));
+    NCCL_CHECK(
+        ncclCommSplit(s->comm, color, key, &comm, (flags & KILN_COMM_SPLIT_COPY_ENGINE) ? &cfg : NULL));
     struct nccl_state *d = state_new(comm, s, s->be, s->device, s->stream_high);
     *rank = d->rank;
     *size = d->size;
@@ -404,8 +405,8 @@ static void nccl_abort(void *impl) {
 }
 
 static const struct kiln_comm_impl nccl_impl = {
-    "nccl",    nccl_submit, nccl_wait,   nccl_wait_stream, nccl_split, nccl_close,
-    nccl_abort, nccl_window_alloc, nccl_window_free,
+    "nccl",     nccl_submit, nccl_wait,         nccl_wait_stream, nccl_split,
+    nccl_close, nccl_abort,  nccl_window_alloc, nccl_window_free,
 };
 
 extern "C" int kiln_comm_nccl_open_gpu(struct kiln_comm *c, const struct kiln_dist_env *env,
