@@ -4,7 +4,7 @@
 # pads) trained on Tiny Shakespeare by a Lightning Trainer under DDP, FSDP (FULL_SHARD, a unit a block), FSDP
 # with cpu_offload, or FSDP with per-block activation checkpointing, in bf16-mixed precision.
 #
-#   python3 bench/lightning_gpt.py [--strategy=ddp|fsdp|fsdp-offload|fsdp-ac] [--devices=N]
+#   python3 bench/lightning_gpt.py [--strategy=S[,S...]] [--devices=N]     (S: ddp, fsdp, fsdp-offload, fsdp-ac)
 #                                  [--batch-sizes=64,256,1024] [--steps=10] [--warmup=3] [--seq=128]
 #                                  [--data=data/tinyshakespeare.txt] [--precision=bf16-mixed] [--compile=0|1]
 #                                  [--lr=6e-4] [--pg-timeout=120]
@@ -24,11 +24,13 @@
 #   {"strategy","devices","batch","seq","tokens_per_s","epoch_s","peak_mem_bytes","loss",...}
 # A rank that runs out of GPU memory prints {"strategy","devices","batch","error":"oom"} and leaves at once
 # with exit status 3 (os._exit: the other ranks may wait in a collective that will never finish; the larger
-# batch sizes are not run). Any other failure: one "error: ..." line on stderr and exit status 1.
+# batch sizes and the strategies after it are not run: bench/lightning_table.sh starts those again). Any other failure: one "error: ..." line on stderr and exit status 1.
 import argparse, datetime, gc, json, os, sys, time
 
 p = argparse.ArgumentParser(description="PyTorch Lightning GPT-2 124M char-level benchmark (see the header)")
-p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp", "fsdp-offload", "fsdp-ac"])
+p.add_argument("--strategy", default="ddp",
+               help="ddp, fsdp, fsdp-offload or fsdp-ac, or several comma-separated: run in turn in the same "
+                    "processes (one start-up and process group for all)")
 p.add_argument("--devices", type=int, default=1)
 p.add_argument("--batch-sizes", default="64,256,1024", help="sequences per GPU, comma-separated")
 p.add_argument("--steps", type=int, default=10, help="timed steps")
@@ -46,6 +48,7 @@ p.add_argument("--workers", type=int, default=2, help="DataLoader worker process
 p.add_argument("--pg-timeout", type=int, default=120,
                help="seconds a collective may wait before the process group gives up (a hang becomes an error)")
 a = p.parse_args()
+STRATEGIES = ("ddp", "fsdp", "fsdp-offload", "fsdp-ac")
 
 RANK = int(os.environ.get("LOCAL_RANK", "0"))  # one node: the local rank is the global one
 
@@ -62,6 +65,9 @@ try:
     sizes = sorted({int(s) for s in a.batch_sizes.split(",") if s.strip()})
 except ValueError:
     fail(f"--batch-sizes={a.batch_sizes}: whole numbers, comma-separated (bench/lightning_gpt.py)")
+strategies = [s for s in a.strategy.split(",") if s.strip()]
+if not strategies or any(s not in STRATEGIES for s in strategies):
+    fail(f"--strategy={a.strategy}: one or more of {', '.join(STRATEGIES)}, comma-separated (bench/lightning_gpt.py)")
 if not sizes or min(sizes) < 1:
     fail(f"--batch-sizes={a.batch_sizes}: at least one size, each >= 1 (bench/lightning_gpt.py)")
 if a.devices < 1 or a.steps < 1 or a.warmup < 1 or a.seq < 1:
@@ -248,14 +254,14 @@ class StepTimer(L.Callback):
         self.t.append(time.perf_counter())
 
 
-def make_strategy():
+def make_strategy(strategy):
     timeout = datetime.timedelta(seconds=a.pg_timeout)
-    if a.strategy == "ddp":
+    if strategy == "ddp":
         return DDPStrategy(timeout=timeout)
     kw = dict(sharding_strategy="FULL_SHARD", auto_wrap_policy={Block}, timeout=timeout)
-    if a.strategy == "fsdp-offload":
+    if strategy == "fsdp-offload":
         kw["cpu_offload"] = True  # parameters and gradients on the host; AdamW steps there
-    if a.strategy == "fsdp-ac":
+    if strategy == "fsdp-ac":
         kw["activation_checkpointing_policy"] = {Block}
     return FSDPStrategy(**kw)
 
@@ -267,13 +273,13 @@ def is_oom(e):
     return "out of memory" in s.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in s
 
 
-def run(B):
+def run(strategy, B):
     L.seed_everything(1337)  # the same initial model for every batch size; also the sampler's seed
     module = LitGPT()
     loader = DataLoader(DATA, batch_size=B, shuffle=True, drop_last=True, num_workers=a.workers,
                         pin_memory=True)
     timer = StepTimer()
-    trainer = L.Trainer(accelerator="cuda", devices=a.devices, strategy=make_strategy(), precision=a.precision,
+    trainer = L.Trainer(accelerator="cuda", devices=a.devices, strategy=make_strategy(strategy), precision=a.precision,
                         max_epochs=1, limit_train_batches=a.warmup + a.steps, num_sanity_val_steps=0,
                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                         logger=False, callbacks=[timer])
@@ -290,7 +296,7 @@ def run(B):
     del trainer, module, loader, timer
     gc.collect()
     torch.cuda.empty_cache()
-    return dict(strategy=a.strategy, devices=a.devices, batch=B, seq=a.seq, tokens_per_s=round(tok_s, 1),
+    return dict(strategy=strategy, devices=a.devices, batch=B, seq=a.seq, tokens_per_s=round(tok_s, 1),
                 epoch_s=round(EPOCH_TOKENS / tok_s, 2), peak_mem_bytes=peak, loss=round(loss, 5),
                 ms_per_step=round(dt * 1e3 / a.steps, 2), epoch_tokens=EPOCH_TOKENS, vocab=VOCAB,
                 steps=a.steps, warmup=a.warmup, precision=a.precision, compile=a.compile,
@@ -301,15 +307,16 @@ def emit(row):
     print(json.dumps(row, separators=(",", ":")), flush=True)
 
 
-for B in sizes:
-    try:
-        row = run(B)
-    except Exception as e:  # (SystemExit and KeyboardInterrupt pass through)
-        if is_oom(e):
-            emit(dict(strategy=a.strategy, devices=a.devices, batch=B, error="oom", rank=RANK))
-            sys.stderr.flush()
-            os._exit(3)
-        first = (str(e).strip().splitlines() or [""])[0]
-        fail(f"{a.strategy} on {a.devices} GPU(s), batch {B}: {type(e).__name__}: {first}")
-    if RANK == 0:
-        emit(row)
+for strategy in strategies:
+    for B in sizes:
+        try:
+            row = run(strategy, B)
+        except Exception as e:  # (SystemExit and KeyboardInterrupt pass through)
+            if is_oom(e):  # (the strategies after this one need new processes: the caller starts them)
+                emit(dict(strategy=strategy, devices=a.devices, batch=B, error="oom", rank=RANK))
+                sys.stderr.flush()
+                os._exit(3)
+            first = (str(e).strip().splitlines() or [""])[0]
+            fail(f"{strategy} on {a.devices} GPU(s), batch {B}: {type(e).__name__}: {first}")
+        if RANK == 0:
+            emit(row)

@@ -22,8 +22,9 @@
 #              without AC take --recompute=none (--recompute=MODE changes that), as Lightning keeps every
 #              activation; at N=1 the ZeRO rows name --comm=nccl, which runs the data-parallel code at world
 #              size 1. tokens/s: the median of metrics.jsonl's per-step rates after the warm-up steps.
-#   Lightning: bench/lightning_gpt.py, one process (it starts the other ranks itself) per (N, strategy), every
-#              batch size in turn in it, capped at --torch-timeout seconds (default 240).
+#   Lightning: bench/lightning_gpt.py, one process (it starts the other ranks itself) per GPU count, every
+#              strategy and batch size in turn in it (one that runs out of GPU memory ends it: the strategies
+#              after it start again in another), capped at --torch-timeout seconds (default 240) each.
 # --deadline: a run that would start later than this many seconds after the script's start is skipped (and
 # says so in the table); the runs started before it are cut at it, so a time limit still leaves the table.
 # --device=cpu: a smoke test of the kiln half (one process, N=1 only; no Lightning rows): e.g.
@@ -244,62 +245,81 @@ run_kiln() {
   fi
 }
 
-# run_lightning N STRATEGY: bench/lightning_gpt.py over every batch size in one process; sets L_ST, L_TOK,
-# L_PEAK for each batch
+# run_lightning N STRATEGY...: bench/lightning_gpt.py over the strategies and every batch size in one process
+# (one start-up for all); sets L_ST, L_TOK, L_PEAK for each. A run out of GPU memory ends that process: the
+# strategies after the one that ran out start again in a new one.
 run_lightning() {
-  local n=$1 s=$2 b key
+  local n=$1 s b key
+  shift
+  local todo=("$@")
   if [ "$LIGHTNING_OK" != 1 ]; then
     local why="no Lightning here"
     [ "$DEVICE" = cpu ] && why="--device=cpu"
-    for b in "${batch_list[@]}"; do L_ST[$n,$s,$b]="skipped ($why)"; done
+    for s in "${todo[@]}"; do for b in "${batch_list[@]}"; do L_ST[$n,$s,$b]="skipped ($why)"; done; done
     return
   fi
-  local log="$OUT/logs/lightning_${n}gpu_${s}.log" limit
-  limit=$(limit_for "$TORCH_TIMEOUT")
-  if [ "$limit" -lt 30 ]; then
-    for b in "${batch_list[@]}"; do L_ST[$n,$s,$b]="skipped (past --deadline=$DEADLINE s)"; done
-    echo "  Lightning $(label "$s"): skipped: past --deadline=$DEADLINE s"
-    return
-  fi
-  local t0=$SECONDS rc launch=()
-  # its own process group (setsid), so that nothing it started outlives it: the ranks Lightning started and
-  # their data-loader workers are killed with the group once the main process has gone
-  command -v setsid >/dev/null && launch=(setsid -w)
-  LD_LIBRARY_PATH=$PY_LD "${launch[@]}" timeout -k 10 "$limit" python3 bench/lightning_gpt.py --strategy="$s" --devices="$n" \
-    --batch-sizes="$BATCHES" --steps="$STEPS" --warmup="$WARMUP" --seq=$T >"$log" 2>&1 &
-  local pid=$!
-  wait "$pid"
-  rc=$?
-  [ ${#launch[@]} -gt 0 ] && kill -KILL -- "-$pid" 2>/dev/null
-  local line oom_at="" why
-  why=$(first_error "$log")
-  for b in "${batch_list[@]}"; do
-    key="$n,$s,$b"
-    line=$(grep -m1 "^{\"strategy\":\"$s\",\"devices\":$n,\"batch\":${b}[,}]" "$log")
-    if [[ $line == *'"error":"oom"'* ]]; then
-      L_ST[$key]=oom
-      oom_at=$b
-    elif [[ $line == *'"tokens_per_s":'* ]]; then
-      L_ST[$key]=ok
-      L_TOK[$key]=$(sed -E 's/.*"tokens_per_s":([-0-9.eE+]+).*/\1/' <<<"$line")
-      L_PEAK[$key]=$(sed -E 's/.*"peak_mem_bytes":([0-9]+).*/\1/' <<<"$line")
-      [ -z "$LVERS" ] && LVERS=$(sed -E 's/.*"torch":"([^"]*)".*"lightning":"([^"]*)".*/torch \1, Lightning \2/' <<<"$line")
-    elif [ -n "$oom_at" ]; then
-      L_ST[$key]="skipped (oom at batch $oom_at)"
-    elif { [ "$rc" = 124 ] || [ "$rc" = 137 ]; } && [ "$limit" -lt "$TORCH_TIMEOUT" ]; then
-      L_ST[$key]="skipped (cut at --deadline=$DEADLINE s)"
-    elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-      L_ST[$key]="failed (timed out after $limit s)"
-    else
-      L_ST[$key]="failed (exit $rc: $why)"
+  local part=0
+  while [ ${#todo[@]} -gt 0 ]; do
+    part=$((part + 1))
+    local log="$OUT/logs/lightning_${n}gpu_$part.log" limit
+    limit=$(limit_for "$TORCH_TIMEOUT")
+    if [ "$limit" -lt 30 ]; then
+      for s in "${todo[@]}"; do
+        for b in "${batch_list[@]}"; do L_ST[$n,$s,$b]="skipped (past --deadline=$DEADLINE s)"; done
+        echo "  Lightning $(label "$s"): skipped: past --deadline=$DEADLINE s"
+      done
+      return
     fi
-    if [ "${L_ST[$key]}" = ok ]; then
-      echo "  Lightning $(label "$s") batch $b: ${L_TOK[$key]} tok/s, peak $(awk -v p="${L_PEAK[$key]}" 'BEGIN { printf "%.2f", p / 2^30 }') GiB"
-    else
-      echo "  Lightning $(label "$s") batch $b: ${L_ST[$key]}"
-    fi
+    local t0=$SECONDS rc launch=() list
+    list=$(IFS=,; echo "${todo[*]}")
+    # its own process group (setsid), so that nothing it started outlives it: the ranks Lightning started and
+    # their data-loader workers are killed with the group once the main process has gone
+    command -v setsid >/dev/null && launch=(setsid -w)
+    LD_LIBRARY_PATH=$PY_LD "${launch[@]}" timeout -k 10 "$limit" python3 bench/lightning_gpt.py --strategy="$list" \
+      --devices="$n" --batch-sizes="$BATCHES" --steps="$STEPS" --warmup="$WARMUP" --seq=$T >"$log" 2>&1 &
+    local pid=$!
+    wait "$pid"
+    rc=$?
+    [ ${#launch[@]} -gt 0 ] && kill -KILL -- "-$pid" 2>/dev/null
+    local line oom_at why next=()
+    why=$(first_error "$log")
+    for s in "${todo[@]}"; do
+      oom_at=""
+      # the process ran out of memory at an earlier strategy: this one never started, and goes again
+      if [ "$rc" = 3 ] && ! grep -q "^{\"strategy\":\"$s\"," "$log"; then
+        next+=("$s")
+        continue
+      fi
+      for b in "${batch_list[@]}"; do
+        key="$n,$s,$b"
+        line=$(grep -m1 "^{\"strategy\":\"$s\",\"devices\":$n,\"batch\":${b}[,}]" "$log")
+        if [[ $line == *'"error":"oom"'* ]]; then
+          L_ST[$key]=oom
+          oom_at=$b
+        elif [[ $line == *'"tokens_per_s":'* ]]; then
+          L_ST[$key]=ok
+          L_TOK[$key]=$(sed -E 's/.*"tokens_per_s":([-0-9.eE+]+).*/\1/' <<<"$line")
+          L_PEAK[$key]=$(sed -E 's/.*"peak_mem_bytes":([0-9]+).*/\1/' <<<"$line")
+          [ -z "$LVERS" ] && LVERS=$(sed -E 's/.*"torch":"([^"]*)".*"lightning":"([^"]*)".*/torch \1, Lightning \2/' <<<"$line")
+        elif [ -n "$oom_at" ]; then
+          L_ST[$key]="skipped (oom at batch $oom_at)"
+        elif { [ "$rc" = 124 ] || [ "$rc" = 137 ]; } && [ "$limit" -lt "$TORCH_TIMEOUT" ]; then
+          L_ST[$key]="skipped (cut at --deadline=$DEADLINE s)"
+        elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+          L_ST[$key]="failed (timed out after $limit s)"
+        else
+          L_ST[$key]="failed (exit $rc: $why)"
+        fi
+        if [ "${L_ST[$key]}" = ok ]; then
+          echo "  Lightning $(label "$s") batch $b: ${L_TOK[$key]} tok/s, peak $(awk -v p="${L_PEAK[$key]}" 'BEGIN { printf "%.2f", p / 2^30 }') GiB"
+        else
+          echo "  Lightning $(label "$s") batch $b: ${L_ST[$key]}"
+        fi
+      done
+    done
+    echo "  (Lightning on $n GPU(s), ${todo[*]}: $((SECONDS - t0)) s, exit $rc)"
+    todo=("${next[@]}")
   done
-  echo "  (Lightning $(label "$s") on $n GPU(s): $((SECONDS - t0)) s, exit $rc)"
 }
 
 echo "kiln $KILN on $GPU_NAME$([ "$DEVICE" = cuda ] && echo " ($n_gpus GPUs)"), batches ${batch_list[*]} a GPU, $WARMUP + $STEPS steps, epoch $EPOCH_TOKENS tokens, out $OUT"
@@ -317,13 +337,14 @@ for n in "${gpu_list[@]}"; do
     continue
   fi
   for s in "${strat_list[@]}"; do
-    echo "$n GPU(s), $(label "$s"):"
+    echo "$n GPU(s), kiln, $(label "$s"):"
     for b in "${batch_list[@]}"; do
       run_kiln "$n" "$s" "$b"
       ROWS+=("$n,$s,$b")
     done
-    run_lightning "$n" "$s"
   done
+  echo "$n GPU(s), Lightning:"
+  run_lightning "$n" "${strat_list[@]}"
 done
 
 # ---- the table ----------------------------------------------------------------------------------------------
