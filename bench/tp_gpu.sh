@@ -18,6 +18,11 @@
 #            default: zero3, off, off+keep, bulk, bulk+keep; e.g. bulk:KILN_TP_COPY_ENGINE=1) under
 #            KILN_TRACE_COMM: the step time, and per collective the comm stream's busy time and the compute
 #            stream's wait for it (bench/overlap.py, rank 0, the first 30% of the trace left out)
+#   longest  KILN_TP_MODEL at each of KILN_TP_LONG_LENGTHS (262144 524288), B=1, the whole node on one
+#            sequence: tensor parallelism (--tp=NG, with its sequence parallelism) beside Ulysses
+#            (--sp=NG --zero=3), each with the optimizer and the layers' inputs in host memory
+#            (--offload=all) and --recompute=auto, 2 steps (the second timed): ms a step, tok/s a GPU, peak
+#            GiB, or the one-line error (out of memory) where it does not train
 # KILN_DEADLINE (seconds, default 560): runs that would end later are skipped and say so.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -123,6 +128,38 @@ if has perf; then
       tee -a "$OUT/table.md"
   done
 fi
+if has longest; then
+  m=${KILN_TP_MODEL:-llama-8b}
+  for T in ${KILN_TP_LONG_LENGTHS:-262144 524288}; do
+    for flags in "--tp=$NG" "--sp=$NG --sp-mode=ulysses --zero=3"; do
+      intime 120 "$m T=$T $flags" || continue
+      rm -rf /tmp/tplong
+      log="$OUT/longest_${T}_${flags%% *}.log"
+      log=${log//=/}
+      # shellcheck disable=SC2086 # (flags: words)
+      timeout -k 20 "$((DEADLINE - $(date +%s) + t0))" "$K" launch --nproc-per-node="$NG" --max-restarts=0 -- \
+        --preset="$m" --seq="$T" --block-size="$T" --batch=1 $flags --offload=all --recompute=auto --data=random \
+        --max-steps=2 --warmup=1 --device=cuda --eval-every=0 --checkpoint=0 --save-model=0 --quiet --log-every=1 \
+        --out=/tmp/tplong >"$log" 2>&1
+      rc=$?
+      took=$(grep -o 'recompute=auto: [a-z]*' "$log" | tail -1)
+      if [ $rc -eq 0 ] && [ -s /tmp/tplong/metrics.jsonl ]; then
+        r=$(python3 - /tmp/tplong/metrics.jsonl "$NG" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"ms"' in l]
+last = rows[-1]
+print(f'{last["ms"]:.0f} ms a step, {last["tokens_per_s"] / int(sys.argv[2]):.0f} tok/s per GPU, '
+      f'{max(x["peak_mem_bytes"] for x in rows) / 2**30:.1f} GiB')
+PY
+)
+      else
+        r="exit $rc: $(grep -m1 -i 'error' "$log" | tail -c 200)"
+      fi
+      echo "| $m T=$T $flags --offload=all ${took:+($took)} | $r |" | tee -a "$OUT/table.md"
+    done
+  done
+fi
+
 if has trace; then
   m=${KILN_TP_MODEL:-llama-8b}
   T=${KILN_TP_T:-8192}
