@@ -107,17 +107,25 @@ static void score_row(const float *q, const float *k, size_t kstride, int t, int
         scores[s] = scale * kiln_cpu_dot(q, k + (size_t)s * kstride, HS) + slope * (float)(s - t);
 }
 
+// scores[0..n) = e^(scores - their max); returns the sum of those, and the max in *maxv
+static double exp_row(float *scores, int n, float *maxv) {
+    float m = -INFINITY;
+    for (int s = 0; s < n; s++)
+        m = scores[s] > m ? scores[s] : m;
+    kiln_cpu_exp_shifted(scores, n, m);
+    double sum = 0;
+    for (int s = 0; s < n; s++)
+        sum += scores[s];
+    *maxv = m;
+    return sum;
+}
+
 // out = softmax(scores) @ v over keys 0..t; returns the log-sum-exp of the scores.
 static float attend_row(const float *q, const float *k, const float *v, size_t kvstride, int t, int HS,
                         float scale, float slope, float *scores, float *out) {
     score_row(q, k, kvstride, t, HS, scale, slope, scores);
-    float maxv = -INFINITY;
-    for (int s = 0; s <= t; s++)
-        maxv = scores[s] > maxv ? scores[s] : maxv;
-    kiln_cpu_exp_shifted(scores, t + 1, maxv);
-    double sum = 0;
-    for (int s = 0; s <= t; s++)
-        sum += scores[s];
+    float maxv;
+    double sum = exp_row(scores, t + 1, &maxv);
     float inv = (float)(1.0 / sum);
     for (int i = 0; i < HS; i++)
         out[i] = 0.0f;
@@ -196,13 +204,8 @@ static void tile_forward(struct tile_ws *w, const float *q, const float *k, cons
     for (int i = 0; i < m; i++) {
         float *row = w->S + (size_t)i * n;
         int t = t0 + i;
-        float maxv = -INFINITY;
-        for (int s = 0; s <= t; s++)
-            maxv = row[s] > maxv ? row[s] : maxv;
-        kiln_cpu_exp_shifted(row, t + 1, maxv);
-        double sum = 0;
-        for (int s = 0; s <= t; s++)
-            sum += row[s];
+        float maxv;
+        double sum = exp_row(row, t + 1, &maxv);
         float inv = (float)(1.0 / sum);
         for (int s = 0; s <= t; s++)
             row[s] *= inv;

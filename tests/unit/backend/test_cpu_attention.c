@@ -205,6 +205,23 @@ static void run_forward(const struct attn_cfg *c, const float *qkv, float **out,
     g_be.ops->attention_forward(g_be.ctx, &a);
 }
 
+// The backward's arguments for c's shape (dense rows)
+static struct kiln_attn_back_args back_args(const struct attn_cfg *c, float *dqkv, const float *dout,
+                                            const float *qkv, const float *out, const float *lse) {
+    return (struct kiln_attn_back_args){.dqkv = dqkv,
+                                        .dout = dout,
+                                        .qkv = qkv,
+                                        .out = out,
+                                        .lse = lse,
+                                        .B = c->B,
+                                        .T = c->T,
+                                        .NH = c->NH,
+                                        .NKV = c->NKV,
+                                        .HS = c->HS,
+                                        .pos = c->pos,
+                                        .rope_theta = 10000.0f};
+}
+
 static void test_attention_forward_matches_naive_softmax_attention(void **state) {
     static const enum kiln_pos poss[] = {KILN_POS_LEARNED, KILN_POS_NONE, KILN_POS_ROPE, KILN_POS_ALIBI};
     // (T = 70: two tiles of 64 query rows, the second past the first's keys)
@@ -256,18 +273,7 @@ static void check_attention_gradient(const struct attn_cfg *c) {
     float *qkv = frand(n, 1), *out, *lse, *R = frand((size_t)c->B * c->T * c->NH * c->HS, 1);
     run_forward(c, qkv, &out, &lse);
     float *dqkv = frand(n, 1); // overwritten
-    struct kiln_attn_back_args ba = {.dqkv = dqkv,
-                                     .dout = R,
-                                     .qkv = qkv,
-                                     .out = out,
-                                     .lse = lse,
-                                     .B = c->B,
-                                     .T = c->T,
-                                     .NH = c->NH,
-                                     .NKV = c->NKV,
-                                     .HS = c->HS,
-                                     .pos = c->pos,
-                                     .rope_theta = 10000.0f};
+    struct kiln_attn_back_args ba = back_args(c, dqkv, R, qkv, out, lse);
     g_be.ops->attention_backward(g_be.ctx, &ba);
     struct attn_ref r;
     ref_init(&r, qkv, R, c->B, c->T, c->NH, c->NKV, c->HS, c->pos);
@@ -307,28 +313,16 @@ static void test_attention_gradients_match_finite_differences(void **state) {
 static void test_attention_one_pass_backward_matches_two_pass(void **state) {
     static const enum kiln_pos poss[] = {KILN_POS_LEARNED, KILN_POS_ROPE, KILN_POS_ALIBI};
     for (int p = 0; p < 3; p++) {
-        struct attn_cfg c = {8, 150, 2, 1, 16, poss[p]}, c1 = c;
-        c1.B = 1;
+        struct attn_cfg c = {8, 150, 2, 1, 16, poss[p]};
         size_t W = (size_t)(c.NH + 2 * c.NKV) * c.HS, per = (size_t)c.T * W, C = (size_t)c.NH * c.HS;
         float *qkv = frand(c.B * per, 1), *dy = frand((size_t)c.B * c.T * C, 1), *out, *lse;
         float *d8 = falloc(c.B * per), *d1 = falloc(c.B * per);
         run_forward(&c, qkv, &out, &lse);
-        struct kiln_attn_back_args ba = {.dqkv = d8,
-                                         .dout = dy,
-                                         .qkv = qkv,
-                                         .out = out,
-                                         .lse = lse,
-                                         .B = c.B,
-                                         .T = c.T,
-                                         .NH = c.NH,
-                                         .NKV = c.NKV,
-                                         .HS = c.HS,
-                                         .pos = c.pos,
-                                         .rope_theta = 10000.0f};
+        struct kiln_attn_back_args ba = back_args(&c, d8, dy, qkv, out, lse);
         g_be.ops->attention_backward(g_be.ctx, &ba);
         for (int b = 0; b < c.B; b++) {
             struct kiln_attn_back_args one = ba;
-            one.B = c1.B;
+            one.B = 1;
             one.dqkv = d1 + b * per;
             one.dout = dy + (size_t)b * c.T * C;
             one.qkv = qkv + b * per;
@@ -419,18 +413,7 @@ static void check_bitwise_with_1_and_2_threads(struct attn_cfg c) {
                                    .pos = c.pos,
                                    .rope_theta = 10000.0f};
         be.ops->attention_forward(be.ctx, &a);
-        struct kiln_attn_back_args ba = {.dqkv = dqkv[k],
-                                         .dout = dout,
-                                         .qkv = qkv,
-                                         .out = out[k],
-                                         .lse = lse[k],
-                                         .B = c.B,
-                                         .T = c.T,
-                                         .NH = c.NH,
-                                         .NKV = c.NKV,
-                                         .HS = c.HS,
-                                         .pos = c.pos,
-                                         .rope_theta = 10000.0f};
+        struct kiln_attn_back_args ba = back_args(&c, dqkv[k], dout, qkv, out[k], lse[k]);
         be.ops->attention_backward(be.ctx, &ba);
         kiln_backend_close(&be);
     }
