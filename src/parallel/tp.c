@@ -174,18 +174,18 @@ static void gather_rows(struct kiln_tp *t, const void *x, size_t rows, size_t w)
 }
 
 // --tp-keep-gathered: where layer l's column-parallel layer k keeps its gathered input (NULL: not kept)
-static int keep_index(const struct kiln_tp *t, int l, enum kiln_linear k) {
+static int keep_index(int l, enum kiln_linear k) {
     return l * KEEP_SLOTS + (k == KILN_LINEAR_MLP_IN);
 }
 static void *keep_at(const struct kiln_tp *t, int l, enum kiln_linear k) {
-    return t->keep ? act_at(t, t->keep, (size_t)keep_index(t, l, k) * t->N * t->C) : NULL;
+    return t->keep ? act_at(t, t->keep, (size_t)keep_index(l, k) * t->N * t->C) : NULL;
 }
 // the backward's: the forward's gathered input of layer l's k (it ran this micro-step, or its recompute
 // did: the same rows), NULL without --tp-keep-gathered
 static void *kept_input(const struct kiln_tp *t, int l, enum kiln_linear k) {
     if (!t->keep)
         return NULL;
-    KILN_ASSERT(t->kept[keep_index(t, l, k)]); // (a backward without its forward)
+    KILN_ASSERT(t->kept[keep_index(l, k)]); // (a backward without its forward)
     return keep_at(t, l, k);
 }
 
@@ -436,7 +436,7 @@ static void tp_forward(void *user, int l, enum kiln_linear k, const struct kiln_
             }
             void *dst = t->keep ? keep_at(t, l, k) : t->gath;
             if (t->keep)
-                t->kept[keep_index(t, l, k)] = 1;
+                t->kept[keep_index(l, k)] = 1;
             if (t->bulk) {
                 column_forward_split(t, l, k, a, dst);
                 return;
