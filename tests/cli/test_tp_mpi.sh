@@ -91,6 +91,11 @@ same_bits() { # same_bits A B: the loss and gradient norm of every step, as writ
 }
 check tp2_gpt_bulk 2 "${gpt[@]}" -- --tp=2 --tp-overlap=bulk
 same_bits tp2_gpt_off tp2_gpt_bulk
+# KILN_TP_COPY_ENGINE=1 asks NCCL for the copy engines; over MPI the group is split as usual and the gathered
+# rows are allocated as usual (no symmetric windows): the same run
+"${MPI[@]}" -x KILN_TP_COPY_ENGINE=1 -np 2 "$KILN" train "${args[@]}" "${gpt[@]}" --tp=2 --tp-overlap=bulk \
+  --out="$T/tp2_gpt_bulk_ce" 2>"$T/err" || bad "KILN_TP_COPY_ENGINE=1 over MPI: $(tail -3 "$T/err")"
+same_bits tp2_gpt_bulk tp2_gpt_bulk_ce
 for fl in "2 --pos=rope --kv-heads=4 --mlp=swiglu --norm=rmsnorm --bias=0" "4 --block=parallel" \
   "2 --pos=rope --kv-heads=4 --mlp=swiglu --norm=rmsnorm --bias=0 --precision=fp8"; do
   read -r np flags <<<"$fl"

@@ -181,6 +181,18 @@ int main(void) {
         want += q;
     check(s == want, "all_reduce within a sub-group");
     test_reductions(sub, 1001);
+    // a split that asks for the copy engines (NCCL's zero-CTA policy) is an ordinary group here, and MPI has
+    // no symmetric windows: the caller allocates as usual
+    struct kiln_comm *ce = NULL;
+    if (kiln_comm_split_flags(c, 0, env.rank, KILN_COMM_SPLIT_COPY_ENGINE, &ce, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        return 2;
+    }
+    check(ce->size == env.world && ce->rank == env.rank, "a copy-engine split of every rank");
+    test_reductions(ce, 77);
+    check(kiln_comm_window_alloc(ce, 4096) == NULL, "no symmetric window over MPI");
+    kiln_comm_window_free(ce, NULL);
+    kiln_comm_close(ce);
     int32_t f = failed;
     kiln_comm_all_reduce_host(c, &f, 1, KILN_I32, KILN_RED_SUM);
     if (env.rank == 0)
