@@ -66,9 +66,7 @@ static void print_rank_plan(const char *label, const struct kiln_config *cfg, co
                          "the rows)"
                        : "every rank holding every row",
             cfg->tp, rp.tp_bytes / GIB,
-            cfg->tp_sp && cfg->tp_keep_gathered && cfg->tp_overlap != 1
-                ? " (with the column-parallel layers' gathered inputs kept for the backward)"
-                : "");
+            rp.tp_keep ? " (with the column-parallel layers' gathered inputs kept for the backward)" : "");
     if (sp->sp > 1)
         printf("  sequence parallelism: sp %d (%d Ulysses x %d ring) x dp %d, %d of %d tokens a rank, "
                "buffers %.3f GiB (q, k, v: %s)\n",

@@ -130,8 +130,8 @@ struct kiln_tp {
     size_t N, Nr, C;
     void *gath, *part;
     void *gath_win; // gath, where it is the group's symmetric window (lo.copy_engine)
-    // lo.keep_gathered: (N, C) a layer and column-parallel layer (keep_at), and which hold this micro-step's
-    // gathered input (set by the forward, read by the backward)
+    // lo.keep_gathered: (N, C) a layer and column-parallel layer (keep_at), and which a forward has filled
+    // (each forward refills its own before the backward reads it)
     void *keep;
     unsigned char *kept;
     int32_t *tgt;

@@ -58,6 +58,7 @@ void kiln_rank_plan(const struct kiln_config *cfg, const struct kiln_knobs *k,
         kiln_tp_plan_overlap(&lo, (enum kiln_tp_overlap)cfg->tp_overlap, cfg->tp_keep_gathered);
         out->tp_bytes = kiln_tp_buffer_bytes(&cfg->model, &split, cfg->batch_size, sp->T_local, act, grad,
                                              lo.keep_gathered);
+        out->tp_keep = lo.keep_gathered;
         kiln_params_free(&part);
     }
     out->sp_bytes = kiln_sp_buffer_bytes(sp, &heads, cfg->batch_size, act);

@@ -17,6 +17,7 @@ struct kiln_rank_plan {
     struct kiln_dp_opts dpo;    // the options it was planned with
     size_t sp_bytes;            // sequence parallelism's buffers
     size_t tp_bytes;            // tensor parallelism's (kiln_tp_buffer_bytes)
+    int tp_keep;                // and they hold the gathered inputs (--tp-keep-gathered, where it applies)
     size_t attn_ws;             // the GPU's attention workspace (kiln_attn_workspace_bytes; 0 on the CPU)
     size_t total;               // on the device (on the CPU: kiln's counted allocations)
 };

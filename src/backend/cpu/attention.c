@@ -264,8 +264,7 @@ static void backward_one_pass(void *ctx, const struct kiln_attn_back_args *a, co
 #pragma omp parallel num_threads(kiln_cpu_threads(ctx)) if (KILN_CPU_PAR((double)B * NH * T * T * HS))
     {
         struct tile_ws w = tile_ws_new(T);
-        float *Dt = malloc(QT * sizeof(float));
-        KILN_ASSERT(Dt);
+        float Dt[QT]; // dout . out of the tile's rows
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < B * NKV; task++) {
             int kvh = task % NKV, b = task / NKV;
@@ -303,7 +302,6 @@ static void backward_one_pass(void *ctx, const struct kiln_attn_back_args *a, co
                 }
             }
         }
-        free(Dt);
         tile_ws_free(&w);
     }
 }
