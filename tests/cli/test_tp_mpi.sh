@@ -14,11 +14,12 @@ test_seed
 args=(--layers=2 --heads=4 --dim=32 --seq=32 --batch=2 --eval-every=4 --eval-steps=2 --threads=1 --quiet
   --log-every=1 --lr=3e-3 --warmup=2 --seed=$seed --max-steps=12 --checkpoint=0)
 
-# same_steps A B TOL: loss, grad_norm and val_loss agree at every step within TOL (relative)
+# same_steps A B TOL [GN]: loss, grad_norm and val_loss agree at every step within TOL (relative); the gradient
+# norm within GN x TOL (default 10)
 same_steps() {
-  python3 - "$1" "$2" "$3" <<'PY'
+  python3 - "$1" "$2" "$3" "${4:-10}" <<'PY'
 import json, sys
-a, b, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
+a, b, tol, gn = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 def rows(d):
     return {r["step"]: r for r in map(json.loads, open(d + "/metrics.jsonl")) if "loss" in r}
 ra, rb = rows(a), rows(b)
@@ -28,11 +29,11 @@ for s in ra:
     for k in ("loss", "grad_norm", "val_loss"): # (a run cut at step 6 also evaluated there)
         if k != "val_loss" or (k in ra[s] and k in rb[s]):
             x, y = ra[s][k], rb[s][k]
-            # the gradient norm is a sum of squares over every parameter, in another order: 10x the room
-            d = abs(x - y) / max(abs(x), 1e-12) / (10 if k == "grad_norm" else 1)
+            # the gradient norm is a sum of squares over every parameter, in another order: GN times the room
+            d = abs(x - y) / max(abs(x), 1e-12) / (gn if k == "grad_norm" else 1)
             if d > worst:
                 worst, where = d, f" ({k} at step {s}: {x} vs {y})"
-print(f"  worst relative difference in loss, val_loss (grad_norm's / 10): {worst:.2e}{where}")
+print(f"  worst relative difference in loss, val_loss (grad_norm's / {gn:g}): {worst:.2e}{where}")
 sys.exit(0 if worst <= tol else 1)
 PY
 }
@@ -111,7 +112,9 @@ for fl in "2 --pos=rope --kv-heads=4 --mlp=swiglu --norm=rmsnorm --bias=0" "4 --
   echo "bulk against off, each with the gathered inputs kept too, late transfers: --tp=$np $flags"
   for r in bulk_0 off_1 bulk_1; do
     if [[ $flags == *fp8* ]] && [[ $r == bulk* ]]; then
-      same_steps "$T/late_off_0" "$T/late_$r" 5e-3 && ok || bad "$flags: late_$r left off's run by more than FP8's rounding"
+      # (bulk scales each row block by its own amax: other e4m3 and e5m2 codes. The losses stay within 0.1%,
+      # but one step's gradient norm of this 2-layer model was seen 9% off at some seeds: 6814, 30894)
+      same_steps "$T/late_off_0" "$T/late_$r" 5e-3 40 && ok || bad "$flags: late_$r left off's run by more than FP8's rounding"
     else
       same_bits late_off_0 "late_$r"
     fi
